@@ -1,0 +1,38 @@
+// The parallel layout of a model: degrees and switches, each static or dynamic.
+//
+//   megadsl::layout{.tp = 4, .pp = 2, .sp = true}
+//
+// Context and expert parallelism are reserved at 1 until implemented (rule `reserved_degrees`).
+#pragma once
+
+#include <boost/hana/adapt_struct.hpp>
+
+#include "megadsl/static_value.hpp"
+
+namespace megadsl {
+
+struct layout {
+  dim tp = 1;                  // tensor-parallel degree
+  dim pp = 1;                  // pipeline-parallel degree
+  dim vpp = 1;                 // virtual pipeline chunks per pipeline rank (interleaved 1F1B)
+  dim first_stage_layers = 0;  // 0: even split; else layers on the first pipeline stage
+  dim last_stage_layers = 0;   // 0: even split; else layers on the last pipeline stage
+  flag sp = false;             // sequence parallelism (needs tp > 1)
+  flag rmpad = false;          // remove padding: packed tokens with cu_seqlens
+  dim vocab_pad_multiple = 128;  // vocab padded to a multiple of this times tp (Megatron's rule)
+  dim cp = 1;                  // context parallel: reserved
+  dim ep = 1;                  // expert parallel: reserved
+};
+
+// A layout with every degree and switch known only at run time (command-line tool).
+inline constexpr layout dynamic_layout = {
+    .tp = dynamic, .pp = dynamic, .vpp = dynamic, .first_stage_layers = dynamic,
+    .last_stage_layers = dynamic, .sp = dynamic, .rmpad = dynamic,
+    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic};
+
+constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
+
+}  // namespace megadsl
+
+BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
+                        rmpad, vocab_pad_multiple, cp, ep);

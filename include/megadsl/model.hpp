@@ -1,0 +1,90 @@
+// Model types: a family shape, then a layout and a head make an actor or a critic.
+//
+//   struct my_model : megadsl::llama<megadsl::shape{...}> { static constexpr auto name = "my-model"; };
+//   using actor  = megadsl::causal_lm<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
+//   using critic = megadsl::value_model<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
+//
+// Naming an invalid combination fails to compile at that line; the first line of the diagnostic
+// is `In instantiation of 'struct megadsl::invalid_layout<{"<rule>: <values>; valid ...: ..."}>'`.
+// `valid_layout<M, L>` asks the same question without failing (for negative tests and dispatch).
+#pragma once
+
+#include <string_view>
+
+#include "megadsl/heads.hpp"
+#include "megadsl/layout.hpp"
+#include "megadsl/rules.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+using message = basic_text<1024>;
+
+// The Llama family (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5: RMSNorm, RoPE, GQA, SwiGLU).
+template <shape S>
+struct llama {
+  static constexpr megadsl::shape shape = S;
+  static constexpr std::string_view family = "llama";
+  static constexpr std::string_view name = "llama";
+};
+
+template <class M>
+concept Model = requires {
+  { M::shape } -> std::convertible_to<shape>;
+  { M::family } -> std::convertible_to<std::string_view>;
+};
+
+// A model, a layout and a head: what every per-rank fact is derived from.
+template <Model M, layout L, auto H>
+struct model_spec {
+  using model = M;
+  static constexpr megadsl::shape shape = M::shape;
+  static constexpr megadsl::layout layout = L;
+  static constexpr auto head = H;
+  static constexpr bool is_actor = is_lm_head<H>;
+  static constexpr bool is_critic = is_value_head<H>;
+  static_assert(is_actor || is_critic, "megadsl: the head is lm_head{} (actor) or value_head{...} (critic)");
+};
+
+// Carries the violated rules in its template argument, so the compiler prints them.
+template <message Rules>
+struct invalid_layout {
+  static_assert(Rules.size == 0,
+                "megadsl: invalid layout; the violated rules, their values and the valid "
+                "alternatives are in the 'invalid_layout<...>' line above");
+  using type = void;
+};
+
+namespace detail {
+template <Model M, layout L, auto H>
+struct checked {
+  static constexpr violations found = check(M::shape, L);
+  using fails_here_if_invalid = typename invalid_layout<found.ok() ? message{} : found.joined()>::type;
+  using type = model_spec<M, L, H>;
+};
+}  // namespace detail
+
+template <Model M, layout L = layout{}>
+using causal_lm = typename detail::checked<M, L, lm_head{}>::type;
+
+template <Model M, layout L = layout{}, value_head H = value_head{}>
+using value_model = typename detail::checked<M, L, H>::type;
+
+// True when every rule whose inputs are static holds.
+template <class M, layout L>
+concept valid_layout = Model<M> && check(M::shape, L).ok();
+
+// True when `rule` is among the violated ones (precise negative tests).
+template <Model M, layout L>
+constexpr bool violates(std::string_view rule) {
+  return check(M::shape, L).has(rule);
+}
+
+template <class T>
+concept ModelSpec = requires {
+  typename T::model;
+  { T::shape } -> std::convertible_to<shape>;
+  { T::layout } -> std::convertible_to<layout>;
+};
+
+}  // namespace megadsl

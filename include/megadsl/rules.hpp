@@ -1,0 +1,322 @@
+// The validation rules: one table, one checker, used at compile time and at run time.
+//
+// A rule is evaluated as soon as every value it reads is known. For a static model and layout that
+// is at declaration (the message then appears in the compiler's diagnostic, see model.hpp); for
+// dynamic values it is at construction or in `megadsl check`, with the same words.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "megadsl/layout.hpp"
+#include "megadsl/shape.hpp"
+#include "megadsl/text.hpp"
+
+namespace megadsl {
+
+// Facts that exist only once a job runs: world size, batch sizes, micro-batch count.
+struct run_facts {
+  dim world = dynamic;
+  dim global_batch = dynamic;
+  dim micro_batch = dynamic;
+  dim microbatches = dynamic;  // per step and data-parallel rank (interleaved schedule)
+};
+
+struct rule_info {
+  std::string_view name;
+  std::string_view summary;
+};
+
+// One row per rule, in checking order; the name is what every message starts with.
+inline constexpr std::array<rule_info, 17> rule_table{{
+    {"positive_sizes", "every size and degree is positive"},
+    {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
+    {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
+    {"heads_divisible_by_tp", "num_heads % tp == 0"},
+    {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
+    {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
+    {"sp_needs_tp", "sequence parallelism needs tp > 1"},
+    {"vpp_needs_pp", "virtual pipeline chunks (vpp > 1) need pp > 1"},
+    {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
+    {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
+    {"reserved_degrees", "context and expert parallelism are reserved at 1"},
+    {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
+    {"rope_scaling_valid", "rope scaling parameters are in range"},
+    {"world_fits_layout", "world % (tp * pp * cp) == 0"},
+    {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
+    {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
+    {"rmpad_needs_no_cp", "remove-padding with cp > 1 is not implemented"},
+}};
+
+struct violation {
+  std::string_view rule;
+  text message;
+};
+
+struct violations {
+  static constexpr int capacity = 16;
+  std::array<violation, capacity> items{};
+  int count = 0;
+
+  [[nodiscard]] constexpr bool ok() const { return count == 0; }
+  constexpr text& add(std::string_view rule) {
+    auto& v = items[static_cast<std::size_t>(count < capacity ? count++ : capacity - 1)];
+    v.rule = rule;
+    v.message = text{};
+    v.message.add(rule, ": ");
+    return v.message;
+  }
+  [[nodiscard]] constexpr bool has(std::string_view rule) const {
+    for (int i = 0; i < count; ++i)
+      if (items[static_cast<std::size_t>(i)].rule == rule) return true;
+    return false;
+  }
+  // All messages joined by " | ": the one line a static_assert or an exception shows.
+  [[nodiscard]] constexpr basic_text<1024> joined() const {
+    basic_text<1024> out;
+    for (int i = 0; i < count; ++i) {
+      if (i > 0) out.append(" | ");
+      out.append(items[static_cast<std::size_t>(i)].message.view());
+    }
+    return out;
+  }
+};
+
+namespace detail {
+
+constexpr bool known(const auto&... v) { return (v.is_static() && ...); }
+
+// "1, 2, 4, 8" for every t in [1, limit] with pred(t), at most 16 values.
+template <class Pred>
+constexpr void list_values(text& out, std::int64_t limit, Pred pred) {
+  int shown = 0;
+  for (std::int64_t t = 1; t <= limit; ++t) {
+    if (!pred(t)) continue;
+    if (shown == 16) {
+      out.append(", ...");
+      return;
+    }
+    if (shown++ > 0) out.append(", ");
+    out.append(t);
+  }
+  if (shown == 0) out.append("none");
+}
+
+// Layers on each pipeline rank, or 0 when explicit counts cannot be honoured.
+struct stage_split {
+  std::int64_t first = 0, middle = 0, last = 0;  // per pipeline rank, over all its chunks
+  bool ok = false;
+};
+
+constexpr stage_split split_layers(std::int64_t layers, std::int64_t pp, std::int64_t first,
+                                   std::int64_t last) {
+  stage_split s;
+  if (pp <= 0 || layers <= 0) return s;
+  if (pp == 1) {
+    s.first = s.middle = s.last = layers;
+    s.ok = (first == 0 || first == layers) && (last == 0 || last == layers);
+    return s;
+  }
+  std::int64_t explicit_layers = first + last;
+  std::int64_t others = pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  std::int64_t rest = layers - explicit_layers;
+  if (rest < 0) return s;
+  std::int64_t each = 0;
+  if (others > 0) {
+    if (rest % others != 0 || rest == 0) return s;
+    each = rest / others;
+  } else if (rest != 0) {
+    return s;
+  }
+  s.first = first > 0 ? first : each;
+  s.last = last > 0 ? last : each;
+  s.middle = pp > 2 ? each : 0;
+  s.ok = s.first > 0 && s.last > 0 && (pp <= 2 || s.middle > 0);
+  return s;
+}
+
+constexpr void check_positive(const shape& s, const layout& l, violations& out) {
+  struct item {
+    std::string_view name;
+    dim value;
+  };
+  const item items[] = {{"hidden", s.hidden}, {"layers", s.layers},   {"heads", s.heads},
+                        {"kv_heads", s.kv_heads}, {"ffn", s.ffn},     {"vocab", s.vocab},
+                        {"max_positions", s.max_positions}, {"tp", l.tp}, {"pp", l.pp},
+                        {"vpp", l.vpp},          {"cp", l.cp},        {"ep", l.ep}};
+  for (const auto& [name, value] : items)
+    if (value.is_static() && value.get() <= 0)
+      out.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
+  if (s.head_dim.is_static() && s.head_dim.get() < 0)
+    out.add("positive_sizes").add("head_dim = ", s.head_dim.get(), " must be positive (or 0 for hidden / heads)");
+  if (l.first_stage_layers.is_static() && l.first_stage_layers.get() < 0)
+    out.add("positive_sizes").add("first_stage_layers = ", l.first_stage_layers.get(), " must be >= 0 (0: even split)");
+  if (l.last_stage_layers.is_static() && l.last_stage_layers.get() < 0)
+    out.add("positive_sizes").add("last_stage_layers = ", l.last_stage_layers.get(), " must be >= 0 (0: even split)");
+}
+
+constexpr bool positive(const auto&... v) { return ((v.is_static() && v.get() > 0) && ...); }
+
+constexpr void check_shape(const shape& s, violations& out) {
+  if (s.head_dim.is_static() && s.head_dim.get() == 0 && positive(s.hidden, s.heads) &&
+      s.hidden.get() % s.heads.get() != 0) {
+    out.add("head_dim_consistent")
+        .add("hidden = ", s.hidden.get(), " is not divisible by num_heads = ", s.heads.get(),
+             "; give head_dim explicitly or use num_heads in: ");
+    list_values(out.items[static_cast<std::size_t>(out.count - 1)].message, s.hidden.get(),
+                [&](std::int64_t h) { return s.hidden.get() % h == 0 && h <= 256; });
+  }
+  if (positive(s.heads, s.kv_heads) && s.heads.get() % s.kv_heads.get() != 0) {
+    text& m = out.add("heads_divisible_by_kv_heads");
+    m.add("num_heads = ", s.heads.get(), " is not divisible by num_key_value_heads = ",
+          s.kv_heads.get(), "; valid kv_heads: ");
+    list_values(m, s.heads.get(), [&](std::int64_t k) { return s.heads.get() % k == 0; });
+  }
+  const auto& r = s.rope;
+  if (r.type.is_static() && r.type.get() != rope_type::none) {
+    if (r.factor.is_static() && r.factor.get() < 1.0)
+      out.add("rope_scaling_valid").add("rope_scaling.factor = ", r.factor.get(), " must be >= 1");
+    if (r.type.get() == rope_type::llama3 &&
+        known(r.low_freq_factor, r.high_freq_factor) &&
+        !(r.high_freq_factor.get() > r.low_freq_factor.get() && r.low_freq_factor.get() > 0))
+      out.add("rope_scaling_valid")
+          .add("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor (got ",
+               r.low_freq_factor.get(), " and ", r.high_freq_factor.get(), ")");
+    if (r.type.get() == rope_type::llama3 && r.original_max_positions.is_static() &&
+        r.original_max_positions.get() <= 0)
+      out.add("rope_scaling_valid").add("original_max_position_embeddings must be positive");
+  }
+}
+
+constexpr void check_tensor_parallel(const shape& s, const layout& l, violations& out) {
+  if (!positive(l.tp)) return;
+  const std::int64_t tp = l.tp.get();
+  if (positive(s.heads) && s.heads.get() % tp != 0) {
+    text& m = out.add("heads_divisible_by_tp");
+    m.add("num_heads = ", s.heads.get(), " is not divisible by tp = ", tp, "; valid tp: ");
+    list_values(m, s.heads.get(), [&](std::int64_t t) { return s.heads.get() % t == 0; });
+  }
+  if (positive(s.kv_heads) && s.kv_heads.get() % tp != 0 && tp % s.kv_heads.get() != 0) {
+    const std::int64_t kv = s.kv_heads.get();
+    text& m = out.add("kv_heads_fit_tp");
+    m.add("num_key_value_heads = ", kv, " is neither a multiple nor a divisor of tp = ", tp,
+          "; valid tp: ");
+    const std::int64_t limit = positive(s.heads) ? s.heads.get() : kv * 8;
+    list_values(m, limit, [&](std::int64_t t) {
+      return (kv % t == 0 || t % kv == 0) && (!positive(s.heads) || s.heads.get() % t == 0);
+    });
+  }
+  if (positive(s.ffn) && s.ffn.get() % tp != 0) {
+    text& m = out.add("ffn_divisible_by_tp");
+    m.add("ffn = ", s.ffn.get(), " is not divisible by tp = ", tp, "; valid tp: ");
+    list_values(m, positive(s.heads) ? s.heads.get() : 64, [&](std::int64_t t) {
+      return s.ffn.get() % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0);
+    });
+  }
+  if (l.sp.is_static() && l.sp.get() && tp == 1)
+    out.add("sp_needs_tp").add("sequence parallelism needs tp > 1 (got tp = 1); set tp >= 2 or sp = false");
+}
+
+constexpr void check_pipeline(const shape& s, const layout& l, violations& out) {
+  if (!positive(l.pp, l.vpp)) return;
+  const std::int64_t pp = l.pp.get(), vpp = l.vpp.get();
+  if (vpp > 1 && pp == 1)
+    out.add("vpp_needs_pp").add("vpp = ", vpp, " virtual chunks need pp > 1 (got pp = 1); set pp >= 2 or vpp = 1");
+  if (!known(l.first_stage_layers, l.last_stage_layers)) return;
+  const std::int64_t first = l.first_stage_layers.get(), last = l.last_stage_layers.get();
+  if (first < 0 || last < 0) return;
+  if (pp == 1 && (first > 0 || last > 0)) {
+    out.add("stage_counts_need_pp")
+        .add("first_stage_layers = ", first, " and last_stage_layers = ", last,
+             " need pp > 1 (got pp = 1); set pp >= 2 or leave them at 0");
+    return;
+  }
+  if (!positive(s.layers)) return;
+  const std::int64_t layers = s.layers.get();
+  const bool even = first == 0 && last == 0;
+  const stage_split split = split_layers(layers, pp, first, last);
+  const bool chunks_ok = split.ok && split.first % vpp == 0 && split.last % vpp == 0 &&
+                         (pp <= 2 || split.middle % vpp == 0);
+  if (chunks_ok) return;
+  text& m = out.add("layers_fit_stages");
+  if (even) {
+    m.add("num_layers = ", layers, " is not divisible by pp * vpp = ", pp, " * ", vpp, " = ",
+          pp * vpp, "; valid pp", vpp > 1 ? " (with this vpp)" : "", ": ");
+    list_values(m, layers, [&](std::int64_t p) { return layers % (p * vpp) == 0 && (vpp == 1 || p > 1); });
+    m.add("; or give first_stage_layers / last_stage_layers");
+  } else {
+    m.add("first_stage_layers = ", first, ", last_stage_layers = ", last, " and num_layers = ",
+          layers, " do not split over pp = ", pp, " ranks x vpp = ", vpp,
+          " chunks: the remaining layers must divide evenly over the other stages and every stage's count by vpp");
+  }
+}
+
+constexpr void check_reserved(const layout& l, violations& out) {
+  if ((l.cp.is_static() && l.cp.get() != 1) || (l.ep.is_static() && l.ep.get() != 1))
+    out.add("reserved_degrees")
+        .add("cp = ", l.cp.is_static() ? l.cp.get() : 1, " and ep = ", l.ep.is_static() ? l.ep.get() : 1,
+             " are reserved: context and expert parallelism are not implemented yet; use cp = 1 and ep = 1");
+  if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
+    out.add("vocab_pad_multiple_positive")
+        .add("vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " must be >= 1 (Megatron's default is 128)");
+}
+
+constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
+  if (positive(f.world, l.tp, l.pp, l.cp)) {
+    const std::int64_t model = l.tp.get() * l.pp.get() * l.cp.get(), w = f.world.get();
+    if (w % model != 0) {
+      text& m = out.add("world_fits_layout");
+      m.add("world size ", w, " is not divisible by tp * pp * cp = ", model,
+            "; valid world sizes are multiples of ", model, ", or with this world size use tp * pp * cp in: ");
+      list_values(m, w, [&](std::int64_t t) { return w % t == 0; });
+    }
+  }
+  if (positive(f.world, l.tp, l.pp, l.cp, f.global_batch, f.micro_batch)) {
+    const std::int64_t model = l.tp.get() * l.pp.get() * l.cp.get();
+    if (f.world.get() % model == 0) {
+      const std::int64_t dp = f.world.get() / model;
+      const std::int64_t unit = f.micro_batch.get() * dp;
+      if (f.global_batch.get() % unit != 0)
+        out.add("global_batch_divisible")
+            .add("global batch ", f.global_batch.get(), " is not divisible by micro batch ",
+                 f.micro_batch.get(), " * dp ", dp, " = ", unit, "; use a global batch of ",
+                 (f.global_batch.get() / unit) * unit, " or ", (f.global_batch.get() / unit + 1) * unit);
+    }
+  }
+  if (positive(l.pp, l.vpp, f.microbatches) && l.vpp.get() > 1 &&
+      f.microbatches.get() % l.pp.get() != 0) {
+    const std::int64_t m = f.microbatches.get(), pp = l.pp.get();
+    out.add("interleaved_microbatches")
+        .add("number of microbatches ", m, " is not divisible by pp = ", pp,
+             " with the interleaved schedule; use ", (m / pp) * pp > 0 ? (m / pp) * pp : pp, " or ",
+             (m / pp + 1) * pp, " microbatches");
+  }
+  if (l.rmpad.is_static() && l.rmpad.get() && l.cp.is_static() && l.cp.get() > 1)
+    out.add("rmpad_needs_no_cp").add("remove-padding with cp > 1 is not implemented; use cp = 1");
+}
+
+}  // namespace detail
+
+// Every rule whose inputs are known, in table order.
+constexpr violations check(const shape& s, const layout& l, const run_facts& f = {}) {
+  violations out;
+  detail::check_positive(s, l, out);
+  if (!out.ok()) return out;  // the other rules divide by these values
+  detail::check_shape(s, out);
+  detail::check_tensor_parallel(s, l, out);
+  detail::check_pipeline(s, l, out);
+  detail::check_reserved(l, out);
+  detail::check_run(l, f, out);
+  return out;
+}
+
+// The run-time twin of the static check: throws std::invalid_argument with the same text.
+inline void require_valid(const shape& s, const layout& l, const run_facts& f = {}) {
+  const violations v = check(s, l, f);
+  if (!v.ok()) throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
+}
+
+}  // namespace megadsl

@@ -1,0 +1,194 @@
+// Per-rank shard shapes of every parameter, derived from shape + layout + head.
+//
+// constexpr throughout, so for a static model `static_assert(local_shape(...) == ...)` works; the
+// same functions serve dynamic models at run time and `megadsl describe`.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/heads.hpp"
+#include "megadsl/layout.hpp"
+#include "megadsl/param_table.hpp"
+#include "megadsl/shape.hpp"
+#include "megadsl/stages.hpp"
+
+namespace megadsl {
+
+// A tensor shape of rank 1 or 2.
+struct dims {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;  // 0 for rank-1 tensors
+  int rank = 2;
+
+  constexpr bool operator==(const dims&) const = default;
+  [[nodiscard]] constexpr std::int64_t numel() const { return rank == 1 ? rows : rows * cols; }
+};
+constexpr dims vec(std::int64_t n) { return {n, 0, 1}; }
+constexpr dims mat(std::int64_t r, std::int64_t c) { return {r, c, 2}; }
+
+// The head as the shard plan sees it.
+struct head_info {
+  bool actor = true;
+  bool value_bias = true;
+};
+
+template <auto H>
+constexpr head_info head_of() {
+  if constexpr (is_value_head<H>) return {false, H.bias};
+  else return {true, false};
+}
+
+// The fused QKV of one tp rank (DESIGN §4): `groups` local kv groups, each [q x q_per_group | k | v].
+// With kv_heads < tp each rank holds one kv group (replicated across tp / kv_heads ranks) and
+// heads / tp of its query heads.
+struct qkv_rank_layout {
+  std::int64_t groups = 0;       // kv groups held by this rank
+  std::int64_t q_per_group = 0;  // query heads per local group
+  std::int64_t first_kv_head = 0;
+  std::int64_t first_q_head = 0;
+  std::int64_t head_dim = 0;
+  [[nodiscard]] constexpr std::int64_t rows() const { return groups * (q_per_group + 2) * head_dim; }
+};
+
+constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64_t tp_rank) {
+  const std::int64_t tp = l.tp, heads = s.heads, kv = s.kv_heads, hd = effective_head_dim(s);
+  qkv_rank_layout q;
+  q.head_dim = hd;
+  q.first_q_head = tp_rank * (heads / tp);
+  if (kv >= tp) {
+    q.groups = kv / tp;
+    q.q_per_group = heads / kv;
+    q.first_kv_head = tp_rank * q.groups;
+  } else {
+    q.groups = 1;
+    q.q_per_group = heads / tp;
+    q.first_kv_head = tp_rank * kv / tp;
+  }
+  return q;
+}
+
+constexpr bool present(const param_row& row, const shape& s, head_info h) {
+  switch (row.when) {
+    case presence::always: return true;
+    case presence::qkv_bias: return s.qkv_bias.get();
+    case presence::actor: return h.actor;
+    case presence::critic: return !h.actor;
+    case presence::critic_bias: return !h.actor && h.value_bias;
+  }
+  return false;
+}
+
+struct param_plan {
+  const param_row* row = nullptr;
+  std::array<dims, 3> hf_shapes{};  // shapes of the HF source tensors (true vocab)
+  dims local{};                     // per tp rank, in the sharded model
+  dims global{};                    // all tp shards side by side (padded vocab, replicated kv)
+  int split_dim = -1;               // tp split dimension of `global`, -1 when replicated
+  bool tied = false;                // lm_head that shares the embedding weight
+};
+
+constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
+  const std::int64_t h = s.hidden, tp = l.tp, hd = effective_head_dim(s);
+  const std::int64_t heads = s.heads, kv = s.kv_heads, ffn = s.ffn, vocab = s.vocab;
+  const std::int64_t vpad = padded_vocab(s, l);
+  param_plan p;
+  p.row = &row;
+  const std::string_view n = row.name;
+  switch (row.kind) {
+    case shard_kind::vocab:
+      p.hf_shapes[0] = mat(vocab, h);
+      p.local = mat(vpad / tp, h);
+      p.global = mat(vpad, h);
+      p.split_dim = 0;
+      p.tied = n == "lm_head.weight" && s.tie_embeddings.get();
+      break;
+    case shard_kind::replicated:
+      if (n == "value_head.weight") p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      else if (n == "value_head.bias") p.hf_shapes[0] = p.local = p.global = vec(1);
+      else p.hf_shapes[0] = p.local = p.global = vec(h);
+      break;
+    case shard_kind::fused_qkv: {
+      const std::int64_t rows = qkv_layout(s, l, 0).rows();
+      const bool bias = row.when == presence::qkv_bias;
+      p.hf_shapes = bias ? std::array<dims, 3>{vec(heads * hd), vec(kv * hd), vec(kv * hd)}
+                         : std::array<dims, 3>{mat(heads * hd, h), mat(kv * hd, h), mat(kv * hd, h)};
+      p.local = bias ? vec(rows) : mat(rows, h);
+      p.global = bias ? vec(rows * tp) : mat(rows * tp, h);
+      p.split_dim = 0;
+      break;
+    }
+    case shard_kind::fused_gate_up:
+      p.hf_shapes = {mat(ffn, h), mat(ffn, h), dims{}};
+      p.local = mat(2 * ffn / tp, h);
+      p.global = mat(2 * ffn, h);
+      p.split_dim = 0;
+      break;
+    case shard_kind::row: {
+      const std::int64_t in = n.find("o_proj") != std::string_view::npos ? heads * hd : ffn;
+      p.hf_shapes[0] = p.global = mat(h, in);
+      p.local = mat(h, in / tp);
+      p.split_dim = 1;
+      break;
+    }
+    case shard_kind::column:
+      break;  // no plain column parameter in the Llama family
+  }
+  return p;
+}
+
+// Every parameter row of a model, in table order (layer rows once, with `{layer}`).
+struct param_list {
+  std::array<param_plan, llama_params.size()> items{};
+  std::size_t count = 0;
+  [[nodiscard]] constexpr const param_plan* begin() const { return items.data(); }
+  [[nodiscard]] constexpr const param_plan* end() const { return items.data() + count; }
+  [[nodiscard]] constexpr const param_plan& operator[](std::string_view name) const {
+    for (std::size_t i = 0; i < count; ++i)
+      if (items[i].row->name == name) return items[i];
+    throw std::out_of_range("megadsl: no such parameter");
+  }
+};
+
+constexpr param_list plan_params(const shape& s, const layout& l, head_info h) {
+  param_list out;
+  for (const param_row& row : llama_params)
+    if (present(row, s, h)) out.items[out.count++] = plan_of(row, s, l);
+  return out;
+}
+
+template <class Spec>
+constexpr param_list plan_params() {
+  return plan_params(Spec::shape, Spec::layout, head_of<Spec::head>());
+}
+
+// Shape of one parameter of a model type on each tp rank: `local_shape<actor>("embed.weight")`.
+template <class Spec>
+constexpr dims local_shape(std::string_view name) {
+  return plan_params<Spec>()[name].local;
+}
+
+// Elements each (tp rank, pp rank) holds: the plan's figure for memory tables.
+constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info h,
+                                      std::int64_t pp_rank) {
+  std::int64_t total = 0;
+  const std::int64_t last = l.pp.get() - 1;
+  for (const param_plan& p : plan_params(s, l, h)) {
+    switch (p.row->where) {
+      case placement::first_stage:
+        if (pp_rank == 0) total += p.local.numel();
+        break;
+      case placement::layer:
+        total += p.local.numel() * layers_on_pp_rank(s, l, pp_rank);
+        break;
+      case placement::last_stage:
+        // A tied lm_head is the embedding itself when both live on one rank.
+        if (pp_rank == last && !(p.tied && pp_rank == 0)) total += p.local.numel();
+        break;
+    }
+  }
+  return total;
+}
+
+}  // namespace megadsl

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything megadsl needs on a fresh Debian bookworm machine (idempotent).
+set -euo pipefail
+packages=(build-essential cmake ninja-build libtorch-dev libgloo-dev libboost-dev
+          librange-v3-dev catch2 nlohmann-json3-dev python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

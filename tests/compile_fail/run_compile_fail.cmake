@@ -1,0 +1,23 @@
+# Compiles SOURCE and passes only if compilation fails with every `// expect: <regex>` line of
+# the source matched in the compiler's output (Eigen-style: the message, not merely a failure).
+file(STRINGS ${SOURCE} expect_lines REGEX "^// expect: ")
+if(NOT expect_lines)
+  message(FATAL_ERROR "${SOURCE} has no '// expect: <regex>' line")
+endif()
+set(include_flags "")
+foreach(dir ${INCLUDES})
+  list(APPEND include_flags "-I${dir}")
+endforeach()
+execute_process(COMMAND ${CXX} -std=c++20 -fsyntax-only ${include_flags} ${SOURCE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(log "${out}${err}")
+if(rc EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled, but it must be rejected")
+endif()
+foreach(line ${expect_lines})
+  string(REGEX REPLACE "^// expect: " "" pattern "${line}")
+  if(NOT log MATCHES "${pattern}")
+    message(FATAL_ERROR "${SOURCE} failed to compile, but without the expected message\n  expected: ${pattern}\n  compiler said:\n${log}")
+  endif()
+  message(STATUS "matched: ${pattern}")
+endforeach()
