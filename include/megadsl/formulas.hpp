@@ -1,0 +1,228 @@
+// Parameter counts, training memory per rank, activation memory and FLOPs per token.
+//
+// constexpr and torch-free: for a static model every figure is a constant
+// (`static_assert(parameter_count(llama3_8b::shape) == 8'030'261'248)`), and `megadsl plan` calls
+// the same functions on a shape resolved at run time. Sources (reference/):
+//   parameter counts    HF modeling_llama / modeling_qwen2 (true vocab, lm_head unless tied)
+//   memory per rank     Megatron theoretical_memory_usage.py: 18 bytes per parameter (bf16 + fp32
+//                       master weights + Adam), on the most-loaded shard (padded vocab, kv replicas)
+//   activations         Korthikanti et al. 2022, Table 2 (megatron-core-semantics.md §9)
+//   FLOPs per token     Megatron num_floating_point_operations; torchtitan get_num_flop_per_token;
+//                       verl _estimate_qwen2_flops (anchors-and-user-pain.md §3, verl-semantics.md §6)
+// Every function expects a shape and layout that pass `check()`; the values they read must be static
+// (or resolved) by then.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "megadsl/layout.hpp"
+#include "megadsl/shape.hpp"
+#include "megadsl/shard_plan.hpp"
+#include "megadsl/stages.hpp"
+
+namespace megadsl {
+
+// ---- parameter counts ----------------------------------------------------------------------------
+
+// One decoder layer as HF stores it: q/k/v/o, optional q/k/v bias, gate/up/down, two RMSNorms.
+constexpr std::int64_t layer_parameter_count(const shape& s) {
+  const std::int64_t h = s.hidden, n = s.heads, g = s.kv_heads, d = effective_head_dim(s);
+  const std::int64_t attention = h * n * d + 2 * h * g * d + n * d * h;
+  const std::int64_t bias = s.qkv_bias.get() ? n * d + 2 * g * d : 0;
+  return attention + bias + 3 * h * s.ffn.get() + 2 * h;
+}
+
+// The HF parameter count: embedding (true vocab), layers, final norm, and the head: lm_head unless
+// tied for the actor, the value head `h -> 1` (+ bias) for the critic.
+constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
+  const std::int64_t h = s.hidden, v = s.vocab;
+  const std::int64_t out = head.actor ? (s.tie_embeddings.get() ? 0 : v * h)
+                                      : h + (head.value_bias ? 1 : 0);
+  return v * h + s.layers.get() * layer_parameter_count(s) + h + out;
+}
+
+// ---- training memory per rank ----------------------------------------------------------------------
+
+// fp32: fp32 weights, fp32 gradients, Adam m and v in fp32 (4 + 4 + 8 = 16 bytes per parameter).
+// bf16_mixed: Megatron's bf16 recipe: bf16 weights (2), gradients accumulated and all-reduced in an
+// fp32 `main_grad` buffer (4; Megatron forces accumulate_allreduce_grads_in_fp32 with bf16), fp32
+// master weights + Adam m and v (12): the reference's 18 bytes per parameter.
+enum class precision : std::int8_t { fp32, bf16_mixed };
+
+struct bytes_per_parameter {
+  double weight, gradient, optimizer;
+  [[nodiscard]] constexpr double total() const { return weight + gradient + optimizer; }
+};
+
+constexpr bytes_per_parameter bytes_of(precision p) {
+  return p == precision::fp32 ? bytes_per_parameter{4, 4, 8} : bytes_per_parameter{2, 4, 12};
+}
+
+struct rank_memory {
+  std::int64_t parameters;  // elements held by one (tp, pp) rank
+  double weight_bytes, gradient_bytes, optimizer_bytes, total_bytes;
+};
+
+// Memory of the model state on one (tp rank, pp rank). Parameters come from the shard plan
+// (`local_elements`): padded vocab, kv heads replicated when kv_heads < tp, replicated norms, and
+// on pp > 1 a tied lm_head's copy on the last stage. All tp ranks of a pipeline rank hold the same
+// amount. `optimizer_shards` = dp with Megatron's distributed optimizer (optimizer state divided
+// over dp: 6 + 12/dp bytes per parameter in bf16_mixed); 1 (default) without it.
+constexpr rank_memory training_memory(const shape& s, const layout& l, head_info head,
+                                      precision p, std::int64_t pp_rank,
+                                      std::int64_t optimizer_shards = 1) {
+  const std::int64_t n = local_elements(s, l, head, pp_rank);
+  const bytes_per_parameter b = bytes_of(p);
+  const auto count = static_cast<double>(n);
+  rank_memory m{n, count * b.weight, count * b.gradient,
+                count * b.optimizer / static_cast<double>(optimizer_shards), 0};
+  m.total_bytes = m.weight_bytes + m.gradient_bytes + m.optimizer_bytes;
+  return m;
+}
+
+// ---- activation memory (Korthikanti et al. 2022) ---------------------------------------------------
+
+// What the backward pass keeps: everything, attention core recomputed (selective), or each
+// layer's input only (full).
+enum class recompute : std::int8_t { none, selective, full };
+
+// Bytes of activations one transformer layer keeps for the backward pass of one micro-batch, per
+// tp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
+// b = micro_batch, h = hidden, a = heads, t = tp):
+//   no recompute       TP: sbh(10 + 24/t + 5as/(ht))     TP+SP: sbh(34 + 5as/h) / t
+//   selective          TP: sbh(10 + 24/t)                TP+SP: 34 sbh / t
+//   full               2sbh (the layer input; / t with SP, where the input is a sequence shard)
+// With t = 1 both columns are the unparallelised sbh(34 + 5as/h). The paper's layer is GPT's
+// (MLP 4h, with dropout); for a Llama layer (SwiGLU, ffn != 4h, no dropout) it is the customary
+// estimate, not an exact count.
+constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std::int64_t seq,
+                                            std::int64_t micro_batch, bool sequence_parallel,
+                                            recompute r = recompute::none) {
+  const double sbh = static_cast<double>(seq) * static_cast<double>(micro_batch) *
+                     static_cast<double>(s.hidden.get());
+  const double t = static_cast<double>(l.tp.get());
+  const double as_over_h = static_cast<double>(s.heads.get()) * static_cast<double>(seq) /
+                           static_cast<double>(s.hidden.get());
+  switch (r) {
+    case recompute::full: return sequence_parallel ? 2 * sbh / t : 2 * sbh;
+    case recompute::selective: return sequence_parallel ? 34 * sbh / t : sbh * (10 + 24 / t);
+    case recompute::none: break;
+  }
+  return sequence_parallel ? sbh * (34 + 5 * as_over_h) / t
+                           : sbh * (10 + 24 / t + 5 * as_over_h / t);
+}
+
+// Megatron's interleaved-schedule memory factor 1 + (p - 1) / (p v); 1 without interleaving.
+constexpr double interleave_factor(const layout& l) {
+  const double p = static_cast<double>(l.pp.get()), v = static_cast<double>(l.vpp.get());
+  return l.vpp.get() > 1 ? 1 + (p - 1) / (p * v) : 1.0;
+}
+
+// Micro-batches whose activations the first pipeline stage holds at its peak: pp under 1F1B (its
+// warm-up runs pp forward passes before the first backward), fewer when there are fewer
+// micro-batches (`microbatches` = 0: assume at least pp).
+constexpr double in_flight_microbatches(const layout& l, std::int64_t microbatches = 0) {
+  const std::int64_t p = l.pp.get();
+  return static_cast<double>(microbatches > 0 && microbatches < p ? microbatches : p);
+}
+
+// Activation bytes on the first pipeline stage (the most loaded one), per tp rank:
+//   layers on pp rank 0 (over all its chunks) x per-layer bytes x in-flight micro-batches
+//   x interleave factor (vpp > 1; `microbatches` is then ignored: the interleaved schedule needs a
+//   multiple of pp, so at least pp are in flight).
+// With an even split and pp micro-batches in flight this is about L x per-layer, the paper's
+// "first stage holds L/p layers x p micro-batches". Not included (each a few sbh): embedding
+// dropout, final norm, logits and cross-entropy on the last stage.
+constexpr double activation_bytes_first_stage(const shape& s, const layout& l, std::int64_t seq,
+                                              std::int64_t micro_batch, bool sequence_parallel,
+                                              std::int64_t microbatches = 0,
+                                              recompute r = recompute::none) {
+  const double layers = static_cast<double>(layers_on_pp_rank(s, l, 0));
+  const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
+                                           : in_flight_microbatches(l, microbatches);
+  return layers * activation_bytes_per_layer(s, l, seq, micro_batch, sequence_parallel, r) *
+         in_flight;
+}
+
+// ---- FLOPs -----------------------------------------------------------------------------------------
+
+// Training (forward + backward) FLOPs per token of one sequence of length `seq`, under each
+// published convention. All are exact integers held in doubles.
+//   megatron_non_causal  Megatron-LM num_floating_point_operations (2024):
+//                        12 s L h^2 [(1 + g/n + s/h)(n d / h) + (ffn/h)(3/2) + V'/(2 L h)] per s
+//                        tokens, V' the padded vocab (so it depends on tp through the padding)
+//   megatron_causal      the same with s/(2h): current Megatron-LM / Megatron-Bridge
+//   torchtitan           6 N + 12 L n d s, N = parameters without the token embedding (true vocab;
+//                        with tied embeddings that also drops the lm_head, as torchtitan's
+//                        deduplicated parameter count does)
+//   verl                 6 N_verl + 6 d n L s, N_verl = L(h(2nd + 2gd) + 3 h ffn) + 2 V h (embedding
+//                        counted as a matmul, tied or not); verl after PR #4959
+//   verl_legacy          6 N_verl + 12 d n L s: verl before PR #4959 (what the anchors table's
+//                        54.62 / 61.06 GF/token for Llama-3-8B use)
+struct flops_per_token {
+  double megatron_non_causal, megatron_causal, torchtitan, verl, verl_legacy;
+};
+
+namespace detail {
+// Megatron's per-token FLOPs without the attention-score term, and that term's coefficient unit
+// (L n d: the score FLOPs per token are 12 s L n d non-causal, half that causal).
+constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
+  const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
+                     d = effective_head_dim(s);
+  return 12 * L * (h * n * d + h * g * d) + 18 * L * h * s.ffn.get() + 6 * h * padded_vocab(s, l);
+}
+constexpr std::int64_t verl_dense_parameters(const shape& s) {
+  const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
+                     d = effective_head_dim(s);
+  return L * (h * (n * d + 2 * g * d + n * d) + 3 * h * s.ffn.get()) + 2 * s.vocab.get() * h;
+}
+constexpr std::int64_t attention_unit(const shape& s) {
+  return s.layers.get() * s.heads.get() * effective_head_dim(s);
+}
+}  // namespace detail
+
+constexpr flops_per_token training_flops_per_token(const shape& s, const layout& l,
+                                                   std::int64_t seq) {
+  const std::int64_t dense = detail::megatron_dense_per_token(s, l);
+  const std::int64_t unit = detail::attention_unit(s);
+  const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get();
+  const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s);
+  return {
+      .megatron_non_causal = static_cast<double>(dense + 12 * seq * unit),
+      .megatron_causal = static_cast<double>(dense + 6 * seq * unit),
+      .torchtitan = static_cast<double>(6 * non_embedding + 12 * unit * seq),
+      .verl = static_cast<double>(verl_dense + 6 * unit * seq),
+      .verl_legacy = static_cast<double>(verl_dense + 12 * unit * seq),
+  };
+}
+
+// verl's FLOPs for a batch of sequences (remove-padding: each sequence's own length), forward +
+// backward: 6 N_verl sum(s_i) + c d n L sum(s_i^2), c = 6 (current verl) or 12 (before #4959).
+// verl reports this / dt / 1e12 as TFLOP/s.
+constexpr double verl_flops(const shape& s, std::span<const std::int64_t> seqlens,
+                            int attention_coefficient = 6) {
+  double tokens = 0, squares = 0;
+  for (const std::int64_t n : seqlens) {
+    tokens += static_cast<double>(n);
+    squares += static_cast<double>(n) * static_cast<double>(n);
+  }
+  return 6 * static_cast<double>(detail::verl_dense_parameters(s)) * tokens +
+         attention_coefficient * squares * static_cast<double>(detail::attention_unit(s));
+}
+
+// Megatron's FLOPs for a packed batch (THD: attention over each sequence only), forward + backward:
+// T x dense per token + sum(s_i^2) x (6 causal | 12 non-causal) x L n d. For one sequence of
+// length s this is s x training_flops_per_token(...).megatron_(non_)causal.
+constexpr double megatron_flops(const shape& s, const layout& l,
+                                std::span<const std::int64_t> seqlens, bool causal) {
+  double tokens = 0, squares = 0;
+  for (const std::int64_t n : seqlens) {
+    tokens += static_cast<double>(n);
+    squares += static_cast<double>(n) * static_cast<double>(n);
+  }
+  return static_cast<double>(detail::megatron_dense_per_token(s, l)) * tokens +
+         (causal ? 6.0 : 12.0) * squares * static_cast<double>(detail::attention_unit(s));
+}
+
+}  // namespace megadsl

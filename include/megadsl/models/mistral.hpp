@@ -1,0 +1,23 @@
+// Mistral 7B (v0.1) as a strong preset type: the Llama architecture with GQA and a 32k context.
+//
+// Its sliding-window attention (4096) does not change any shape, shard or formula here; attention
+// kernels that honour it are the runtime's business.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+struct mistral_7b : llama<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,
+                                .ffn = 14336, .vocab = 32000, .max_positions = 32768,
+                                .rms_eps = 1e-5, .rope_theta = 10000.0}> {
+  static constexpr std::string_view name = "mistral-7b";
+  static constexpr std::string_view hf_repo = "mistralai/Mistral-7B-v0.1";
+  static constexpr std::int64_t published_params = 7'241'732'096;
+};
+
+}  // namespace megadsl

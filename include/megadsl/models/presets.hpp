@@ -1,0 +1,36 @@
+// Every preset of a real or test model, and a compile-time list of them.
+//
+//   megadsl::for_each_preset([](auto p) { using P = typename decltype(p)::type; ... });
+#pragma once
+
+#include <type_traits>
+
+#include "megadsl/models/llama.hpp"
+#include "megadsl/models/mistral.hpp"
+#include "megadsl/models/qwen.hpp"
+#include "megadsl/models/tiny.hpp"
+
+namespace megadsl {
+
+template <class... P>
+struct preset_list {
+  static constexpr std::size_t size = sizeof...(P);
+  // Calls f(std::type_identity<P>{}) for each preset, in order.
+  template <class F>
+  static constexpr void for_each(F&& f) {
+    (f(std::type_identity<P>{}), ...);
+  }
+};
+
+// The order is the order of `megadsl::presets` (registry.hpp) and of `megadsl plan --list`.
+using all_presets =
+    preset_list<llama2_7b, llama2_13b, llama2_70b, llama3_8b, llama3_70b, llama3_1_405b,
+                llama3_2_1b, llama3_2_3b, tinyllama_1_1b, mistral_7b, qwen2_5_0_5b, qwen2_5_7b,
+                qwen2_5_72b, tiny_llama, tiny_qwen, tiny_llama3>;
+
+template <class F>
+constexpr void for_each_preset(F&& f) {
+  all_presets::for_each(static_cast<F&&>(f));
+}
+
+}  // namespace megadsl

@@ -1,0 +1,43 @@
+// Run-time lookup of the presets by name (`megadsl plan llama3-8b`), built from the preset types:
+// the shape of each entry is the struct's `::shape`, so there is one source of truth.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/models/presets.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+struct preset_entry {
+  std::string_view name;          // "llama3-8b"
+  shape s;                        // fully static
+  std::int64_t published_params;  // parameter count of the published checkpoint (actor, HF)
+  std::string_view source;        // HF repository whose config.json the shape copies
+};
+
+namespace detail {
+template <class P>
+constexpr preset_entry entry_of() {
+  return {P::name, P::shape, P::published_params, P::hf_repo};
+}
+template <class... P>
+constexpr std::array<preset_entry, sizeof...(P)> entries_of(preset_list<P...>) {
+  return {entry_of<P>()...};
+}
+}  // namespace detail
+
+inline constexpr auto presets = detail::entries_of(all_presets{});
+
+// The entry named `name`, or nullptr. Names are those of the preset structs ("llama3-8b",
+// "qwen2.5-0.5b", "tiny"); matching is exact. HF repository ids are not names: on the command line
+// they may also be local directories, which must not be shadowed by a preset.
+constexpr const preset_entry* find_preset(std::string_view name) {
+  for (const preset_entry& e : presets)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+}  // namespace megadsl

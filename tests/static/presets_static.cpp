@@ -1,0 +1,179 @@
+// Static tests of the model presets: compiling this file is passing.
+//
+// For every preset: its parameter count recomputed from the shape equals the published count of the
+// HF checkpoint, a few layouts that must be accepted, and a few that must be rejected by exactly the
+// rule named (with the values of that preset).
+#include "megadsl/formulas.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/models/presets.hpp"
+#include "megadsl/models/registry.hpp"
+
+namespace {
+
+using megadsl::layout;
+using megadsl::parameter_count;
+using megadsl::valid_layout;
+using megadsl::violates;
+
+// Rejected by `rule` and by nothing else.
+template <class M, layout L>
+constexpr bool violates_only(std::string_view rule) {
+  const auto v = megadsl::check(M::shape, L);
+  return v.count == 1 && v.has(rule);
+}
+
+// Published parameter counts (HF checkpoints), written out here rather than read from the
+// structs, so a typo in either place fails.
+static_assert(parameter_count(megadsl::llama2_7b::shape) == 6'738'415'616);
+static_assert(parameter_count(megadsl::llama2_13b::shape) == 13'015'864'320);
+static_assert(parameter_count(megadsl::llama2_70b::shape) == 68'976'648'192);
+static_assert(parameter_count(megadsl::llama3_8b::shape) == 8'030'261'248);
+static_assert(parameter_count(megadsl::llama3_70b::shape) == 70'553'706'496);
+static_assert(parameter_count(megadsl::llama3_1_405b::shape) == 405'853'388'800);
+static_assert(parameter_count(megadsl::llama3_2_1b::shape) == 1'235'814'400);
+static_assert(parameter_count(megadsl::llama3_2_3b::shape) == 3'212'749'824);
+static_assert(parameter_count(megadsl::tinyllama_1_1b::shape) == 1'100'048'384);
+static_assert(parameter_count(megadsl::mistral_7b::shape) == 7'241'732'096);
+static_assert(parameter_count(megadsl::qwen2_5_0_5b::shape) == 494'032'768);
+static_assert(parameter_count(megadsl::qwen2_5_7b::shape) == 7'615'616'512);
+static_assert(parameter_count(megadsl::qwen2_5_72b::shape) == 72'706'203'648);
+static_assert(parameter_count(megadsl::tiny_llama::shape) == 3'283'200);
+static_assert(parameter_count(megadsl::tiny_qwen::shape) == 3'028'736);
+static_assert(parameter_count(megadsl::tiny_llama3::shape) == 3'027'200);
+
+// Every preset: the struct's published count matches the shape, the unparallelised layout is
+// valid, and the registry entry is the struct's shape.
+constexpr bool every_preset_consistent() {
+  bool ok = true;
+  megadsl::for_each_preset([&](auto p) {
+    using P = typename decltype(p)::type;
+    ok = ok && parameter_count(P::shape) == P::published_params;
+    ok = ok && megadsl::check(P::shape, layout{}).ok();
+    const megadsl::preset_entry* e = megadsl::find_preset(P::name);
+    ok = ok && e != nullptr && e->published_params == P::published_params &&
+         e->s.hidden.get() == P::shape.hidden.get() && e->s.vocab.get() == P::shape.vocab.get() &&
+         e->s.layers.get() == P::shape.layers.get();
+  });
+  return ok;
+}
+static_assert(every_preset_consistent());
+static_assert(megadsl::presets.size() == megadsl::all_presets::size);
+static_assert(megadsl::find_preset("llama3-8b")->s.rope_theta.get() == 500000.0);
+static_assert(megadsl::find_preset("meta-llama/Meta-Llama-3-8B") == nullptr);  // names only
+static_assert(megadsl::find_preset("tiny")->s.vocab.get() == 1000);
+static_assert(megadsl::find_preset("llama3-9b") == nullptr);
+
+// The preset name is the struct's, not the family's.
+static_assert(megadsl::llama3_8b::name == "llama3-8b");
+static_assert(megadsl::llama3_8b::family == "llama");
+
+// Shape details that are easy to get wrong.
+static_assert(megadsl::effective_head_dim(megadsl::llama3_2_1b::shape).get() == 64);
+static_assert(megadsl::effective_head_dim(megadsl::llama3_2_3b::shape).get() == 128);
+static_assert(megadsl::effective_head_dim(megadsl::qwen2_5_0_5b::shape).get() == 64);
+static_assert(megadsl::llama3_1_405b::shape.rope.factor.get() == 8.0);
+static_assert(megadsl::llama3_2_1b::shape.rope.factor.get() == 32.0);
+static_assert(megadsl::llama3_2_1b::shape.tie_embeddings.get());
+static_assert(megadsl::qwen2_5_0_5b::shape.qkv_bias.get() && megadsl::qwen2_5_0_5b::shape.tie_embeddings.get());
+static_assert(megadsl::qwen2_5_7b::shape.qkv_bias.get() && !megadsl::qwen2_5_7b::shape.tie_embeddings.get());
+
+// ---- Llama 2 ----
+static_assert(valid_layout<megadsl::llama2_7b, layout{.tp = 8}>);
+static_assert(valid_layout<megadsl::llama2_7b, layout{.tp = 4, .pp = 4, .vpp = 2, .sp = true}>);
+// tp 6 breaks three rules at once (32 heads, 32 kv heads, ffn 11008); all three are reported.
+static_assert(megadsl::check(megadsl::llama2_7b::shape, layout{.tp = 6}).count == 3);
+static_assert(violates<megadsl::llama2_7b, layout{.tp = 6}>("heads_divisible_by_tp"));
+static_assert(violates<megadsl::llama2_7b, layout{.tp = 6}>("kv_heads_fit_tp"));
+static_assert(violates<megadsl::llama2_7b, layout{.tp = 6}>("ffn_divisible_by_tp"));
+static_assert(!valid_layout<megadsl::llama2_7b, layout{.tp = 6}>);
+static_assert(violates_only<megadsl::llama2_7b, layout{.pp = 5}>("layers_fit_stages"));
+
+static_assert(valid_layout<megadsl::llama2_13b, layout{.tp = 8, .pp = 5}>);
+static_assert(valid_layout<megadsl::llama2_13b, layout{.tp = 4, .pp = 4, .vpp = 2}>);
+// 40 heads and 40 kv heads split 5 ways, but ffn 13824 = 2^9 * 27 does not.
+static_assert(violates_only<megadsl::llama2_13b, layout{.tp = 5}>("ffn_divisible_by_tp"));
+static_assert(violates<megadsl::llama2_13b, layout{.tp = 16}>("heads_divisible_by_tp"));
+static_assert(violates_only<megadsl::llama2_13b, layout{.pp = 3}>("layers_fit_stages"));
+
+static_assert(valid_layout<megadsl::llama2_70b, layout{.tp = 8, .pp = 8, .sp = true}>);
+static_assert(valid_layout<megadsl::llama2_70b, layout{.tp = 16, .pp = 4, .vpp = 5}>);  // kv replicated
+static_assert(violates_only<megadsl::llama2_70b, layout{.tp = 8, .pp = 6}>("layers_fit_stages"));
+static_assert(violates_only<megadsl::llama2_70b, layout{.tp = 128}>("heads_divisible_by_tp"));
+
+// ---- Llama 3 ----
+static_assert(valid_layout<megadsl::llama3_8b, layout{.tp = 8, .pp = 4, .sp = true}>);
+static_assert(valid_layout<megadsl::llama3_8b, layout{.tp = 2, .pp = 2, .vpp = 4}>);
+static_assert(valid_layout<megadsl::llama3_8b, layout{.tp = 16}>);  // 8 kv heads, each on 2 ranks
+static_assert(valid_layout<megadsl::llama3_8b, layout{.pp = 3, .first_stage_layers = 10, .last_stage_layers = 10}>);
+static_assert(violates<megadsl::llama3_8b, layout{.tp = 3}>("heads_divisible_by_tp"));
+static_assert(violates<megadsl::llama3_8b, layout{.tp = 3}>("kv_heads_fit_tp"));
+static_assert(violates_only<megadsl::llama3_8b, layout{.pp = 3}>("layers_fit_stages"));
+static_assert(violates_only<megadsl::llama3_8b, layout{.pp = 4, .vpp = 3}>("layers_fit_stages"));
+static_assert(violates_only<megadsl::llama3_8b, layout{.sp = true}>("sp_needs_tp"));
+static_assert(violates_only<megadsl::llama3_8b, layout{.vpp = 2}>("vpp_needs_pp"));
+static_assert(violates_only<megadsl::llama3_8b, layout{.tp = 64}>("heads_divisible_by_tp"));
+
+static_assert(valid_layout<megadsl::llama3_70b, layout{.tp = 8, .pp = 4, .vpp = 5, .sp = true}>);
+static_assert(violates_only<megadsl::llama3_70b, layout{.tp = 8, .pp = 3}>("layers_fit_stages"));
+
+// 126 layers: pp 7, 9, 14, 18 split evenly; pp 16 needs first/last counts (7 + 14 x 8 + 7).
+static_assert(valid_layout<megadsl::llama3_1_405b, layout{.tp = 8, .pp = 9, .sp = true}>);
+static_assert(valid_layout<megadsl::llama3_1_405b, layout{.tp = 8, .pp = 16, .first_stage_layers = 7, .last_stage_layers = 7}>);
+static_assert(violates_only<megadsl::llama3_1_405b, layout{.tp = 8, .pp = 16}>("layers_fit_stages"));
+static_assert(violates_only<megadsl::llama3_1_405b, layout{.tp = 8, .pp = 8}>("layers_fit_stages"));
+
+static_assert(valid_layout<megadsl::llama3_2_1b, layout{.tp = 8, .pp = 4}>);
+static_assert(valid_layout<megadsl::llama3_2_1b, layout{.tp = 32, .pp = 16}>);
+static_assert(violates_only<megadsl::llama3_2_1b, layout{.pp = 3}>("layers_fit_stages"));
+
+static_assert(valid_layout<megadsl::llama3_2_3b, layout{.tp = 8, .pp = 7}>);
+static_assert(valid_layout<megadsl::llama3_2_3b, layout{.tp = 4, .pp = 2, .vpp = 2, .sp = true}>);
+static_assert(violates_only<megadsl::llama3_2_3b, layout{.tp = 16}>("heads_divisible_by_tp"));
+// 24 heads split 12 ways, but 8 kv heads neither divide nor are divided by 12.
+static_assert(violates<megadsl::llama3_2_3b, layout{.tp = 12}>("kv_heads_fit_tp"));
+static_assert(!violates<megadsl::llama3_2_3b, layout{.tp = 12}>("heads_divisible_by_tp"));
+static_assert(violates_only<megadsl::llama3_2_3b, layout{.pp = 8}>("layers_fit_stages"));
+
+// ---- TinyLlama: 22 layers ----
+static_assert(valid_layout<megadsl::tinyllama_1_1b, layout{.tp = 8, .pp = 2}>);  // 4 kv heads on 8 ranks
+static_assert(valid_layout<megadsl::tinyllama_1_1b, layout{.pp = 4, .first_stage_layers = 4, .last_stage_layers = 4}>);
+static_assert(violates_only<megadsl::tinyllama_1_1b, layout{.pp = 4}>("layers_fit_stages"));
+static_assert(violates_only<megadsl::tinyllama_1_1b, layout{.tp = 64}>("heads_divisible_by_tp"));
+
+// ---- Mistral ----
+static_assert(valid_layout<megadsl::mistral_7b, layout{.tp = 8, .pp = 4, .sp = true}>);
+static_assert(violates<megadsl::mistral_7b, layout{.tp = 3}>("heads_divisible_by_tp"));
+static_assert(violates_only<megadsl::mistral_7b, layout{.pp = 5}>("layers_fit_stages"));
+
+// ---- Qwen2.5 ----
+static_assert(valid_layout<megadsl::qwen2_5_0_5b, layout{.tp = 2, .pp = 4, .sp = true}>);
+static_assert(valid_layout<megadsl::qwen2_5_0_5b, layout{.pp = 2}>);  // tied embeddings across stages
+static_assert(violates_only<megadsl::qwen2_5_0_5b, layout{.tp = 4}>("heads_divisible_by_tp"));  // 14 heads
+static_assert(violates_only<megadsl::qwen2_5_0_5b, layout{.tp = 14}>("ffn_divisible_by_tp"));
+static_assert(violates<megadsl::qwen2_5_0_5b, layout{.tp = 7}>("kv_heads_fit_tp"));
+static_assert(violates_only<megadsl::qwen2_5_0_5b, layout{.pp = 5}>("layers_fit_stages"));
+
+static_assert(valid_layout<megadsl::qwen2_5_7b, layout{.tp = 4, .pp = 7}>);
+static_assert(violates_only<megadsl::qwen2_5_7b, layout{.tp = 8}>("heads_divisible_by_tp"));  // 28 heads
+static_assert(violates<megadsl::qwen2_5_7b, layout{.tp = 7}>("kv_heads_fit_tp"));
+
+static_assert(valid_layout<megadsl::qwen2_5_72b, layout{.tp = 8, .pp = 4, .sp = true}>);
+static_assert(valid_layout<megadsl::qwen2_5_72b, layout{.tp = 16, .pp = 5}>);
+static_assert(violates<megadsl::qwen2_5_72b, layout{.tp = 3}>("heads_divisible_by_tp"));
+static_assert(!violates<megadsl::qwen2_5_72b, layout{.tp = 3}>("ffn_divisible_by_tp"));  // 29568 = 3 x 9856
+
+// ---- tiny test models ----
+static_assert(valid_layout<megadsl::tiny_llama, layout{.tp = 4, .pp = 2, .sp = true}>);
+static_assert(valid_layout<megadsl::tiny_llama, layout{.tp = 8}>);  // 2 kv heads on 8 ranks
+static_assert(valid_layout<megadsl::tiny_llama, layout{.tp = 2, .pp = 2, .vpp = 2}>);
+static_assert(valid_layout<megadsl::tiny_qwen, layout{.tp = 2, .pp = 4}>);
+static_assert(valid_layout<megadsl::tiny_llama3, layout{.tp = 4, .pp = 2}>);
+static_assert(violates_only<megadsl::tiny_llama, layout{.tp = 16}>("heads_divisible_by_tp"));
+static_assert(violates_only<megadsl::tiny_llama, layout{.pp = 3}>("layers_fit_stages"));
+
+// The model types the declarations produce.
+using tiny_actor = megadsl::causal_lm<megadsl::tiny_llama, layout{.tp = 2, .pp = 2}>;
+using tiny_critic = megadsl::value_model<megadsl::qwen2_5_0_5b, layout{.tp = 2, .pp = 2}>;
+static_assert(tiny_actor::is_actor && tiny_critic::is_critic);
+
+}  // namespace

@@ -1,0 +1,279 @@
+// Run-time tests of formulas.hpp and plan_report: the published anchors (floating point, with
+// explicit tolerances), the Korthikanti table, the shard plan's per-rank totals, and the same
+// formulas on a shape resolved at run time (the `megadsl plan` path).
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "megadsl/formulas.hpp"
+#include "megadsl/models/presets.hpp"
+#include "megadsl/models/registry.hpp"
+#include "megadsl/plan_report.hpp"
+#include "megadsl/rules.hpp"
+
+// print_plan lives in the tool's sources; spec_tests links only the header-only spec target.
+#include "../../tools/plan_report.cpp"
+
+using megadsl::layout;
+using megadsl::training_flops_per_token;
+
+namespace {
+
+constexpr double giga = 1e9;
+
+// Tables round to two decimals: within half a unit of the last digit.
+Approx rounded(double v) { return Approx(v).margin(0.005 + 1e-12); }
+
+}  // namespace
+
+TEST_CASE("FLOPs per token reproduce the published cross-checks for Llama-3-8B", "[formulas][flops]") {
+  // anchors-and-user-pain.md §1. Reproduced with the vocab padded for tp 1 or 2 (128256 is already
+  // a multiple of 256); tp 8 pads it to 129024 and gives 51.49 instead of 51.47.
+  const auto s = megadsl::llama3_8b::shape;
+  const auto f4 = training_flops_per_token(s, layout{}, 4096);
+  const auto f8 = training_flops_per_token(s, layout{}, 8192);
+  CHECK(f4.megatron_non_causal / giga == rounded(51.47));
+  CHECK(f4.megatron_causal / giga == rounded(48.25));
+  CHECK(f4.torchtitan / giga == rounded(51.47));
+  CHECK(f4.verl_legacy / giga == rounded(54.62));
+  CHECK(f8.megatron_non_causal / giga == rounded(57.91));
+  CHECK(f8.megatron_causal / giga == rounded(51.47));
+  CHECK(f8.torchtitan / giga == rounded(57.91));
+  CHECK(f8.verl_legacy / giga == rounded(61.06));
+  // verl after PR #4959 halves the attention term.
+  CHECK(f4.verl / giga == rounded(51.40));
+  // "+3.15 GF/token" for counting the input embedding as a matmul: 6 V h.
+  CHECK((f4.verl_legacy - f4.megatron_non_causal) / giga == Approx(3.15).margin(0.01));
+
+  const auto f4_tp8 = training_flops_per_token(s, layout{.tp = 8}, 4096);
+  CHECK(f4_tp8.megatron_non_causal / giga == rounded(51.49));
+  CHECK(f4_tp8.torchtitan == f4.torchtitan);  // torchtitan does not pad
+
+  // The causal discount at 8k: 12.5% (§1: "changes Llama-3-8B MFU at 8k by 12.5%").
+  CHECK(f8.megatron_non_causal / f8.megatron_causal == Approx(1.125).epsilon(0.002));
+}
+
+TEST_CASE("FLOPs per token match the published NVIDIA throughput rows", "[formulas][flops]") {
+  // NeMo 24.07 (old non-causal formula): Llama2-7B 776e12 / 16847 tok/s, Llama3-8B 697e12 / 12036.
+  // Megatron-Bridge 25.11 (causal): Llama3-8B 744e12 / 14451. Published to 3 significant digits.
+  const auto l2 = training_flops_per_token(megadsl::llama2_7b::shape, layout{}, 4096);
+  const auto l3 = training_flops_per_token(megadsl::llama3_8b::shape, layout{}, 8192);
+  CHECK(l2.megatron_non_causal / giga == rounded(46.08));
+  CHECK(l2.megatron_non_causal == Approx(776e12 / 16847).epsilon(1e-3));
+  CHECK(l3.megatron_non_causal == Approx(697e12 / 12036).epsilon(1e-3));
+  CHECK(l3.megatron_causal == Approx(744e12 / 14451).epsilon(1e-3));
+}
+
+TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formulas][flops]") {
+  // 12 B s L h^2 [(1 + g/n + s/h)(n d/h) + (ffn/h)(3/2) + V'/(2 L h)] / (B s), as Megatron writes it.
+  megadsl::for_each_preset([](auto p) {
+    using P = typename decltype(p)::type;
+    const auto s = P::shape;
+    for (const std::int64_t tp : {1, 2}) {
+      const layout l{.tp = tp};
+      if (!megadsl::check(s, l).ok()) continue;
+      const double h = static_cast<double>(s.hidden.get()), L = static_cast<double>(s.layers.get());
+      const double n = static_cast<double>(s.heads.get()), g = static_cast<double>(s.kv_heads.get());
+      const double d = static_cast<double>(megadsl::effective_head_dim(s).get());
+      const double ffn = static_cast<double>(s.ffn.get());
+      const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
+      for (const std::int64_t seq : {2048, 4096, 8192}) {
+        const double sq = static_cast<double>(seq);
+        const double nc = 12 * L * h * h * ((1 + g / n + sq / h) * (n * d / h) + ffn / h * 1.5 + vp / (2 * L * h));
+        const double c = 12 * L * h * h * ((1 + g / n + sq / h / 2) * (n * d / h) + ffn / h * 1.5 + vp / (2 * L * h));
+        const auto f = training_flops_per_token(s, l, seq);
+        INFO(P::name << " tp " << tp << " seq " << seq);
+        CHECK(f.megatron_non_causal == Approx(nc).epsilon(1e-12));
+        CHECK(f.megatron_causal == Approx(c).epsilon(1e-12));
+      }
+    }
+  });
+}
+
+TEST_CASE("verl's FLOPs reproduce the verl oracle for Llama-2-7B", "[formulas][flops][verl]") {
+  // verl-semantics.md §6: seqlens [512, 1024, 2048] -> 149.226491215872 TFLOP, [4096] x 3 ->
+  // 536.372695793664 (dt = 1 s), with the current attention coefficient 6.
+  const auto s = megadsl::llama2_7b::shape;
+  const std::array<std::int64_t, 3> mixed{512, 1024, 2048};
+  const std::array<std::int64_t, 3> full{4096, 4096, 4096};
+  CHECK(megadsl::verl_flops(s, mixed) / 1e12 == Approx(149.226491215872).epsilon(1e-15));
+  CHECK(megadsl::verl_flops(s, full) / 1e12 == Approx(536.372695793664).epsilon(1e-15));
+  // Before PR #4959 (coefficient 12) the same batches counted more attention.
+  CHECK(megadsl::verl_flops(s, mixed, 12) > megadsl::verl_flops(s, mixed));
+  // Remove-padding accounting: packing never costs more attention than one padded sequence.
+  const std::array<std::int64_t, 1> packed{512 + 1024 + 2048};
+  CHECK(megadsl::verl_flops(s, mixed) < megadsl::verl_flops(s, packed));
+  CHECK(megadsl::megatron_flops(s, layout{}, mixed, true) < megadsl::megatron_flops(s, layout{}, packed, true));
+}
+
+TEST_CASE("activation bytes follow Korthikanti et al. Table 2", "[formulas][activations]") {
+  // GPT-3 175B, the paper's own example: h 12288, a 96, s 2048, L 96, t 8, b 1.
+  const megadsl::shape gpt3{.hidden = 12288, .layers = 96, .heads = 96, .kv_heads = 96,
+                            .ffn = 4 * 12288, .vocab = 51200, .max_positions = 2048};
+  const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
+  const double sbh = s * b * h;
+  // The no-parallelism total is the sum of the paper's parts: attention 11sbh + 5as^2b,
+  // MLP 19sbh, two layer norms 4sbh.
+  const double parts = (11 * sbh + 5 * a * s * s * b) + 19 * sbh + 4 * sbh;
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, layout{}, 2048, 1, false) == Approx(parts).epsilon(1e-15));
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, layout{}, 2048, 1, false) == Approx(sbh * (34 + 5 * a * s / h)));
+  // TP: 10sbh stays replicated (norm inputs, dropout masks, inputs of the first linears); 24sbh
+  // and the attention core are split.
+  const layout tp8{.tp = 8};
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, false) ==
+        Approx(10 * sbh + (24 * sbh + 5 * a * s * s * b) / t).epsilon(1e-15));
+  // TP + SP splits the replicated 10sbh too: exactly the unparallelised total / t.
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, true) ==
+        Approx(parts / t).epsilon(1e-15));
+  // Selective recompute drops the 5as^2b attention core; full recompute keeps the input only.
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, false, megadsl::recompute::selective) ==
+        Approx(sbh * (10 + 24 / t)));
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, true, megadsl::recompute::selective) ==
+        Approx(34 * sbh / t));
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, false, megadsl::recompute::full) ==
+        Approx(2 * sbh));
+  // For 175B at s 2048, 5as/h = 80: the attention core is 70% of the unparallelised bytes, which is
+  // why selective recompute pays (the paper's argument).
+  CHECK(5 * a * s / h == Approx(80));
+  // Linear in the micro-batch.
+  CHECK(megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 4, true) ==
+        Approx(4 * megadsl::activation_bytes_per_layer(gpt3, tp8, 2048, 1, true)));
+  // Whole model on the first stage with 1F1B: L/p layers x p micro-batches = L x per layer.
+  const layout pipe{.tp = 8, .pp = 8, .sp = true};
+  CHECK(megadsl::activation_bytes_first_stage(gpt3, pipe, 2048, 1, true) ==
+        Approx(96 * megadsl::activation_bytes_per_layer(gpt3, pipe, 2048, 1, true)));
+  // Interleaved, v = 2: x (1 + 7/16).
+  const layout inter{.tp = 8, .pp = 8, .vpp = 2, .sp = true};
+  CHECK(megadsl::activation_bytes_first_stage(gpt3, inter, 2048, 1, true) ==
+        Approx((1 + 7.0 / 16) * 96 * megadsl::activation_bytes_per_layer(gpt3, pipe, 2048, 1, true)));
+}
+
+TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas", "[formulas][memory]") {
+  // An accounting independent of the shard plan: summing every (tp, pp) rank's elements gives the HF
+  // count, plus padded vocab rows, plus the replicated norms (and value head) on every tp rank,
+  // plus kv heads replicated when kv_heads < tp, plus a tied lm_head's copy when pp > 1.
+  megadsl::for_each_preset([](auto p) {
+    using P = typename decltype(p)::type;
+    const auto s = P::shape;
+    for (const bool actor : {true, false})
+      for (const std::int64_t tp : {1, 2, 4, 8})
+        for (const std::int64_t pp : {1, 2, 4}) {
+          const layout l{.tp = tp, .pp = pp};
+          if (!megadsl::check(s, l).ok()) continue;
+          const megadsl::head_info head{actor, true};
+          std::int64_t sum = 0;
+          for (std::int64_t r = 0; r < pp; ++r) sum += megadsl::local_elements(s, l, head, r) * tp;
+          const std::int64_t h = s.hidden, L = s.layers, v = s.vocab, kv = s.kv_heads;
+          const std::int64_t d = megadsl::effective_head_dim(s), vp = megadsl::padded_vocab(s, l);
+          const bool tied = s.tie_embeddings.get();
+          std::int64_t expected = megadsl::parameter_count(s, head);
+          const int vocab_tables = actor && !tied ? 2 : 1;
+          expected += (vp - v) * h * vocab_tables;
+          if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
+          const std::int64_t replicated = (2 * L + 1) * h + (actor ? 0 : h + 1);
+          expected += replicated * (tp - 1);
+          if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
+          INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);
+          CHECK(sum == expected);
+        }
+  });
+}
+
+TEST_CASE("bytes per parameter", "[formulas][memory]") {
+  const auto s = megadsl::llama3_8b::shape;
+  const layout l{.tp = 8, .pp = 4};
+  const auto f = megadsl::training_memory(s, l, {}, megadsl::precision::fp32, 0);
+  const auto b = megadsl::training_memory(s, l, {}, megadsl::precision::bf16_mixed, 0);
+  CHECK(f.parameters == b.parameters);
+  CHECK(f.total_bytes == Approx(16.0 * static_cast<double>(f.parameters)));
+  CHECK(b.total_bytes == Approx(18.0 * static_cast<double>(b.parameters)));
+  // Distributed optimizer over dp 8: 6 + 12/8 = 7.5 bytes per parameter.
+  const auto d = megadsl::training_memory(s, l, {}, megadsl::precision::bf16_mixed, 0, 8);
+  CHECK(d.total_bytes == Approx(7.5 * static_cast<double>(d.parameters)));
+  // Full Adam training of an 8B model does not fit one 80 GB GPU (anchors §0: ~16 B/param).
+  const auto one = megadsl::training_memory(s, layout{}, {}, megadsl::precision::bf16_mixed, 0);
+  CHECK(one.total_bytes > 80e9);
+}
+
+TEST_CASE("formulas on a shape resolved at run time equal the static ones", "[formulas][dynamic]") {
+  // What `megadsl plan` does: start from an all-dynamic shape, fill it from a config at run time.
+  megadsl::shape s = megadsl::dynamic_shape;
+  CHECK_THROWS_AS(megadsl::parameter_count(s), std::logic_error);
+  const megadsl::preset_entry* e = megadsl::find_preset("qwen2.5-7b");
+  REQUIRE(e != nullptr);
+  s = e->s;
+  megadsl::layout l = megadsl::dynamic_layout;
+  l.tp = 4;
+  l.pp = 7;
+  l.vpp = 1;
+  l.first_stage_layers = 0;
+  l.last_stage_layers = 0;
+  l.sp = true;
+  l.rmpad = false;
+  l.vocab_pad_multiple = 128;
+  l.cp = 1;
+  l.ep = 1;
+  REQUIRE(megadsl::check(s, l).ok());
+  constexpr megadsl::layout static_l{.tp = 4, .pp = 7, .sp = true};
+  constexpr auto count = megadsl::parameter_count(megadsl::qwen2_5_7b::shape);
+  constexpr auto flops = training_flops_per_token(megadsl::qwen2_5_7b::shape, static_l, 4096);
+  CHECK(megadsl::parameter_count(s) == count);
+  CHECK(training_flops_per_token(s, l, 4096).megatron_causal == flops.megatron_causal);
+  CHECK(megadsl::training_memory(s, l, {}, megadsl::precision::bf16_mixed, 6).parameters ==
+        megadsl::local_elements(megadsl::qwen2_5_7b::shape, static_l, {}, 6));
+}
+
+TEST_CASE("the preset registry", "[presets]") {
+  for (const auto& e : megadsl::presets) {
+    INFO(e.name);
+    CHECK(megadsl::find_preset(e.name) == &e);
+    CHECK(megadsl::parameter_count(e.s) == e.published_params);
+    CHECK(megadsl::check(e.s, megadsl::layout{}).ok());
+    int same_name = 0;
+    for (const auto& other : megadsl::presets) same_name += other.name == e.name ? 1 : 0;
+    CHECK(same_name == 1);
+  }
+  for (const char* name : {"llama3-8b", "llama2-7b", "qwen2.5-0.5b", "tinyllama-1.1b", "mistral-7b",
+                           "llama3.2-1b", "llama3.1-405b", "tiny"})
+    CHECK(megadsl::find_preset(name) != nullptr);
+  CHECK(megadsl::find_preset("Llama3-8B") == nullptr);  // exact names only
+}
+
+TEST_CASE("print_plan prints the figures of formulas.hpp", "[plan]") {
+  const auto e = *megadsl::find_preset("llama3-8b");
+  std::ostringstream out;
+  megadsl::print_plan(out, e.name, e.s, layout{.tp = 8, .pp = 4, .sp = true}, {.seq = 4096, .world = 64});
+  const std::string text = out.str();
+  CHECK(text.find("8,030,261,248") != std::string::npos);   // parameter count
+  CHECK(text.find("129,024") != std::string::npos);         // padded vocab
+  CHECK(text.find("284,229,632") != std::string::npos);     // first-stage parameters per rank
+  CHECK(text.find("51.49") != std::string::npos);           // Megatron non-causal at tp 8
+  CHECK(text.find("48.27") != std::string::npos);           // causal
+  CHECK(text.find("54.62") != std::string::npos);           // verl before #4959
+  CHECK(text.find("dp 2") != std::string::npos);
+  CHECK(text.find("Korthikanti") != std::string::npos);
+
+  std::ostringstream critic;
+  megadsl::print_plan(critic, "tiny", megadsl::tiny_llama::shape, layout{.tp = 2, .pp = 2},
+                      {.seq = 128, .actor = false});
+  CHECK(critic.str().find("3,027,457") != std::string::npos);  // 3,283,200 - 256,000 + 257
+
+  // Fewer micro-batches than stages: only those are in flight on the first stage.
+  std::ostringstream few;
+  megadsl::print_plan(few, e.name, e.s, layout{.tp = 8, .pp = 4, .sp = true}, {.microbatches = 2});
+  CHECK(few.str().find("8 layers x 2 micro-batches") != std::string::npos);
+
+  // An invalid layout or world throws the rule's words and prints nothing.
+  std::ostringstream bad;
+  CHECK_THROWS_WITH(megadsl::print_plan(bad, e.name, e.s, layout{.tp = 3}, {}),
+                    Catch::Contains("heads_divisible_by_tp"));
+  CHECK_THROWS_WITH(megadsl::print_plan(bad, e.name, e.s, layout{.tp = 8}, {.world = 12}),
+                    Catch::Contains("world_fits_layout"));
+  CHECK_THROWS_WITH(megadsl::print_plan(bad, e.name, e.s, layout{.pp = 4, .vpp = 2}, {.microbatches = 6}),
+                    Catch::Contains("interleaved_microbatches"));
+  CHECK(bad.str().empty());
+}
