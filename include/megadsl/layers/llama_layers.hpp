@@ -1,0 +1,42 @@
+// Per-rank math of the Llama family: each function sees local tensors and issues no collective.
+// The model (runtime/llama_model.hpp) composes them with the mappings of parallel/mappings.hpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// y = x * rsqrt(mean(x^2) + eps) * w, math in fp32, result in x's dtype (HF's order of casts).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RoPE inverse frequencies (d/2,) with the shape's scaling (none, linear, dynamic NTK, llama3).
+// `seq_len` (longest position + 1 in the batch) matters only for dynamic NTK.
+at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len);
+
+struct rope_tables {
+  at::Tensor cos, sin;  // (T, d), HF's cat(freqs, freqs) convention
+};
+rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape& s);
+
+// x: (T, ..., d); rotate-half RoPE with per-token tables.
+at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t);
+
+// Grouped-query attention over local heads.
+//   q: (T, G, Q, d), k, v: (T, G, d); G local kv groups, Q query heads per group. Output (T, G*Q*d).
+// Padded path: T = b*s, causal within each row and keys masked by `key_mask` (b, s).
+at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq);
+// Remove-padding path: T = nnz packed tokens, sequences delimited by `cu_seqlens` (n+1 offsets);
+// causal inside each sequence, never across; cost sum(s_i^2), no nnz x nnz mask.
+at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::vector<std::int64_t>& cu_seqlens);
+
+// SwiGLU on a fused [gate ; up] projection output (T, 2f): silu(gate) * up -> (T, f).
+at::Tensor swiglu(const at::Tensor& gate_up);
+
+}  // namespace megadsl

@@ -1,0 +1,75 @@
+// A communication group (one c10d backend over a subset of ranks) with counting, timeouts and
+// errors that name the group, the ranks and the operation.
+//
+// Every collective megadsl issues goes through here, so a test can count them (a static tp = 1
+// model must issue none) and a benchmark can print the bytes moved next to the analytical count.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace megadsl {
+
+// Process-wide counters of collectives (calls and bytes each rank sent into them).
+struct comm_stats {
+  std::atomic<std::int64_t> calls{0};
+  std::atomic<std::int64_t> bytes{0};
+  void reset() {
+    calls = 0;
+    bytes = 0;
+  }
+};
+comm_stats& global_comm_stats();
+
+enum class reduce_op { sum, max };
+
+class comm_group {
+ public:
+  // `ranks` are global ranks in group order; `me` is this process's global rank (must be listed).
+  comm_group(std::string name, std::vector<std::int64_t> ranks, std::int64_t me,
+             const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout,
+             std::int64_t generation = 0);
+  ~comm_group();
+  comm_group(const comm_group&) = delete;
+  comm_group& operator=(const comm_group&) = delete;
+
+  [[nodiscard]] int size() const { return static_cast<int>(ranks_.size()); }
+  [[nodiscard]] int rank() const { return index_; }  // index inside the group
+  [[nodiscard]] const std::vector<std::int64_t>& ranks() const { return ranks_; }
+  [[nodiscard]] const std::string& name() const { return name_; }
+
+  // In place on `t` (contiguous).
+  void all_reduce(at::Tensor& t, reduce_op op = reduce_op::sum) const;
+  // Concatenates every rank's `t` along `dim` (same shape on every rank).
+  [[nodiscard]] at::Tensor all_gather(const at::Tensor& t, int64_t dim) const;
+  // Sums over ranks and keeps this rank's `dim` chunk (size divisible by the group size).
+  [[nodiscard]] at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) const;
+  void broadcast(at::Tensor& t, int root_index) const;
+  void barrier() const;
+
+ private:
+  template <class Op>
+  void run(const char* op, std::int64_t bytes, Op&& issue) const;
+  [[noreturn]] void fail(const char* op, const std::exception& e) const;
+
+  std::string name_;
+  std::vector<std::int64_t> ranks_;
+  int index_ = 0;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace megadsl

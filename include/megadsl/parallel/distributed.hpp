@@ -1,0 +1,85 @@
+// One process of a distributed job: its rank, the rendezvous store, and the groups of a layout.
+//
+// Environment (torchrun / srun compatible, DESIGN §12): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT; under srun SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID stand in for the first three.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "megadsl/layout.hpp"
+#include "megadsl/parallel/comm.hpp"
+#include "megadsl/rank_grid.hpp"
+
+namespace c10d {
+class Store;
+}
+
+namespace megadsl {
+
+struct dist_env {
+  std::int64_t rank = 0;
+  std::int64_t world = 1;
+  std::int64_t local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  // nullopt when no launcher set the variables (a plain single-process run).
+  static std::optional<dist_env> from_environment();
+};
+
+// Timeout of every collective and of the rendezvous; MEGADSL_TIMEOUT_S overrides (default 120 s).
+std::chrono::milliseconds default_timeout();
+
+class distributed {
+ public:
+  // Connects to the store (rank 0 hosts it) and starts this rank's heartbeat.
+  explicit distributed(const dist_env& env, std::chrono::milliseconds timeout = default_timeout());
+  // A world of one, with no store or transport (single-process runs and references).
+  distributed();
+  ~distributed();
+
+  [[nodiscard]] std::int64_t rank() const { return env_.rank; }
+  [[nodiscard]] std::int64_t world() const { return env_.world; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const { return timeout_; }
+  [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  // A group over `ranks` (this rank must be in it). `generation` keeps the rendezvous keys of
+  // groups built at different times apart; every member must pass the same one.
+  [[nodiscard]] std::unique_ptr<comm_group> make_group(const std::string& name,
+                                                       const std::vector<std::int64_t>& ranks,
+                                                       std::int64_t generation = 0) const;
+  // Numbers the collective group sets this process builds (every rank builds them in one order).
+  std::int64_t next_generation() { return ++generation_; }
+
+ private:
+  dist_env env_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::int64_t generation_ = 0;
+};
+
+// The groups one rank takes part in under a layout (rank grid in Megatron order, DESIGN §3).
+struct parallel_groups {
+  rank_grid grid;
+  rank_coords me{};
+  std::unique_ptr<comm_group> tp, pp, dp, embedding;
+
+  // Checks the layout against the world size with the rules' words (world_fits_layout).
+  static parallel_groups build(distributed& d, const layout& l);
+  // tp = pp = dp = 1 groups of one: what a single-process reference model uses.
+  static parallel_groups single();
+};
+
+// Runs `body` on every rank of a job: under torchrun/srun/the megadsl launcher it runs once in
+// this process; otherwise it re-executes this program `ranks` times on this machine (ranks from
+// `--ranks N` in argv if present) and returns the launcher's exit code.
+int run_ranks(int argc, char** argv, int ranks, const std::function<int(distributed&)>& body);
+
+}  // namespace megadsl

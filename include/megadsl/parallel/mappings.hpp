@@ -1,0 +1,28 @@
+// Collectives as autograd functions: Megatron's forward/backward pairs (reference §3).
+//
+// Activations are token-major `(T, h)`; sequence parallelism splits dim 0 (tokens) across the
+// tensor-parallel group. Every mapping is the identity for a group of one.
+//
+//   mapping                 forward                     backward
+//   copy_to_tp              identity                    all-reduce
+//   reduce_from_tp          all-reduce                  identity
+//   gather_from_tp_last     all-gather last dim         split last dim
+//   scatter_to_sp           split dim 0                 all-gather dim 0
+//   gather_from_sp          all-gather dim 0            reduce-scatter dim 0 (split if !tp_grad)
+//   reduce_scatter_to_sp    reduce-scatter dim 0        all-gather dim 0
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "megadsl/parallel/comm.hpp"
+
+namespace megadsl {
+
+at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp);
+at::Tensor reduce_from_tp(const at::Tensor& x, const comm_group& tp);
+at::Tensor gather_from_tp_last(const at::Tensor& x, const comm_group& tp);
+at::Tensor scatter_to_sp(const at::Tensor& x, const comm_group& tp);
+at::Tensor gather_from_sp(const at::Tensor& x, const comm_group& tp, bool tensor_parallel_output_grad = true);
+at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const comm_group& tp);
+
+}  // namespace megadsl

@@ -1,0 +1,116 @@
+// The running model: an actor (`causal_lm<...>`) or a critic (`value_model<...>`) type becomes
+// this rank's shards, and runs forward and backward over the layout's process groups.
+//
+//   megadsl::parallel_groups groups = megadsl::parallel_groups::build(dist, actor::layout);
+//   megadsl::llama_model<actor> model(groups);
+//   auto out = model.forward({.input_ids = ids, .attention_mask = mask});   // out.log_probs (b, s)
+//
+// The heavy code lives in two explicit instantiations of one core (src/llama_core.cpp): with
+// tensor parallelism, and without it. A static tp of 1 selects the second, which contains no
+// collective at all (DESIGN §10).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadsl/model.hpp"
+#include "megadsl/parallel/distributed.hpp"
+#include "megadsl/shard_plan.hpp"
+
+namespace megadsl {
+
+struct model_options {
+  std::uint64_t seed = 1234;         // TP-invariant init: full tensors from the seed, then sliced
+  double init_std = 0.02;            // normal(0, init_std) for projections and embeddings
+  bool test_init = false;            // also random norm weights and biases (stronger tests)
+  at::ScalarType dtype = at::kFloat;
+};
+
+struct batch {
+  at::Tensor input_ids;       // (b, s) int64
+  at::Tensor attention_mask;  // (b, s) 1 = token, 0 = padding (left or right)
+  at::Tensor labels;          // optional (b, s): log p(labels[t] | tokens <= t); default: next token
+};
+
+struct forward_options {
+  double temperature = 1.0;   // logits / temperature before log-probs and entropy (never in place)
+  bool entropy = true;
+  bool return_logits = false; // gathers the full vocab: (b, s, vocab); costly, off by default
+};
+
+struct model_output {
+  at::Tensor log_probs;  // actor: (b, s) fp32, 0 where `valid` is false
+  at::Tensor entropy;    // actor: (b, s) fp32, 0 at padding
+  at::Tensor logits;     // actor, on request: (b, s, vocab)
+  at::Tensor values;     // critic: (b, s) fp32, 0 at padding
+  at::Tensor valid;      // (b, s) bool: where log_probs (actor) or values (critic) are defined
+};
+
+struct named_parameter {
+  std::string name;          // e.g. "layers.3.qkv.weight"
+  at::Tensor tensor;         // this rank's shard (local shape of the plan)
+  const param_plan* plan;    // how it is sharded
+  bool sequence_parallel;    // gradient is partial per tp rank under SP (finalize_grads sums it)
+};
+
+struct runtime_config {
+  shape s;        // fully static (resolved)
+  layout l;       // fully static (resolved)
+  head_info head;
+  model_options options;
+};
+
+namespace detail {
+
+class llama_core_base {
+ public:
+  virtual ~llama_core_base() = default;
+  virtual model_output forward(const batch& b, const forward_options& o) = 0;
+  virtual std::vector<named_parameter>& parameters() = 0;
+  virtual void finalize_grads() = 0;
+  virtual const runtime_config& config() const = 0;
+};
+
+template <bool TensorParallel>
+std::unique_ptr<llama_core_base> make_llama_core(const runtime_config& c, parallel_groups& g);
+extern template std::unique_ptr<llama_core_base> make_llama_core<true>(const runtime_config&, parallel_groups&);
+extern template std::unique_ptr<llama_core_base> make_llama_core<false>(const runtime_config&, parallel_groups&);
+
+// Static fields of `declared` must equal `actual`'s; dynamic ones take `actual`'s. Throws
+// std::invalid_argument listing every disagreeing field, then the violated rules.
+runtime_config resolve_config(const shape& declared_shape, const layout& declared_layout,
+                              const shape& actual_shape, const layout& actual_layout, head_info head,
+                              const model_options& options);
+
+}  // namespace detail
+
+template <ModelSpec Spec>
+class llama_model {
+ public:
+  // Compiled in only when the type allows tp > 1.
+  static constexpr bool tensor_parallel = !tp_is_static_one(Spec::layout);
+
+  // For a static model; `actual_*` fill the dynamic fields (e.g. from config.json / CLI flags).
+  explicit llama_model(parallel_groups& groups, const model_options& options = {},
+                       const shape& actual_shape = Spec::shape, const layout& actual_layout = Spec::layout)
+      : core_(detail::make_llama_core<tensor_parallel>(
+            detail::resolve_config(Spec::shape, Spec::layout, actual_shape, actual_layout,
+                                   head_of<Spec::head>(), options),
+            groups)) {}
+
+  model_output forward(const batch& b, const forward_options& o = {}) { return core_->forward(b, o); }
+  // This rank's parameters in table order (layers expanded with their global index).
+  std::vector<named_parameter>& parameters() { return core_->parameters(); }
+  // Sums over tp the gradients that are partial under SP (norms, value head).
+  void finalize_grads() { core_->finalize_grads(); }
+  const runtime_config& config() const { return core_->config(); }
+
+ private:
+  std::unique_ptr<detail::llama_core_base> core_;
+};
+
+}  // namespace megadsl

@@ -1,0 +1,39 @@
+// From a padded batch (b, s) to the token stream the model runs on, and back (DESIGN §8).
+//
+// Padded path: all b*s positions, HF position ids clip(cumsum(mask) - 1, 0).
+// Remove-padding: only the nnz real tokens, row after row, with cu_seqlens; positions restart at 0
+// for each sequence. Either stream is then padded to a multiple of `multiple` (tp under SP); the
+// pad rows never reach a result. `unpack` scatters per-token results back to (b, s), zeros at
+// padding, differentiably.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "megadsl/runtime/llama_model.hpp"
+
+namespace megadsl {
+
+struct packed_tokens {
+  bool rmpad = false;
+  std::int64_t batch = 0, seq = 0;
+  std::int64_t tokens = 0;        // T: real stream length (b*s padded, nnz packed)
+  at::Tensor ids;                 // (T',) int64, T' = T rounded up to `multiple`
+  at::Tensor positions;           // (T',) int64
+  at::Tensor labels;              // (T',) int64
+  at::Tensor label_valid;         // (T',) float 0/1: a log-prob exists for this token
+  at::Tensor attention_mask;      // (b, s) bool (padded path)
+  at::Tensor token_valid;         // (T,) float 0/1
+  at::Tensor index;               // (T,) int64 flat position in b*s of each stream token
+  std::vector<std::int64_t> cu_seqlens;  // (b+1) offsets into the packed stream (rmpad)
+  std::int64_t max_position = 0;
+
+  // (T, ...) -> (b, s, ...), zeros at padding.
+  [[nodiscard]] at::Tensor unpack(const at::Tensor& per_token) const;
+};
+
+packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std::int64_t vocab);
+
+}  // namespace megadsl

@@ -1,0 +1,149 @@
+#include "megadsl/parallel/distributed.hpp"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+#include "megadsl/parallel/launcher.hpp"
+#include "megadsl/parallel/liveness.hpp"
+#include "megadsl/rules.hpp"
+
+namespace megadsl {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::int64_t env_int(const char* name, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used != value.size()) throw std::invalid_argument("trailing characters");
+    return v;
+  } catch (const std::exception&) {
+    throw std::invalid_argument(std::string("megadsl: environment variable ") + name + "='" + value +
+                                "' is not an integer");
+  }
+}
+
+}  // namespace
+
+std::optional<dist_env> dist_env::from_environment() {
+  dist_env e;
+  const auto rank = env("RANK") ? env("RANK") : env("SLURM_PROCID");
+  const auto world = env("WORLD_SIZE") ? env("WORLD_SIZE") : env("SLURM_NTASKS");
+  if (!rank || !world) return std::nullopt;
+  e.rank = env_int("RANK", *rank);
+  e.world = env_int("WORLD_SIZE", *world);
+  if (auto l = env("LOCAL_RANK") ? env("LOCAL_RANK") : env("SLURM_LOCALID")) e.local_rank = env_int("LOCAL_RANK", *l);
+  if (auto a = env("MASTER_ADDR")) e.master_addr = *a;
+  else if (e.world > 1)
+    throw std::invalid_argument("megadsl: MASTER_ADDR is not set; set it to the address of rank 0 (torchrun and the megadsl launcher do)");
+  if (auto p = env("MASTER_PORT")) e.master_port = static_cast<int>(env_int("MASTER_PORT", *p));
+  if (e.world < 1 || e.rank < 0 || e.rank >= e.world)
+    throw std::invalid_argument("megadsl: RANK=" + std::to_string(e.rank) + " is outside WORLD_SIZE=" +
+                                std::to_string(e.world));
+  return e;
+}
+
+std::chrono::milliseconds default_timeout() {
+  if (auto t = env("MEGADSL_TIMEOUT_S")) return std::chrono::milliseconds(env_int("MEGADSL_TIMEOUT_S", *t) * 1000);
+  return std::chrono::milliseconds(120'000);
+}
+
+distributed::distributed(const dist_env& e, std::chrono::milliseconds timeout) : env_(e), timeout_(timeout) {
+  if (env_.world == 1) {
+    store_ = c10::make_intrusive<c10d::HashStore>();
+    return;
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env_.master_port);
+  opts.isServer = env_.rank == 0;
+  opts.numWorkers = static_cast<std::size_t>(env_.world);
+  opts.waitWorkers = true;
+  opts.timeout = timeout_;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts);
+  } catch (const std::exception& err) {
+    throw std::runtime_error("megadsl: rank " + std::to_string(env_.rank) + " could not join the rendezvous at " +
+                             env_.master_addr + ":" + std::to_string(env_.master_port) + " within " +
+                             std::to_string(timeout_.count() / 1000) + " s (" + err.what() + ")");
+  }
+  start_heartbeat(store_, env_.rank);
+}
+
+distributed::distributed() : timeout_(default_timeout()), store_(c10::make_intrusive<c10d::HashStore>()) {}
+
+distributed::~distributed() {
+  if (env_.world > 1) {
+    // Leave together, so that rank 0 (the store host) does not vanish under a peer still talking.
+    try {
+      store_->add("megadsl/finished", 1);
+      const auto start = std::chrono::steady_clock::now();
+      while (store_->add("megadsl/finished", 0) < env_.world &&
+             std::chrono::steady_clock::now() - start < timeout_)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (...) {
+    }
+    stop_heartbeat();
+  }
+}
+
+std::unique_ptr<comm_group> distributed::make_group(const std::string& name,
+                                                    const std::vector<std::int64_t>& ranks,
+                                                    std::int64_t generation) const {
+  return std::make_unique<comm_group>(name, ranks, env_.rank, store_, timeout_, generation);
+}
+
+parallel_groups parallel_groups::build(distributed& d, const layout& l) {
+  require_valid(shape{}, l, run_facts{.world = d.world()});
+  const std::int64_t gen = d.next_generation();
+  parallel_groups g;
+  g.grid = rank_grid::from(l, d.world());
+  const std::int64_t r = d.rank();
+  g.me = g.grid.coords(r);
+  g.tp = d.make_group("tp", g.grid.tp_group(r), gen);
+  g.pp = d.make_group("pp", g.grid.pp_group(r), gen);
+  g.dp = d.make_group("dp", g.grid.dp_group(r), gen);
+  if (g.grid.in_embedding_group(r)) g.embedding = d.make_group("embedding", g.grid.embedding_group(r), gen);
+  return g;
+}
+
+parallel_groups parallel_groups::single() {
+  parallel_groups g;
+  static const distributed alone;
+  g.grid = rank_grid{};
+  g.tp = alone.make_group("tp", {0});
+  g.pp = alone.make_group("pp", {0});
+  g.dp = alone.make_group("dp", {0});
+  g.embedding = alone.make_group("embedding", {0});
+  return g;
+}
+
+int run_ranks(int argc, char** argv, int ranks, const std::function<int(distributed&)>& body) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--ranks") == 0) ranks = std::atoi(argv[i + 1]);
+  if (auto e = dist_env::from_environment()) {
+    try {
+      distributed d(*e);
+      return body(d);
+    } catch (const std::exception& err) {
+      std::cerr << "[rank " << e->rank << "] " << err.what() << "\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> args(argv, argv + argc);
+  launch_options o;
+  o.ranks = ranks;
+  return launch_local(args, o);
+}
+
+}  // namespace megadsl

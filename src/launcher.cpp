@@ -1,0 +1,119 @@
+#include "megadsl/parallel/launcher.hpp"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace megadsl {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("megadsl launch: cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("megadsl launch: cannot bind a socket on 127.0.0.1");
+  }
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+namespace {
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
+  }
+  return "stopped";
+}
+
+int code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int launch_local(const std::vector<std::string>& argv, const launch_options& options) {
+  if (argv.empty()) throw std::invalid_argument("megadsl launch: no program to start");
+  if (options.ranks < 1) throw std::invalid_argument("megadsl launch: ranks must be >= 1");
+  const int port = free_port();
+  std::vector<pid_t> pids(static_cast<std::size_t>(options.ranks), -1);
+  for (int r = 0; r < options.ranks; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("megadsl launch: fork failed");
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      for (const auto& [k, v] : options.extra_env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv("/proc/self/exe", args.data());
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "megadsl launch: cannot start %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  }
+
+  int first_failure = 0;
+  int remaining = options.ranks;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (std::size_t r = 0; r < pids.size(); ++r)
+          if (pids[r] > 0) {
+            std::fprintf(stderr, "megadsl launch: stopping rank %zu, still running %lld s after the first failure\n",
+                         r, static_cast<long long>(options.grace.count()));
+            ::kill(pids[r], SIGKILL);
+          }
+        deadline = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (pid < 0) break;
+    --remaining;
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] != pid) continue;
+      pids[r] = -1;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok) {
+        std::fprintf(stderr, "megadsl launch: rank %zu %s\n", r, describe_status(status).c_str());
+        if (first_failure == 0) {
+          first_failure = code_of(status);
+          if (first_failure == 0) first_failure = 1;
+          deadline = std::chrono::steady_clock::now() + options.grace;
+        }
+      }
+    }
+  }
+  return first_failure;
+}
+
+}  // namespace megadsl

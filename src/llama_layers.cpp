@@ -1,0 +1,111 @@
+#include "megadsl/layers/llama_layers.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+namespace megadsl {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
+  const std::int64_t d = effective_head_dim(s);
+  double base = s.rope_theta;
+  const rope_scaling& r = s.rope;
+  const rope_type type = r.type;
+  if (type == rope_type::dynamic_ntk && seq_len > s.max_positions.get()) {
+    const double factor = r.factor;
+    const double ratio = factor * static_cast<double>(seq_len) / static_cast<double>(s.max_positions.get()) - (factor - 1.0);
+    base = base * std::pow(ratio, static_cast<double>(d) / static_cast<double>(d - 2));
+  }
+  // HF: 1 / base^(arange(0, d, 2) / d), computed in fp32 from int64 exponents.
+  at::Tensor exponent = at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / static_cast<double>(d);
+  at::Tensor inv = 1.0 / at::pow(at::scalar_tensor(base, at::kFloat), exponent);
+  if (type == rope_type::linear) inv = inv / static_cast<double>(r.factor);
+  if (type == rope_type::llama3) {
+    const double factor = r.factor, low = r.low_freq_factor, high = r.high_freq_factor;
+    const double original = static_cast<double>(r.original_max_positions.get());
+    const double low_wavelen = original / low, high_wavelen = original / high;
+    const at::Tensor wavelen = 2.0 * std::numbers::pi / inv;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv / factor, inv);
+    const at::Tensor smooth = (original / wavelen - low) / (high - low);
+    const at::Tensor smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    inv = at::where(medium, smoothed, scaled);
+  }
+  return inv;
+}
+
+rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape&) {
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, d/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                                        // (T, d)
+  return {emb.cos(), emb.sin()};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
+  const std::int64_t half = x.size(-1) / 2;
+  std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);
+  view.front() = x.size(0);
+  view.back() = x.size(-1);
+  const at::Tensor cos = t.cos.to(x.scalar_type()).view(view), sin = t.sin.to(x.scalar_type()).view(view);
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+namespace {
+
+// q (b, G, Q, s, d), k/v (b, G, 1, s, d), mask (b, 1, 1, s, s) true = attend.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat) * scale;
+  // finfo.min rather than -inf: a query with no visible key (a pad row) stays finite.
+  scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  const at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
+  return at::matmul(probs, v);
+}
+
+}  // namespace
+
+at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq) {
+  const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  const at::Tensor qb = q.view({batch, seq, groups, per_group, d}).permute({0, 2, 3, 1, 4});  // (b,G,Q,s,d)
+  const at::Tensor kb = k.view({batch, seq, groups, 1, d}).permute({0, 2, 3, 1, 4});          // (b,G,1,s,d)
+  const at::Tensor vb = v.view({batch, seq, groups, 1, d}).permute({0, 2, 3, 1, 4});
+  const at::Tensor causal = at::ones({seq, seq}, key_mask.options().dtype(at::kBool)).tril();
+  const at::Tensor allowed = causal.view({1, 1, 1, seq, seq}) & key_mask.to(at::kBool).view({batch, 1, 1, 1, seq});
+  const at::Tensor out = attend(qb, kb, vb, allowed);  // (b,G,Q,s,d)
+  return out.permute({0, 3, 1, 2, 4}).reshape({batch * seq, groups * per_group * d});
+}
+
+at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::vector<std::int64_t>& cu_seqlens) {
+  const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  std::vector<at::Tensor> parts;
+  parts.reserve(cu_seqlens.size());
+  for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
+    const std::int64_t start = cu_seqlens[i], len = cu_seqlens[i + 1] - start;
+    if (len == 0) continue;
+    const at::Tensor qs = q.narrow(0, start, len).permute({1, 2, 0, 3}).unsqueeze(0);  // (1,G,Q,len,d)
+    const at::Tensor ks = k.narrow(0, start, len).permute({1, 0, 2}).unsqueeze(1).unsqueeze(0);  // (1,G,1,len,d)
+    const at::Tensor vs = v.narrow(0, start, len).permute({1, 0, 2}).unsqueeze(1).unsqueeze(0);
+    const at::Tensor causal = at::ones({len, len}, q.options().dtype(at::kBool)).tril();
+    const at::Tensor out = attend(qs, ks, vs, causal.view({1, 1, 1, len, len}));  // (1,G,Q,len,d)
+    parts.push_back(out.squeeze(0).permute({2, 0, 1, 3}).reshape({len, groups * per_group * d}));
+  }
+  if (parts.empty()) return at::zeros({0, groups * per_group * d}, q.options());
+  return at::cat(parts, 0);
+}
+
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  const auto halves = gate_up.chunk(2, -1);
+  return at::silu(halves[0]) * halves[1];
+}
+
+}  // namespace megadsl

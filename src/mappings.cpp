@@ -1,0 +1,111 @@
+#include "megadsl/parallel/mappings.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace megadsl {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const comm_group& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
+}
+void keep_group(AutogradContext* ctx, const comm_group& g) {
+  ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(&g);
+}
+
+at::Tensor split(const at::Tensor& x, std::int64_t dim, const comm_group& g) {
+  TORCH_CHECK(x.size(dim) % g.size() == 0, "megadsl: cannot split dim ", dim, " of size ", x.size(dim),
+              " over the ", g.name(), " group of ", g.size(),
+              " ranks; with sequence parallelism the token count must be padded to a multiple of tp");
+  return x.chunk(g.size(), dim)[static_cast<std::size_t>(g.rank())].contiguous();
+}
+
+at::Tensor summed(const at::Tensor& x, const comm_group& g) {
+  at::Tensor y = x.contiguous().clone();
+  g.all_reduce(y);
+  return y;
+}
+
+struct copy_to_fn : torch::autograd::Function<copy_to_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm_group* g) {
+    keep_group(ctx, *g);
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {summed(grad[0], group_of(ctx)), {}};
+  }
+};
+
+struct reduce_from_fn : torch::autograd::Function<reduce_from_fn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, const comm_group* g) { return summed(x, *g); }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], {}}; }
+};
+
+struct gather_last_fn : torch::autograd::Function<gather_last_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm_group* g) {
+    keep_group(ctx, *g);
+    return g->all_gather(x, x.dim() - 1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {split(grad[0], grad[0].dim() - 1, group_of(ctx)), {}};
+  }
+};
+
+struct scatter_sp_fn : torch::autograd::Function<scatter_sp_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm_group* g) {
+    keep_group(ctx, *g);
+    return split(x, 0, *g);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {group_of(ctx).all_gather(grad[0], 0), {}};
+  }
+};
+
+struct gather_sp_fn : torch::autograd::Function<gather_sp_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm_group* g, bool tp_grad) {
+    keep_group(ctx, *g);
+    ctx->saved_data["tp_grad"] = tp_grad;
+    return g->all_gather(x, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const comm_group& g = group_of(ctx);
+    if (ctx->saved_data["tp_grad"].toBool()) return {g.reduce_scatter(grad[0], 0), {}, {}};
+    return {split(grad[0], 0, g), {}, {}};
+  }
+};
+
+struct reduce_scatter_sp_fn : torch::autograd::Function<reduce_scatter_sp_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const comm_group* g) {
+    keep_group(ctx, *g);
+    return g->reduce_scatter(x, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {group_of(ctx).all_gather(grad[0], 0), {}};
+  }
+};
+
+}  // namespace
+
+at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp) {
+  return tp.size() == 1 ? x : copy_to_fn::apply(x, &tp);
+}
+at::Tensor reduce_from_tp(const at::Tensor& x, const comm_group& tp) {
+  return tp.size() == 1 ? x : reduce_from_fn::apply(x, &tp);
+}
+at::Tensor gather_from_tp_last(const at::Tensor& x, const comm_group& tp) {
+  return tp.size() == 1 ? x : gather_last_fn::apply(x, &tp);
+}
+at::Tensor scatter_to_sp(const at::Tensor& x, const comm_group& tp) {
+  return tp.size() == 1 ? x : scatter_sp_fn::apply(x, &tp);
+}
+at::Tensor gather_from_sp(const at::Tensor& x, const comm_group& tp, bool tensor_parallel_output_grad) {
+  return tp.size() == 1 ? x : gather_sp_fn::apply(x, &tp, tensor_parallel_output_grad);
+}
+at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const comm_group& tp) {
+  return tp.size() == 1 ? x : reduce_scatter_sp_fn::apply(x, &tp);
+}
+
+}  // namespace megadsl

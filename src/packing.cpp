@@ -1,0 +1,89 @@
+#include "megadsl/runtime/packing.hpp"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace megadsl {
+namespace {
+
+void check_ids(const at::Tensor& ids, const at::Tensor& mask, std::int64_t vocab, const char* what) {
+  const at::Tensor bad = ((ids < 0) | (ids >= vocab)) & mask;
+  if (!bad.any().item<bool>()) return;
+  const at::Tensor where = bad.nonzero()[0];
+  const std::int64_t row = where[0].item<std::int64_t>(), col = where[1].item<std::int64_t>();
+  throw std::invalid_argument("megadsl: " + std::string(what) + " holds " +
+                              std::to_string(ids[row][col].item<std::int64_t>()) + " at (row " +
+                              std::to_string(row) + ", position " + std::to_string(col) +
+                              "), outside the vocab [0, " + std::to_string(vocab) + ")");
+}
+
+}  // namespace
+
+packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std::int64_t vocab) {
+  if (!b.input_ids.defined() || b.input_ids.dim() != 2)
+    throw std::invalid_argument("megadsl: input_ids must be a (batch, seq) tensor");
+  const at::Tensor ids_in = b.input_ids.to(at::kLong);
+  const at::Tensor mask = b.attention_mask.defined() ? b.attention_mask.to(at::kBool) : at::ones_like(ids_in, at::kBool);
+  if (mask.sizes() != ids_in.sizes())
+    throw std::invalid_argument("megadsl: attention_mask has shape " + c10::str(mask.sizes()) +
+                                " but input_ids has " + c10::str(ids_in.sizes()));
+  check_ids(ids_in, mask, vocab, "input_ids");
+
+  packed_tokens pk;
+  pk.rmpad = rmpad;
+  pk.batch = ids_in.size(0);
+  pk.seq = ids_in.size(1);
+  pk.attention_mask = mask;
+  const at::Tensor ids = ids_in.masked_fill(mask.logical_not(), 0);
+  const at::Tensor positions = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0);
+
+  at::Tensor labels, label_valid;
+  if (b.labels.defined()) {
+    if (b.labels.sizes() != ids_in.sizes())
+      throw std::invalid_argument("megadsl: labels must have the shape of input_ids " + c10::str(ids_in.sizes()));
+    check_ids(b.labels.to(at::kLong), mask, vocab, "labels");
+    labels = b.labels.to(at::kLong).masked_fill(mask.logical_not(), 0);
+    label_valid = mask;
+  } else {  // the next token of the same sequence
+    labels = at::constant_pad_nd(ids.narrow(1, 1, pk.seq - 1), {0, 1});
+    label_valid = mask & at::constant_pad_nd(mask.narrow(1, 1, pk.seq - 1), {0, 1});
+  }
+
+  const at::Tensor flat_mask = mask.reshape({-1});
+  pk.index = rmpad ? flat_mask.nonzero().squeeze(1) : at::arange(pk.batch * pk.seq, at::kLong);
+  auto take = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, pk.index); };
+  at::Tensor s_ids = take(ids), s_pos = take(positions), s_labels = take(labels);
+  at::Tensor s_label_valid = take(label_valid).to(at::kFloat);
+  pk.token_valid = take(mask).to(at::kFloat);
+  pk.tokens = s_ids.size(0);
+  pk.max_position = pk.tokens > 0 ? s_pos.max().item<std::int64_t>() : 0;
+  if (rmpad) {
+    const at::Tensor lengths = mask.sum(1).cumsum(0);
+    pk.cu_seqlens.push_back(0);
+    for (std::int64_t i = 0; i < pk.batch; ++i) pk.cu_seqlens.push_back(lengths[i].item<std::int64_t>());
+  }
+  const std::int64_t padded = (pk.tokens + multiple - 1) / multiple * multiple;
+  const std::int64_t extra = std::max<std::int64_t>(padded - pk.tokens, multiple > 1 && pk.tokens == 0 ? multiple : 0);
+  pk.ids = at::constant_pad_nd(s_ids, {0, extra});
+  pk.positions = at::constant_pad_nd(s_pos, {0, extra});
+  pk.labels = at::constant_pad_nd(s_labels, {0, extra});
+  pk.label_valid = at::constant_pad_nd(s_label_valid, {0, extra});
+  return pk;
+}
+
+at::Tensor packed_tokens::unpack(const at::Tensor& per_token) const {
+  std::vector<std::int64_t> out_shape{batch * seq};
+  for (std::int64_t d = 1; d < per_token.dim(); ++d) out_shape.push_back(per_token.size(d));
+  at::Tensor masked = per_token;
+  std::vector<std::int64_t> view{tokens};
+  for (std::int64_t d = 1; d < per_token.dim(); ++d) view.push_back(1);
+  masked = per_token * token_valid.view(view).to(per_token.scalar_type());
+  at::Tensor out = rmpad ? at::zeros(out_shape, per_token.options()).index_copy(0, index, masked) : masked;
+  std::vector<std::int64_t> final_shape{batch, seq};
+  for (std::int64_t d = 1; d < per_token.dim(); ++d) final_shape.push_back(per_token.size(d));
+  return out.reshape(final_shape);
+}
+
+}  // namespace megadsl

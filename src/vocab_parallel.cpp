@@ -1,0 +1,92 @@
+#include "megadsl/layers/vocab_parallel.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+
+namespace megadsl {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void all_reduce(at::Tensor& t, const comm_group* g, reduce_op op) {
+  if (g != nullptr) g->all_reduce(t, op);
+}
+
+struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
+                               std::int64_t start, std::int64_t true_vocab, const comm_group* tp,
+                               bool with_entropy) {
+    const std::int64_t width = logits.size(1);
+    const std::int64_t valid = std::max<std::int64_t>(0, std::min(width, true_vocab - start));
+    // fp32 math (fp64 when given fp64, for finite-difference checks); a copy unless already so.
+    const auto math = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor z = logits.narrow(1, 0, valid).to(math);  // (T, valid)
+    const std::int64_t tokens = logits.size(0);
+
+    at::Tensor m = valid > 0 ? std::get<0>(z.max(1)).contiguous()
+                             : at::full({tokens}, -std::numeric_limits<float>::infinity(), z.options());
+    all_reduce(m, tp, reduce_op::max);
+    const at::Tensor e = at::exp(z - m.unsqueeze(1));  // (T, valid)
+
+    const at::Tensor in_range = (labels >= start) & (labels < start + valid);
+    const at::Tensor local_index = (labels - start).clamp(0, std::max<std::int64_t>(valid - 1, 0));
+    const at::Tensor z_y = valid > 0 ? z.gather(1, local_index.unsqueeze(1)).squeeze(1) * in_range
+                                     : at::zeros({tokens}, z.options());
+    // One sum-reduction for S, z_y and sum(e z): three rows of one tensor.
+    at::Tensor sums = at::stack({e.sum(1), z_y, with_entropy ? (e * z).sum(1) : at::zeros_like(z_y)}).contiguous();
+    all_reduce(sums, tp, reduce_op::sum);
+    const at::Tensor s = sums[0], target = sums[1], a = sums[2] / sums[0];
+    const at::Tensor log_s = at::log(s);
+    at::Tensor logp = target - m - log_s;
+    at::Tensor entropy = with_entropy ? m + log_s - a : at::zeros_like(logp);
+
+    ctx->save_for_backward({z, m, s, a, labels});
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["dtype"] = static_cast<std::int64_t>(logits.scalar_type());
+    return {logp, entropy};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &z = saved[0], &m = saved[1], &s = saved[2], &a = saved[3], &labels = saved[4];
+    const std::int64_t start = ctx->saved_data["start"].toInt(), width = ctx->saved_data["width"].toInt();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const std::int64_t valid = z.size(1);
+    at::Tensor g_logp = grads[0].defined() ? grads[0].to(z.scalar_type()) : at::zeros_like(m);
+    at::Tensor g_h = grads[1].defined() ? grads[1].to(z.scalar_type()) : at::zeros_like(m);
+
+    const at::Tensor p = at::exp(z - m.unsqueeze(1)) / s.unsqueeze(1);  // recomputed, not stored
+    at::Tensor dz = -p * (g_logp.unsqueeze(1) + g_h.unsqueeze(1) * (z - a.unsqueeze(1)));
+    if (valid > 0) {
+      const at::Tensor in_range = (labels >= start) & (labels < start + valid);
+      const at::Tensor local_index = (labels - start).clamp(0, valid - 1);
+      dz.scatter_add_(1, local_index.unsqueeze(1), (g_logp * in_range).unsqueeze(1));
+    }
+    at::Tensor grad = at::zeros({z.size(0), width}, z.options().dtype(dtype));
+    grad.narrow(1, 0, valid).copy_(dz);
+    return {grad, {}, {}, {}, {}, {}};
+  }
+};
+
+}  // namespace
+
+logprob_entropy vocab_parallel_logprob_entropy(const at::Tensor& logits, const at::Tensor& labels,
+                                               const vocab_shard& shard, const comm_group* tp,
+                                               bool with_entropy) {
+  TORCH_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0),
+              "megadsl: vocab-parallel log-probs take logits (T, V/tp) and labels (T,)");
+  if (tp != nullptr && tp->size() == 1) tp = nullptr;
+  auto out = logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp, with_entropy);
+  return {out[0], with_entropy ? out[1] : at::Tensor()};
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& labels,
+                                        const vocab_shard& shard, const comm_group* tp) {
+  return -vocab_parallel_logprob_entropy(logits, labels, shard, tp, false).log_probs;
+}
+
+}  // namespace megadsl

@@ -1,0 +1,55 @@
+#include "mp_support.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace megadsl::test {
+
+padded_batch make_batch(std::int64_t vocab, bool left_padding, std::uint64_t seed) {
+  const std::int64_t b = 4, s = 12;
+  const std::int64_t lengths[b] = {12, 7, 1, 9};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor ids = at::randint(0, vocab, {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) {
+    const std::int64_t start = left_padding ? s - lengths[r] : 0;
+    mask[r].narrow(0, start, lengths[r]).fill_(1);
+  }
+  ids = ids.masked_fill(mask == 0, vocab - 1);  // a pad id, ignored by the model
+  return {ids, mask};
+}
+
+std::map<std::string, at::Tensor> gather_hf_tensors(std::vector<named_parameter>& params,
+                                                    const runtime_config& c, const comm_group* tp,
+                                                    bool gradients) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& p : params) {
+    const at::Tensor local = gradients ? p.tensor.grad() : p.tensor;
+    const auto hf = gather_hf(*p.plan, c.s, c.l, tp, local);
+    const std::string layer = p.name.substr(0, p.name.find('.', 7));
+    for (std::size_t i = 0; i < hf.size(); ++i) {
+      std::string key(p.plan->row->hf[i]);
+      // expand {layer} with the index in this parameter's name ("layers.3.qkv.weight")
+      if (auto pos = key.find("{layer}"); pos != std::string::npos) {
+        const auto first = p.name.find('.') + 1, last = p.name.find('.', first);
+        key.replace(pos, 7, p.name.substr(first, last - first));
+      }
+      out[key] = hf[i];
+    }
+  }
+  return out;
+}
+
+at::Tensor probe_loss(const model_output& out, bool actor) {
+  if (actor) {
+    const at::Tensor w = at::linspace(0.5, 1.5, out.log_probs.numel()).view(out.log_probs.sizes());
+    return (out.log_probs * w).sum() + 0.3 * (out.entropy * w.flip(0)).sum();
+  }
+  const at::Tensor w = at::linspace(-1.0, 1.0, out.values.numel()).view(out.values.sizes());
+  return (out.values * w).sum();
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace megadsl::test

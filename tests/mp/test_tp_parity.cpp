@@ -1,0 +1,145 @@
+// Every tensor/sequence-parallel layout of the tiny GQA model equals the single-process model:
+// log-probs, entropy, values and the gradient of every parameter (gathered to HF shape), fp32,
+// within 1e-5; left- and right-padded batches, a single-token row, padded and remove-padding.
+#include "../catch_torch.hpp"
+
+#include <utility>
+
+#include "megadsl/parallel/comm.hpp"
+#include "mp_support.hpp"
+
+namespace megadsl::test {
+namespace {
+
+constexpr double tol = 1e-5;
+
+// tp in {1, 2, 4} x sp in {off, on} x rmpad in {off, on}; sp needs tp > 1 (rule sp_needs_tp).
+constexpr layout layouts[] = {
+    {.tp = 1},
+    {.tp = 1, .rmpad = true},
+    {.tp = 2},
+    {.tp = 2, .sp = true},
+    {.tp = 2, .rmpad = true},
+    {.tp = 2, .sp = true, .rmpad = true},
+    {.tp = 4},
+    {.tp = 4, .sp = true},
+    {.tp = 4, .rmpad = true},
+    {.tp = 4, .sp = true, .rmpad = true},
+};
+
+std::string describe(const layout& l) {
+  return "tp=" + std::to_string(l.tp.get()) + " sp=" + std::to_string(l.sp.get()) +
+         " rmpad=" + std::to_string(l.rmpad.get());
+}
+
+void require_close(const std::map<std::string, at::Tensor>& ref, const std::map<std::string, at::Tensor>& got) {
+  REQUIRE(ref.size() == got.size());
+  for (const auto& [name, r] : ref) {
+    INFO("gradient of " << name);
+    REQUIRE(got.count(name) == 1);
+    REQUIRE(got.at(name).sizes() == r.sizes());
+    const double scale = std::max(1.0, r.abs().max().item<double>());
+    CHECK(max_abs_diff(r, got.at(name)) <= tol * scale);
+  }
+}
+
+template <class M, layout L, bool Actor>
+void check_against_reference(bool left_padding) {
+  using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
+  using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
+  INFO(M::name << (Actor ? " actor " : " critic ") << describe(L) << (left_padding ? " left-padded" : " right-padded"));
+  const model_options opt{.test_init = true};
+  auto single = parallel_groups::single();
+  llama_model<ref_spec> ref(single, opt);
+  auto groups = parallel_groups::build(dist(), L);
+  llama_model<spec> model(groups, opt);
+
+  const padded_batch pb = make_batch(M::shape.vocab, left_padding);
+  const model_output r = ref.forward({.input_ids = pb.ids, .attention_mask = pb.mask});
+  const model_output o = model.forward({.input_ids = pb.ids, .attention_mask = pb.mask});
+  if constexpr (Actor) {
+    CHECK(max_abs_diff(r.log_probs, o.log_probs) <= tol);
+    CHECK(max_abs_diff(r.entropy, o.entropy) <= tol);
+    CHECK(at::equal(r.valid, o.valid));
+    CHECK(r.log_probs.masked_select(r.valid.logical_not()).abs().sum().item<double>() == 0.0);
+  } else {
+    CHECK(max_abs_diff(r.values, o.values) <= tol);
+  }
+  probe_loss(r, Actor).backward();
+  probe_loss(o, Actor).backward();
+  model.finalize_grads();
+  const auto ref_grads = gather_hf_tensors(ref.parameters(), ref.config(), nullptr, true);
+  const auto got_grads = gather_hf_tensors(model.parameters(), model.config(), groups.tp.get(), true);
+  require_close(ref_grads, got_grads);
+}
+
+template <class M, std::size_t... I>
+void every_layout(std::index_sequence<I...>) {
+  for (bool left : {true, false}) {
+    (check_against_reference<M, layouts[I], true>(left), ...);
+    (check_against_reference<M, layouts[I], false>(left), ...);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every tp x sp x rmpad layout equals the single-process model, GQA with kv replication", "[world4][parity]") {
+  REQUIRE(dist().world() == 4);
+  every_layout<tiny_llama>(std::make_index_sequence<std::size(layouts)>());
+}
+
+TEST_CASE("tied embeddings and qkv bias (Qwen2-style) under tp and sp", "[world4][parity]") {
+  for (bool left : {true, false}) {
+    check_against_reference<tiny_qwen, layout{.tp = 2, .sp = true, .rmpad = true}, true>(left);
+    check_against_reference<tiny_qwen, layout{.tp = 4, .sp = true}, true>(left);
+    check_against_reference<tiny_qwen, layout{.tp = 4, .rmpad = true}, false>(left);
+  }
+}
+
+TEST_CASE("llama3 rope scaling under tp", "[world4][parity]") {
+  check_against_reference<tiny_llama3, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);
+}
+
+TEST_CASE("padded and remove-padding paths agree within 1e-6", "[world4][parity]") {
+  auto single = parallel_groups::single();
+  const model_options opt{.test_init = true};
+  llama_model<causal_lm<tiny_llama>> padded(single, opt);
+  llama_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, opt);
+  llama_model<value_model<tiny_llama>> padded_critic(single, opt);
+  llama_model<value_model<tiny_llama, layout{.rmpad = true}>> packed_critic(single, opt);
+  for (bool left : {true, false}) {
+    INFO((left ? "left" : "right") << "-padded");
+    const padded_batch pb = make_batch(tiny_llama::shape.vocab, left);
+    const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+    const auto a = padded.forward(b), c = packed.forward(b);
+    CHECK(max_abs_diff(a.log_probs, c.log_probs) <= 1e-6);
+    CHECK(max_abs_diff(a.entropy, c.entropy) <= 1e-6);
+    CHECK(max_abs_diff(padded_critic.forward(b).values, packed_critic.forward(b).values) <= 1e-6);
+  }
+}
+
+TEST_CASE("a static tp = 1 model issues no collective; a tp = 2 model does", "[world4][collectives]") {
+  static_assert(!llama_model<causal_lm<tiny_llama>>::tensor_parallel);
+  static_assert(llama_model<causal_lm<tiny_llama, layout{.tp = 2}>>::tensor_parallel);
+  auto single = parallel_groups::single();
+  llama_model<causal_lm<tiny_llama>> alone(single);
+  auto groups = parallel_groups::build(dist(), layout{.tp = 2});
+  llama_model<causal_lm<tiny_llama, layout{.tp = 2, .sp = true}>> sharded(groups);
+  const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+
+  global_comm_stats().reset();
+  probe_loss(alone.forward(b), true).backward();
+  CHECK(global_comm_stats().calls == 0);
+
+  global_comm_stats().reset();
+  probe_loss(sharded.forward(b), true).backward();
+  CHECK(global_comm_stats().calls > 0);
+}
+
+TEST_CASE("a layout that does not fit the world is refused with the rule's words", "[world4]") {
+  REQUIRE_THROWS_WITH(parallel_groups::build(dist(), layout{.tp = 3}),
+                      Catch::Contains("world_fits_layout: world size 4 is not divisible by tp * pp * cp = 3"));
+}
+
+}  // namespace megadsl::test
