@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <utility>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -265,6 +266,13 @@ constexpr void check_reserved(const layout& l, violations& out) {
 }
 
 constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
+  const std::pair<std::string_view, dim> facts[] = {{"world size", f.world},
+                                                    {"global batch", f.global_batch},
+                                                    {"micro batch", f.micro_batch},
+                                                    {"number of microbatches", f.microbatches}};
+  for (const auto& [name, value] : facts)
+    if (value.is_static() && value.get() <= 0)
+      out.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
   if (positive(f.world, l.tp, l.pp, l.cp)) {
     const std::int64_t model = l.tp.get() * l.pp.get() * l.cp.get(), w = f.world.get();
     if (w % model != 0) {

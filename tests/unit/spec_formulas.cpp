@@ -15,8 +15,7 @@
 #include "megadsl/plan_report.hpp"
 #include "megadsl/rules.hpp"
 
-// print_plan lives in the tool's sources; spec_tests links only the header-only spec target.
-#include "../../tools/plan_report.cpp"
+// print_plan lives in megadsl::core, which spec_tests links.
 
 using megadsl::layout;
 using megadsl::training_flops_per_token;

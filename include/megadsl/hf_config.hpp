@@ -1,0 +1,59 @@
+// HF `config.json` -> a fully static megadsl::shape, and the field-by-field check of a declared
+// (static) model against a checkpoint's config.
+//
+//   auto cfg = megadsl::read_hf_config("Meta-Llama-3-8B");            // a directory or config.json
+//   megadsl::shape s = megadsl::resolve(llama3_8b::shape, cfg.s, cfg.file.string());
+//
+// Implemented in tools/hf_config.cpp (target megadsl_hf_config: nlohmann_json, no LibTorch). Every
+// error is a `config_error` whose text names the file, the field and the fix.
+#pragma once
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// A config.json that cannot be read, is not a Llama-family config, or disagrees with a declaration.
+struct config_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+struct hf_config {
+  std::filesystem::path file;       // the config.json that was read
+  std::string model_type;           // "llama", "mistral" or "qwen2"
+  shape s;                          // every field static; HF's defaults where config.json is silent
+  std::vector<std::string> notes;   // what was defaulted or is worth knowing (e.g. sliding windows)
+};
+
+// The model types whose architecture is megadsl's Llama family.
+inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2"};
+
+// HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.
+std::string_view hf_key_of(std::string_view field);
+
+// Reads `path`: a config.json, or a model directory holding one.
+hf_config read_hf_config(const std::filesystem::path& path);
+
+// Parses config.json text; `file` is the name the messages use.
+hf_config parse_hf_config(std::string_view json_text, const std::filesystem::path& file = "config.json");
+
+// One line per field where a static declared value disagrees with the config (empty: they agree).
+// Dynamic declared fields never disagree; fields the model does not use (rope parameters of an
+// unscaled rope, head_dim 0 vs the same explicit value) are compared by what they mean.
+std::vector<std::string> mismatches(const shape& declared, const shape& from_config,
+                                    std::string_view file = "config.json");
+
+// The declared shape with its dynamic fields taken from the config; throws config_error listing
+// every mismatch ("hidden (hidden_size): declared 4096, config.json has 2048; ...").
+shape resolve(const shape& declared, const shape& from_config, std::string_view file = "config.json",
+              std::string_view model_name = "the declared model");
+
+// `shape{.hidden = 4096, .layers = 32, ...}`: every field, `dynamic` where unknown.
+std::string to_string(const shape& s);
+
+}  // namespace megadsl

@@ -1,0 +1,448 @@
+// HF config.json reader and the declared-vs-config comparison (include/megadsl/hf_config.hpp).
+//
+// Keys and defaults follow transformers' LlamaConfig / MistralConfig / Qwen2Config: a key that
+// config.json leaves out takes the default of its model_type's config class, and every such
+// default is recorded in `notes` so that nothing is filled in silently.
+#include "megadsl/hf_config.hpp"
+
+#include <boost/hana/at_key.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/keys.hpp>
+#include <boost/hana/string.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+namespace megadsl {
+namespace {
+
+namespace hana = boost::hana;
+using json = nlohmann::json;
+
+struct key_name {
+  std::string_view field;
+  std::string_view hf;
+};
+
+// megadsl field -> HF key; rope fields carry the `rope.` prefix of their path in the shape.
+constexpr key_name key_names[] = {
+    {"hidden", "hidden_size"},
+    {"layers", "num_hidden_layers"},
+    {"heads", "num_attention_heads"},
+    {"kv_heads", "num_key_value_heads"},
+    {"ffn", "intermediate_size"},
+    {"vocab", "vocab_size"},
+    {"head_dim", "head_dim"},
+    {"max_positions", "max_position_embeddings"},
+    {"rms_eps", "rms_norm_eps"},
+    {"rope_theta", "rope_theta"},
+    {"rope", "rope_scaling"},
+    {"qkv_bias", "attention_bias / model_type qwen2"},
+    {"tie_embeddings", "tie_word_embeddings"},
+    {"rope.type", "rope_scaling.rope_type"},
+    {"rope.factor", "rope_scaling.factor"},
+    {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
+    {"rope.high_freq_factor", "rope_scaling.high_freq_factor"},
+    {"rope.original_max_positions", "rope_scaling.original_max_position_embeddings"},
+};
+
+// transformers' class defaults for the keys a config.json may leave out.
+struct family_defaults {
+  std::string_view model_type;
+  std::int64_t max_positions;
+  double rms_eps;
+  double rope_theta;
+  bool qkv_bias;  // Qwen2 always has q/k/v biases
+};
+constexpr family_defaults defaults_table[] = {
+    {"llama", 2048, 1e-6, 10000.0, false},
+    {"mistral", 4096 * 32, 1e-6, 10000.0, false},
+    {"qwen2", 32768, 1e-6, 10000.0, true},
+};
+
+// Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
+std::string format_double(double v) {
+  char buf[64];
+  const double a = std::abs(v);
+  const auto format = a != 0 && (a < 1e-3 || a >= 1e15) ? std::chars_format::scientific : std::chars_format::fixed;
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, format);
+  std::string s(buf, ec == std::errc{} ? end : buf);
+  if (format == std::chars_format::scientific) {
+    // 1e-5 -> 1e-05, like Python's repr
+    if (auto e = s.find('e'); e != std::string::npos && s.size() - e == 3) s.insert(e + 2, "0");
+  } else if (s.find('.') == std::string::npos) {
+    s += ".0";
+  }
+  return s;
+}
+
+std::string show(std::int64_t v) { return std::to_string(v); }
+std::string show(double v) { return format_double(v); }
+std::string show(bool v) { return v ? "true" : "false"; }
+std::string show(rope_type t) { return std::string(name_of(t)); }
+template <class T>
+std::string show(const maybe<T>& v) {
+  return v.is_static() ? show(v.value) : "dynamic";
+}
+
+// How a json value looks in a message: `"32" (a string)`.
+std::string describe_json(const json& v) {
+  std::string kind = v.is_string()            ? "a string"
+                     : v.is_boolean()         ? "a boolean"
+                     : v.is_number_integer()  ? "an integer"
+                     : v.is_number_float()    ? "a number with a fraction"
+                     : v.is_null()            ? "null"
+                     : v.is_array()           ? "an array"
+                                              : "an object";
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text + " (" + kind + ")";
+}
+
+class reader {
+ public:
+  reader(const json& root, std::string file, std::vector<std::string>& notes)
+      : root_(root), file_(std::move(file)), notes_(notes) {}
+
+  [[noreturn]] void fail(std::string_view key, const std::string& what, std::string_view fix) const {
+    std::string m = "megadsl: " + file_ + ": ";
+    if (!key.empty()) m += std::string(key) + ": ";
+    m += what;
+    if (!fix.empty()) m += "; " + std::string(fix);
+    throw config_error(m);
+  }
+
+  const json* find(const json& obj, std::string_view key) const {
+    auto it = obj.find(std::string(key));
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::int64_t integer(const json& v, std::string_view key, std::int64_t min) const {
+    std::optional<std::int64_t> got;
+    if (v.is_number_integer()) got = v.get<std::int64_t>();
+    else if (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>() &&
+             std::abs(v.get<double>()) < 9e15)
+      got = static_cast<std::int64_t>(v.get<double>());
+    if (!got)
+      fail(key, "expected an integer, got " + describe_json(v), "write it as a plain JSON integer");
+    if (*got < min)
+      fail(key, "expected an integer >= " + std::to_string(min) + ", got " + std::to_string(*got),
+           "fix the value in config.json");
+    return *got;
+  }
+
+  double number(const json& v, std::string_view key) const {
+    if (!v.is_number())
+      fail(key, "expected a number, got " + describe_json(v), "write it as a plain JSON number");
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d <= 0)
+      fail(key, "expected a positive number, got " + format_double(d), "fix the value in config.json");
+    return d;
+  }
+
+  bool boolean(const json& v, std::string_view key) const {
+    if (!v.is_boolean())
+      fail(key, "expected true or false, got " + describe_json(v), "write it as a JSON boolean");
+    return v.get<bool>();
+  }
+
+  std::int64_t required_int(std::string_view key, std::string_view meaning) const {
+    const json* v = find(root_, key);
+    if (!v)
+      fail(key, "missing (" + std::string(meaning) + ")",
+           "every Llama-family config.json has it; point megadsl at the model's own config.json or add the key");
+    return integer(*v, key, 1);
+  }
+
+  template <class T, class Read>
+  T optional(std::string_view key, T fallback, Read read, bool note = true) const {
+    const json* v = find(root_, key);
+    if (!v) {
+      if (note)
+        notes_.push_back(std::string(key) + " not in config.json: using " + show(fallback) +
+                         " (transformers' default)");
+      return fallback;
+    }
+    return read(*v, key);
+  }
+
+  const json& root() const { return root_; }
+
+ private:
+  const json& root_;
+  std::string file_;
+  std::vector<std::string>& notes_;
+};
+
+rope_scaling read_rope(const reader& r) {
+  rope_scaling out;  // type none
+  const json* v = r.find(r.root(), "rope_scaling");
+  if (!v) return out;
+  if (!v->is_object())
+    r.fail("rope_scaling", "expected null or an object, got " + describe_json(*v),
+           "write \"rope_scaling\": null for plain RoPE");
+  const json* t = r.find(*v, "rope_type");
+  std::string_view type_key = "rope_scaling.rope_type";
+  if (!t) {
+    t = r.find(*v, "type");
+    type_key = "rope_scaling.type";
+  }
+  if (!t)
+    r.fail("rope_scaling", "has neither \"rope_type\" nor \"type\"",
+           "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
+  if (!t->is_string())
+    r.fail(type_key, "expected a string, got " + describe_json(*t),
+           "use one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
+  const std::string type = t->get<std::string>();
+  if (type == "default") return out;
+  if (type == "linear") out.type = rope_type::linear;
+  else if (type == "dynamic") out.type = rope_type::dynamic_ntk;
+  else if (type == "llama3") out.type = rope_type::llama3;
+  else
+    r.fail(type_key, "\"" + type + "\" is not supported",
+           "megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\" (or none: \"rope_scaling\": null)");
+
+  auto need = [&](std::string_view key) -> const json& {
+    const json* f = r.find(*v, key);
+    const std::string full = "rope_scaling." + std::string(key);
+    if (!f) r.fail(full, "missing (needed by rope type \"" + type + "\")", "add it to rope_scaling");
+    return *f;
+  };
+  out.factor = r.number(need("factor"), "rope_scaling.factor");
+  if (out.type.get() == rope_type::llama3) {
+    out.low_freq_factor = r.number(need("low_freq_factor"), "rope_scaling.low_freq_factor");
+    out.high_freq_factor = r.number(need("high_freq_factor"), "rope_scaling.high_freq_factor");
+    out.original_max_positions =
+        r.integer(need("original_max_position_embeddings"),
+                  "rope_scaling.original_max_position_embeddings", 1);
+  }
+  return out;
+}
+
+bool close(double a, double b) { return a == b || std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); }
+
+template <class T>
+bool agree(const maybe<T>& d, const maybe<T>& c) {
+  if (d.is_dynamic() || c.is_dynamic()) return true;
+  if constexpr (std::is_same_v<T, double>) return close(d.value, c.value);
+  else return d.value == c.value;
+}
+
+// Which rope_scaling fields a rope type reads.
+bool rope_field_used(std::string_view field, const maybe<rope_type>& type) {
+  if (field == "type") return true;
+  if (type.is_dynamic()) return true;
+  if (type.value == rope_type::none) return false;
+  return field == "factor" || type.value == rope_type::llama3;
+}
+
+template <class T>
+void fill(maybe<T>& d, const maybe<T>& c) {
+  if (d.is_dynamic()) d = c;
+}
+void fill(rope_scaling& d, const rope_scaling& c) {
+  hana::for_each(hana::keys(d), [&](auto key) { fill(hana::at_key(d, key), hana::at_key(c, key)); });
+}
+
+}  // namespace
+
+std::string_view hf_key_of(std::string_view field) {
+  for (const auto& k : key_names)
+    if (k.field == field) return k.hf;
+  return field;
+}
+
+hf_config parse_hf_config(std::string_view json_text, const std::filesystem::path& file) {
+  hf_config out;
+  out.file = file;
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& e) {
+    // e.what() reads "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    throw config_error("megadsl: " + file.string() + ": not valid JSON: " + what +
+                       "; fix the file (an HF config.json is one JSON object)");
+  }
+  const std::string fname = file.string();
+  reader r(root, fname, out.notes);
+  if (!root.is_object())
+    r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
+
+  const json* mt = r.find(root, "model_type");
+  if (!mt)
+    r.fail("model_type", "missing",
+           "megadsl reads Llama-family configs: add \"model_type\": \"llama\", \"mistral\" or \"qwen2\"");
+  if (!mt->is_string())
+    r.fail("model_type", "expected a string, got " + describe_json(*mt), "use \"llama\", \"mistral\" or \"qwen2\"");
+  out.model_type = mt->get<std::string>();
+  const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
+                                 [&](const family_defaults& f) { return f.model_type == out.model_type; });
+  if (fam == std::end(defaults_table))
+    r.fail("model_type", "\"" + out.model_type + "\" is not a Llama-family model",
+           "megadsl reads model_type \"llama\", \"mistral\" and \"qwen2\" (Llama 2/3/3.1/3.2, TinyLlama, "
+           "Mistral, Qwen2/2.5)");
+
+  // Architecture switches megadsl's Llama family does not have: refuse rather than mis-load.
+  if (const json* act = r.find(root, "hidden_act"); act && !(act->is_string() && act->get<std::string>() == "silu"))
+    r.fail("hidden_act", "is " + describe_json(*act) + "; megadsl's Llama family uses SwiGLU with silu",
+           "only \"hidden_act\": \"silu\" is supported");
+  if (fam->model_type == "llama") {
+    if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
+      r.fail("attention_bias",
+             "is true: HF Llama then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
+             "biases only (as Qwen2)",
+             "this checkpoint is not supported yet; Llama checkpoints normally have \"attention_bias\": false");
+    if (const json* b = r.find(root, "mlp_bias"); b && r.boolean(*b, "mlp_bias"))
+      r.fail("mlp_bias", "is true: megadsl's SwiGLU MLP has no biases",
+             "this checkpoint is not supported yet");
+  }
+
+  shape& s = out.s;
+  s.hidden = r.required_int("hidden_size", "the model width");
+  s.layers = r.required_int("num_hidden_layers", "the number of decoder layers");
+  s.heads = r.required_int("num_attention_heads", "the number of query heads");
+  s.kv_heads = r.optional<std::int64_t>("num_key_value_heads", s.heads.get(),
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  s.ffn = r.required_int("intermediate_size", "the MLP width");
+  s.vocab = r.required_int("vocab_size", "the vocabulary size");
+  s.head_dim = r.optional<std::int64_t>("head_dim", 0,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
+  s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  s.rms_eps = r.optional<double>("rms_norm_eps", fam->rms_eps,
+      [&](const json& v, std::string_view k) { return r.number(v, k); });
+  s.rope_theta = r.optional<double>("rope_theta", fam->rope_theta,
+      [&](const json& v, std::string_view k) { return r.number(v, k); });
+  s.rope = read_rope(r);
+  s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
+  s.tie_embeddings = r.optional<bool>("tie_word_embeddings", false,
+      [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
+
+  // Attention windows megadsl does not implement: worth a note, not a refusal.
+  if (const json* w = r.find(root, "sliding_window"); w && w->is_number_integer()) {
+    const bool used = fam->model_type != "qwen2" ||
+                      (r.find(root, "use_sliding_window") && root.at("use_sliding_window") == true);
+    if (used && w->get<std::int64_t>() < s.max_positions.get())
+      out.notes.push_back("sliding_window = " + std::to_string(w->get<std::int64_t>()) +
+                          ": megadsl attends over the whole sequence, so results differ from HF "
+                          "for sequences longer than the window");
+  }
+  return out;
+}
+
+hf_config read_hf_config(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path file = path;
+  if (fs::is_directory(path, ec)) {
+    file = path / "config.json";
+    if (!fs::exists(file, ec))
+      throw config_error("megadsl: " + path.string() +
+                         " has no config.json; pass an HF model directory (one with config.json) or "
+                         "the config.json itself");
+  } else if (!fs::exists(path, ec)) {
+    throw config_error("megadsl: " + path.string() +
+                       ": no such file or directory; pass an HF model directory or its config.json");
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    throw config_error("megadsl: " + file.string() + ": cannot be opened for reading; check its permissions");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_hf_config(text.str(), file);
+}
+
+std::vector<std::string> mismatches(const shape& declared, const shape& config, std::string_view file) {
+  std::vector<std::string> out;
+  auto report = [&](std::string_view field, const std::string& d, const std::string& c) {
+    out.push_back(std::string(field) + " (" + std::string(hf_key_of(field)) + "): declared " + d + ", " +
+                  std::string(file) + " has " + c);
+  };
+  // head_dim 0 means hidden / heads, so compare what each side means.
+  shape sizes = declared;
+  fill(sizes.hidden, config.hidden);
+  fill(sizes.heads, config.heads);
+  hana::for_each(hana::keys(declared), [&](auto key) {
+    const std::string_view field = hana::to<char const*>(key);
+    const auto& d = hana::at_key(declared, key);
+    const auto& c = hana::at_key(config, key);
+    if constexpr (std::is_same_v<std::decay_t<decltype(d)>, rope_scaling>) {
+      hana::for_each(hana::keys(d), [&](auto rkey) {
+        const std::string name = "rope." + std::string(hana::to<char const*>(rkey));
+        const auto& rd = hana::at_key(d, rkey);
+        const auto& rc = hana::at_key(c, rkey);
+        const std::string_view sub = std::string_view(name).substr(5);
+        if (rope_field_used(sub, d.type) && rope_field_used(sub, c.type) && !agree(rd, rc))
+          report(name, show(rd), show(rc));
+      });
+    } else if (field == "head_dim") {
+      if (d.is_dynamic() || c.is_dynamic()) return;
+      const dim de = effective_head_dim(sizes);
+      const dim ce = effective_head_dim(config);
+      // Both 0: a difference follows from hidden or heads, which are reported themselves.
+      if (de.is_static() && ce.is_static() && de.get() != ce.get() && (d.get() != 0 || c.get() != 0))
+        report(field, show(d) + (d.get() == 0 ? " (= hidden / heads = " + show(de) + ")" : ""),
+               show(c) + (c.get() == 0 ? " (= hidden / heads = " + show(ce) + ")" : ""));
+    } else if (!agree(d, c)) {
+      report(field, show(d), show(c));
+    }
+  });
+  return out;
+}
+
+shape resolve(const shape& declared, const shape& config, std::string_view file, std::string_view model_name) {
+  // Each field names the file by its base name; the head of the message gives the full path.
+  const std::string base = std::filesystem::path(file).filename().string();
+  const std::vector<std::string> bad = mismatches(declared, config, base.empty() ? file : base);
+  if (!bad.empty()) {
+    std::string m = "megadsl: " + std::string(model_name) + " does not match " + std::string(file) + ": ";
+    for (std::size_t i = 0; i < bad.size(); ++i) m += (i ? "; " : "") + bad[i];
+    m += "; fix: use the model that matches this checkpoint (megadsl presets lists them), or declare "
+         "these fields `dynamic` so that config.json supplies them";
+    throw config_error(m);
+  }
+  shape out = declared;
+  hana::for_each(hana::keys(out), [&](auto key) {
+    auto& d = hana::at_key(out, key);
+    const auto& c = hana::at_key(config, key);
+    fill(d, c);
+  });
+  return out;
+}
+
+std::string to_string(const shape& s) {
+  std::string out = "shape{";
+  bool first = true;
+  hana::for_each(hana::keys(s), [&](auto key) {
+    const auto& v = hana::at_key(s, key);
+    out += first ? "." : ", .";
+    first = false;
+    out += hana::to<char const*>(key);
+    out += " = ";
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, rope_scaling>) {
+      out += "{";
+      bool rfirst = true;
+      hana::for_each(hana::keys(v), [&](auto rkey) {
+        const std::string_view name = hana::to<char const*>(rkey);
+        if (!rope_field_used(name, v.type)) return;
+        out += rfirst ? "." : ", .";
+        rfirst = false;
+        out += std::string(name) + " = " + show(hana::at_key(v, rkey));
+      });
+      out += "}";
+    } else {
+      out += show(v);
+    }
+  });
+  return out + "}";
+}
+
+}  // namespace megadsl

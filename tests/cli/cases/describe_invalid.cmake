@@ -1,0 +1,11 @@
+# describe validates first: an invalid layout prints check's lines, exit 1, and no table.
+include(${CMAKE_CURRENT_LIST_DIR}/../cli_lib.cmake)
+megadsl(check llama3-8b --tp 3)
+set(check_err "${megadsl_err}")
+megadsl(describe llama3-8b --tp 3)
+expect_exit(1)
+expect_equal(check_err megadsl_err "check's and describe's rule lines")
+expect_no_out(".")
+megadsl(describe ${DATA}/qwen2.5-0.5b --tp 4)
+expect_exit(1)
+expect_err("^heads_divisible_by_tp: num_heads = 14 is not divisible by tp = 4; valid tp: 1, 2, 7, 14\n")

@@ -1,0 +1,202 @@
+// HF config.json -> megadsl::shape (hf_config.hpp): the published configs read into the presets'
+// shapes, HF's defaults, the errors (file, field, fix), resolve() against a declared model, and
+// to_string().
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "megadsl/hf_config.hpp"
+#include "megadsl/models/presets.hpp"
+#include "megadsl/rules.hpp"
+
+namespace {
+
+using megadsl::config_error;
+using megadsl::layout;
+using megadsl::parse_hf_config;
+using megadsl::rope_type;
+using megadsl::shape;
+
+const std::filesystem::path data_dir = std::filesystem::path(__FILE__).parent_path().parent_path() / "data";
+
+// Every field of `a` and `b` is static and equal (head_dim compared as written).
+bool same_shape(const shape& a, const shape& b) {
+  return megadsl::to_string(a) == megadsl::to_string(b);
+}
+
+std::string error_of(std::string_view json) {
+  try {
+    parse_hf_config(json, "models/x/config.json");
+  } catch (const config_error& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+// `text` with its first `from` replaced by `to`.
+std::string edited(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out(text);
+  const auto at = out.find(from);
+  REQUIRE(at != std::string::npos);
+  return out.replace(at, from.size(), to);
+}
+
+constexpr std::string_view minimal = R"({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,
+  "num_attention_heads": 8, "intermediate_size": 1376, "vocab_size": 1000})";
+
+}  // namespace
+
+TEST_CASE("published config.json files read into the presets' shapes", "[spec][hf_config]") {
+  const auto llama = megadsl::read_hf_config(data_dir / "llama3-8b");
+  CHECK(llama.file == data_dir / "llama3-8b" / "config.json");
+  CHECK(llama.model_type == "llama");
+  CHECK(llama.notes.empty());
+  CHECK(same_shape(llama.s, megadsl::llama3_8b::shape));
+  CHECK(megadsl::mismatches(megadsl::llama3_8b::shape, llama.s).empty());
+  CHECK(same_shape(megadsl::read_hf_config(data_dir / "llama3-8b" / "config.json").s, llama.s));
+
+  const auto qwen = megadsl::read_hf_config(data_dir / "qwen2.5-0.5b");
+  CHECK(qwen.model_type == "qwen2");
+  CHECK(qwen.s.qkv_bias.get());       // Qwen2 always has q/k/v biases
+  CHECK(qwen.s.tie_embeddings.get());
+  CHECK(same_shape(qwen.s, megadsl::qwen2_5_0_5b::shape));
+
+  // Read at run time, checked with the words of the compile-time check.
+  CHECK(megadsl::check(llama.s, layout{.tp = 3}).joined().view() ==
+        megadsl::check(megadsl::llama3_8b::shape, layout{.tp = 3}).joined().view());
+  CHECK(megadsl::check(qwen.s, layout{.tp = 2, .pp = 2, .sp = true}).ok());
+}
+
+TEST_CASE("keys config.json leaves out take transformers' defaults, and say so", "[spec][hf_config]") {
+  const auto cfg = parse_hf_config(minimal);
+  CHECK(cfg.s.kv_heads.get() == 8);  // num_key_value_heads defaults to num_attention_heads
+  CHECK(cfg.s.head_dim.get() == 0);  // hidden / heads
+  CHECK(cfg.s.max_positions.get() == 2048);
+  CHECK(cfg.s.rms_eps.get() == 1e-6);
+  CHECK(cfg.s.rope_theta.get() == 10000.0);
+  CHECK(cfg.s.rope.type.get() == rope_type::none);
+  CHECK_FALSE(cfg.s.qkv_bias.get());
+  CHECK_FALSE(cfg.s.tie_embeddings.get());
+  REQUIRE(cfg.notes.size() == 4);
+  CHECK(cfg.notes[0] == "num_key_value_heads not in config.json: using 8 (transformers' default)");
+  CHECK(cfg.notes[2] == "rms_norm_eps not in config.json: using 1e-06 (transformers' default)");
+
+  const std::string qwen = edited(minimal, "\"llama\"", "\"qwen2\"");
+  CHECK(parse_hf_config(qwen).s.max_positions.get() == 32768);  // Qwen2Config's default
+  CHECK(parse_hf_config(qwen).s.qkv_bias.get());
+}
+
+TEST_CASE("rope_scaling: null, default, linear, dynamic, llama3", "[spec][hf_config]") {
+  auto with_rope = [](std::string_view rope) {
+    return parse_hf_config(edited(minimal, "}", ", \"rope_scaling\": " + std::string(rope) + "}")).s.rope;
+  };
+  CHECK(with_rope("null").type.get() == rope_type::none);
+  CHECK(with_rope(R"({"rope_type": "default"})").type.get() == rope_type::none);
+  const auto linear = with_rope(R"({"type": "linear", "factor": 2.0})");  // the older key
+  CHECK(linear.type.get() == rope_type::linear);
+  CHECK(linear.factor.get() == 2.0);
+  CHECK(with_rope(R"({"type": "dynamic", "factor": 4})").type.get() == rope_type::dynamic_ntk);
+  const auto l3 = with_rope(R"({"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"})");
+  CHECK(l3.type.get() == rope_type::llama3);
+  CHECK(l3.factor.get() == 32.0);
+  CHECK(l3.low_freq_factor.get() == 1.0);
+  CHECK(l3.high_freq_factor.get() == 4.0);
+  CHECK(l3.original_max_positions.get() == 8192);
+  CHECK_THROWS_WITH(with_rope(R"({"rope_type": "yarn", "factor": 4.0})"),
+                    Catch::Contains("rope_scaling.rope_type: \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(with_rope(R"({"rope_type": "llama3", "factor": 8.0})"),
+                    Catch::Contains("rope_scaling.low_freq_factor: missing (needed by rope type \"llama3\")"));
+}
+
+TEST_CASE("a malformed config.json is refused naming the file, the field and the fix", "[spec][hf_config]") {
+  CHECK(error_of(R"({"model_type": "llama", "hidden_size": 4096,)")
+            .starts_with("megadsl: models/x/config.json: not valid JSON: "));
+  CHECK(error_of("[1]") ==
+        "megadsl: models/x/config.json: expected a JSON object, got [1] (an array); an HF config.json is one "
+        "JSON object");
+  CHECK(error_of(R"({"hidden_size": 4096})") ==
+        "megadsl: models/x/config.json: model_type: missing; megadsl reads Llama-family configs: add "
+        "\"model_type\": \"llama\", \"mistral\" or \"qwen2\"");
+  CHECK(error_of(R"({"model_type": "gpt2"})")
+            .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a Llama-family model; "
+                         "megadsl reads model_type \"llama\", \"mistral\" and \"qwen2\""));
+
+  CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
+        "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
+        "it as a plain JSON integer");
+  CHECK(error_of(edited(minimal, "\"vocab_size\": 1000", "\"vocab_size\": -5")) ==
+        "megadsl: models/x/config.json: vocab_size: expected an integer >= 1, got -5; fix the value in "
+        "config.json");
+  CHECK(error_of(edited(minimal, ", \"vocab_size\": 1000", "")).starts_with("megadsl: models/x/config.json: vocab_size: missing (the vocabulary size)"));
+  CHECK(error_of(edited(minimal, "}", ", \"attention_bias\": true}")).starts_with("megadsl: models/x/config.json: attention_bias: is true: HF Llama then puts "
+                                   "a bias on o_proj"));
+  CHECK(error_of(edited(minimal, "}", ", \"hidden_act\": \"gelu\"}")).starts_with("megadsl: models/x/config.json: hidden_act: is \"gelu\" (a string)"));
+
+  CHECK_THROWS_WITH(megadsl::read_hf_config(data_dir / "no-such-model"),
+                    Catch::Contains("no-such-model: no such file or directory"));
+  CHECK_THROWS_AS(megadsl::read_hf_config(data_dir), config_error);  // a directory without config.json
+}
+
+TEST_CASE("resolve: a declared model against a checkpoint's config.json", "[spec][hf_config]") {
+  const shape from_config = megadsl::read_hf_config(data_dir / "llama3-8b").s;
+
+  SECTION("agreeing static fields, dynamic ones filled in") {
+    CHECK(same_shape(megadsl::resolve(megadsl::llama3_8b::shape, from_config), megadsl::llama3_8b::shape));
+    shape partial = megadsl::llama3_8b::shape;
+    partial.layers = megadsl::dynamic;
+    partial.vocab = megadsl::dynamic;
+    CHECK(same_shape(megadsl::resolve(partial, from_config), megadsl::llama3_8b::shape));
+    CHECK(same_shape(megadsl::resolve(megadsl::dynamic_shape, from_config), from_config));
+  }
+  SECTION("every disagreeing field, named, with both values and the fix") {
+    shape declared = megadsl::llama3_8b::shape;
+    declared.hidden = 2048;
+    declared.layers = megadsl::dynamic;  // dynamic never disagrees
+    declared.rope_theta = 10000.0;
+    declared.tie_embeddings = true;
+    const auto lines = megadsl::mismatches(declared, from_config);
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[0] == "hidden (hidden_size): declared 2048, config.json has 4096");
+    CHECK(lines[1] == "rope_theta (rope_theta): declared 10000.0, config.json has 500000.0");
+    CHECK(lines[2] == "tie_embeddings (tie_word_embeddings): declared true, config.json has false");
+    CHECK_THROWS_WITH(
+        megadsl::resolve(declared, from_config, "ckpt/config.json", "my_model"),
+        "megadsl: my_model does not match ckpt/config.json: hidden (hidden_size): declared 2048, config.json "
+        "has 4096; rope_theta (rope_theta): declared 10000.0, config.json has 500000.0; tie_embeddings "
+        "(tie_word_embeddings): declared true, config.json has false; fix: use the model that matches this "
+        "checkpoint (megadsl presets lists them), or declare these fields `dynamic` so that config.json "
+        "supplies them");
+  }
+  SECTION("compared by meaning: head_dim 0 is hidden / heads; unused rope parameters") {
+    shape explicit_hd = megadsl::llama3_8b::shape;
+    explicit_hd.head_dim = 128;
+    CHECK(megadsl::mismatches(explicit_hd, from_config).empty());
+    explicit_hd.head_dim = 64;
+    CHECK(megadsl::mismatches(explicit_hd, from_config) ==
+          std::vector<std::string>{"head_dim (head_dim): declared 64, config.json has 0 (= hidden / heads = 128)"});
+    shape other_rope = megadsl::llama3_8b::shape;
+    other_rope.rope.factor = 8.0;  // ignored: no rope scaling on either side
+    CHECK(megadsl::mismatches(other_rope, from_config).empty());
+    other_rope.rope.type = rope_type::linear;
+    CHECK(megadsl::mismatches(other_rope, from_config) ==
+          std::vector<std::string>{"rope.type (rope_scaling.rope_type): declared linear, config.json has none"});
+  }
+  SECTION("a different model disagrees everywhere it differs") {
+    const shape qwen = megadsl::read_hf_config(data_dir / "qwen2.5-0.5b").s;
+    CHECK(megadsl::mismatches(megadsl::llama3_8b::shape, qwen).size() == 11);  // head_dim: both 0
+    CHECK_THROWS_AS(megadsl::resolve(megadsl::llama3_8b::shape, qwen), config_error);
+  }
+}
+
+TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_config]") {
+  CHECK(megadsl::to_string(megadsl::tiny_llama3::shape) ==
+        "shape{.hidden = 256, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 688, .vocab = 1000, .head_dim = 0, "
+        ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
+        ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
+        ".tie_embeddings = true}");
+  CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
+        std::string::npos);
+  CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
+}

@@ -1,0 +1,123 @@
+// megadsl: check, describe and plan a Llama-family model under a parallel layout.
+//
+//   megadsl check llama3-8b --tp 8 --pp 4 --sp          exit 0: valid, 1: rules violated, 2: usage
+//   megadsl describe path/to/hf-model --tp 4             per-parameter shard plan
+//   megadsl plan llama3-8b --tp 8 --pp 4 --seq 8192      memory, FLOPs, communication
+#include <iostream>
+#include <string_view>
+#include <vector>
+
+#include "cli.hpp"
+#include "megadsl/hf_config.hpp"
+#include "megadsl/plan_report.hpp"
+
+namespace megadsl::cli {
+namespace {
+
+constexpr std::string_view usage = R"(usage: megadsl <command> MODEL [options]
+
+commands:
+  check MODEL [layout]      validate the model under the layout; exit 0 when valid, 1 with one
+                            line per violated rule (its name, the values, the valid alternatives)
+  describe MODEL [layout]   the shard plan: every parameter's HF name(s), kind, global and per-rank
+                            shape, pipeline stage; the stages' layers; the per-rank fused QKV
+  plan MODEL [layout] [--seq N] [--micro-batch N]
+                            memory per rank, FLOPs per token, communication per step
+  presets                   the preset models and their published parameter counts
+  help                      this text
+
+MODEL is a preset name (megadsl presets), an HF model directory, or its config.json
+(model_type llama, mistral or qwen2). A path that looks like a preset name: write ./name.
+
+layout:
+  --tp N                    tensor-parallel degree (default 1)
+  --pp N                    pipeline-parallel degree (default 1)
+  --vpp N                   virtual pipeline chunks per pipeline rank (default 1)
+  --first-stage-layers N    layers on the first pipeline stage (default 0: even split)
+  --last-stage-layers N     layers on the last pipeline stage (default 0: even split)
+  --sp                      sequence parallelism (needs tp > 1)
+  --rmpad                   remove padding (packed sequences)
+  --vocab-pad-multiple N    vocab padded to a multiple of N * tp (default 128)
+  --critic                  value model (value head h -> 1) instead of the LM head
+  --no-value-bias           with --critic: the value head has no bias
+run facts (checked when given):
+  --world N                 number of ranks (a multiple of tp * pp)
+  --global-batch N          sequences per step (a multiple of micro batch * dp)
+  --micro-batch N           sequences per micro-batch
+  --microbatches N          micro-batches per step and dp rank (a multiple of pp when vpp > 1)
+other:
+  --config PATH             with a preset: check that PATH (config.json or its directory)
+                            matches the preset field by field, then use it
+  --seq N                   plan: tokens per sequence (default 4096)
+
+exit status: 0 ok, 1 invalid model or layout (or --config disagrees), 2 unusable command line or
+input file.
+)";
+
+}  // namespace
+
+int cmd_plan(const options& o, std::ostream& out, std::ostream& err) {
+  const model_arg m = load_model(o);
+  if (!validate(m, o, err)) return exit_invalid;
+  plan_options p;
+  p.seq = o.seq;
+  p.micro_batch = o.facts.micro_batch.is_static() ? o.facts.micro_batch.get() : 1;
+  p.world = o.facts.world.is_static() ? o.facts.world.get() : 0;
+  p.actor = o.head.actor;
+  p.value_bias = o.head.value_bias;
+  print_plan(out, m.name, m.s, o.l, p);
+  return exit_ok;
+}
+
+int run(const std::vector<std::string_view>& args, std::ostream& out, std::ostream& err) {
+  if (args.empty()) {
+    err << usage;
+    return exit_usage;
+  }
+  const std::string_view command = args[0];
+  const std::vector<std::string_view> rest(args.begin() + 1, args.end());
+  if (command == "help" || command == "--help" || command == "-h") {
+    out << usage;
+    return exit_ok;
+  }
+  for (std::string_view a : rest)
+    if (a == "--help" || a == "-h") {
+      out << usage;
+      return exit_ok;
+    }
+  try {
+    if (command == "presets") {
+      if (!rest.empty()) throw usage_error("megadsl presets takes no arguments");
+      return cmd_presets(out);
+    }
+    if (command == "check") return cmd_check(parse_args(command, rest), out, err);
+    if (command == "describe") return cmd_describe(parse_args(command, rest), out, err);
+    if (command == "plan") return cmd_plan(parse_args(command, rest), out, err);
+    throw usage_error("megadsl: unknown command '" + std::string(command) +
+                      "'; the commands are check, describe, plan, presets, help");
+  } catch (const usage_error& e) {
+    err << e.what() << '\n';
+    return exit_usage;
+  } catch (const config_error& e) {
+    err << e.what() << '\n';
+    return exit_usage;
+  } catch (const mismatch_error& e) {
+    err << e.what() << '\n';
+    return exit_invalid;
+  } catch (const std::invalid_argument& e) {  // a rule, thrown by require_valid inside a command
+    err << e.what() << '\n';
+    return exit_invalid;
+  }
+}
+
+}  // namespace megadsl::cli
+
+int main(int argc, char** argv) {
+  std::vector<std::string_view> args(argv + 1, argv + argc);
+  try {
+    return megadsl::cli::run(args, std::cout, std::cerr);
+  } catch (const std::exception& e) {
+    std::cerr << "megadsl: internal error: " << e.what() << '\n';
+    return 3;
+  }
+}
