@@ -1,0 +1,12 @@
+// megadsl: the umbrella header (spec and runtime). Spec-only code includes
+// megadsl/spec.hpp instead, which pulls in no LibTorch.
+#pragma once
+
+#include "megadsl/spec.hpp"
+
+#include "megadsl/layers/vocab_parallel.hpp"
+#include "megadsl/parallel/distributed.hpp"
+#include "megadsl/parallel/launcher.hpp"
+#include "megadsl/parallel/mappings.hpp"
+#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/shard_io.hpp"
