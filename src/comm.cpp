@@ -55,9 +55,11 @@ comm_group::~comm_group() = default;
 
 void comm_group::fail(const char* op, const std::exception& e) const {
   std::ostringstream os;
+  std::string backend = e.what();
+  if (auto cut = backend.find("\nException raised from"); cut != std::string::npos) backend.resize(cut);
   os << "megadsl: " << op << " over the " << name_ << " group " << list(ranks_) << " failed on rank "
      << ranks_[static_cast<std::size_t>(index_)] << ": " << diagnose_peers(store_, ranks_, ranks_[static_cast<std::size_t>(index_)])
-     << ". (timeout " << timeout_.count() / 1000.0 << " s; backend said: " << e.what() << ")";
+     << " (timeout " << timeout_.count() / 1000.0 << " s; backend: " << backend << ")";
   throw std::runtime_error(os.str());
 }
 
@@ -112,6 +114,40 @@ void comm_group::broadcast(at::Tensor& t, int root_index) const {
   o.rootRank = root_index;
   o.timeout = timeout_;
   run("broadcast", t.numel() * t.element_size(), [&](auto& g) { return g.broadcast(ts, o); });
+}
+
+comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, int tag) const {
+  pending_send p;
+  p.group_ = this;
+  p.tensor_ = t.contiguous();
+  global_comm_stats().calls += 1;
+  global_comm_stats().bytes += p.tensor_.numel() * p.tensor_.element_size();
+  std::vector<at::Tensor> ts{p.tensor_};
+  try {
+    auto work = impl_->gloo->send(ts, dst_index, tag);
+    p.work_ = std::shared_ptr<void>(new c10::intrusive_ptr<compat::work>(std::move(work)),
+                                    [](void* w) { delete static_cast<c10::intrusive_ptr<compat::work>*>(w); });
+  } catch (const std::exception& e) {
+    fail("send", e);
+  }
+  return p;
+}
+
+void comm_group::pending_send::wait() {
+  if (work_ == nullptr) return;
+  try {
+    (*static_cast<c10::intrusive_ptr<compat::work>*>(work_.get()))->wait(group_->timeout_);
+  } catch (const std::exception& e) {
+    group_->fail("send", e);
+  }
+  work_.reset();
+  tensor_ = at::Tensor();
+}
+
+void comm_group::recv(at::Tensor& into, int src_index, int tag) const {
+  TORCH_CHECK(into.is_contiguous(), "megadsl: recv needs a contiguous buffer");
+  std::vector<at::Tensor> ts{into};
+  run("recv", 0, [&](auto& g) { return g.recv(ts, src_index, tag); });
 }
 
 void comm_group::barrier() const {

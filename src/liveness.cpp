@@ -69,7 +69,7 @@ std::string diagnose_peers(const c10::intrusive_ptr<c10d::Store>& store,
     for (const auto& [peer, count] : before)
       if (after.at(peer) == count) dead << (dead.tellp() > 0 ? ", " : "") << peer;
     if (dead.tellp() > 0) return "rank " + dead.str() + " stopped responding (process died or hung)";
-    return "every peer is alive: a peer has not reached this collective in time (mismatched collectives, or it is slow)";
+    return "every peer is alive (a peer is slow or issued a different collective, or the backend refused the call)";
   } catch (const std::exception&) {
     return "rank 0 (which hosts the rendezvous store) is gone";
   }

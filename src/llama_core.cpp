@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -40,13 +41,75 @@ struct layer_weights {
   at::Tensor attn_norm, qkv, qkv_bias, o_proj, mlp_norm, gate_up, down;
 };
 
+// One virtual pipeline chunk of this rank: global stage chunk * pp + pp_rank.
+struct chunk_info {
+  std::int64_t first_layer = 0, count = 0;
+  bool first_stage = false;  // holds the embedding
+  bool last_stage = false;   // holds the final norm and the head
+};
+
+// One step of a pipeline schedule on this rank.
+struct compute_step {
+  bool forward;
+  std::int64_t microbatch;
+  std::int64_t chunk;
+};
+
+// Megatron's compute order (reference §4): no pipelining, 1F1B, interleaved 1F1B.
+std::vector<compute_step> compute_order(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
+  std::vector<compute_step> out;
+  if (pp == 1) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      out.push_back({true, i, 0});
+      out.push_back({false, i, 0});
+    }
+    return out;
+  }
+  if (vpp == 1) {
+    const std::int64_t warmup = std::min(pp - rank - 1, m), steady = m - warmup;
+    for (std::int64_t i = 0; i < warmup; ++i) out.push_back({true, i, 0});
+    for (std::int64_t i = 0; i < steady; ++i) {
+      out.push_back({true, warmup + i, 0});
+      out.push_back({false, i, 0});
+    }
+    for (std::int64_t i = steady; i < m; ++i) out.push_back({false, i, 0});
+    return out;
+  }
+  // Interleaved, microbatch groups of pp (microbatch_group_size_per_vp_stage = pp).
+  std::vector<std::pair<std::int64_t, std::int64_t>> table;  // (microbatch, chunk) of forward step k
+  for (std::int64_t g = 0; g < m; g += pp)
+    for (std::int64_t c = 0; c < vpp; ++c)
+      for (std::int64_t i = g; i < std::min(g + pp, m); ++i) table.emplace_back(i, c);
+  const std::int64_t total = m * vpp;
+  const std::int64_t warmup = std::min(2 * (pp - rank - 1) + (vpp - 1) * pp, total);
+  auto fwd = [&](std::int64_t k) { out.push_back({true, table[static_cast<std::size_t>(k)].first, table[static_cast<std::size_t>(k)].second}); };
+  auto bwd = [&](std::int64_t k) {
+    out.push_back({false, table[static_cast<std::size_t>(k)].first, vpp - 1 - table[static_cast<std::size_t>(k)].second});
+  };
+  for (std::int64_t k = 0; k < warmup; ++k) fwd(k);
+  for (std::int64_t k = 0; k < total - warmup; ++k) {
+    fwd(warmup + k);
+    bwd(k);
+  }
+  for (std::int64_t k = total - warmup; k < total; ++k) bwd(k);
+  return out;
+}
+
 template <bool Tp>
 class llama_core final : public llama_core_base {
  public:
-  llama_core(const runtime_config& c, parallel_groups& g) : cfg_(c), plans_(plan_params(c.s, c.l, c.head)) {
-    if (c.l.pp.get() != 1)
-      throw std::invalid_argument(
-          "megadsl: this runtime runs pp = 1; pipeline stages and schedules are tracked in the pipeline issue");
+  llama_core(const runtime_config& c, parallel_groups& g)
+      : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g) {
+    pp_size_ = c.l.pp.get();
+    pp_rank_ = g.pp->rank();
+    if (g.pp->size() != pp_size_)
+      throw std::invalid_argument("megadsl: the pp group has " + std::to_string(g.pp->size()) +
+                                  " ranks but the layout says pp = " + std::to_string(pp_size_));
+    for (std::int64_t chunk = 0; chunk < c.l.vpp.get(); ++chunk) {
+      const stage_range r = chunk_layers(c.s, c.l, pp_rank_, chunk);
+      chunks_.push_back({r.first_layer, r.count, pp_rank_ == 0 && chunk == 0,
+                         pp_rank_ == pp_size_ - 1 && chunk == c.l.vpp.get() - 1});
+    }
     if constexpr (Tp) {
       tp_ = g.tp.get();
       tp_size_ = tp_->size();
@@ -62,28 +125,193 @@ class llama_core final : public llama_core_base {
   const runtime_config& config() const override { return cfg_; }
   std::vector<named_parameter>& parameters() override { return params_; }
 
+  model_output forward(const batch& b, const forward_options& o) override {
+    const micro_input in = prepare(b);
+    if (pp_size_ == 1) {
+      const at::Tensor hidden = run_chunk(0, in, {});
+      return head(hidden, in, o);
+    }
+    // Inference through the stages in order; the last stage broadcasts its outputs.
+    at::NoGradGuard no_grad;
+    model_output out;
+    for (std::int64_t c = 0; c < static_cast<std::int64_t>(chunks_.size()); ++c) {
+      at::Tensor input;
+      if (!chunks_[static_cast<std::size_t>(c)].first_stage) input = receive(in, c, 0, /*forward=*/true);
+      const at::Tensor hidden = run_chunk(c, in, input);
+      if (chunks_[static_cast<std::size_t>(c)].last_stage) out = head(hidden, in, o);
+      else sends_.push_back(send(hidden, c, 0, /*forward=*/true));
+    }
+    wait_sends();
+    return broadcast_outputs(out, in, o);
+  }
+
+  double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
+                          const forward_options& o) override {
+    const auto m = static_cast<std::int64_t>(microbatches.size());
+    if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
+    const std::int64_t vpp = cfg_.l.vpp.get();
+    require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
+    std::vector<micro_input> inputs;
+    inputs.reserve(microbatches.size());
+    for (const batch& b : microbatches) inputs.push_back(prepare(b));
+    // Per (microbatch, chunk): the chunk's input (a leaf when received) and its output.
+    std::vector<at::Tensor> chunk_in(static_cast<std::size_t>(m * vpp)), chunk_out(static_cast<std::size_t>(m * vpp));
+    at::Tensor total_loss = at::zeros({1}, at::kDouble);
+    for (const compute_step& st : compute_order(pp_size_, pp_rank_, m, vpp)) {
+      const auto slot = static_cast<std::size_t>(st.microbatch * vpp + st.chunk);
+      const chunk_info& ch = chunks_[static_cast<std::size_t>(st.chunk)];
+      const micro_input& in = inputs[static_cast<std::size_t>(st.microbatch)];
+      if (st.forward) {
+        if (!ch.first_stage) chunk_in[slot] = receive(in, st.chunk, st.microbatch, true).requires_grad_(true);
+        at::Tensor hidden = run_chunk(st.chunk, in, chunk_in[slot]);
+        if (ch.last_stage) {
+          const at::Tensor l = loss(head(hidden, in, o), st.microbatch);
+          total_loss += l.detach().to(at::kDouble).reshape({1});
+          chunk_out[slot] = l;
+        } else {
+          sends_.push_back(send(hidden, st.chunk, st.microbatch, true));
+          chunk_out[slot] = hidden;
+        }
+      } else {
+        if (ch.last_stage) {
+          chunk_out[slot].backward();
+        } else {
+          at::Tensor grad = at::empty_like(chunk_out[slot]);
+          grad = receive(in, st.chunk, st.microbatch, false);
+          chunk_out[slot].backward(grad);
+        }
+        if (!ch.first_stage) sends_.push_back(send(chunk_in[slot].grad(), st.chunk, st.microbatch, false));
+        chunk_in[slot] = chunk_out[slot] = at::Tensor();  // free the micro-batch's activations
+      }
+    }
+    wait_sends();
+    // The loss lives on the last stage: share it with the pipeline.
+    groups_->pp->broadcast(total_loss, static_cast<int>(pp_size_ - 1));
+    return total_loss.item<double>();
+  }
+
   void finalize_grads() override {
-    if constexpr (Tp) {
-      for (auto& p : params_) {
-        if (!p.tensor.grad().defined()) continue;
-        at::Tensor g = p.tensor.grad();
+    for (auto& p : params_) {
+      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+      at::Tensor g = p.tensor.grad();
+      groups_->dp->all_reduce(g);
+      if constexpr (Tp) {
         if (p.sequence_parallel) tp_->all_reduce(g);
         if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
       }
     }
+    // Tied embeddings across stages: the first stage's embedding and the last stage's copy.
+    if (tied_copy_ != nullptr || (embed_param_ != nullptr && cfg_.s.tie_embeddings.get() && cfg_.head.actor && pp_size_ > 1)) {
+      named_parameter* p = tied_copy_ != nullptr ? tied_copy_ : embed_param_;
+      if (tied_copy_ != nullptr && embed_param_ != nullptr) {
+        // pp = 1 never gets here; one rank holding both is impossible with pp > 1.
+        throw std::logic_error("megadsl: a rank holds both ends of a tied embedding");
+      }
+      at::Tensor g = p->tensor.grad();
+      groups_->embedding->all_reduce(g);
+    }
   }
 
-  model_output forward(const batch& b, const forward_options& o) override {
+  double grad_norm() override {
+    at::Tensor sq = at::zeros({1}, at::kDouble);
+    for (auto& p : params_) {
+      if (!p.tensor.grad().defined()) continue;
+      at::Tensor g = p.tensor.grad().to(at::kDouble);
+      if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_ && !owns_kv()) {
+        // kv rows are replicas here: count only this rank's query rows.
+        g = g.narrow(0, 0, qkv_.q_per_group * qkv_.head_dim);
+      }
+      if (p.counted_in_norm || p.plan->row->kind == shard_kind::fused_qkv) sq += g.pow(2).sum();
+    }
+    if constexpr (Tp) tp_->all_reduce(sq);
+    groups_->pp->all_reduce(sq);
+    return std::sqrt(sq.item<double>());
+  }
+
+ private:
+  struct micro_input {
+    packed_tokens pk;
+    rope_tables rope;
+  };
+
+  micro_input prepare(const batch& b) const {
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}};
+    const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1);
+    in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
+    return in;
+  }
+
+  // Hidden states between stages: (T'/tp, h) under SP, else (T', h).
+  at::Tensor hidden_buffer(const micro_input& in) const {
+    const std::int64_t rows = sp_ ? in.pk.ids.size(0) / tp_size_ : in.pk.ids.size(0);
+    return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(cfg_.options.dtype));
+  }
+
+  // Point-to-point tags: one per (micro-batch, global stage, direction).
+  int tag(std::int64_t chunk, std::int64_t microbatch, bool forward) const {
+    const std::int64_t stage = chunk * pp_size_ + pp_rank_;
+    const std::int64_t stages = pp_size_ * cfg_.l.vpp.get();
+    return static_cast<int>((microbatch * stages + stage) * 2 + (forward ? 0 : 1));
+  }
+
+  // Forward: from the previous global stage; backward: from the next.
+  at::Tensor receive(const micro_input& in, std::int64_t chunk, std::int64_t microbatch, bool forward) {
+    at::Tensor buf = hidden_buffer(in);
+    const std::int64_t peer = forward ? (pp_rank_ - 1 + pp_size_) % pp_size_ : (pp_rank_ + 1) % pp_size_;
+    // The sender tagged with its own stage: the neighbour's.
+    const std::int64_t sender_chunk = forward ? (pp_rank_ == 0 ? chunk - 1 : chunk) : (pp_rank_ == pp_size_ - 1 ? chunk + 1 : chunk);
+    const std::int64_t sender_stage = sender_chunk * pp_size_ + peer;
+    const std::int64_t stages = pp_size_ * cfg_.l.vpp.get();
+    groups_->pp->recv(buf, static_cast<int>(peer), static_cast<int>((microbatch * stages + sender_stage) * 2 + (forward ? 0 : 1)));
+    return buf;
+  }
+
+  comm_group::pending_send send(const at::Tensor& t, std::int64_t chunk, std::int64_t microbatch, bool forward) {
+    const std::int64_t peer = forward ? (pp_rank_ + 1) % pp_size_ : (pp_rank_ - 1 + pp_size_) % pp_size_;
+    return groups_->pp->send(t.detach(), static_cast<int>(peer), tag(chunk, microbatch, forward));
+  }
+
+  void wait_sends() {
+    for (auto& s : sends_) s.wait();
+    sends_.clear();
+  }
+
+  // Outputs of the last stage, broadcast over the pipeline (inference with pp > 1).
+  model_output broadcast_outputs(model_output out, const micro_input& in, const forward_options& o) {
+    const std::int64_t b = in.pk.batch, s = in.pk.seq;
+    const int root = static_cast<int>(pp_size_ - 1);
+    auto share = [&](at::Tensor& t, std::vector<std::int64_t> shape, at::ScalarType dtype) {
+      if (!t.defined()) t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+      at::Tensor wire = t.to(dtype == at::kBool ? at::kByte : dtype).contiguous();  // Gloo has no bool
+      groups_->pp->broadcast(wire, root);
+      t = wire.to(dtype);
+    };
+    share(out.valid, {b, s}, at::kBool);
+    if (cfg_.head.actor) {
+      share(out.log_probs, {b, s}, at::kFloat);
+      if (o.entropy) share(out.entropy, {b, s}, at::kFloat);
+      if (o.return_logits) share(out.logits, {b, s, cfg_.s.vocab.get()}, at::kFloat);
+    } else {
+      share(out.values, {b, s}, at::kFloat);
+    }
+    return out;
+  }
+
+  // The chunk's layers; on the first stage from the token ids, else from `input`.
+  at::Tensor run_chunk(std::int64_t chunk, const micro_input& in, const at::Tensor& input) {
+    const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
+    at::Tensor x = ch.first_stage ? embed(in.pk.ids) : input;  // (T'/tp or T', h)
+    for (std::int64_t i = 0; i < ch.count; ++i)
+      x = decoder_layer(x, layers_[static_cast<std::size_t>(ch.first_layer + i)], in.pk, in.rope);
+    return x;
+  }
+
+  // Final norm and head on the last stage: per-token outputs scattered back to (b, s).
+  model_output head(const at::Tensor& hidden, const micro_input& in, const forward_options& o) {
     const shape& s = cfg_.s;
-    const packed_tokens pk = pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, s.vocab.get());
-    const std::int64_t tokens = pk.tokens;  // real tokens (T); pk.ids has T' >= T rows
-
-    at::Tensor x = embed(pk.ids);  // (T'/tp or T', h)
-    const at::Tensor inv_freq = rope_inv_freq(s, pk.max_position + 1);
-    const rope_tables rope = rope_for_positions(inv_freq, pk.positions.narrow(0, 0, tokens), s);
-    for (const layer_weights& w : layers_) x = decoder_layer(x, w, pk, rope);
-    x = rms_norm(x, final_norm_, s.rms_eps);
-
+    const packed_tokens& pk = in.pk;
+    const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
+    const at::Tensor x = rms_norm(hidden, final_norm_, s.rms_eps);
     model_output out;
     if (cfg_.head.actor) {
       at::Tensor logits = column(x, lm_head_, {}).narrow(0, 0, tokens);  // (T, V'/tp)
@@ -110,7 +338,8 @@ class llama_core final : public llama_core_base {
     return out;
   }
 
- private:
+  bool owns_kv() const { return (tp_rank_ * cfg_.s.kv_heads.get()) % tp_size_ == 0; }
+
   // With kv_heads < tp a kv head lives on tp / kv_heads ranks, each of which sees only the
   // gradient from its own query heads: the copies' k/v gradients are summed, so they stay equal.
   void sum_kv_replicas(at::Tensor& grad) {
@@ -172,34 +401,54 @@ class llama_core final : public llama_core_base {
     return after_attn + row(swiglu(column(h2, w.gate_up, {})), w.down);
   }
 
+  bool holds(const param_row& row, std::int64_t layer) const {
+    switch (row.where) {
+      case placement::first_stage: return chunks_.front().first_stage;
+      case placement::last_stage: return chunks_.back().last_stage;
+      case placement::layer:
+        for (const chunk_info& c : chunks_)
+          if (layer >= c.first_layer && layer < c.first_layer + c.count) return true;
+        return false;
+    }
+    return false;
+  }
+
   void build_parameters() {
     const shape& s = cfg_.s;
     const layout& l = cfg_.l;
     qkv_ = qkv_layout(s, l, tp_rank_);
     layers_.resize(static_cast<std::size_t>(s.layers.get()));
     const bool sp = cfg_.l.sp.get();
+    params_.reserve(plans_.count * static_cast<std::size_t>(s.layers.get()));
     for (const param_plan& p : plans_) {
       const param_row& row = *p.row;
       const std::int64_t count = row.where == placement::layer ? s.layers.get() : 1;
       for (std::int64_t layer = 0; layer < count; ++layer) {
+        if (!holds(row, layer)) continue;
+        // A tied lm_head sharing a rank with the embedding is the very same tensor (pp = 1).
+        if (p.tied && chunks_.front().first_stage) {
+          bind_parameter(row.name, layer, embed_);
+          continue;
+        }
         std::vector<at::Tensor> hf;
         for (int i = 0; i < row.hf_count; ++i) {
-          // A tied lm_head is the embedding: its initial values are the embedding's.
+          // A tied lm_head's copy (pp > 1) starts from the embedding's values.
           const std::string_view source = p.tied ? std::string_view("model.embed_tokens.weight") : row.hf[static_cast<std::size_t>(i)];
           hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options));
         }
-        at::Tensor t;
-        if (p.tied) t = embed_;  // pp = 1: the very same tensor (one gradient)
-        else t = shard_from_hf(p, s, l, tp_rank_, hf).set_requires_grad(true);
-        bind(row.name, layer, t);
-        if (!p.tied)
-          params_.push_back({with_layer(row.name, layer), t, &p,
-                             sp && row.kind == shard_kind::replicated});
+        at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).set_requires_grad(true);
+        bind_parameter(row.name, layer, t);
+        // Each element once in the gradient norm: tp-sharded on every rank, replicated on tp rank 0.
+        const bool counted = !p.tied && (p.split_dim >= 0 || tp_rank_ == 0);
+        params_.push_back({with_layer(row.name, layer), t, &p, sp && row.kind == shard_kind::replicated, counted});
       }
     }
+    for (auto& p : params_) {
+      if (p.plan->tied) tied_copy_ = &p;
+      if (p.plan->row->name == "embed.weight") embed_param_ = &p;
+    }
   }
-
-  void bind(std::string_view name, std::int64_t layer, const at::Tensor& t) {
+  void bind_parameter(std::string_view name, std::int64_t layer, const at::Tensor& t) {
     auto& w = layers_[static_cast<std::size_t>(layer)];
     if (name == "embed.weight") embed_ = t;
     else if (name == "layers.{layer}.attn_norm.weight") w.attn_norm = t;
@@ -218,6 +467,12 @@ class llama_core final : public llama_core_base {
 
   runtime_config cfg_;
   param_list plans_;
+  parallel_groups* groups_ = nullptr;
+  std::int64_t pp_size_ = 1, pp_rank_ = 0;
+  std::vector<chunk_info> chunks_;
+  std::vector<comm_group::pending_send> sends_;
+  named_parameter* tied_copy_ = nullptr;    // last stage's copy of a tied embedding (pp > 1)
+  named_parameter* embed_param_ = nullptr;  // first stage's embedding
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
   bool sp_ = false;

@@ -66,7 +66,8 @@ void check_against_reference(bool left_padding) {
     CHECK(max_abs_diff(r.values, o.values) <= tol);
   }
   probe_loss(r, Actor).backward();
-  probe_loss(o, Actor).backward();
+  // Every dp replica saw the whole batch: each takes 1/dp of the loss, as the dp sum expects.
+  (probe_loss(o, Actor) / static_cast<double>(groups.grid.dp)).backward();
   model.finalize_grads();
   const auto ref_grads = gather_hf_tensors(ref.parameters(), ref.config(), nullptr, true);
   const auto got_grads = gather_hf_tensors(model.parameters(), model.config(), groups.tp.get(), true);

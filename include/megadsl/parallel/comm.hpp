@@ -58,6 +58,24 @@ class comm_group {
   void broadcast(at::Tensor& t, int root_index) const;
   void barrier() const;
 
+  // Point to point inside the group (pipeline stages). `send` returns at once; the returned
+  // handle keeps the tensor alive until `wait`. `recv` blocks (with the group's timeout) and
+  // fills `into`, whose shape both sides know.
+  class pending_send {
+   public:
+    pending_send() = default;
+    void wait();
+    [[nodiscard]] bool empty() const { return work_ == nullptr; }
+
+   private:
+    friend class comm_group;
+    const comm_group* group_ = nullptr;
+    at::Tensor tensor_;
+    std::shared_ptr<void> work_;
+  };
+  [[nodiscard]] pending_send send(const at::Tensor& t, int dst_index, int tag) const;
+  void recv(at::Tensor& into, int src_index, int tag) const;
+
  private:
   template <class Op>
   void run(const char* op, std::int64_t bytes, Op&& issue) const;

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,11 +51,16 @@ struct model_output {
   at::Tensor valid;      // (b, s) bool: where log_probs (actor) or values (critic) are defined
 };
 
+// The loss of micro-batch `index` from its outputs, on the last pipeline stage. It should already
+// be normalised the way the step wants it summed (e.g. divided by the global token count).
+using loss_function = std::function<at::Tensor(const model_output& out, std::int64_t index)>;
+
 struct named_parameter {
   std::string name;          // e.g. "layers.3.qkv.weight"
   at::Tensor tensor;         // this rank's shard (local shape of the plan)
   const param_plan* plan;    // how it is sharded
   bool sequence_parallel;    // gradient is partial per tp rank under SP (finalize_grads sums it)
+  bool counted_in_norm;      // false for copies (replicated on other tp ranks, tied copy, kv replica)
 };
 
 struct runtime_config {
@@ -70,8 +76,11 @@ class llama_core_base {
  public:
   virtual ~llama_core_base() = default;
   virtual model_output forward(const batch& b, const forward_options& o) = 0;
+  virtual double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
+                                  const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
   virtual void finalize_grads() = 0;
+  virtual double grad_norm() = 0;
   virtual const runtime_config& config() const = 0;
 };
 
@@ -102,11 +111,28 @@ class llama_model {
                                    head_of<Spec::head>(), options),
             groups)) {}
 
+  // Outputs for the whole batch on every rank. With pp = 1 they carry the autograd graph (call
+  // backward on anything computed from them); with pp > 1 this is inference (no graph) and the
+  // last stage's outputs are broadcast over the pipeline.
   model_output forward(const batch& b, const forward_options& o = {}) { return core_->forward(b, o); }
+
+  // Forward and backward of every micro-batch in the pipeline schedule of the layout (no
+  // pipelining, 1F1B, or interleaved 1F1B), accumulating gradients; returns the summed loss
+  // (the same on every rank). Call finalize_grads() before the optimizer step.
+  double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
+                          const forward_options& o = {}) {
+    return core_->forward_backward(microbatches, loss, o);
+  }
+
   // This rank's parameters in table order (layers expanded with their global index).
   std::vector<named_parameter>& parameters() { return core_->parameters(); }
-  // Sums over tp the gradients that are partial under SP (norms, value head).
+
+  // Megatron's finalize_model_grads: sum over dp, over tp for SP-partial gradients (norms, value
+  // head) and kv-head replicas, and over the embedding group for tied embeddings across stages.
   void finalize_grads() { core_->finalize_grads(); }
+
+  // Global gradient 2-norm over tp and pp, each parameter element counted once.
+  double grad_norm() { return core_->grad_norm(); }
   const runtime_config& config() const { return core_->config(); }
 
  private:

@@ -1,0 +1,99 @@
+// The training step of an RLHF actor (PPO clipped policy loss, optional entropy bonus and KL
+// penalty) or critic (clipped value loss): micro-batches through the pipeline schedule, gradients
+// finalised over dp/tp/pp (and the embedding group), clipped by the global norm, AdamW.
+//
+// Losses are token means over the *global* batch (verl's "token-mean"): each micro-batch's sum is
+// divided by the number of loss tokens across every micro-batch and dp rank, so the result does
+// not depend on how the batch is split, and equals single-process training.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "megadsl/runtime/llama_model.hpp"
+
+namespace megadsl {
+
+enum class kl_estimator : std::int8_t { k1, low_var_kl };  // logp - ref; verl's "low_var_kl" (k3)
+
+struct actor_loss_config {
+  double clip_ratio = 0.2;         // ratio clipped to [1 - c, 1 + c]
+  double entropy_coeff = 0.0;      // loss -= entropy_coeff * entropy
+  double kl_coeff = 0.0;           // loss += kl_coeff * KL(policy || reference)
+  kl_estimator kl = kl_estimator::low_var_kl;
+};
+
+struct critic_loss_config {
+  double value_clip = 0.5;  // v clipped to old_value +- value_clip
+};
+
+struct optimizer_config {
+  double lr = 1e-5;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;  // on matrices only (Megatron: no decay for biases and norms)
+  double clip_grad = 1.0;      // global gradient norm; <= 0 disables clipping
+  // Learning rate and weight decay at a step (samples consumed so far); default: constant.
+  std::function<double(std::int64_t)> lr_at;
+  std::function<double(std::int64_t)> weight_decay_at;
+};
+
+// The global batch, the same tensors on every rank; each dp rank trains on its rows.
+struct rollout_batch {
+  at::Tensor input_ids, attention_mask;  // (B, s)
+  at::Tensor loss_mask;                  // (B, s) 1 where position t's output (log p of token t+1, or value) is trained
+  at::Tensor old_log_probs, advantages;  // actor (B, s)
+  at::Tensor ref_log_probs;              // actor, when kl_coeff > 0
+  at::Tensor old_values, returns;        // critic (B, s)
+};
+
+struct step_metrics {
+  double loss = 0;        // global token-mean loss
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  std::int64_t tokens = 0;  // real tokens of the global batch
+  double seconds = 0;
+  double tokens_per_second = 0;
+};
+
+// Token losses (b, s) of one micro-batch from the model's outputs (exposed for tests).
+at::Tensor actor_token_loss(const model_output& out, const rollout_batch& mb, const actor_loss_config& c);
+at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, const critic_loss_config& c);
+
+// Rows [begin, end) of every defined tensor of the batch.
+rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end);
+
+namespace detail {
+class trainer_impl;
+}
+
+class trainer {
+ public:
+  // `model` is an llama_model<Spec>'s core view; use make_trainer below.
+  trainer(std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward,
+          std::vector<named_parameter>& params, std::function<void()> finalize,
+          std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
+          const optimizer_config& opt, const actor_loss_config& actor_cfg, const critic_loss_config& critic_cfg);
+  ~trainer();
+
+  // One optimizer step on the global batch, split over dp ranks, then into `microbatches`.
+  step_metrics step(const rollout_batch& global, std::int64_t microbatches);
+  [[nodiscard]] std::int64_t steps_done() const;
+  [[nodiscard]] std::int64_t samples_done() const;
+
+ private:
+  std::unique_ptr<detail::trainer_impl> impl_;
+};
+
+template <ModelSpec Spec>
+trainer make_trainer(llama_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
+                     const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
+  return trainer(
+      [&model](const std::vector<batch>& mbs, const loss_function& loss) { return model.forward_backward(mbs, loss); },
+      model.parameters(), [&model] { model.finalize_grads(); }, [&model] { return model.grad_norm(); }, groups,
+      Spec::is_actor, opt, actor_cfg, critic_cfg);
+}
+
+}  // namespace megadsl

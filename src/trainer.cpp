@@ -1,0 +1,152 @@
+#include "megadsl/runtime/trainer.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <stdexcept>
+
+namespace megadsl {
+
+at::Tensor actor_token_loss(const model_output& out, const rollout_batch& mb, const actor_loss_config& c) {
+  const at::Tensor logp = out.log_probs;
+  const at::Tensor ratio = at::exp(logp - mb.old_log_probs);
+  const at::Tensor a = mb.advantages;
+  at::Tensor loss = at::max(-a * ratio, -a * at::clamp(ratio, 1.0 - c.clip_ratio, 1.0 + c.clip_ratio));
+  if (c.entropy_coeff != 0.0) loss = loss - c.entropy_coeff * out.entropy;
+  if (c.kl_coeff != 0.0) {
+    if (!mb.ref_log_probs.defined()) throw std::invalid_argument("megadsl: kl_coeff > 0 needs ref_log_probs");
+    at::Tensor kl = logp - mb.ref_log_probs;
+    if (c.kl == kl_estimator::low_var_kl) {
+      const at::Tensor d = mb.ref_log_probs - logp;
+      kl = at::clamp(at::exp(d) - d - 1.0, -10.0, 10.0);
+    }
+    loss = loss + c.kl_coeff * kl;
+  }
+  return loss;
+}
+
+at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, const critic_loss_config& c) {
+  const at::Tensor v = out.values;
+  const at::Tensor clipped = mb.old_values + at::clamp(v - mb.old_values, -c.value_clip, c.value_clip);
+  return 0.5 * at::max((v - mb.returns).pow(2), (clipped - mb.returns).pow(2));
+}
+
+rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end) {
+  auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, end - begin) : t; };
+  return {cut(b.input_ids), cut(b.attention_mask), cut(b.loss_mask), cut(b.old_log_probs),
+          cut(b.advantages), cut(b.ref_log_probs), cut(b.old_values), cut(b.returns)};
+}
+
+namespace detail {
+
+class trainer_impl {
+ public:
+  std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward;
+  std::vector<named_parameter>* params = nullptr;
+  std::function<void()> finalize;
+  std::function<double()> grad_norm;
+  const parallel_groups* groups = nullptr;
+  bool actor = true;
+  optimizer_config opt;
+  actor_loss_config actor_cfg;
+  critic_loss_config critic_cfg;
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  std::int64_t steps = 0, samples = 0;
+};
+
+}  // namespace detail
+
+trainer::trainer(std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward,
+                 std::vector<named_parameter>& params, std::function<void()> finalize,
+                 std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
+                 const optimizer_config& opt, const actor_loss_config& actor_cfg,
+                 const critic_loss_config& critic_cfg)
+    : impl_(std::make_unique<detail::trainer_impl>()) {
+  auto& s = *impl_;
+  s.forward_backward = std::move(forward_backward);
+  s.params = &params;
+  s.finalize = std::move(finalize);
+  s.grad_norm = std::move(grad_norm);
+  s.groups = &groups;
+  s.actor = actor;
+  s.opt = opt;
+  s.actor_cfg = actor_cfg;
+  s.critic_cfg = critic_cfg;
+  // Megatron's default: weight decay on matrices, none on biases and norm weights.
+  std::vector<at::Tensor> decayed, plain;
+  for (auto& p : params) (p.tensor.dim() >= 2 ? decayed : plain).push_back(p.tensor);
+  auto options = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(opt.lr).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  param_groups.emplace_back(decayed, options(opt.weight_decay));
+  param_groups.emplace_back(plain, options(0.0));
+  s.adamw = std::make_unique<torch::optim::AdamW>(param_groups, torch::optim::AdamWOptions(opt.lr));
+}
+
+trainer::~trainer() = default;
+std::int64_t trainer::steps_done() const { return impl_->steps; }
+std::int64_t trainer::samples_done() const { return impl_->samples; }
+
+step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches) {
+  auto& s = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t rows = global.input_ids.size(0);
+  const std::int64_t dp = s.groups->dp->size(), dp_rank = s.groups->dp->rank();
+  require_valid(shape{}, layout{}, run_facts{.world = dp, .global_batch = rows, .micro_batch = rows / dp / std::max<std::int64_t>(microbatches, 1)});
+  if (rows % (dp * microbatches) != 0)
+    throw std::invalid_argument("megadsl: global batch " + std::to_string(rows) + " is not divisible by dp " +
+                                std::to_string(dp) + " * microbatches " + std::to_string(microbatches));
+  const rollout_batch mine = slice_rows(global, dp_rank * rows / dp, (dp_rank + 1) * rows / dp);
+  const std::int64_t per_micro = rows / dp / microbatches;
+
+  // Loss tokens of the whole global batch: every rank sees it, so no collective is needed.
+  const double loss_tokens = std::max(1.0, global.loss_mask.sum().item<double>());
+  std::vector<rollout_batch> parts;
+  std::vector<batch> inputs;
+  for (std::int64_t i = 0; i < microbatches; ++i) {
+    parts.push_back(slice_rows(mine, i * per_micro, (i + 1) * per_micro));
+    inputs.push_back({.input_ids = parts.back().input_ids, .attention_mask = parts.back().attention_mask});
+  }
+  const loss_function loss = [&](const model_output& out, std::int64_t index) {
+    const rollout_batch& mb = parts[static_cast<std::size_t>(index)];
+    const at::Tensor tok = s.actor ? actor_token_loss(out, mb, s.actor_cfg) : critic_token_loss(out, mb, s.critic_cfg);
+    return (tok * mb.loss_mask.to(tok.scalar_type())).sum() / loss_tokens;
+  };
+
+  s.adamw->zero_grad();
+  double total = s.forward_backward(inputs, loss);
+  at::Tensor total_t = at::full({1}, total, at::kDouble);
+  s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the token mean
+  s.finalize();
+  const double norm = s.grad_norm();
+  if (s.opt.clip_grad > 0 && norm > s.opt.clip_grad) {
+    const double coeff = s.opt.clip_grad / (norm + 1e-6);
+    for (auto& p : *s.params)
+      if (p.tensor.grad().defined()) p.tensor.mutable_grad().mul_(coeff);
+  }
+  const double lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
+  const double wd = s.opt.weight_decay_at ? s.opt.weight_decay_at(s.samples) : s.opt.weight_decay;
+  auto& groups = s.adamw->param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(groups[g].options());
+    o.lr(lr);
+    if (g == 0) o.weight_decay(wd);
+  }
+  s.adamw->step();
+  ++s.steps;
+  s.samples += rows;
+
+  step_metrics m;
+  m.loss = total_t.item<double>();
+  m.grad_norm = norm;
+  m.lr = lr;
+  m.tokens = global.attention_mask.sum().item<std::int64_t>();
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(m.seconds, 1e-9);
+  return m;
+}
+
+}  // namespace megadsl

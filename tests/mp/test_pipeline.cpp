@@ -1,0 +1,160 @@
+// Pipeline parallelism and the training step: every layout gives the single-process numbers.
+#include "../catch_torch.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "megadsl/runtime/trainer.hpp"
+#include "mp_support.hpp"
+
+namespace megadsl::test {
+namespace {
+
+// 8 layers, so pp 4 x vpp 2 has a layer per chunk; GQA with kv replication at tp 4.
+struct tiny8 : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                           .vocab = 500, .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8";
+};
+struct tiny8_tied : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                .vocab = 500, .max_positions = 256, .qkv_bias = true,
+                                .tie_embeddings = true}> {
+  static constexpr std::string_view name = "tiny8-tied";
+};
+
+template <class M, layout L, bool Actor>
+void check_inference(bool left) {
+  using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
+  using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
+  INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get()
+               << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
+  const model_options opt{.test_init = true};
+  auto single = parallel_groups::single();
+  llama_model<ref_spec> ref(single, opt);
+  auto groups = parallel_groups::build(dist(), L);
+  llama_model<spec> model(groups, opt);
+  const padded_batch pb = make_batch(M::shape.vocab, left);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const model_output r = ref.forward(b), o = model.forward(b);
+  if constexpr (Actor) {
+    CHECK(max_abs_diff(r.log_probs, o.log_probs) <= 1e-5);
+    CHECK(max_abs_diff(r.entropy, o.entropy) <= 1e-5);
+  } else {
+    CHECK(max_abs_diff(r.values, o.values) <= 1e-5);
+  }
+}
+
+// A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
+rollout_batch make_rollout(std::int64_t vocab) {
+  const std::int64_t b = 8, s = 12;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const std::int64_t lengths[b] = {12, 7, 3, 9, 12, 5, 10, 8};
+  at::Tensor ids = at::randint(0, vocab, {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, s - lengths[r], lengths[r]).fill_(1);
+  rollout_batch rb;
+  rb.input_ids = ids.masked_fill(mask == 0, 0);
+  rb.attention_mask = mask;
+  // Train the log-probs of the last 5 tokens (the "response"): positions s-6 .. s-2.
+  rb.loss_mask = at::zeros({b, s}, at::kFloat);
+  rb.loss_mask.narrow(1, s - 6, 5).fill_(1);
+  rb.loss_mask = rb.loss_mask * mask.to(at::kFloat);
+  rb.old_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
+  rb.advantages = at::randn({b, s}, gen);
+  rb.ref_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
+  rb.old_values = 0.1 * at::randn({b, s}, gen);
+  rb.returns = at::randn({b, s}, gen);
+  return rb;
+}
+
+template <class M, layout L, bool Actor>
+void check_training(std::int64_t microbatches) {
+  using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
+  using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
+  INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get()
+               << " vpp=" << L.vpp.get() << " microbatches=" << microbatches);
+  const model_options mopt{.test_init = true};
+  // Adam divides by sqrt(v): an element whose gradient is near zero turns fp32 summation-order
+  // noise (different across layouts) into a relative update difference. At lr 1e-4 five steps
+  // still move the parameters by ~5e-4 (checked below) while that noise stays under 1e-5.
+  const optimizer_config opt{.lr = 1e-4, .weight_decay = 0.01, .clip_grad = 1.0};
+  const actor_loss_config acfg{.clip_ratio = 0.2, .entropy_coeff = 0.01, .kl_coeff = 0.05};
+  const rollout_batch rb = make_rollout(M::shape.vocab);
+
+  auto single = parallel_groups::single();
+  llama_model<ref_spec> ref(single, mopt);
+  trainer ref_trainer = make_trainer(ref, single, opt, acfg);
+  auto groups = parallel_groups::build(dist(), L);
+  llama_model<spec> model(groups, mopt);
+  trainer t = make_trainer(model, groups, opt, acfg);
+
+  for (int step = 0; step < 5; ++step) {
+    const step_metrics a = ref_trainer.step(rb, 1);
+    const step_metrics b = t.step(rb, microbatches);
+    INFO("step " << step);
+    CHECK(std::abs(a.loss - b.loss) <= 1e-5 * std::max(1.0, std::abs(a.loss)));
+    CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * std::max(1.0, a.grad_norm));
+  }
+  const auto want = gather_hf_tensors(ref.parameters(), ref.config(), nullptr, false);
+  const auto got = gather_hf_tensors(model.parameters(), model.config(), groups.tp.get(), false);
+  REQUIRE(!got.empty());
+  double worst = 0;
+  for (const auto& [name, value] : got) {
+    INFO("parameter " << name);
+    REQUIRE(want.count(name) == 1);
+    worst = std::max(worst, max_abs_diff(want.at(name), value));
+    CHECK(max_abs_diff(want.at(name), value) <= 1e-5);
+  }
+  // The parameters moved (the comparison is not between untouched initial values).
+  const auto initial = [&] {
+    llama_model<ref_spec> fresh(single, mopt);
+    return gather_hf_tensors(fresh.parameters(), fresh.config(), nullptr, false);
+  }();
+  double moved = 0;
+  for (const auto& [name, value] : want) moved = std::max(moved, max_abs_diff(initial.at(name), value));
+  INFO("largest difference from single-process training " << worst << ", largest change by training " << moved);
+  CHECK(moved > 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("pipeline inference equals one process: 1F1B stages, interleaved chunks, tp x pp, tied across stages", "[world4][pipeline]") {
+  check_inference<tiny8, layout{.pp = 4}, true>(true);
+  check_inference<tiny8, layout{.pp = 2, .vpp = 2}, true>(false);
+  check_inference<tiny8, layout{.pp = 4, .vpp = 2}, false>(true);
+  check_inference<tiny8, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(true);
+  check_inference<tiny8_tied, layout{.tp = 2, .pp = 2, .sp = true}, true>(false);
+  check_inference<tiny8_tied, layout{.pp = 4, .rmpad = true}, false>(true);
+}
+
+TEST_CASE("five PPO steps under pp 4 x vpp 2 (interleaved) equal single-process training", "[world4][pipeline][training]") {
+  check_training<tiny8, layout{.pp = 4, .vpp = 2}, true>(4);
+  check_training<tiny8_tied, layout{.pp = 4, .vpp = 2}, true>(4);
+  check_training<tiny8, layout{.pp = 4, .vpp = 2}, false>(4);
+  check_training<tiny8_tied, layout{.pp = 4, .vpp = 2, .rmpad = true}, false>(8);
+}
+
+TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training", "[world8][pipeline][training]") {
+  REQUIRE(dist().world() == 8);
+  check_training<tiny8, layout{.tp = 2, .pp = 2}, true>(2);
+  check_training<tiny8_tied, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8, layout{.tp = 2, .pp = 2, .sp = true}, false>(4);
+  check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
+}
+
+TEST_CASE("log-probs do not depend on how the batch is split into micro-batches", "[world4][pipeline]") {
+  auto single = parallel_groups::single();
+  const model_options opt{.test_init = true};
+  llama_model<causal_lm<tiny8, layout{.rmpad = true}>> model(single, opt);
+  const rollout_batch rb = make_rollout(tiny8::shape.vocab);
+  const model_output whole = model.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask});
+  for (std::int64_t parts : {2, 4, 8}) {
+    std::vector<at::Tensor> pieces;
+    for (std::int64_t i = 0; i < parts; ++i) {
+      const rollout_batch mb = slice_rows(rb, i * 8 / parts, (i + 1) * 8 / parts);
+      pieces.push_back(model.forward({.input_ids = mb.input_ids, .attention_mask = mb.attention_mask}).log_probs);
+    }
+    INFO(parts << " micro-batches");
+    CHECK(max_abs_diff(whole.log_probs, at::cat(pieces, 0)) <= 1e-6);
+  }
+}
+
+}  // namespace megadsl::test
