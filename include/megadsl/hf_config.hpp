@@ -4,7 +4,7 @@
 //   auto cfg = megadsl::read_hf_config("Meta-Llama-3-8B");            // a directory or config.json
 //   megadsl::shape s = megadsl::resolve(llama3_8b::shape, cfg.s, cfg.file.string());
 //
-// Implemented in tools/hf_config.cpp (target megadsl_hf_config: nlohmann_json, no LibTorch). Every
+// Implemented in src/spec/hf_config.cpp (target megadsl::core: nlohmann_json, no LibTorch). Every
 // error is a `config_error` whose text names the file, the field and the fix.
 #pragma once
 
@@ -52,6 +52,12 @@ std::vector<std::string> mismatches(const shape& declared, const shape& from_con
 // every mismatch ("hidden (hidden_size): declared 4096, config.json has 2048; ...").
 shape resolve(const shape& declared, const shape& from_config, std::string_view file = "config.json",
               std::string_view model_name = "the declared model");
+
+// The config.json of a fully static shape, as transformers writes it: an actor is
+// `<Family>ForCausalLM`, a critic `<Family>ForTokenClassification` with one label (its value head
+// is `score`). `model_type` is "llama", "mistral" or "qwen2"; qwen2 implies the q/k/v bias.
+std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
+                           std::string_view torch_dtype = "float32");
 
 // `shape{.hidden = 4096, .layers = 32, ...}`: every field, `dynamic` where unknown.
 std::string to_string(const shape& s);

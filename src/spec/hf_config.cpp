@@ -445,4 +445,53 @@ std::string to_string(const shape& s) {
   return out + "}";
 }
 
+std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
+                           std::string_view torch_dtype) {
+  const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral" : "Llama";
+  json j;
+  j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
+  j["model_type"] = std::string(model_type);
+  j["hidden_size"] = s.hidden.get();
+  j["num_hidden_layers"] = s.layers.get();
+  j["num_attention_heads"] = s.heads.get();
+  j["num_key_value_heads"] = s.kv_heads.get();
+  j["intermediate_size"] = s.ffn.get();
+  j["vocab_size"] = s.vocab.get();
+  j["head_dim"] = effective_head_dim(s).get();
+  j["max_position_embeddings"] = s.max_positions.get();
+  j["rms_norm_eps"] = s.rms_eps.get();
+  j["rope_theta"] = s.rope_theta.get();
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = s.tie_embeddings.get();
+  j["torch_dtype"] = std::string(torch_dtype);
+  if (model_type == "llama") {
+    if (s.qkv_bias.get())
+      throw config_error("megadsl: a Llama config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
+    throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
+  }
+  const rope_scaling& r = s.rope;
+  if (r.type.get() == rope_type::none) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    json rs;
+    rs["rope_type"] = std::string(name_of(r.type.get()));
+    rs["factor"] = r.factor.get();
+    if (r.type.get() == rope_type::llama3) {
+      rs["low_freq_factor"] = r.low_freq_factor.get();
+      rs["high_freq_factor"] = r.high_freq_factor.get();
+      rs["original_max_position_embeddings"] = r.original_max_positions.get();
+    }
+    j["rope_scaling"] = rs;
+  }
+  if (critic) {
+    j["num_labels"] = 1;
+    j["id2label"] = {{"0", "LABEL_0"}};
+    j["label2id"] = {{"LABEL_0", 0}};
+  }
+  return j.dump(2) + "\n";
+}
+
 }  // namespace megadsl

@@ -1,0 +1,44 @@
+// HuggingFace checkpoints in and out of any layout (DESIGN §4-§7).
+//
+// Load: config.json is checked against the running model field by field; each rank reads only
+// the slices of its own shards from the memory-mapped safetensors (fused QKV and gate/up
+// assembled per rank, vocab padded, tied embeddings, q/k/v bias, fp32/bf16/fp16 on disk converted
+// to the model's dtype). A critic takes its value head from score.*, v_head.*, value_head.*,
+// reward_head.* or an lm_head.weight of shape (1, h); when none exists the head keeps its
+// initialisation and the report says so.
+// Save: the shards gathered back to HF names and shapes with the true vocab, one safetensors file
+// per pipeline stage (with model.safetensors.index.json when pp > 1) and config.json, every file
+// written atomically. HF -> any layout -> HF is bit-exact.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "megadsl/runtime/llama_model.hpp"
+
+namespace megadsl {
+
+struct hf_load_report {
+  std::vector<std::string> notes;    // e.g. "value head initialised: ..."
+  std::vector<std::string> ignored;  // checkpoint tensors this model does not use (another head)
+};
+
+hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
+                       const parallel_groups& g, const std::filesystem::path& dir);
+
+// `model_type`: "llama", "mistral" or "qwen2"; empty: qwen2 when the model has a q/k/v bias.
+void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
+             const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "");
+
+template <class Spec>
+hf_load_report load_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {
+  return load_hf(model.parameters(), model.config(), g, dir);
+}
+template <class Spec>
+void save_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir,
+             at::ScalarType dtype = at::kFloat, std::string model_type = "") {
+  save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type));
+}
+
+}  // namespace megadsl

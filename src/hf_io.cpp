@@ -1,0 +1,204 @@
+#include "megadsl/runtime/hf_io.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "megadsl/hf_config.hpp"
+#include "megadsl/io/atomic_file.hpp"
+#include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/io/hf_checkpoint.hpp"
+#include "megadsl/io/safetensors.hpp"
+#include "megadsl/runtime/shard_io.hpp"
+
+namespace megadsl {
+namespace {
+
+// The HF names a parameter row reads for one layer.
+std::vector<std::string> hf_names(const param_plan& p, std::int64_t layer) {
+  std::vector<std::string> out;
+  if (p.tied) return {"model.embed_tokens.weight"};
+  for (int i = 0; i < p.row->hf_count; ++i) out.push_back(with_layer(p.row->hf[static_cast<std::size_t>(i)], layer));
+  return out;
+}
+
+std::int64_t layer_of(const named_parameter& p) {
+  if (p.plan->row->where != placement::layer) return 0;
+  const auto first = p.name.find('.') + 1;
+  return std::stoll(p.name.substr(first, p.name.find('.', first) - first));
+}
+
+bool is_value_head_param(const named_parameter& p) { return p.plan->row->name.rfind("value_head.", 0) == 0; }
+
+// Every HF name any rank of this model reads (to tell unexpected tensors from another head's).
+std::set<std::string> expected_names(const runtime_config& c) {
+  std::set<std::string> out;
+  for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
+    if (p.tied || p.row->name.rfind("value_head.", 0) == 0) continue;
+    const std::int64_t layers = p.row->where == placement::layer ? c.s.layers.get() : 1;
+    for (std::int64_t l = 0; l < layers; ++l)
+      for (auto& n : hf_names(p, l)) out.insert(n);
+  }
+  return out;
+}
+
+std::string fail_prefix(const hf_checkpoint& ck) { return "megadsl: " + ck.dir().string() + ": "; }
+
+void copy_into(named_parameter& p, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  if (local.sizes() != p.tensor.sizes())
+    throw checkpoint_error("megadsl: " + p.name + ": a shard of shape " + c10::str(local.sizes()) +
+                           " does not fit the parameter's " + c10::str(p.tensor.sizes()));
+  p.tensor.detach().copy_(local);
+}
+
+}  // namespace
+
+hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
+                       const parallel_groups& g, const std::filesystem::path& dir) {
+  hf_load_report report;
+  const hf_config cfg = read_hf_config(dir);
+  if (const auto diff = mismatches(c.s, cfg.s, cfg.file.string()); !diff.empty()) {
+    std::ostringstream os;
+    os << "megadsl: " << cfg.file.string() << " disagrees with the model: ";
+    for (std::size_t i = 0; i < diff.size(); ++i) os << (i ? "; " : "") << diff[i];
+    throw checkpoint_error(os.str());
+  }
+  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  const std::int64_t tp_rank = g.tp->rank();
+
+  // Unexpected tensors: not this model's, not another head's, not a rotary cache.
+  const std::set<std::string> expected = expected_names(c);
+  std::vector<std::string> unexpected;
+  for (const std::string& n : ck.names()) {
+    if (expected.count(n) != 0) continue;
+    const bool head = n.rfind("lm_head.", 0) == 0 || n.rfind("score.", 0) == 0 || n.rfind("v_head.", 0) == 0 ||
+                      n.rfind("value_head.", 0) == 0 || n.rfind("reward_head.", 0) == 0;
+    if (head) report.ignored.push_back(n);
+    else if (n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
+  }
+  if (!unexpected.empty()) {
+    std::ostringstream os;
+    os << fail_prefix(ck) << unexpected.size() << " unexpected tensor(s) for this " << (c.head.actor ? "actor" : "critic")
+       << " (layers " << c.s.layers.get() << "): ";
+    for (std::size_t i = 0; i < std::min<std::size_t>(unexpected.size(), 5); ++i) os << (i ? ", " : "") << unexpected[i];
+    os << "; is it a checkpoint of another model?";
+    throw checkpoint_error(os.str());
+  }
+
+  // The critic's value head: the first source that exists (DESIGN §7).
+  std::string value_prefix;
+  for (std::string_view prefix : value_head_sources) {
+    const std::string w = std::string(prefix) + ".weight";
+    if (const tensor_info* t = ck.find(w); t != nullptr && t->shape.size() == 2 && t->shape[0] == 1 &&
+                                           t->shape[1] == c.s.hidden.get()) {
+      value_prefix = prefix;
+      break;
+    }
+  }
+  if (!c.head.actor) {
+    if (value_prefix.empty())
+      report.notes.push_back("value head initialised: the checkpoint has none of score.weight, v_head.weight, "
+                             "value_head.weight, reward_head.weight or an lm_head.weight of shape (1, " +
+                             std::to_string(c.s.hidden.get()) + ")");
+    else
+      report.notes.push_back("value head loaded from " + value_prefix + ".*");
+  }
+
+  for (named_parameter& p : params) {
+    std::vector<std::string> names = hf_names(*p.plan, layer_of(p));
+    if (is_value_head_param(p)) {
+      if (value_prefix.empty()) continue;  // keeps its initialisation (reported)
+      const bool bias = p.plan->row->name == "value_head.bias";
+      const std::string n = value_prefix + (bias ? ".bias" : ".weight");
+      if (bias && ck.find(n) == nullptr) {
+        at::NoGradGuard no_grad;
+        p.tensor.detach().zero_();
+        report.notes.push_back("value head bias: " + n + " is not in the checkpoint; set to 0");
+        continue;
+      }
+      names = {n};
+    }
+    std::vector<at::Tensor> sources;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const std::string& n = names[i];
+      if (ck.find(n) == nullptr)
+        throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is missing (needed by " + p.name + ")");
+      const at::Tensor v = ck.view(n);
+      const dims& want = p.plan->hf_shapes[i];
+      const bool ok = want.rank == 1 ? v.dim() == 1 && v.size(0) == want.rows
+                                     : v.dim() == 2 && v.size(0) == want.rows && v.size(1) == want.cols;
+      if (!ok)
+        throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
+                               (want.rank == 1 ? "[" + std::to_string(want.rows) + "]"
+                                               : "[" + std::to_string(want.rows) + ", " + std::to_string(want.cols) + "]"));
+      sources.push_back(v);
+    }
+    copy_into(p, shard_from_hf(*p.plan, c.s, c.l, tp_rank, sources).to(p.tensor.scalar_type()));
+  }
+  return report;
+}
+
+void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
+             const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type) {
+  if (model_type.empty()) model_type = c.s.qkv_bias.get() ? "qwen2" : "llama";
+  const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (named_parameter& p : params) {
+    if (p.plan->tied) continue;  // the last stage's copy of the embedding
+    const auto hf = gather_hf(*p.plan, c.s, c.l, g.tp.get(), p.tensor);  // every tp rank takes part
+    if (!writer) continue;
+    const auto names = hf_names(*p.plan, layer_of(p));
+    for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(dtype).contiguous());
+  }
+  if (!writer) return;
+  std::filesystem::create_directories(dir);
+  const std::int64_t pp = c.l.pp.get(), pp_rank = g.pp->rank();
+  const std::string dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  if (pp == 1) {
+    write_hf_checkpoint(dir, tensors);
+  } else {
+    auto file_of = [&](std::int64_t r) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(r + 1),
+                    static_cast<long long>(pp));
+      return std::string(buf);
+    };
+    write_safetensors(dir / file_of(pp_rank), tensors, {{"format", "pt"}});
+    // The writers of every stage are rank 0's pipeline group; the index comes last.
+    std::int64_t bytes = 0;
+    for (auto& [n, t] : tensors) bytes += t.numel() * t.element_size();
+    at::Tensor total = at::full({1}, bytes, at::kLong);
+    g.pp->all_reduce(total);
+    std::vector<std::string> names;
+    for (auto& [n, t] : tensors) names.push_back(n);
+    if (pp_rank == 0) {
+      std::ostringstream os;
+      os << "{\n  \"metadata\": {\"total_size\": " << total.item<std::int64_t>() << "},\n  \"weight_map\": {\n";
+      std::vector<std::pair<std::string, std::string>> map;
+      for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
+        if (p.tied) continue;
+        const std::int64_t layers = p.row->where == placement::layer ? c.s.layers.get() : 1;
+        for (std::int64_t l = 0; l < layers; ++l) {
+          const std::int64_t owner = p.row->where == placement::first_stage ? 0
+                                     : p.row->where == placement::last_stage ? pp - 1
+                                                                             : place_of_layer(c.s, c.l, l).pp_rank;
+          for (auto& n : hf_names(p, l)) map.emplace_back(n, file_of(owner));
+        }
+      }
+      std::sort(map.begin(), map.end());
+      for (std::size_t i = 0; i < map.size(); ++i)
+        os << "    \"" << map[i].first << "\": \"" << map[i].second << "\"" << (i + 1 < map.size() ? ",\n" : "\n");
+      os << "  }\n}\n";
+      // A stale single-file checkpoint would shadow the index.
+      std::filesystem::remove(dir / "model.safetensors");
+      write_file_atomically(dir / "model.safetensors.index.json", os.str());
+    }
+  }
+  if (pp_rank == 0) write_file_atomically(dir / "config.json", hf_config_json(c.s, model_type, !c.head.actor, dtype_name));
+}
+
+}  // namespace megadsl
