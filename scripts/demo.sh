@@ -4,4 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/examples/01_actor_critic "$@"
+# The actor and critic on 4 local ranks (tp 2 x dp 2), checked against one process...
+./build/examples/01_actor_critic
+echo
+# ...then PPO steps of both under tp 2 x pp 2 with SP and remove-padding (flags: see 02_ppo.cpp).
+./build/examples/02_ppo --ranks 4 --tp 2 --pp 2 --sp --rmpad "$@"

@@ -1,5 +1,6 @@
 #include "megadsl/parallel/distributed.hpp"
 
+#include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -114,6 +115,9 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
   g.pp = d.make_group("pp", g.grid.pp_group(r), gen);
   g.dp = d.make_group("dp", g.grid.dp_group(r), gen);
   if (g.grid.in_embedding_group(r)) g.embedding = d.make_group("embedding", g.grid.embedding_group(r), gen);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(d.world()));
+  for (std::int64_t i = 0; i < d.world(); ++i) all[static_cast<std::size_t>(i)] = i;
+  g.world = d.make_group("world", all, gen);
   return g;
 }
 
@@ -125,6 +129,7 @@ parallel_groups parallel_groups::single() {
   g.pp = alone.make_group("pp", {0});
   g.dp = alone.make_group("dp", {0});
   g.embedding = alone.make_group("embedding", {0});
+  g.world = alone.make_group("world", {0});
   return g;
 }
 
@@ -132,6 +137,12 @@ int run_ranks(int argc, char** argv, int ranks, const std::function<int(distribu
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--ranks") == 0) ranks = std::atoi(argv[i + 1]);
   if (auto e = dist_env::from_environment()) {
+    // Several ranks on one machine share its cores: without this each would start one intra-op
+    // thread per core and they would oversubscribe the machine. MEGADSL_THREADS overrides.
+    if (auto t = env("MEGADSL_THREADS")) at::set_num_threads(static_cast<int>(env_int("MEGADSL_THREADS", *t)));
+    else if (auto local = env("LOCAL_WORLD_SIZE"))
+      at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                          static_cast<int>(env_int("LOCAL_WORLD_SIZE", *local))));
     try {
       distributed d(*e);
       return body(d);

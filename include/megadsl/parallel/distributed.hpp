@@ -70,6 +70,7 @@ struct parallel_groups {
   rank_grid grid;
   rank_coords me{};
   std::unique_ptr<comm_group> tp, pp, dp, embedding;
+  std::unique_ptr<comm_group> world;  // every rank: checkpoint barriers and agreement on errors
 
   // Checks the layout against the world size with the rules' words (world_fits_layout).
   static parallel_groups build(distributed& d, const layout& l);
