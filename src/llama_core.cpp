@@ -13,6 +13,7 @@
 #include "megadsl/runtime/llama_model.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "megadsl/schedule.hpp"
 
 namespace megadsl::detail {
 namespace {
@@ -48,50 +49,13 @@ struct chunk_info {
   bool last_stage = false;   // holds the final norm and the head
 };
 
-// One step of a pipeline schedule on this rank.
-struct compute_step {
-  bool forward;
-  std::int64_t microbatch;
-  std::int64_t chunk;
-};
-
-// Megatron's compute order (reference §4): no pipelining, 1F1B, interleaved 1F1B.
-std::vector<compute_step> compute_order(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
-  std::vector<compute_step> out;
-  if (pp == 1) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      out.push_back({true, i, 0});
-      out.push_back({false, i, 0});
-    }
-    return out;
-  }
-  if (vpp == 1) {
-    const std::int64_t warmup = std::min(pp - rank - 1, m), steady = m - warmup;
-    for (std::int64_t i = 0; i < warmup; ++i) out.push_back({true, i, 0});
-    for (std::int64_t i = 0; i < steady; ++i) {
-      out.push_back({true, warmup + i, 0});
-      out.push_back({false, i, 0});
-    }
-    for (std::int64_t i = steady; i < m; ++i) out.push_back({false, i, 0});
-    return out;
-  }
-  // Interleaved, microbatch groups of pp (microbatch_group_size_per_vp_stage = pp).
-  std::vector<std::pair<std::int64_t, std::int64_t>> table;  // (microbatch, chunk) of forward step k
-  for (std::int64_t g = 0; g < m; g += pp)
-    for (std::int64_t c = 0; c < vpp; ++c)
-      for (std::int64_t i = g; i < std::min(g + pp, m); ++i) table.emplace_back(i, c);
-  const std::int64_t total = m * vpp;
-  const std::int64_t warmup = std::min(2 * (pp - rank - 1) + (vpp - 1) * pp, total);
-  auto fwd = [&](std::int64_t k) { out.push_back({true, table[static_cast<std::size_t>(k)].first, table[static_cast<std::size_t>(k)].second}); };
-  auto bwd = [&](std::int64_t k) {
-    out.push_back({false, table[static_cast<std::size_t>(k)].first, vpp - 1 - table[static_cast<std::size_t>(k)].second});
-  };
-  for (std::int64_t k = 0; k < warmup; ++k) fwd(k);
-  for (std::int64_t k = 0; k < total - warmup; ++k) {
-    fwd(warmup + k);
-    bwd(k);
-  }
-  for (std::int64_t k = total - warmup; k < total; ++k) bwd(k);
+// The compute steps (F/B of a micro-batch on a chunk) of this rank's schedule, in Megatron's order
+// (schedule.hpp, tested against the reference tables). Point-to-point transfers are issued by
+// the executor itself: asynchronous sends and tagged receives, so only the compute order matters.
+std::vector<pipeline_op> compute_order(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
+  std::vector<pipeline_op> out;
+  for (const pipeline_op& op : schedule_ops(select_schedule(pp, vpp), pp, rank, m, vpp))
+    if (op.is_compute()) out.push_back(op);
   return out;
 }
 
@@ -157,7 +121,11 @@ class llama_core final : public llama_core_base {
     // Per (microbatch, chunk): the chunk's input (a leaf when received) and its output.
     std::vector<at::Tensor> chunk_in(static_cast<std::size_t>(m * vpp)), chunk_out(static_cast<std::size_t>(m * vpp));
     at::Tensor total_loss = at::zeros({1}, at::kDouble);
-    for (const compute_step& st : compute_order(pp_size_, pp_rank_, m, vpp)) {
+    for (const pipeline_op& op : compute_order(pp_size_, pp_rank_, m, vpp)) {
+      const struct {
+        bool forward;
+        std::int64_t microbatch, chunk;
+      } st{op.kind == op_kind::forward, op.microbatch, op.chunk};
       const auto slot = static_cast<std::size_t>(st.microbatch * vpp + st.chunk);
       const chunk_info& ch = chunks_[static_cast<std::size_t>(st.chunk)];
       const micro_input& in = inputs[static_cast<std::size_t>(st.microbatch)];

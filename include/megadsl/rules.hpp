@@ -287,20 +287,23 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
     if (f.world.get() % model == 0) {
       const std::int64_t dp = f.world.get() / model;
       const std::int64_t unit = f.micro_batch.get() * dp;
-      if (f.global_batch.get() % unit != 0)
-        out.add("global_batch_divisible")
-            .add("global batch ", f.global_batch.get(), " is not divisible by micro batch ",
-                 f.micro_batch.get(), " * dp ", dp, " = ", unit, "; use a global batch of ",
-                 (f.global_batch.get() / unit) * unit, " or ", (f.global_batch.get() / unit + 1) * unit);
+      if (f.global_batch.get() % unit != 0) {
+        text& m = out.add("global_batch_divisible");
+        m.add("global batch ", f.global_batch.get(), " is not divisible by micro batch ", f.micro_batch.get(),
+              " * dp ", dp, " = ", unit, "; use a global batch of ");
+        const std::int64_t below = (f.global_batch.get() / unit) * unit, above = below + unit;
+        if (below > 0) m.add(below, " or ");
+        m.add(above);
+      }
     }
   }
   if (positive(l.pp, l.vpp, f.microbatches) && l.vpp.get() > 1 &&
       f.microbatches.get() % l.pp.get() != 0) {
     const std::int64_t m = f.microbatches.get(), pp = l.pp.get();
-    out.add("interleaved_microbatches")
-        .add("number of microbatches ", m, " is not divisible by pp = ", pp,
-             " with the interleaved schedule; use ", (m / pp) * pp > 0 ? (m / pp) * pp : pp, " or ",
-             (m / pp + 1) * pp, " microbatches");
+    text& msg = out.add("interleaved_microbatches");
+    msg.add("number of microbatches ", m, " is not divisible by pp = ", pp, " with the interleaved schedule; use ");
+    if (m / pp > 0) msg.add((m / pp) * pp, " or ");
+    msg.add((m / pp + 1) * pp, " microbatches");
   }
   if (l.rmpad.is_static() && l.rmpad.get() && l.cp.is_static() && l.cp.get() > 1)
     out.add("rmpad_needs_no_cp").add("remove-padding with cp > 1 is not implemented; use cp = 1");
