@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -30,45 +31,71 @@ void expect_shape(const at::Tensor& t, const dims& d, std::string_view what) {
 
 }  // namespace
 
+std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const layout& l,
+                                      std::int64_t tp_rank, piece_set which) {
+  const param_row& row = *p.row;
+  const bool main = which == piece_set::main_replica;
+  const std::int64_t tp = l.tp;
+  std::vector<shard_piece> out;
+  switch (row.kind) {
+    case shard_kind::replicated:
+      if (!main || tp_rank == 0) out.push_back({0, 0, 0, 0, p.local.rows});
+      break;
+    case shard_kind::vocab: {
+      if (main && p.tied) break;  // the embedding's copy: the embedding is the main replica
+      const std::int64_t rows = p.local.rows, begin = tp_rank * rows;
+      const std::int64_t take = std::max<std::int64_t>(0, std::min(rows, p.hf_shapes[0].rows - begin));
+      if (take > 0) out.push_back({0, 0, 0, begin, take});  // rows past the true vocab: padding
+      break;
+    }
+    case shard_kind::row: {
+      const std::int64_t cols = p.local.cols;
+      out.push_back({0, 1, 0, tp_rank * cols, cols});
+      break;
+    }
+    case shard_kind::column: {
+      const std::int64_t rows = p.local.rows;
+      out.push_back({0, 0, 0, tp_rank * rows, rows});
+      break;
+    }
+    case shard_kind::fused_gate_up: {
+      const std::int64_t half = p.local.rows / 2;  // [gate_r ; up_r]
+      out.push_back({0, 0, 0, tp_rank * half, half});
+      out.push_back({1, 0, half, tp_rank * half, half});
+      break;
+    }
+    case shard_kind::fused_qkv: {
+      const qkv_rank_layout q = qkv_layout(s, l, tp_rank);
+      const std::int64_t d = q.head_dim, block = (q.q_per_group + 2) * d, qrows = q.q_per_group * d;
+      // With kv_heads < tp a kv head is replicated over tp / kv_heads ranks; the first is main.
+      const bool owns_kv = !main || s.kv_heads.get() >= tp || (tp_rank * s.kv_heads.get()) % tp == 0;
+      for (std::int64_t g = 0; g < q.groups; ++g) {
+        const std::int64_t first_q = q.first_q_head + g * q.q_per_group, kv = q.first_kv_head + g;
+        out.push_back({0, 0, g * block, first_q * d, qrows});  // q heads of the group
+        if (owns_kv) {
+          out.push_back({1, 0, g * block + qrows, kv * d, d});      // its k head
+          out.push_back({2, 0, g * block + qrows + d, kv * d, d});  // its v head
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
 at::Tensor shard_from_hf(const param_plan& p, const shape& s, const layout& l, std::int64_t tp_rank,
                          const std::vector<at::Tensor>& hf) {
   const param_row& row = *p.row;
   if (static_cast<int>(hf.size()) != row.hf_count)
     throw std::invalid_argument("megadsl: " + std::string(row.name) + " needs " + std::to_string(row.hf_count) + " HF tensors");
   for (int i = 0; i < row.hf_count; ++i) expect_shape(hf[static_cast<std::size_t>(i)], p.hf_shapes[static_cast<std::size_t>(i)], row.hf[static_cast<std::size_t>(i)]);
-  const std::int64_t tp = l.tp;
-  switch (row.kind) {
-    case shard_kind::replicated:
-      return hf[0].clone();
-    case shard_kind::vocab: {
-      const std::int64_t rows = p.local.rows;
-      at::Tensor local = at::zeros({rows, p.local.cols}, hf[0].options());  // padded rows stay zero
-      const std::int64_t begin = tp_rank * rows;
-      const std::int64_t take = std::max<std::int64_t>(0, std::min(rows, hf[0].size(0) - begin));
-      if (take > 0) local.narrow(0, 0, take).copy_(hf[0].narrow(0, begin, take));
-      return local;
-    }
-    case shard_kind::row:
-      return hf[0].chunk(tp, 1)[static_cast<std::size_t>(tp_rank)].contiguous();
-    case shard_kind::column:
-      return hf[0].chunk(tp, 0)[static_cast<std::size_t>(tp_rank)].contiguous();
-    case shard_kind::fused_gate_up:
-      return at::cat({hf[0].chunk(tp, 0)[static_cast<std::size_t>(tp_rank)],
-                      hf[1].chunk(tp, 0)[static_cast<std::size_t>(tp_rank)]}, 0);
-    case shard_kind::fused_qkv: {
-      const qkv_rank_layout q = qkv_layout(s, l, tp_rank);
-      const std::int64_t d = q.head_dim;
-      std::vector<at::Tensor> parts;
-      for (std::int64_t g = 0; g < q.groups; ++g) {
-        const std::int64_t first_q = q.first_q_head + g * q.q_per_group, kv = q.first_kv_head + g;
-        parts.push_back(hf[0].narrow(0, first_q * d, q.q_per_group * d));  // q heads of the group
-        parts.push_back(hf[1].narrow(0, kv * d, d));                       // its k head
-        parts.push_back(hf[2].narrow(0, kv * d, d));                       // its v head
-      }
-      return at::cat(parts, 0);
-    }
-  }
-  throw std::logic_error("megadsl: unknown shard kind");
+  const std::vector<std::int64_t> size = p.local.rank == 1 ? std::vector<std::int64_t>{p.local.rows}
+                                                           : std::vector<std::int64_t>{p.local.rows, p.local.cols};
+  at::Tensor local = at::zeros(size, hf[0].options());  // vocab padding rows stay zero
+  for (const shard_piece& x : shard_pieces(p, s, l, tp_rank, piece_set::all))
+    local.narrow(x.dim, x.local_offset, x.extent)
+        .copy_(hf[static_cast<std::size_t>(x.slot)].narrow(x.dim, x.global_offset, x.extent));
+  return local;
 }
 
 std::vector<at::Tensor> hf_from_shards(const param_plan& p, const shape& s, const layout& l,
@@ -78,44 +105,21 @@ std::vector<at::Tensor> hf_from_shards(const param_plan& p, const shape& s, cons
   if (row.kind == shard_kind::replicated && !shards.empty()) return {shards[0].clone()};
   if (static_cast<std::int64_t>(shards.size()) != tp)
     throw std::invalid_argument("megadsl: " + std::string(row.name) + " needs one shard per tp rank");
-  switch (row.kind) {
-    case shard_kind::replicated:
-      return {shards[0].clone()};
-    case shard_kind::vocab:
-      return {at::cat(shards, 0).narrow(0, 0, s.vocab.get()).contiguous()};
-    case shard_kind::row:
-      return {at::cat(shards, 1)};
-    case shard_kind::column:
-      return {at::cat(shards, 0)};
-    case shard_kind::fused_gate_up: {
-      std::vector<at::Tensor> gates, ups;
-      for (const auto& t : shards) {
-        auto halves = t.chunk(2, 0);
-        gates.push_back(halves[0]);
-        ups.push_back(halves[1]);
-      }
-      return {at::cat(gates, 0), at::cat(ups, 0)};
-    }
-    case shard_kind::fused_qkv: {
-      std::vector<at::Tensor> qs, ks, vs;
-      for (std::int64_t r = 0; r < tp; ++r) {
-        const qkv_rank_layout q = qkv_layout(s, l, r);
-        const std::int64_t d = q.head_dim, block = (q.q_per_group + 2) * d;
-        // With kv_heads < tp a kv head is replicated over tp/kv ranks: take it from the first.
-        const bool owns_kv = s.kv_heads.get() >= tp || (r * s.kv_heads.get()) % tp == 0;
-        const at::Tensor& t = shards[static_cast<std::size_t>(r)];
-        for (std::int64_t g = 0; g < q.groups; ++g) {
-          qs.push_back(t.narrow(0, g * block, q.q_per_group * d));
-          if (owns_kv) {
-            ks.push_back(t.narrow(0, g * block + q.q_per_group * d, d));
-            vs.push_back(t.narrow(0, g * block + (q.q_per_group + 1) * d, d));
-          }
-        }
-      }
-      return {at::cat(qs, 0), at::cat(ks, 0), at::cat(vs, 0)};
-    }
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < row.hf_count; ++i) {
+    const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
+    out.push_back(at::empty(d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols},
+                            shards[0].options()));
   }
-  throw std::logic_error("megadsl: unknown shard kind");
+  // A tied copy has no main-replica pieces of its own; its values are the embedding's.
+  param_plan untied = p;
+  untied.tied = false;
+  for (std::int64_t r = 0; r < tp; ++r)
+    for (const shard_piece& x : shard_pieces(untied, s, l, r, piece_set::main_replica))
+      out[static_cast<std::size_t>(x.slot)]
+          .narrow(x.dim, x.global_offset, x.extent)
+          .copy_(shards[static_cast<std::size_t>(r)].narrow(x.dim, x.local_offset, x.extent));
+  return out;
 }
 
 std::vector<at::Tensor> gather_hf(const param_plan& p, const shape& s, const layout& l,

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
+#include "megadsl/torch_compat.hpp"
+
 #include <chrono>
 #include <stdexcept>
 
@@ -89,6 +91,64 @@ trainer::trainer(std::function<double(const std::vector<batch>&, const loss_func
 trainer::~trainer() = default;
 std::int64_t trainer::steps_done() const { return impl_->steps; }
 std::int64_t trainer::samples_done() const { return impl_->samples; }
+
+training_state trainer::export_state() const {
+  const auto& s = *impl_;
+  training_state out{.steps = s.steps, .samples = s.samples};
+  auto& state = s.adamw->state();
+  const named_parameter* first = nullptr;
+  for (const auto& p : *s.params) {
+    const auto it = state.find(compat::optimizer_state_key(p.tensor));
+    const auto* st = it == state.end() ? nullptr : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
+    const std::int64_t step = st == nullptr ? 0 : st->step();
+    if (first == nullptr) {
+      first = &p;
+      out.adam_step = step;
+    } else if (step != out.adam_step) {
+      throw std::logic_error("megadsl: AdamW has taken " + std::to_string(out.adam_step) + " steps for " + first->name +
+                             " but " + std::to_string(step) + " for " + p.name +
+                             "; a training state holds one step count for every parameter");
+    }
+    if (st != nullptr) {
+      out.exp_avg.push_back(st->exp_avg().detach().clone());
+      out.exp_avg_sq.push_back(st->exp_avg_sq().detach().clone());
+    }
+  }
+  return out;
+}
+
+void trainer::import_state(const training_state& state) {
+  auto& s = *impl_;
+  const std::size_t n = s.params->size();
+  const bool moments = !state.exp_avg.empty() || !state.exp_avg_sq.empty();
+  if (moments && (state.exp_avg.size() != n || state.exp_avg_sq.size() != n))
+    throw std::invalid_argument("megadsl: the training state has " + std::to_string(state.exp_avg.size()) + " and " +
+                                std::to_string(state.exp_avg_sq.size()) + " AdamW moments for " + std::to_string(n) +
+                                " parameters; expected one of each per parameter");
+  if (moments && state.adam_step < 1)
+    throw std::invalid_argument("megadsl: the training state has AdamW moments but a step count of " +
+                                std::to_string(state.adam_step) + "; expected at least 1");
+  for (std::size_t i = 0; moments && i < n; ++i) {
+    const auto& p = (*s.params)[i];
+    for (const at::Tensor* m : {&state.exp_avg[i], &state.exp_avg_sq[i]})
+      if (!m->defined() || m->sizes() != p.tensor.sizes())
+        throw std::invalid_argument("megadsl: the AdamW moment of " + p.name + " has shape " +
+                                    (m->defined() ? c10::str(m->sizes()) : std::string("(undefined)")) +
+                                    ", expected the parameter's " + c10::str(p.tensor.sizes()));
+  }
+  auto& opt_state = s.adamw->state();
+  opt_state.clear();
+  for (std::size_t i = 0; moments && i < n; ++i) {
+    const at::Tensor& p = (*s.params)[i].tensor;
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(state.adam_step);
+    st->exp_avg(state.exp_avg[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
+    st->exp_avg_sq(state.exp_avg_sq[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
+    opt_state[compat::optimizer_state_key(p)] = std::move(st);
+  }
+  s.steps = state.steps;
+  s.samples = state.samples;
+}
 
 step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches) {
   auto& s = *impl_;

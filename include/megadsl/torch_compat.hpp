@@ -2,7 +2,11 @@
 // the PyTorch wheel's 2.x for CUDA/NCCL.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_utils.h>
 #include <torch/version.h>
+
+#include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -15,6 +19,16 @@ using work = c10d::Work;
 #else
 using backend = c10d::ProcessGroup;
 using work = c10d::Work;
+#endif
+
+// The key of a parameter's entry in torch::optim::Optimizer::state(): 2.x keys by the TensorImpl's
+// address, 1.13 by that address printed as text.
+#if TORCH_VERSION_MAJOR >= 2
+inline void* optimizer_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+inline std::string optimizer_state_key(const at::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
 #endif
 
 }  // namespace megadsl::compat

@@ -49,6 +49,28 @@ at::Tensor probe_loss(const model_output& out, bool actor) {
   return (out.values * w).sum();
 }
 
+rollout_batch make_rollout(std::int64_t vocab) {
+  const std::int64_t b = 8, s = 12;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const std::int64_t lengths[b] = {12, 7, 3, 9, 12, 5, 10, 8};
+  at::Tensor ids = at::randint(0, vocab, {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, s - lengths[r], lengths[r]).fill_(1);
+  rollout_batch rb;
+  rb.input_ids = ids.masked_fill(mask == 0, 0);
+  rb.attention_mask = mask;
+  // Train the log-probs of the last 5 tokens (the "response"): positions s-6 .. s-2.
+  rb.loss_mask = at::zeros({b, s}, at::kFloat);
+  rb.loss_mask.narrow(1, s - 6, 5).fill_(1);
+  rb.loss_mask = rb.loss_mask * mask.to(at::kFloat);
+  rb.old_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
+  rb.advantages = at::randn({b, s}, gen);
+  rb.ref_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
+  rb.old_values = 0.1 * at::randn({b, s}, gen);
+  rb.returns = at::randn({b, s}, gen);
+  return rb;
+}
+
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }

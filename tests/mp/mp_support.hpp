@@ -12,10 +12,25 @@
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/llama_model.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "megadsl/runtime/trainer.hpp"
 
 namespace megadsl::test {
 
 distributed& dist();
+
+// 8 layers, so pp 4 x vpp 2 has a layer per chunk; GQA with kv replication at tp 4.
+struct tiny8 : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                           .vocab = 500, .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8";
+};
+struct tiny8_tied : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                .vocab = 500, .max_positions = 256, .qkv_bias = true,
+                                .tie_embeddings = true}> {
+  static constexpr std::string_view name = "tiny8-tied";
+};
+
+// A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
+rollout_batch make_rollout(std::int64_t vocab);
 
 // Left- and right-padded rows, including a row with a single token.
 struct padded_batch {

@@ -1,24 +1,11 @@
 // Pipeline parallelism and the training step: every layout gives the single-process numbers.
 #include "../catch_torch.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include "megadsl/runtime/trainer.hpp"
 #include "mp_support.hpp"
 
 namespace megadsl::test {
 namespace {
-
-// 8 layers, so pp 4 x vpp 2 has a layer per chunk; GQA with kv replication at tp 4.
-struct tiny8 : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
-                           .vocab = 500, .max_positions = 256}> {
-  static constexpr std::string_view name = "tiny8";
-};
-struct tiny8_tied : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
-                                .vocab = 500, .max_positions = 256, .qkv_bias = true,
-                                .tie_embeddings = true}> {
-  static constexpr std::string_view name = "tiny8-tied";
-};
 
 template <class M, layout L, bool Actor>
 void check_inference(bool left) {
@@ -40,29 +27,6 @@ void check_inference(bool left) {
   } else {
     CHECK(max_abs_diff(r.values, o.values) <= 1e-5);
   }
-}
-
-// A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
-rollout_batch make_rollout(std::int64_t vocab) {
-  const std::int64_t b = 8, s = 12;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
-  const std::int64_t lengths[b] = {12, 7, 3, 9, 12, 5, 10, 8};
-  at::Tensor ids = at::randint(0, vocab, {b, s}, gen, at::kLong);
-  at::Tensor mask = at::zeros({b, s}, at::kLong);
-  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, s - lengths[r], lengths[r]).fill_(1);
-  rollout_batch rb;
-  rb.input_ids = ids.masked_fill(mask == 0, 0);
-  rb.attention_mask = mask;
-  // Train the log-probs of the last 5 tokens (the "response"): positions s-6 .. s-2.
-  rb.loss_mask = at::zeros({b, s}, at::kFloat);
-  rb.loss_mask.narrow(1, s - 6, 5).fill_(1);
-  rb.loss_mask = rb.loss_mask * mask.to(at::kFloat);
-  rb.old_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
-  rb.advantages = at::randn({b, s}, gen);
-  rb.ref_log_probs = -6.5 + 0.3 * at::randn({b, s}, gen);
-  rb.old_values = 0.1 * at::randn({b, s}, gen);
-  rb.returns = at::randn({b, s}, gen);
-  return rb;
 }
 
 template <class M, layout L, bool Actor>

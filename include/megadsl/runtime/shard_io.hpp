@@ -12,6 +12,35 @@
 
 namespace megadsl {
 
+// One slice of one HF tensor inside a tp rank's local shard: the rows (dim 0) or columns (dim 1)
+// [local_offset, local_offset + extent) of the shard are the rows/columns [global_offset,
+// global_offset + extent) of HF source `slot` (row.hf[slot]); the other dimension is whole.
+// The one description of how shards map to HF tensors: shard_from_hf, hf_from_shards and the
+// distributed checkpoint all read it.
+struct shard_piece {
+  int slot = 0;
+  int dim = 0;
+  std::int64_t local_offset = 0;
+  std::int64_t global_offset = 0;
+  std::int64_t extent = 0;
+
+  bool operator==(const shard_piece&) const = default;
+};
+
+// Which pieces of a shard to list.
+enum class piece_set : std::int8_t {
+  all,           // every element with an HF source (what a rank loads); vocab padding has none
+  main_replica,  // only the elements this tp rank is the main replica of (what a rank saves)
+};
+
+// The pieces of tp rank `tp_rank`'s local shard, in local order. With piece_set::main_replica the
+// pieces of all tp ranks together cover every element of every HF source exactly once:
+// replicated parameters belong to tp rank 0; with kv_heads < tp a kv head's k and v rows belong
+// to the first rank holding it (tp_rank * kv_heads % tp == 0); vocab padding is never a piece; a
+// tied lm_head (the embedding's copy) has none.
+std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const layout& l,
+                                      std::int64_t tp_rank, piece_set which);
+
 // This tp rank's local shard, from the HF-shaped source tensors in the row's slot order.
 at::Tensor shard_from_hf(const param_plan& p, const shape& s, const layout& l, std::int64_t tp_rank,
                          const std::vector<at::Tensor>& hf);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "megadsl/runtime/llama_model.hpp"
 
@@ -58,6 +59,17 @@ struct step_metrics {
   double tokens_per_second = 0;
 };
 
+// What continuing a run exactly needs besides the parameters: the counters that drive the
+// learning-rate schedule and AdamW's per-parameter state. Distributed checkpoints carry it.
+struct training_state {
+  std::int64_t steps = 0;      // optimizer steps taken
+  std::int64_t samples = 0;    // samples consumed: the argument of lr_at / weight_decay_at
+  std::int64_t adam_step = 0;  // AdamW's step count (bias correction), the same for every parameter
+  // AdamW's moments, one per parameter in the order of the parameter vector, each shaped like
+  // that parameter's local shard; both empty while the optimizer has not stepped.
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+};
+
 // Token losses (b, s) of one micro-batch from the model's outputs (exposed for tests).
 at::Tensor actor_token_loss(const model_output& out, const rollout_batch& mb, const actor_loss_config& c);
 at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, const critic_loss_config& c);
@@ -82,6 +94,14 @@ class trainer {
   step_metrics step(const rollout_batch& global, std::int64_t microbatches);
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
+
+  // The counters and copies of AdamW's moments. Throws std::logic_error if the parameters
+  // disagree on AdamW's step (one step count per checkpoint).
+  [[nodiscard]] training_state export_state() const;
+  // Continues from `state`: counters set, moments copied into fresh AdamW state (none when the
+  // state has no moments). Throws std::invalid_argument naming the parameter whose moment has the
+  // wrong shape, or when the number of moments is not the number of parameters.
+  void import_state(const training_state& state);
 
  private:
   std::unique_ptr<detail::trainer_impl> impl_;

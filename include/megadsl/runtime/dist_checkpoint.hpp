@@ -1,0 +1,100 @@
+// Distributed checkpoints: Megatron's dist_checkpointing semantics in megadsl's own format
+// (DESIGN §6). Every piece is stored under a layout-independent key, so loading into any other
+// layout (tp, pp, vpp, sp, rmpad, dp) is resharding for free.
+//
+//   megadsl::save_distributed(model, groups, "ckpt/step-100", &trainer);   // every rank calls it
+//   megadsl::load_distributed(other_model, other_groups, "ckpt/step-100", &other_trainer);
+//
+// Format "megadsl.dist_checkpoint", version 1, in directory `dir`:
+//   rank_<global rank>.safetensors  one per rank with dp rank 0, holding the pieces that rank is the
+//       main replica of (shard_pieces(..., piece_set::main_replica): replicated parameters on tp
+//       rank 0, a replicated kv head on the first rank holding it, no vocab padding, no tied
+//       lm_head copy). A piece is stored under `<HF name>@<global offset>`, e.g.
+//       `model.layers.3.self_attn.q_proj.weight@128,0`; AdamW's moments of the same elements under
+//       `optimizer.exp_avg/<HF name>@...` and `optimizer.exp_avg_sq/<HF name>@...`. The file's
+//       __metadata__ maps each key to {"tensor", "global_shape", "global_offset", "dtype",
+//       "fnv1a64"} (the checksum: 64-bit FNV-1a of the piece's bytes as stored, 16 hex digits).
+//   metadata.json  written last by rank 0: format, version, the model (every shape field, the
+//       head, the dtype), the layout and grid that wrote it, the training counters (steps,
+//       samples, AdamW's step) when saved, and every file with its size and pieces (key, tensor,
+//       global shape, global offset, shape, dtype, checksum).
+//
+// Saving is all-or-nothing: files go to a sibling directory `<dir>.tmp-<token>` (each file written
+// atomically), metadata.json last, then the directory takes `dir`'s place in one rename
+// (renameat2 RENAME_EXCHANGE when `dir` exists; the old checkpoint is then removed). Readers see
+// the old checkpoint or the new one, never a mix. A crash can leave a `<dir>.tmp-*` sibling behind,
+// never a damaged `dir`. Where the file system cannot exchange (EINVAL), the old checkpoint is
+// renamed aside first: `dir` is briefly absent, still never mixed.
+//
+// Loading checks before it uses anything: metadata.json parses and names this format; the model
+// matches (every differing field is named); every file it lists exists with its recorded size;
+// every HF tensor the model needs (and its moments, when loaded) is covered by the saved pieces
+// exactly once (the error names the tensor and the first uncovered or doubly covered region).
+// Then each rank reads only the pieces that overlap its own shards (memory-mapped; the whole of
+// each piece it uses is read once to verify its checksum), builds its shards for ITS layout, and
+// only when every rank has succeeded copies them into the parameters. Every error is one line,
+// thrown on every rank (ranks that did not see it add "[reported by rank N]").
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/trainer.hpp"
+
+namespace megadsl {
+
+inline constexpr std::string_view dist_checkpoint_format = "megadsl.dist_checkpoint";
+inline constexpr int dist_checkpoint_version = 1;
+
+// What a checkpoint carries besides the parameters.
+struct checkpoint_extras {
+  // Saved when present (moments sharded like their parameters, scalars in metadata.json);
+  // returned by load_distributed when the checkpoint has it and it was asked for.
+  std::optional<training_state> training;
+};
+
+struct dist_load_options {
+  bool training_state = true;  // also read AdamW's moments (when the checkpoint holds them)
+};
+
+// Collective over every rank of `groups` (its `world` group). `params` are this rank's parameters
+// (llama_model::parameters()), `config` the model's resolved configuration.
+void save_distributed(const std::vector<named_parameter>& params, const runtime_config& config,
+                      const parallel_groups& groups, const std::filesystem::path& dir,
+                      const checkpoint_extras& extras = {});
+
+// Collective. Fills `params` in place (under NoGradGuard) from the checkpoint in `dir`, resharded
+// to `config.l`; the model's shape and head must be the checkpoint's. Returns the training state
+// with moments shaped like `params` (when saved and asked for). Throws checkpoint_error; `params`
+// are untouched when it throws.
+checkpoint_extras load_distributed(std::vector<named_parameter>& params, const runtime_config& config,
+                                   const parallel_groups& groups, const std::filesystem::path& dir,
+                                   const dist_load_options& options = {});
+
+// A model and, optionally, its trainer.
+template <ModelSpec Spec>
+void save_distributed(llama_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
+                      const trainer* t = nullptr) {
+  checkpoint_extras extras;
+  if (t != nullptr) extras.training = t->export_state();
+  save_distributed(model.parameters(), model.config(), groups, dir, extras);
+}
+
+// With a trainer, the checkpoint must hold a training state, which the trainer continues from.
+template <ModelSpec Spec>
+void load_distributed(llama_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
+                      trainer* t = nullptr) {
+  checkpoint_extras extras =
+      load_distributed(model.parameters(), model.config(), groups, dir, {.training_state = t != nullptr});
+  if (t == nullptr) return;
+  if (!extras.training)
+    throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() +
+                           " holds no training state; load it without a trainer, or save it with one");
+  t->import_state(*extras.training);
+}
+
+}  // namespace megadsl

@@ -1,0 +1,772 @@
+// Distributed checkpoints (include/megadsl/runtime/dist_checkpoint.hpp): pieces of HF tensors
+// with global offsets, written by their main replicas; any layout reads them back.
+#include "megadsl/runtime/dist_checkpoint.hpp"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/hana/at_key.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/keys.hpp>
+#include <boost/hana/string.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "megadsl/io/atomic_file.hpp"
+#include "megadsl/io/safetensors.hpp"
+#include "megadsl/runtime/shard_io.hpp"
+
+namespace megadsl {
+namespace {
+
+namespace fs = std::filesystem;
+namespace hana = boost::hana;
+using json = nlohmann::json;
+
+constexpr const char* manifest_name = "metadata.json";
+constexpr const char* moment_names[] = {"optimizer.exp_avg/", "optimizer.exp_avg_sq/"};
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+// 64-bit FNV-1a of the bytes of a contiguous CPU tensor.
+std::uint64_t fnv1a64(const at::Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+  const std::size_t n = static_cast<std::size_t>(t.numel()) * t.element_size();
+  std::uint64_t h = 14695981039346656037ULL;
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+std::string hex16(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// ---- geometry: axis-aligned boxes in a tensor of rank 1 or 2 ------------------------------------
+
+struct box {
+  int rank = 2;
+  std::array<std::int64_t, 2> off{0, 0}, len{1, 1};
+  [[nodiscard]] std::int64_t numel() const { return len[0] * len[1]; }
+  [[nodiscard]] bool empty() const { return len[0] <= 0 || len[1] <= 0; }
+};
+
+box whole(const dims& d) { return {d.rank, {0, 0}, {d.rows, d.rank == 2 ? d.cols : 1}}; }
+box whole(const std::vector<std::int64_t>& shape) {
+  return {static_cast<int>(shape.size()), {0, 0}, {shape[0], shape.size() == 2 ? shape[1] : 1}};
+}
+box along(box b, int dim, std::int64_t offset, std::int64_t extent) {
+  b.off[static_cast<std::size_t>(dim)] = offset;
+  b.len[static_cast<std::size_t>(dim)] = extent;
+  return b;
+}
+box intersect(const box& a, const box& b) {
+  box out = a;
+  for (std::size_t d = 0; d < 2; ++d) {
+    const std::int64_t lo = std::max(a.off[d], b.off[d]), hi = std::min(a.off[d] + a.len[d], b.off[d] + b.len[d]);
+    out.off[d] = lo;
+    out.len[d] = std::max<std::int64_t>(0, hi - lo);
+  }
+  return out;
+}
+// `b` shifted by -from.off + to.off (a region of one tensor seen in another's coordinates).
+box moved(box b, const box& from, const box& to) {
+  for (std::size_t d = 0; d < 2; ++d) b.off[d] += to.off[d] - from.off[d];
+  return b;
+}
+at::Tensor narrow(at::Tensor t, const box& b) {
+  for (int d = 0; d < b.rank; ++d)
+    t = t.narrow(d, b.off[static_cast<std::size_t>(d)], b.len[static_cast<std::size_t>(d)]);
+  return t;
+}
+std::vector<std::int64_t> offsets(const box& b) {
+  return b.rank == 1 ? std::vector<std::int64_t>{b.off[0]} : std::vector<std::int64_t>{b.off[0], b.off[1]};
+}
+std::vector<std::int64_t> extents(const box& b) {
+  return b.rank == 1 ? std::vector<std::int64_t>{b.len[0]} : std::vector<std::int64_t>{b.len[0], b.len[1]};
+}
+std::string region_text(const box& b) {
+  std::string s;
+  for (int d = 0; d < b.rank; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    s += (d ? " x " : "") + ("[" + std::to_string(b.off[i]) + ", " + std::to_string(b.off[i] + b.len[i]) + ")");
+  }
+  return s;
+}
+std::string shape_text(const std::vector<std::int64_t>& v) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + ")";
+}
+std::vector<std::int64_t> dims_vec(const dims& d) {
+  return d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols};
+}
+
+std::string piece_key(const std::string& tensor, const box& global) {
+  std::string k = tensor + "@";
+  const auto off = offsets(global);
+  for (std::size_t i = 0; i < off.size(); ++i) k += (i ? "," : "") + std::to_string(off[i]);
+  return k;
+}
+
+// ---- parameters and their HF names ---------------------------------------------------------------
+
+std::int64_t layer_of(const named_parameter& p) {
+  if (p.plan->row->where != placement::layer) return 0;
+  const auto first = p.name.find('.') + 1, last = p.name.find('.', first);
+  return std::stoll(p.name.substr(first, last - first));  // "layers.3.qkv.weight"
+}
+
+// The HF tensor behind slot `slot` of a parameter; a tied lm_head's copy is the embedding.
+std::string source_name(const param_plan& p, int slot, std::int64_t layer) {
+  if (p.tied) return "model.embed_tokens.weight";
+  return with_layer(p.row->hf[static_cast<std::size_t>(slot)], layer);
+}
+
+struct needed_tensor {
+  std::string name;
+  dims shape;
+};
+
+// Every HF tensor of the model (a tied lm_head is the embedding), in table order.
+std::vector<needed_tensor> model_tensors(const runtime_config& c) {
+  std::vector<needed_tensor> out;
+  for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
+    if (p.tied) continue;
+    const std::int64_t count = p.row->where == placement::layer ? c.s.layers.get() : 1;
+    for (std::int64_t layer = 0; layer < count; ++layer)
+      for (int i = 0; i < p.row->hf_count; ++i)
+        out.push_back({source_name(p, i, layer), p.hf_shapes[static_cast<std::size_t>(i)]});
+  }
+  return out;
+}
+
+// ---- the model as metadata.json describes it -----------------------------------------------------
+
+template <class T>
+json value_json(const maybe<T>& v) {
+  if constexpr (std::is_same_v<T, rope_type>) return std::string(name_of(v.get()));
+  else return v.get();
+}
+
+json model_json(const runtime_config& c) {
+  json shape_j = json::object();
+  hana::for_each(hana::keys(c.s), [&](auto key) {
+    const std::string field = hana::to<char const*>(key);
+    const auto& v = hana::at_key(c.s, key);
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, rope_scaling>) {
+      json r = json::object();
+      hana::for_each(hana::keys(v), [&](auto rkey) {
+        r[hana::to<char const*>(rkey)] = value_json(hana::at_key(v, rkey));
+      });
+      shape_j[field] = r;
+    } else if (field == "head_dim") {
+      shape_j[field] = effective_head_dim(c.s).get();  // what it means, not how it was declared
+    } else {
+      shape_j[field] = value_json(v);
+    }
+  });
+  return {{"shape", shape_j},
+          {"head", c.head.actor ? "actor" : "critic"},
+          {"value_bias", !c.head.actor && c.head.value_bias}};
+}
+
+json layout_json(const layout& l) {
+  json j = json::object();
+  hana::for_each(hana::keys(l), [&](auto key) { j[hana::to<char const*>(key)] = value_json(hana::at_key(l, key)); });
+  return j;
+}
+
+// "layers: checkpoint 8, this model 4" for every leaf where the two differ.
+void diff_json(const json& saved, const json& mine, const std::string& path, std::vector<std::string>& out) {
+  if (saved.is_object() && mine.is_object()) {
+    std::set<std::string> keys;
+    for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());
+    for (auto it = mine.begin(); it != mine.end(); ++it) keys.insert(it.key());
+    for (const auto& k : keys) {
+      const std::string sub = path.empty() ? k : path + "." + k;
+      if (!saved.contains(k)) out.push_back(sub + ": not in the checkpoint, this model " + mine[k].dump());
+      else if (!mine.contains(k)) out.push_back(sub + ": checkpoint " + saved[k].dump() + ", not in this model");
+      else diff_json(saved[k], mine[k], sub, out);
+    }
+    return;
+  }
+  if (saved != mine) out.push_back(path + ": checkpoint " + saved.dump() + ", this model " + mine.dump());
+}
+
+// ---- agreement: every rank throws the same error, or none does ------------------------------------
+
+const comm_group& world_of(const parallel_groups& g) {
+  if (g.world == nullptr)
+    throw std::logic_error("megadsl: distributed checkpoints need parallel_groups::world (built by "
+                           "parallel_groups::build and ::single)");
+  return *g.world;
+}
+
+// Collective: returns when no rank has an error; otherwise every rank throws checkpoint_error, with
+// its own message when it has one, else with that of the first rank that failed.
+void agree(const comm_group& world, const std::string& error) {
+  at::Tensor flag = at::full({1}, error.empty() ? 0 : 1, at::kLong);
+  const at::Tensor flags = world.all_gather(flag, 0);  // (world)
+  const auto failed = flags.nonzero();
+  if (failed.numel() == 0) return;
+  const int first = static_cast<int>(failed[0][0].item<std::int64_t>());
+  at::Tensor length = at::full({1}, static_cast<std::int64_t>(error.size()), at::kLong);
+  world.broadcast(length, first);
+  at::Tensor text = at::zeros({std::max<std::int64_t>(1, length.item<std::int64_t>())}, at::kByte);
+  if (world.rank() == first) std::memcpy(text.data_ptr(), error.data(), error.size());
+  world.broadcast(text, first);
+  if (!error.empty()) throw checkpoint_error(error);
+  const std::string theirs(static_cast<const char*>(text.data_ptr()), static_cast<std::size_t>(length.item<std::int64_t>()));
+  throw checkpoint_error(theirs + " [reported by rank " + std::to_string(world.ranks()[static_cast<std::size_t>(first)]) + "]");
+}
+
+template <class F>
+std::string attempt(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return one_line(e.what());
+  }
+}
+
+// ---- saving -------------------------------------------------------------------------------------
+
+fs::path normalized(const fs::path& dir) {
+  fs::path d = fs::absolute(dir).lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();
+  return d;
+}
+
+fs::path rank_file(std::int64_t rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
+
+bool is_checkpoint(const fs::path& dir) {
+  std::ifstream in(dir / manifest_name);
+  if (!in) return false;
+  try {
+    const json j = json::parse(in);
+    return j.is_object() && j.value("format", std::string()) == dist_checkpoint_format;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// `staging` takes the place of `dir`; the old checkpoint (if any) is removed afterwards.
+void move_into_place(const fs::path& staging, const fs::path& dir) {
+  auto fail = [&](const std::string& what, int err) {
+    throw checkpoint_error("megadsl: cannot move the new checkpoint " + staging.string() + " to " + dir.string() +
+                           ": " + what + ": " + std::strerror(err));
+  };
+  if (!fs::exists(dir)) {
+    if (std::rename(staging.c_str(), dir.c_str()) != 0) fail("rename", errno);
+  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);  // the old checkpoint, now under the staging name
+  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+    fs::path old = staging;
+    old += ".old";
+    if (std::rename(dir.c_str(), old.c_str()) != 0) fail("rename of the old checkpoint", errno);
+    if (std::rename(staging.c_str(), dir.c_str()) != 0) {
+      const int err = errno;
+      std::rename(old.c_str(), dir.c_str());
+      fail("rename", err);
+    }
+    std::error_code ec;
+    fs::remove_all(old, ec);
+  } else {
+    fail("renameat2 (exchange)", errno);
+  }
+  fsync_dir(dir.parent_path());
+}
+
+// This rank's pieces: values, and AdamW's moments when `training` holds them.
+std::vector<std::pair<std::string, at::Tensor>> main_pieces(const std::vector<named_parameter>& params,
+                                                            const runtime_config& c, std::int64_t tp_rank,
+                                                            const training_state* training, json& described) {
+  const bool moments = training != nullptr && !training->exp_avg.empty();
+  if (moments && (training->exp_avg.size() != params.size() || training->exp_avg_sq.size() != params.size()))
+    throw std::invalid_argument("megadsl: save_distributed: the training state has " +
+                                std::to_string(training->exp_avg.size()) + " AdamW moments for " +
+                                std::to_string(params.size()) + " parameters; expected one per parameter");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const named_parameter& p = params[i];
+    const param_plan& plan = *p.plan;
+    std::vector<std::pair<std::string, at::Tensor>> sources{{"", p.tensor}};
+    if (moments) {
+      sources.emplace_back(moment_names[0], training->exp_avg[i]);
+      sources.emplace_back(moment_names[1], training->exp_avg_sq[i]);
+    }
+    for (const auto& [prefix, t] : sources) {
+      if (!t.defined() || t.sizes() != p.tensor.sizes())
+        throw std::invalid_argument("megadsl: save_distributed: " +
+                                    (prefix.empty() ? std::string("parameter ")
+                                                    : "the AdamW " + prefix.substr(10, prefix.size() - 11) + " of ") +
+                                    p.name + " has shape " + (t.defined() ? c10::str(t.sizes()) : "(undefined)") +
+                                    ", expected the parameter's " + c10::str(p.tensor.sizes()));
+      const at::Tensor src = t.detach();
+      for (const shard_piece& x : shard_pieces(plan, c.s, c.l, tp_rank, piece_set::main_replica)) {
+        const dims& hf = plan.hf_shapes[static_cast<std::size_t>(x.slot)];
+        const box global = along(whole(hf), x.dim, x.global_offset, x.extent);
+        const box local = along(whole(plan.local), x.dim, x.local_offset, x.extent);
+        const std::string tensor = prefix + source_name(plan, x.slot, layer_of(p));
+        const std::string key = piece_key(tensor, global);
+        at::Tensor piece = narrow(src, local).to(at::kCPU).contiguous();
+        const std::string_view dtype = safetensors_dtype_name(piece.scalar_type());
+        if (dtype.empty())
+          throw std::invalid_argument("megadsl: save_distributed: " + p.name + " has dtype " +
+                                      std::string(c10::toString(piece.scalar_type())) + ", which safetensors cannot store");
+        described[key] = json{{"tensor", tensor},
+                              {"global_shape", dims_vec(hf)},
+                              {"global_offset", offsets(global)},
+                              {"dtype", std::string(dtype)},
+                              {"fnv1a64", hex16(fnv1a64(piece))}}
+                             .dump();
+        out.emplace_back(key, std::move(piece));
+      }
+    }
+  }
+  return out;
+}
+
+// Rank 0, after every rank file exists: metadata.json from the files' own headers.
+json build_manifest(const fs::path& staging, const runtime_config& c, const parallel_groups& g,
+                    const std::vector<named_parameter>& params, const checkpoint_extras& extras) {
+  json files = json::array();
+  for (std::int64_t r = 0; r < g.grid.world(); ++r) {
+    const rank_coords rc = g.grid.coords(r);
+    if (rc.dp != 0 || rc.cp != 0) continue;
+    const safetensors_file f = safetensors_file::open(staging / rank_file(r));
+    json pieces = json::array();
+    for (const tensor_info& t : f.tensors()) {
+      const auto it = f.metadata().find(t.name);
+      if (it == f.metadata().end())
+        throw checkpoint_error("megadsl: " + f.path().string() + ": piece " + t.name + " has no metadata entry");
+      json piece = json::parse(it->second);
+      piece["key"] = t.name;
+      piece["shape"] = t.shape;
+      pieces.push_back(piece);
+    }
+    files.push_back({{"file", rank_file(r).string()},
+                     {"rank", r},
+                     {"coords", {{"tp", rc.tp}, {"cp", rc.cp}, {"dp", rc.dp}, {"pp", rc.pp}}},
+                     {"bytes", f.file_bytes()},
+                     {"pieces", pieces}});
+  }
+  json m = json::object();
+  m["format"] = dist_checkpoint_format;
+  m["version"] = dist_checkpoint_version;
+  m["checksum"] = "fnv1a64: 64-bit FNV-1a of each piece's bytes as stored, 16 hex digits";
+  m["model"] = model_json(c);
+  m["dtype"] = params.empty() ? std::string("F32") : std::string(safetensors_dtype_name(params.front().tensor.scalar_type()));
+  m["layout"] = layout_json(c.l);
+  m["grid"] = {{"tp", g.grid.tp}, {"cp", g.grid.cp}, {"dp", g.grid.dp}, {"pp", g.grid.pp}};
+  if (extras.training) {
+    const training_state& t = *extras.training;
+    m["training"] = {{"steps", t.steps},
+                     {"samples", t.samples},
+                     {"adam_step", t.adam_step},
+                     {"moments", !t.exp_avg.empty()}};
+  } else {
+    m["training"] = nullptr;
+  }
+  m["files"] = files;
+  return m;
+}
+
+// ---- loading ------------------------------------------------------------------------------------
+
+struct saved_piece {
+  std::string key, tensor;
+  std::size_t file = 0;
+  box where;  // in the global tensor
+  std::vector<std::int64_t> global_shape;
+  std::string dtype;
+  std::uint64_t checksum = 0;
+};
+
+struct saved_file {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::vector<std::size_t> pieces;
+};
+
+struct manifest {
+  fs::path dir;
+  json model, layout;
+  std::optional<training_state> training;  // scalars only
+  bool moments = false;
+  std::vector<saved_file> files;
+  std::vector<saved_piece> pieces;
+  std::map<std::string, std::vector<std::size_t>> by_tensor;
+
+  [[nodiscard]] std::string where() const { return "megadsl: distributed checkpoint " + dir.string(); }
+};
+
+manifest read_manifest(const fs::path& dir) {
+  manifest m;
+  m.dir = dir;
+  const fs::path path = dir / manifest_name;
+  if (!fs::is_directory(dir))
+    throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() + " does not exist or is not a directory");
+  std::ifstream in(path);
+  if (!in)
+    throw checkpoint_error(m.where() + ": " + manifest_name + " is missing; a save that did not finish leaves none, "
+                           "so this is not a complete megadsl distributed checkpoint");
+  auto bad = [&](const std::string& what) {
+    throw checkpoint_error(one_line(m.where() + ": " + manifest_name + " is corrupt: " + what));
+  };
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    bad(std::string("not valid JSON (") + e.what() + ")");
+  }
+  try {
+    if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
+      bad("it does not name the format \"" + std::string(dist_checkpoint_format) + "\"");
+    const int version = j.at("version").get<int>();
+    if (version != dist_checkpoint_version)
+      bad("format version " + std::to_string(version) + "; this build reads version " +
+          std::to_string(dist_checkpoint_version));
+    m.model = j.at("model");
+    m.layout = j.value("layout", json::object());
+    if (!j.at("training").is_null()) {
+      const json& t = j.at("training");
+      m.training = training_state{.steps = t.at("steps").get<std::int64_t>(),
+                                  .samples = t.at("samples").get<std::int64_t>(),
+                                  .adam_step = t.at("adam_step").get<std::int64_t>()};
+      m.moments = t.at("moments").get<bool>();
+    }
+    std::set<std::string> keys, names;
+    for (const json& f : j.at("files")) {
+      saved_file sf;
+      sf.name = f.at("file").get<std::string>();
+      if (sf.name.empty() || sf.name.find('/') != std::string::npos || sf.name[0] == '.')
+        bad("file name \"" + sf.name + "\" is not a plain file name inside the checkpoint");
+      if (!names.insert(sf.name).second) bad("file " + sf.name + " is listed twice");
+      sf.bytes = f.at("bytes").get<std::uint64_t>();
+      for (const json& pj : f.at("pieces")) {
+        saved_piece p;
+        p.key = pj.at("key").get<std::string>();
+        p.tensor = pj.at("tensor").get<std::string>();
+        p.file = m.files.size();
+        p.global_shape = pj.at("global_shape").get<std::vector<std::int64_t>>();
+        const auto offset = pj.at("global_offset").get<std::vector<std::int64_t>>();
+        const auto shape = pj.at("shape").get<std::vector<std::int64_t>>();
+        p.dtype = pj.at("dtype").get<std::string>();
+        const std::string sum = pj.at("fnv1a64").get<std::string>();
+        const std::size_t rank = p.global_shape.size();
+        if (rank < 1 || rank > 2 || offset.size() != rank || shape.size() != rank)
+          bad("piece " + p.key + " in " + sf.name + ": global_shape, global_offset and shape must have one rank (1 or 2)");
+        p.where = whole(p.global_shape);
+        for (std::size_t d = 0; d < rank; ++d) {
+          p.where.off[d] = offset[d];
+          p.where.len[d] = shape[d];
+          if (offset[d] < 0 || shape[d] < 0 || offset[d] + shape[d] > p.global_shape[d])
+            bad("piece " + p.key + " in " + sf.name + " covers " + region_text(p.where) + ", outside its tensor's shape " +
+                shape_text(p.global_shape));
+        }
+        if (!parse_safetensors_dtype(p.dtype)) bad("piece " + p.key + " in " + sf.name + " has unknown dtype " + p.dtype);
+        std::size_t used = 0;
+        try {
+          p.checksum = std::stoull(sum, &used, 16);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (sum.size() != 16 || used != 16) bad("piece " + p.key + " in " + sf.name + ": fnv1a64 \"" + sum + "\" is not 16 hex digits");
+        if (!keys.insert(p.key).second) bad("piece " + p.key + " is listed twice");
+        sf.pieces.push_back(m.pieces.size());
+        m.by_tensor[p.tensor].push_back(m.pieces.size());
+        m.pieces.push_back(std::move(p));
+      }
+      m.files.push_back(std::move(sf));
+    }
+  } catch (const json::exception& e) {
+    bad(e.what());
+  }
+  return m;
+}
+
+void check_model(const manifest& m, const runtime_config& c) {
+  std::vector<std::string> diffs;
+  diff_json(m.model, model_json(c), "", diffs);
+  if (diffs.empty()) return;
+  std::string msg = m.where() + " holds another model: ";
+  for (std::size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+  throw checkpoint_error(one_line(msg + "; fix: load it into the model that saved it (metadata.json \"model\")"));
+}
+
+std::string first_pieces(const manifest& m, const saved_file& f) {
+  if (f.pieces.empty()) return "no pieces";
+  std::string s = m.pieces[f.pieces.front()].key;
+  if (f.pieces.size() > 1) s += " and " + std::to_string(f.pieces.size() - 1) + " more pieces";
+  return s;
+}
+
+void check_files(const manifest& m) {
+  for (const saved_file& f : m.files) {
+    const fs::path path = m.dir / f.name;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec)
+      throw checkpoint_error(m.where() + ": " + f.name + " is missing (" + ec.message() + "); it holds " + first_pieces(m, f));
+    if (size != f.bytes)
+      throw checkpoint_error(m.where() + ": " + f.name + " has " + std::to_string(size) + " bytes, metadata.json records " +
+                             std::to_string(f.bytes) + " (truncated or replaced); it holds " + first_pieces(m, f));
+  }
+}
+
+// Every element of every needed tensor in exactly one saved piece.
+void check_coverage(const manifest& m, const std::string& tensor, const dims& want) {
+  const auto it = m.by_tensor.find(tensor);
+  if (it == m.by_tensor.end())
+    throw checkpoint_error(m.where() + ": tensor " + tensor + " " + shape_text(dims_vec(want)) +
+                           " is in no saved piece; the checkpoint does not hold it");
+  const std::vector<std::size_t>& ids = it->second;
+  for (std::size_t id : ids) {
+    const saved_piece& p = m.pieces[id];
+    if (p.global_shape != dims_vec(want))
+      throw checkpoint_error(m.where() + ": piece " + p.key + " in " + m.files[p.file].name + " says tensor " + tensor +
+                             " has shape " + shape_text(p.global_shape) + "; this model's is " + shape_text(dims_vec(want)));
+  }
+  // Cells between the pieces' boundaries: each must be covered exactly once.
+  const box all = whole(want);
+  std::array<std::vector<std::int64_t>, 2> cuts;
+  for (std::size_t d = 0; d < 2; ++d) {
+    cuts[d] = {0, all.len[d]};
+    for (std::size_t id : ids) {
+      cuts[d].push_back(m.pieces[id].where.off[d]);
+      cuts[d].push_back(m.pieces[id].where.off[d] + m.pieces[id].where.len[d]);
+    }
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+  }
+  const std::size_t nx = cuts[0].size() - 1, ny = cuts[1].size() - 1;
+  std::vector<int> count(nx * ny, 0);
+  auto index = [&](std::size_t d, std::int64_t v) {
+    return static_cast<std::size_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), v) - cuts[d].begin());
+  };
+  for (std::size_t id : ids) {
+    const box& b = m.pieces[id].where;
+    if (b.empty()) continue;
+    for (std::size_t x = index(0, b.off[0]); x < index(0, b.off[0] + b.len[0]); ++x)
+      for (std::size_t y = index(1, b.off[1]); y < index(1, b.off[1] + b.len[1]); ++y) ++count[x * ny + y];
+  }
+  for (std::size_t x = 0; x < nx; ++x)
+    for (std::size_t y = 0; y < ny; ++y) {
+      const int n = count[x * ny + y];
+      if (n == 1) continue;
+      box cell = all;
+      cell.off = {cuts[0][x], cuts[1][y]};
+      cell.len = {cuts[0][x + 1] - cuts[0][x], cuts[1][y + 1] - cuts[1][y]};
+      if (n == 0)
+        throw checkpoint_error(m.where() + ": tensor " + tensor + " " + shape_text(dims_vec(want)) + ": elements " +
+                               region_text(cell) + " are in no saved piece (a gap; metadata.json lists " +
+                               std::to_string(ids.size()) + (ids.size() == 1 ? " piece" : " pieces") + " of it)");
+      std::string holders;
+      for (std::size_t id : ids)
+        if (!intersect(m.pieces[id].where, cell).empty())
+          holders += (holders.empty() ? "" : ", ") + m.pieces[id].key + " (" + m.files[m.pieces[id].file].name + ")";
+      throw checkpoint_error(m.where() + ": tensor " + tensor + " " + shape_text(dims_vec(want)) + ": elements " +
+                             region_text(cell) + " are in " + std::to_string(n) + " saved pieces (an overlap): " + holders);
+    }
+}
+
+// Opens files on first use and verifies each piece (presence, dtype, shape, checksum) once.
+class piece_reader {
+ public:
+  explicit piece_reader(const manifest& m) : m_(m) {}
+
+  at::Tensor view(std::size_t id) {
+    const saved_piece& p = m_.pieces[id];
+    const std::string& file = m_.files[p.file].name;
+    auto it = files_.find(p.file);
+    if (it == files_.end()) {
+      try {
+        it = files_.emplace(p.file, safetensors_file::open(m_.dir / file)).first;
+      } catch (const std::exception& e) {
+        throw checkpoint_error(one_line(m_.where() + ": " + file + " (needed for " + p.key + ") cannot be read: " + e.what()));
+      }
+    }
+    const safetensors_file& f = it->second;
+    const tensor_info* t = f.find(p.key);
+    if (t == nullptr)
+      throw checkpoint_error(m_.where() + ": " + file + " does not hold piece " + p.key + ", which metadata.json lists in it");
+    const std::vector<std::int64_t> shape = extents(p.where);
+    if (t->shape != shape || safetensors_dtype_name(t->dtype) != p.dtype)
+      throw checkpoint_error(m_.where() + ": " + file + ": piece " + p.key + " is " +
+                             std::string(safetensors_dtype_name(t->dtype)) + " " + shape_text(t->shape) +
+                             ", metadata.json records " + p.dtype + " " + shape_text(shape));
+    at::Tensor v = f.view(p.key);
+    if (verified_.insert(id).second) {
+      const std::uint64_t sum = fnv1a64(v.contiguous());
+      if (sum != p.checksum)
+        throw checkpoint_error(m_.where() + ": " + file + ": piece " + p.key + " fails its checksum (fnv1a64 " + hex16(sum) +
+                               ", metadata.json records " + hex16(p.checksum) + "); the file is corrupted");
+    }
+    return v;
+  }
+
+ private:
+  const manifest& m_;
+  std::map<std::size_t, safetensors_file> files_;
+  std::set<std::size_t> verified_;
+};
+
+// This rank's local shard of `p` (values, or the moment under `prefix`), from the saved pieces.
+at::Tensor build_local(const named_parameter& p, const runtime_config& c, std::int64_t tp_rank, const manifest& m,
+                       piece_reader& reader, const std::string& prefix) {
+  const param_plan& plan = *p.plan;
+  at::Tensor out = at::zeros(dims_vec(plan.local), p.tensor.options().device(at::kCPU));  // vocab padding stays 0
+  for (const shard_piece& x : shard_pieces(plan, c.s, c.l, tp_rank, piece_set::all)) {
+    const dims& hf = plan.hf_shapes[static_cast<std::size_t>(x.slot)];
+    const box global = along(whole(hf), x.dim, x.global_offset, x.extent);
+    const box local = along(whole(plan.local), x.dim, x.local_offset, x.extent);
+    const std::string tensor = prefix + source_name(plan, x.slot, layer_of(p));
+    for (std::size_t id : m.by_tensor.at(tensor)) {
+      const box overlap = intersect(global, m.pieces[id].where);
+      if (overlap.empty()) continue;
+      narrow(out, moved(overlap, global, local)).copy_(narrow(reader.view(id), moved(overlap, m.pieces[id].where, whole(extents(m.pieces[id].where)))));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_distributed(const std::vector<named_parameter>& params, const runtime_config& config,
+                      const parallel_groups& groups, const fs::path& dir, const checkpoint_extras& extras) {
+  const comm_group& world = world_of(groups);
+  const fs::path target = normalized(dir);
+  const bool first = world.rank() == 0;
+
+  // Every rank writes into the same fresh sibling directory: rank 0 names it.
+  at::Tensor token = at::zeros({1}, at::kLong);
+  if (first) {
+    std::random_device rd;
+    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    token[0] = static_cast<std::int64_t>(((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ now ^ static_cast<std::uint64_t>(::getpid())) >> 1);
+  }
+  world.broadcast(token, 0);
+  fs::path staging = target;
+  staging += ".tmp-" + hex16(static_cast<std::uint64_t>(token.item<std::int64_t>()));
+
+  auto cleanup = [&] {
+    if (!first) return;
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+  };
+  auto step = [&](auto&& f) {
+    const std::string error = attempt(f);
+    try {
+      agree(world, error);
+    } catch (...) {
+      cleanup();
+      throw;
+    }
+  };
+
+  step([&] {
+    if (!first) return;
+    std::error_code ec;
+    if (fs::exists(target, ec)) {
+      if (!fs::is_directory(target))
+        throw checkpoint_error("megadsl: cannot save a distributed checkpoint to " + target.string() +
+                               ": it exists and is not a directory");
+      if (!fs::is_empty(target) && !is_checkpoint(target))
+        throw checkpoint_error("megadsl: cannot save a distributed checkpoint to " + target.string() +
+                               ": it holds files that are not a megadsl distributed checkpoint, which saving would "
+                               "replace; choose a new or empty directory");
+    }
+    fs::create_directories(target.parent_path(), ec);
+    if (!fs::create_directory(staging, ec) || ec)
+      throw checkpoint_error("megadsl: cannot save a distributed checkpoint to " + target.string() + ": cannot create " +
+                             staging.string() + (ec ? ": " + ec.message() : ": it exists"));
+  });
+
+  step([&] {
+    if (groups.me.dp != 0 || groups.me.cp != 0) return;  // dp replicas: dp rank 0 writes
+    json described = json::object();
+    const auto pieces = main_pieces(params, config, groups.me.tp, extras.training ? &*extras.training : nullptr, described);
+    std::map<std::string, std::string> meta{{"format", std::string(dist_checkpoint_format)},
+                                            {"version", std::to_string(dist_checkpoint_version)},
+                                            {"rank", std::to_string(world.ranks()[static_cast<std::size_t>(world.rank())])}};
+    for (auto it = described.begin(); it != described.end(); ++it) meta[it.key()] = it.value().get<std::string>();
+    write_safetensors(staging / rank_file(world.ranks()[static_cast<std::size_t>(world.rank())]), pieces, meta);
+  });
+
+  step([&] {
+    if (!first) return;
+    const json m = build_manifest(staging, config, groups, params, extras);
+    write_file_atomically(staging / manifest_name, m.dump(1) + "\n");
+    fsync_dir(staging);
+    move_into_place(staging, target);
+  });
+}
+
+checkpoint_extras load_distributed(std::vector<named_parameter>& params, const runtime_config& config,
+                                   const parallel_groups& groups, const fs::path& dir, const dist_load_options& options) {
+  const comm_group& world = world_of(groups);
+  std::vector<at::Tensor> values;
+  checkpoint_extras extras;
+  const std::string error = attempt([&] {
+    const manifest m = read_manifest(dir);
+    check_model(m, config);
+    check_files(m);
+    const bool moments = options.training_state && m.training && m.moments;
+    for (const needed_tensor& t : model_tensors(config)) {
+      check_coverage(m, t.name, t.shape);
+      if (moments)
+        for (const char* prefix : moment_names) check_coverage(m, prefix + t.name, t.shape);
+    }
+    piece_reader reader(m);
+    const std::int64_t tp_rank = groups.me.tp;
+    for (const named_parameter& p : params) {
+      values.push_back(build_local(p, config, tp_rank, m, reader, ""));
+      if (values.back().sizes() != p.tensor.sizes())
+        throw std::invalid_argument("megadsl: load_distributed: parameter " + p.name + " has shape " +
+                                    c10::str(p.tensor.sizes()) + ", but its plan under this layout gives " +
+                                    c10::str(values.back().sizes()));
+    }
+    if (options.training_state && m.training) {
+      extras.training = *m.training;
+      for (const named_parameter& p : params) {
+        if (!moments) break;
+        extras.training->exp_avg.push_back(build_local(p, config, tp_rank, m, reader, moment_names[0]));
+        extras.training->exp_avg_sq.push_back(build_local(p, config, tp_rank, m, reader, moment_names[1]));
+      }
+    }
+  });
+  agree(world, error);
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].tensor.detach().copy_(values[i]);
+  return extras;
+}
+
+}  // namespace megadsl
