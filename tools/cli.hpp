@@ -2,8 +2,12 @@
 // HF config.json), validation and the aligned-table printer. Torch-free.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <iosfwd>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -13,6 +17,10 @@
 #include "megadsl/rules.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/shard_plan.hpp"
+
+namespace megadsl {
+class distributed;
+}
 
 namespace megadsl::cli {
 
@@ -40,6 +48,16 @@ struct options {
   run_facts facts;     // dynamic unless given
   head_info head;      // actor unless --critic
   std::int64_t seq = 4096;  // plan only
+
+  // run and convert (need the LibTorch runtime)
+  std::string input, output;  // run: --input, --output
+  std::int64_t ranks = 0;     // --ranks: local processes to start; 0: tp * pp
+  double temperature = 1.0;   // run: --temperature
+  bool logits = false;        // run: --logits
+  bool critic_given = false;  // --critic was on the command line (convert: check it against the source)
+  std::string from, to;       // convert: --from, --to
+  std::string to_format;      // convert: --to-format hf|dist ("": the other format than --from's)
+  std::string dtype;          // convert: --dtype fp32|bf16|fp16 ("": the source's)
 };
 
 // Parses everything after the subcommand name.
@@ -85,5 +103,56 @@ int cmd_check(const options& o, std::ostream& out, std::ostream& err);
 int cmd_describe(const options& o, std::ostream& out, std::ostream& err);
 int cmd_plan(const options& o, std::ostream& out, std::ostream& err);
 int cmd_presets(std::ostream& out);
+
+// `run` and `convert` (tools/cmd_run.cpp, tools/cmd_convert.cpp; LibTorch). `argv` is the whole
+// command line: without a launcher's environment they start their local ranks by re-executing it.
+// Exit 1 when an input, the model's weights or the job fails (one line naming the file).
+int cmd_run(const options& o, const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+int cmd_convert(const options& o, const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+
+// ---- shared by run and convert (implemented in cmd_run.cpp) ----------------------------------
+
+// An input, checkpoint or output file run/convert cannot use (exit 1); the text names the file.
+struct input_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Where this process stands: under a launcher (torchrun, srun, or the tool's own local launch) it
+// is one rank of `world`; otherwise it is the parent that starts `world` local ranks.
+struct job {
+  std::int64_t world = 1;
+  std::int64_t rank = 0;
+  bool launched = false;    // RANK / WORLD_SIZE are set
+  bool own_child = false;   // started by this tool's local launch (the parent already reported)
+  bool speaks() const { return rank == 0 && !own_child; }  // prints notes once per job
+};
+job job_of(const options& o);
+
+// Maps an exception to its exit code (usage_error, config_error: 2; anything else: 1) and prints
+// its one line when `print`.
+int report_errors(std::ostream& err, bool print, const std::function<int()>& f);
+
+// Runs `body` on every rank: here when launched, else in `j.world` local processes re-executing
+// `argv` (returns the first failing rank's exit code). The body's errors are printed by rank 0.
+int run_job(const job& j, const std::vector<std::string>& argv, std::ostream& err,
+            const std::function<int(distributed&)>& body);
+
+// One phase of a long job on stderr. On a terminal the line is rewritten with \r four times a
+// second: elapsed time, and while files are read, how much of them is in memory. Otherwise one
+// plain line when it ends. Does nothing when not `enabled` (ranks other than 0).
+class progress {
+ public:
+  progress(std::ostream& err, bool enabled);
+  ~progress();
+  progress(const progress&) = delete;
+  progress& operator=(const progress&) = delete;
+  // `reading`: files whose pages in memory are shown as a percentage (a load's source).
+  void start(std::string what, std::vector<std::filesystem::path> reading = {});
+  void finish();
+
+ private:
+  struct state;
+  std::unique_ptr<state> s_;
+};
 
 }  // namespace megadsl::cli

@@ -1,6 +1,8 @@
 // Command-line parsing, the model argument (preset or config.json) and validation for `megadsl`.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -45,7 +47,17 @@ std::string closest(std::string_view word, const Range& candidates) {
 constexpr std::string_view layout_flags[] = {
     "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad",
     "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
-    "--critic", "--no-value-bias", "--config", "--seq"};
+    "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
+    "--logits", "--from", "--to", "--to-format", "--dtype"};
+
+// Flags of one command only, and which.
+struct command_flag {
+  std::string_view flag, command;
+};
+constexpr command_flag command_flags[] = {
+    {"--seq", "plan"},           {"--input", "run"},   {"--output", "run"}, {"--temperature", "run"},
+    {"--logits", "run"},         {"--from", "convert"}, {"--to", "convert"}, {"--to-format", "convert"},
+    {"--dtype", "convert"}};
 
 std::int64_t parse_int(std::string_view flag, std::string_view text) {
   std::int64_t v = 0;
@@ -108,14 +120,38 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     else if (flag == "--global-batch") o.facts.global_batch = count();
     else if (flag == "--micro-batch") o.facts.micro_batch = count();
     else if (flag == "--microbatches") o.facts.microbatches = count();
-    else if (flag == "--critic") o.head.actor = !switch_on();
+    else if (flag == "--critic") o.head.actor = !switch_on(), o.critic_given = true;
     else if (flag == "--no-value-bias") no_value_bias = switch_on();
     else if (flag == "--config") o.config = std::string(value());
-    else if (flag == "--seq" && o.command == "plan") {
-      o.seq = count();
+    else if (flag == "--seq" && o.command == "plan") o.seq = count();
+    else if (flag == "--ranks" && (o.command == "run" || o.command == "convert")) o.ranks = count();
+    else if (flag == "--input" && o.command == "run") o.input = std::string(value());
+    else if (flag == "--output" && o.command == "run") o.output = std::string(value());
+    else if (flag == "--logits" && o.command == "run") o.logits = switch_on();
+    else if (flag == "--temperature" && o.command == "run") {
+      const std::string text(value());
+      char* end = nullptr;
+      const double t = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size() || !(t > 0) || t == HUGE_VAL)
+        throw usage_error("megadsl run: --temperature expects a positive number, got '" + text + "'");
+      o.temperature = t;
+    } else if (flag == "--from" && o.command == "convert") o.from = std::string(value());
+    else if (flag == "--to" && o.command == "convert") o.to = std::string(value());
+    else if (flag == "--to-format" && o.command == "convert") {
+      o.to_format = std::string(value());
+      if (o.to_format != "hf" && o.to_format != "dist")
+        throw usage_error("megadsl convert: --to-format is hf or dist, got '" + o.to_format + "'");
+    } else if (flag == "--dtype" && o.command == "convert") {
+      o.dtype = std::string(value());
+      if (o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16")
+        throw usage_error("megadsl convert: --dtype is fp32, bf16 or fp16, got '" + o.dtype + "'");
     } else {
       std::string m = "megadsl " + o.command + ": unknown option '" + std::string(flag) + "'";
-      if (flag == "--seq") m += " (--seq belongs to megadsl plan)";
+      const command_flag* owner = nullptr;
+      for (const command_flag& c : command_flags)
+        if (c.flag == flag) owner = &c;
+      if (flag == "--ranks") m += " (--ranks belongs to megadsl run and convert)";
+      else if (owner != nullptr) m += " (" + std::string(flag) + " belongs to megadsl " + std::string(owner->command) + ")";
       else if (std::string s = closest(flag, layout_flags); !s.empty()) m += "; did you mean " + s + "?";
       throw usage_error(m + "; see megadsl help");
     }
@@ -124,9 +160,23 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     if (o.head.actor) throw usage_error("megadsl: --no-value-bias goes with --critic (the value head's bias)");
     o.head.value_bias = false;
   }
+  if (o.command == "convert") {
+    if (!o.model.empty())
+      throw usage_error("megadsl convert: takes no MODEL argument ('" + o.model +
+                        "'); name the source with --from PATH and the target with --to PATH");
+    if (o.from.empty() || o.to.empty())
+      throw usage_error("megadsl convert: needs --from PATH (an HF model directory or a distributed checkpoint) "
+                        "and --to PATH");
+    o.model = o.from;
+    return o;
+  }
   if (o.model.empty())
     throw usage_error("megadsl " + o.command +
                       ": missing MODEL: a preset name (megadsl presets) or an HF model directory / config.json");
+  if (o.command == "run" && (o.input.empty() || o.output.empty()))
+    throw usage_error("megadsl run: needs --input FILE (.json or .safetensors) and --output FILE (.json or "
+                      ".safetensors)");
+  if (o.logits && !o.head.actor) throw usage_error("megadsl run: --logits goes with the actor; a critic has values");
   return o;
 }
 

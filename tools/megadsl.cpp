@@ -1,9 +1,15 @@
-// megadsl: check, describe and plan a Llama-family model under a parallel layout.
+// megadsl: check, describe, plan, run and convert a Llama-family model under a parallel layout.
 //
 //   megadsl check llama3-8b --tp 8 --pp 4 --sp          exit 0: valid, 1: rules violated, 2: usage
 //   megadsl describe path/to/hf-model --tp 4             per-parameter shard plan
 //   megadsl plan llama3-8b --tp 8 --pp 4 --seq 8192      memory, FLOPs, communication
+//   megadsl run path/to/hf-model --tp 2 --input batch.json --output out.safetensors
+//   megadsl convert --from path/to/hf-model --to ckpt --tp 2 --pp 2
+//
+// run and convert need the LibTorch runtime (MEGADSL_BUILD_RUNTIME, which defines MEGADSL_TOOL_RUNTIME);
+// without it they say so and exit 2.
 #include <iostream>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,6 +30,11 @@ commands:
   plan MODEL [layout] [--seq N] [--micro-batch N]
                             memory per rank, FLOPs per token, communication per step
   presets                   the preset models and their published parameter counts
+  run MODEL_DIR [layout] --input FILE --output FILE [--ranks N] [--temperature T] [--logits]
+                            run the model on a batch: the actor's log_probs and entropy (and
+                            logits with --logits), or with --critic the values; plus the valid mask
+  convert --from PATH --to PATH [--to-format hf|dist] [layout] [--dtype fp32|bf16|fp16] [--ranks N]
+                            HF checkpoint <-> distributed checkpoint, any layout to any layout
   help                      this text
 
 MODEL is a preset name (megadsl presets), an HF model directory, or its config.json
@@ -45,13 +56,34 @@ run facts (checked when given):
   --global-batch N          sequences per step (a multiple of micro batch * dp)
   --micro-batch N           sequences per micro-batch
   --microbatches N          micro-batches per step and dp rank (a multiple of pp when vpp > 1)
+run:
+  MODEL_DIR                 an HF model directory: config.json + safetensors (a preset has no weights)
+  --input FILE              .json {"input_ids": [[...], ...], "attention_mask": [[...], ...]}
+                            (rows of equal length; attention_mask optional, default all 1, left or
+                            right padding), or .safetensors with tensors input_ids, attention_mask
+  --output FILE             .json (nested lists) or .safetensors, by its extension; rank 0 writes it
+  --temperature T           divide the logits by T before log-probs and entropy (default 1)
+  --logits                  also the full logits (batch, seq, vocab)
+  --ranks N                 local processes to start (default tp * pp; a multiple of it adds data
+                            parallelism). Under torchrun/srun (RANK, WORLD_SIZE set) the job's ranks
+                            are used instead and nothing is started.
+convert:
+  --from PATH               an HF model directory, or a megadsl distributed checkpoint (a directory
+                            with metadata.json)
+  --to PATH                 the directory to write (replaced when it exists)
+  --to-format hf|dist       default: the other format than --from's (dist -> dist reshards)
+  layout flags              the layout the model is loaded into while converting; a distributed
+                            checkpoint written keeps it as its layout (any layout loads it back)
+  --critic                  an HF source is a critic (value head); a distributed one says what it is
+  --dtype fp32|bf16|fp16    dtype of what is written (default: the source's)
+  --ranks N                 as for run
 other:
   --config PATH             with a preset: check that PATH (config.json or its directory)
                             matches the preset field by field, then use it
   --seq N                   plan: tokens per sequence (default 4096)
 
-exit status: 0 ok, 1 invalid model or layout (or --config disagrees), 2 unusable command line or
-input file.
+exit status: 0 ok, 1 invalid model or layout (or --config disagrees; run/convert: an unusable
+input, checkpoint or output file, or a failed rank), 2 unusable command line or config.json.
 )";
 
 }  // namespace
@@ -69,7 +101,19 @@ int cmd_plan(const options& o, std::ostream& out, std::ostream& err) {
   return exit_ok;
 }
 
-int run(const std::vector<std::string_view>& args, std::ostream& out, std::ostream& err) {
+#ifndef MEGADSL_TOOL_RUNTIME
+int cmd_run(const options&, const std::vector<std::string>&, std::ostream&, std::ostream& err) {
+  err << "megadsl run needs the LibTorch runtime; this megadsl was built with -DMEGADSL_BUILD_RUNTIME=OFF\n";
+  return exit_usage;
+}
+int cmd_convert(const options&, const std::vector<std::string>&, std::ostream&, std::ostream& err) {
+  err << "megadsl convert needs the LibTorch runtime; this megadsl was built with -DMEGADSL_BUILD_RUNTIME=OFF\n";
+  return exit_usage;
+}
+#endif
+
+int run(const std::vector<std::string_view>& args, const std::vector<std::string>& argv, std::ostream& out,
+        std::ostream& err) {
   if (args.empty()) {
     err << usage;
     return exit_usage;
@@ -93,8 +137,10 @@ int run(const std::vector<std::string_view>& args, std::ostream& out, std::ostre
     if (command == "check") return cmd_check(parse_args(command, rest), out, err);
     if (command == "describe") return cmd_describe(parse_args(command, rest), out, err);
     if (command == "plan") return cmd_plan(parse_args(command, rest), out, err);
+    if (command == "run") return cmd_run(parse_args(command, rest), argv, out, err);
+    if (command == "convert") return cmd_convert(parse_args(command, rest), argv, out, err);
     throw usage_error("megadsl: unknown command '" + std::string(command) +
-                      "'; the commands are check, describe, plan, presets, help");
+                      "'; the commands are check, describe, plan, presets, run, convert, help");
   } catch (const usage_error& e) {
     err << e.what() << '\n';
     return exit_usage;
@@ -114,8 +160,9 @@ int run(const std::vector<std::string_view>& args, std::ostream& out, std::ostre
 
 int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
+  const std::vector<std::string> whole(argv, argv + argc);
   try {
-    return megadsl::cli::run(args, std::cout, std::cerr);
+    return megadsl::cli::run(args, whole, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "megadsl: internal error: " << e.what() << '\n';
     return 3;

@@ -8,6 +8,11 @@
 #   expect_no_out(<regex>)      stdout does not match; expect_no_err(<regex>) likewise
 #   expect_equal(<a> <b> <what>)  two variables' values are equal
 #   write_config(<dir> <json>)  writes <WORK>/<dir>/config.json
+# run_*/convert_* cases (the runtime is built) also get FIXTURES (tests/fixtures) and COMPARE (the
+# compare_tensors helper, tests/cli/compare_tensors.cpp):
+#   compare_tensors(<args>...)  run the helper: compare_rc, compare_out (stdout and stderr)
+#   expect_same(<a> <b> [--tol T] [--names n1,n2])  the helper's `compare` says equal (exit 0)
+#   expect_differ(<a> <b> ...)  it says they differ (exit 1): the comparison can fail
 foreach(var MEGADSL DATA WORK)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "cli_lib.cmake: run with -D${var}=...")
@@ -17,7 +22,8 @@ file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
 function(megadsl)
-  execute_process(COMMAND ${MEGADSL} ${ARGN}
+  # A hang is a failure too: the timeout's message is not an exit code.
+  execute_process(COMMAND ${MEGADSL} ${ARGN} TIMEOUT 600
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REPLACE ";" " " cmd "${ARGN}")
   message(STATUS "$ megadsl ${cmd}\n${out}${err}[exit ${rc}]")
@@ -66,4 +72,26 @@ endfunction()
 function(write_config dir json)
   file(MAKE_DIRECTORY ${WORK}/${dir})
   file(WRITE ${WORK}/${dir}/config.json "${json}")
+endfunction()
+
+function(compare_tensors)
+  execute_process(COMMAND ${COMPARE} ${ARGN} TIMEOUT 300 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  string(REPLACE ";" " " cmd "${ARGN}")
+  message(STATUS "$ compare_tensors ${cmd}\n${out}[exit ${rc}]")
+  set(compare_rc "${rc}" PARENT_SCOPE)
+  set(compare_out "${out}" PARENT_SCOPE)
+endfunction()
+
+function(expect_same a b)
+  compare_tensors(compare ${a} ${b} ${ARGN})
+  if(NOT "${compare_rc}" STREQUAL "0")
+    message(FATAL_ERROR "${a} and ${b} differ:\n${compare_out}")
+  endif()
+endfunction()
+
+function(expect_differ a b)
+  compare_tensors(compare ${a} ${b} ${ARGN})
+  if(NOT "${compare_rc}" STREQUAL "1")
+    message(FATAL_ERROR "${a} and ${b} should differ (exit 1), got exit ${compare_rc}:\n${compare_out}")
+  endif()
 endfunction()

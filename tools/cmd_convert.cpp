@@ -1,0 +1,295 @@
+// `megadsl convert --from PATH --to PATH`: HF checkpoint <-> megadsl distributed checkpoint, any
+// layout to any layout (HF -> dist, dist -> HF, dist -> dist reshards, HF -> HF e.g. a dtype
+// change). The model is loaded into the target layout on its ranks (load_hf reads each rank's
+// slices, load_distributed reshards), then saved (save_hf gathers to HF names, save_distributed
+// writes layout-independent pieces). The source's own layout never matters.
+#include <ATen/ATen.h>
+
+#include <boost/hana/at_key.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/keys.hpp>
+#include <boost/hana/string.hpp>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.hpp"
+#include "megadsl/hf_config.hpp"
+#include "megadsl/io/hf_checkpoint.hpp"
+#include "megadsl/parallel/distributed.hpp"
+#include "megadsl/runtime/dist_checkpoint.hpp"
+#include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/llama_model.hpp"
+
+namespace megadsl::cli {
+
+namespace fs = std::filesystem;
+namespace hana = boost::hana;
+using json = nlohmann::json;
+
+namespace {
+
+struct any_llama : llama<dynamic_shape> {
+  static constexpr std::string_view name = "checkpoint";
+};
+using actor_t = causal_lm<any_llama, dynamic_layout>;
+using critic_t = value_model<any_llama, dynamic_layout>;
+using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
+
+enum class format { hf, dist };
+const char* name_of(format f) { return f == format::hf ? "HF checkpoint" : "distributed checkpoint"; }
+
+struct dtype_entry {
+  std::string_view flag, safetensors;
+  at::ScalarType type;
+};
+constexpr dtype_entry dtypes[] = {
+    {"fp32", "F32", at::kFloat}, {"bf16", "BF16", at::kBFloat16}, {"fp16", "F16", at::kHalf}};
+
+struct source {
+  format kind = format::hf;
+  fs::path dir;
+  shape s;
+  head_info head;
+  std::string model_type;  // HF source: its model_type ("" for a distributed one: derived)
+  std::string dtype;       // fp32 / bf16 / fp16
+  std::size_t tensors = 0;
+  std::uint64_t bytes = 0;
+  std::vector<fs::path> files;
+  std::vector<std::string> notes;
+};
+
+[[noreturn]] void bad(const std::string& what) { throw input_error("megadsl convert: " + what); }
+
+// metadata.json's "model"."shape" (save_distributed writes every field of megadsl::shape).
+shape shape_from_json(const json& j, const std::string& file) {
+  shape s = dynamic_shape;
+  auto read = [&](auto& field, const json& v, const std::string& name) {
+    using T = std::decay_t<decltype(field.get())>;
+    if constexpr (std::is_same_v<T, rope_type>) {
+      const std::string t = v.get<std::string>();
+      bool found = false;
+      for (rope_type r : {rope_type::none, rope_type::linear, rope_type::dynamic_ntk, rope_type::llama3})
+        if (name_of(r) == t) field = r, found = true;
+      if (!found) bad(file + ": model.shape." + name + ": unknown rope type \"" + t + "\"");
+    } else {
+      field = v.get<T>();
+    }
+  };
+  try {
+    hana::for_each(hana::keys(s), [&](auto key) {
+      const std::string name = hana::to<char const*>(key);
+      auto& v = hana::at_key(s, key);
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, rope_scaling>) {
+        hana::for_each(hana::keys(v), [&](auto rkey) {
+          const std::string rname = hana::to<char const*>(rkey);
+          read(hana::at_key(v, rkey), j.at(name).at(rname), name + "." + rname);
+        });
+      } else {
+        read(v, j.at(name), name);
+      }
+    });
+  } catch (const json::exception& e) {
+    bad(file + ": model.shape is not what save_distributed writes (" + e.what() + ")");
+  }
+  return s;
+}
+
+source read_source(const options& o) {
+  source src;
+  const fs::path from(o.from);
+  std::error_code ec;
+  if (!fs::exists(from, ec)) bad(o.from + ": no such file or directory");
+  src.dir = fs::is_directory(from) ? from : from.parent_path();
+  if (fs::exists(src.dir / "metadata.json")) {
+    src.kind = format::dist;
+    const std::string file = (src.dir / "metadata.json").string();
+    std::ifstream in(file);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      std::string what = e.what();
+      if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+      bad(file + ": not valid JSON: " + what);
+    }
+    if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
+      bad(file + ": not a megadsl distributed checkpoint (its \"format\" is not \"" +
+          std::string(dist_checkpoint_format) + "\")");
+    if (!j.contains("model") || !j["model"].contains("shape"))
+      bad(file + ": model.shape is missing");
+    src.s = shape_from_json(j["model"]["shape"], file);
+    const std::string head = j["model"].value("head", std::string("actor"));
+    src.head.actor = head != "critic";
+    src.head.value_bias = !src.head.actor && j["model"].value("value_bias", true);
+    const std::string dt = j.value("dtype", std::string("F32"));
+    for (const dtype_entry& d : dtypes)
+      if (d.safetensors == dt) src.dtype = std::string(d.flag);
+    if (src.dtype.empty()) src.dtype = "fp32";
+    for (const json& f : j.value("files", json::array())) {
+      src.files.push_back(src.dir / f.value("file", std::string()));
+      src.bytes += f.value("bytes", std::uint64_t{0});
+      src.tensors += f.value("pieces", json::array()).size();
+    }
+    if (o.critic_given && src.head.actor)
+      throw usage_error("megadsl convert: --critic, but " + o.from + " holds an actor (an LM head); drop --critic");
+    if (o.critic_given && o.head.value_bias != src.head.value_bias)
+      throw usage_error("megadsl convert: " + o.from + " holds a critic " +
+                        (src.head.value_bias ? "with" : "without") + " a value-head bias; drop --no-value-bias");
+    return src;
+  }
+  if (!fs::exists(src.dir / "config.json"))
+    bad(o.from + " is neither an HF model directory (config.json and safetensors) nor a megadsl distributed "
+                 "checkpoint (metadata.json)");
+  hf_config cfg = read_hf_config(src.dir);
+  src.kind = format::hf;
+  src.s = cfg.s;
+  src.model_type = cfg.model_type;
+  src.notes = std::move(cfg.notes);
+  src.head = o.head;
+  const hf_checkpoint c = hf_checkpoint::open(src.dir);
+  src.tensors = c.size();
+  src.bytes = c.total_bytes();
+  for (const safetensors_file& f : c.files()) src.files.push_back(f.path());
+  const std::vector<std::string> names = c.names();
+  const tensor_info* t = c.find("model.embed_tokens.weight");
+  if (t == nullptr && !names.empty()) t = &c.at(names.front());
+  src.dtype = "fp32";
+  if (t != nullptr)
+    for (const dtype_entry& d : dtypes)
+      if (d.type == t->dtype) src.dtype = std::string(d.flag);
+  return src;
+}
+
+std::string size_text(std::uint64_t bytes) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  if (bytes >= (1ull << 30)) s << static_cast<double>(bytes) / (1ull << 30) << " GiB";
+  else if (bytes >= (1ull << 20)) s << static_cast<double>(bytes) / (1ull << 20) << " MiB";
+  else s << static_cast<double>(bytes) / 1024.0 << " KiB";
+  return s.str();
+}
+
+struct plan {
+  source src;
+  format target = format::dist;
+  std::string dtype;
+  at::ScalarType type = at::kFloat;
+};
+
+struct rules_violated {};
+
+plan prepare(const options& o, const job& j, std::ostream& err) {
+  plan p;
+  p.src = read_source(o);
+  p.target = o.to_format.empty() ? (p.src.kind == format::hf ? format::dist : format::hf)
+                                  : (o.to_format == "hf" ? format::hf : format::dist);
+  p.dtype = o.dtype.empty() ? p.src.dtype : o.dtype;
+  for (const dtype_entry& d : dtypes)
+    if (d.flag == p.dtype) p.type = d.type;
+
+  model_arg m;
+  m.name = o.from;
+  m.s = p.src.s;
+  m.notes = p.src.notes;
+  options checked = o;
+  checked.facts.world = j.world;
+  checked.head = p.src.head;
+  std::ostringstream said;
+  const bool ok = validate(m, checked, said);
+  if (j.speaks()) err << said.str() << std::flush;
+  if (!ok) throw rules_violated{};
+
+  const fs::path to(o.to);
+  std::error_code ec;
+  if (fs::exists(to, ec) && !fs::is_directory(to, ec)) bad(o.to + ": exists and is not a directory");
+  if (fs::exists(to, ec) && fs::equivalent(to, p.src.dir, ec))
+    throw usage_error("megadsl convert: --to " + o.to + " is the source itself; write to another directory");
+  if (fs::exists(to, ec) && p.target == format::hf && fs::exists(to / "metadata.json", ec))
+    bad(o.to + " holds a distributed checkpoint; write the HF checkpoint to another directory");
+  if (fs::exists(to, ec) && p.target == format::dist && !fs::exists(to / "metadata.json", ec) &&
+      !fs::is_empty(to, ec))
+    bad(o.to + " exists and is not a distributed checkpoint; writing one there would replace the whole directory");
+  const fs::path parent = to.has_parent_path() ? to.parent_path() : fs::path(".");
+  fs::create_directories(parent, ec);
+  if (!fs::is_directory(parent, ec)) bad(o.to + ": cannot create its directory " + parent.string());
+  return p;
+}
+
+template <class Spec>
+void convert(parallel_groups& groups, std::int64_t world, const options& o, const plan& p, bool speak, std::ostream& out,
+             std::ostream& err) {
+  model_options mo;
+  // A distributed checkpoint stores the parameters as they are; save_hf gathers them first (Gloo
+  // gathers no bf16) and converts what it writes.
+  mo.dtype = p.target == format::dist ? p.type : at::kFloat;
+  llama_model<Spec> model(groups, mo, p.src.s, o.l);
+  progress bar(err, speak);
+  bar.start("megadsl convert: loading " + std::string(name_of(p.src.kind)) + " " + p.src.dir.string() + " (" +
+                std::to_string(p.src.tensors) + (p.src.kind == format::hf ? " tensors, " : " pieces, ") +
+                size_text(p.src.bytes) + ")",
+            p.src.files);
+  if (p.src.kind == format::hf) {
+    const hf_load_report r = load_hf(model, groups, p.src.dir);
+    bar.finish();
+    if (speak) {
+      for (const std::string& n : r.notes) err << "note: " << n << '\n';
+      std::string used;  // a critic's value head is listed among the other heads' tensors
+      for (const std::string& n : r.notes)
+        if (n.starts_with("value head loaded from ")) used = n.substr(23, n.find('*', 23) - 23);
+      std::string names;
+      for (const std::string& n : r.ignored)
+        if (used.empty() || !n.starts_with(used)) names += (names.empty() ? "" : ", ") + n;
+      if (!names.empty()) {
+        err << "note: not converted, this model does not use them: " << names << '\n';
+      }
+    }
+  } else {
+    load_distributed(model.parameters(), model.config(), groups, p.src.dir, {.training_state = false});
+    bar.finish();
+  }
+  bar.start("megadsl convert: writing " + std::string(name_of(p.target)) + " " + o.to);
+  if (p.target == format::hf) save_hf(model, groups, o.to, p.type, p.src.model_type);
+  else save_distributed(model, groups, o.to);
+  groups.world->barrier();  // every rank has written its part
+  bar.finish();
+  if (speak)
+    out << "megadsl convert: wrote " << name_of(p.target) << " " << o.to << " (" << p.dtype << ", "
+        << (p.src.head.actor ? "actor" : "critic") << ") from " << name_of(p.src.kind) << " " << o.from
+        << ", through the layout tp=" << o.l.tp.get() << " pp=" << o.l.pp.get() << " vpp=" << o.l.vpp.get() << " on "
+        << world << " rank(s)\n"
+        << std::flush;
+}
+
+}  // namespace
+
+int cmd_convert(const options& o, const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  job j;
+  plan p;
+  if (int rc = report_errors(err, true, [&] {
+        j = job_of(o);
+        return 0;
+      }))
+    return rc;
+  if (int rc = report_errors(err, j.speaks() || !j.launched, [&] {
+        try {
+          p = prepare(o, j, err);
+        } catch (const rules_violated&) {
+          return exit_invalid;
+        }
+        return 0;
+      }))
+    return rc;
+  return run_job(j, argv, err, [&](distributed& d) {
+    auto groups = parallel_groups::build(d, o.l);
+    const bool speak = d.rank() == 0;
+    if (p.src.head.actor) convert<actor_t>(groups, d.world(), o, p, speak, out, err);
+    else if (p.src.head.value_bias) convert<critic_t>(groups, d.world(), o, p, speak, out, err);
+    else convert<critic_nobias_t>(groups, d.world(), o, p, speak, out, err);
+    return 0;
+  });
+}
+
+}  // namespace megadsl::cli

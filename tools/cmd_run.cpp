@@ -1,0 +1,535 @@
+// `megadsl run MODEL_DIR [layout] --input FILE --output FILE`: the actor's log-probs and entropy
+// (and logits on request) or the critic's values for one batch, under any layout, on local ranks
+// started here or under torchrun/srun. Also the pieces run and convert share: the job (launch or
+// be a rank), error reporting, the progress line.
+//
+// Every check that needs no model (the command line, config.json, the layout, the input file, the
+// output's directory) runs before any rank starts, so a bad input is one line and exit 1 from the
+// parent; under torchrun every rank runs the same checks on the same files and fails alike, and
+// only rank 0 prints.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cli.hpp"
+#include "megadsl/hf_config.hpp"
+#include "megadsl/io/atomic_file.hpp"
+#include "megadsl/io/hf_checkpoint.hpp"
+#include "megadsl/io/safetensors.hpp"
+#include "megadsl/models/registry.hpp"
+#include "megadsl/parallel/distributed.hpp"
+#include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/llama_model.hpp"
+
+namespace megadsl::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Set by the parent before it starts its ranks, so they know the checks were reported already.
+constexpr const char* child_marker = "MEGADSL_CLI_CHILD";
+
+}  // namespace
+
+// ---- job, errors, progress ----------------------------------------------------------------------
+
+job job_of(const options& o) {
+  job j;
+  const std::int64_t layout_ranks = o.l.tp.get() * o.l.pp.get();
+  if (auto e = dist_env::from_environment()) {
+    j.launched = true;
+    j.rank = e->rank;
+    j.world = e->world;
+    j.own_child = std::getenv(child_marker) != nullptr;
+    if (o.ranks != 0 && o.ranks != j.world && !j.own_child)
+      throw usage_error("megadsl " + o.command + ": --ranks " + std::to_string(o.ranks) + " but the launcher started " +
+                        std::to_string(j.world) + " ranks (WORLD_SIZE); drop --ranks under torchrun/srun");
+  } else {
+    j.world = o.ranks != 0 ? o.ranks : layout_ranks;
+  }
+  return j;
+}
+
+int report_errors(std::ostream& err, bool print, const std::function<int()>& f) {
+  auto say = [&](const char* what) {
+    if (print) err << what << '\n' << std::flush;
+  };
+  try {
+    return f();
+  } catch (const usage_error& e) {
+    say(e.what());
+    return exit_usage;
+  } catch (const config_error& e) {
+    say(e.what());
+    return exit_usage;
+  } catch (const std::exception& e) {
+    say(e.what());
+    return exit_invalid;
+  }
+}
+
+int run_job(const job& j, const std::vector<std::string>& argv, std::ostream& err,
+            const std::function<int(distributed&)>& body) {
+  if (!j.launched) {
+    ::setenv(child_marker, "1", 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    // run_ranks re-reads --ranks from argv; it is j.world here (or tp * pp when absent).
+    return run_ranks(static_cast<int>(argv.size()), args.data(), static_cast<int>(j.world),
+                     [](distributed&) { return 0; });
+  }
+  // A rank: rank 0 speaks for the job; another rank adds its own line only for an error that is
+  // not the same on every rank (checkpoint and input errors are: every rank reads the same files).
+  const auto env = dist_env::from_environment();
+  if (auto t = std::getenv("MEGADSL_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
+  else if (auto local = std::getenv("LOCAL_WORLD_SIZE"))
+    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, std::atoi(local))));
+  try {
+    distributed d(*env);
+    return body(d);
+  } catch (const std::exception& e) {
+    if (j.rank == 0) err << e.what() << '\n';
+    else if (dynamic_cast<const checkpoint_error*>(&e) == nullptr && dynamic_cast<const input_error*>(&e) == nullptr)
+      err << "[rank " << j.rank << "] " << e.what() << '\n';
+    err << std::flush;
+    return exit_invalid;
+  }
+}
+
+namespace {
+
+// Bytes of `files` resident in memory (the page cache): how far a read of them has got.
+std::pair<std::uint64_t, std::uint64_t> resident_bytes(const std::vector<fs::path>& files) {
+  std::uint64_t resident = 0, total = 0;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (const fs::path& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+      const auto size = static_cast<std::size_t>(st.st_size);
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        std::vector<unsigned char> in((size + page - 1) / page);
+        if (::mincore(p, size, in.data()) == 0) {
+          for (unsigned char c : in) resident += (c & 1) ? static_cast<std::uint64_t>(page) : 0;
+          total += size;
+        }
+        ::munmap(p, size);
+      }
+    }
+    ::close(fd);
+  }
+  return {std::min(resident, total), total};
+}
+
+std::string seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", s);
+  return b;
+}
+
+}  // namespace
+
+struct progress::state {
+  state(std::ostream& e, bool on) : err(e), enabled(on), tty(on && ::isatty(2) == 1) {}
+  std::ostream& err;
+  bool enabled, tty;
+  std::string what;
+  std::vector<fs::path> reading;
+  std::chrono::steady_clock::time_point t0;
+  std::mutex m;
+  std::condition_variable cv;
+  bool running = false;
+  std::thread ticker;
+  std::size_t last_width = 0;
+
+  void draw(bool final) {  // under m
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string line = what + " ... ";
+    if (final) {
+      line += "done (" + seconds(s) + ")";
+    } else {
+      line += seconds(s);
+      if (!reading.empty()) {
+        const auto [in, total] = resident_bytes(reading);
+        if (total > 0) line += ", " + std::to_string(in * 100 / total) + "% of the files in memory";
+      }
+    }
+    const std::size_t width = line.size();
+    if (width < last_width) line += std::string(last_width - width, ' ');
+    last_width = width;
+    err << '\r' << line << (final ? "\n" : "") << std::flush;
+  }
+};
+
+progress::progress(std::ostream& err, bool enabled)
+    : s_(std::make_unique<state>(err, enabled)) {}
+
+progress::~progress() { finish(); }
+
+void progress::start(std::string what, std::vector<fs::path> reading) {
+  finish();
+  if (!s_->enabled) return;
+  s_->what = std::move(what);
+  s_->reading = std::move(reading);
+  s_->t0 = std::chrono::steady_clock::now();
+  s_->running = true;
+  if (!s_->tty) return;  // one plain line when it is done
+  s_->last_width = 0;
+  s_->ticker = std::thread([st = s_.get()] {
+    std::unique_lock lock(st->m);
+    while (st->running) {
+      st->draw(false);
+      st->cv.wait_for(lock, std::chrono::milliseconds(250));
+    }
+  });
+}
+
+void progress::finish() {
+  if (!s_->enabled || !s_->running) return;
+  {
+    std::lock_guard lock(s_->m);
+    s_->running = false;
+  }
+  s_->cv.notify_all();
+  if (s_->ticker.joinable()) s_->ticker.join();
+  if (s_->tty) {
+    std::lock_guard lock(s_->m);
+    s_->draw(true);
+  } else {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - s_->t0).count();
+    s_->err << s_->what << ": done (" << seconds(t) << ")" << std::endl;
+  }
+}
+
+// ---- run -----------------------------------------------------------------------------------------
+
+namespace {
+
+struct any_llama : llama<dynamic_shape> {
+  static constexpr std::string_view name = "hf-checkpoint";
+};
+using actor_t = causal_lm<any_llama, dynamic_layout>;
+using critic_t = value_model<any_llama, dynamic_layout>;
+using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
+
+[[noreturn]] void bad_input(const std::string& file, const std::string& what) {
+  throw input_error("megadsl run: " + file + ": " + what);
+}
+
+std::string json_kind(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "a list";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_float: return "a number with a fraction";
+    default: return "a number";
+  }
+}
+
+// `[[...], ...]` of integers (booleans too when `booleans`) -> (rows, cols) int64.
+at::Tensor json_rows(const json& j, const std::string& file, const std::string& key, bool booleans) {
+  if (!j.is_array() || j.empty())
+    bad_input(file, key + " must be a non-empty list of rows (lists of integers), got " +
+                        (j.is_array() ? std::string("an empty list") : json_kind(j)));
+  const std::int64_t rows = static_cast<std::int64_t>(j.size());
+  std::int64_t cols = -1;
+  std::vector<std::int64_t> data;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const json& row = j[static_cast<std::size_t>(r)];
+    const std::string where = key + "[" + std::to_string(r) + "]";
+    if (!row.is_array()) bad_input(file, where + " must be a list of integers, got " + json_kind(row));
+    if (row.empty()) bad_input(file, where + " is empty; every row needs at least one token");
+    if (cols < 0) cols = static_cast<std::int64_t>(row.size());
+    if (static_cast<std::int64_t>(row.size()) != cols)
+      bad_input(file, "rows of " + key + " differ in length: " + key + "[0] has " + std::to_string(cols) + ", " + where +
+                          " has " + std::to_string(row.size()) + "; pad every row to the same length (and mark the "
+                          "padding 0 in attention_mask)");
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const json& v = row[c];
+      if (v.is_number_integer()) data.push_back(v.get<std::int64_t>());
+      else if (booleans && v.is_boolean()) data.push_back(v.get<bool>() ? 1 : 0);
+      else
+        bad_input(file, where + "[" + std::to_string(c) + "] must be an integer, got " + json_kind(v) + " " + v.dump());
+    }
+  }
+  return at::tensor(data, at::kLong).view({rows, cols});
+}
+
+struct run_input {
+  at::Tensor ids, mask;  // (b, s) int64
+};
+
+run_input read_json_input(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) bad_input(file, "cannot be read");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    bad_input(file, "not valid JSON: " + what);
+  }
+  if (!j.is_object())
+    bad_input(file, "expected a JSON object {\"input_ids\": [[...], ...], \"attention_mask\": [[...], ...]}, got " +
+                        json_kind(j));
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "input_ids" && it.key() != "attention_mask")
+      bad_input(file, "unknown key \"" + it.key() + "\"; the input has input_ids and, optionally, attention_mask");
+  if (!j.contains("input_ids")) bad_input(file, "input_ids: missing (a list of rows of token ids)");
+  run_input r;
+  r.ids = json_rows(j["input_ids"], file, "input_ids", false);
+  if (j.contains("attention_mask")) r.mask = json_rows(j["attention_mask"], file, "attention_mask", true);
+  return r;
+}
+
+run_input read_safetensors_input(const std::string& file) {
+  const safetensors_file f = safetensors_file::open(file);
+  auto get = [&](const std::string& name, bool required) -> at::Tensor {
+    const tensor_info* t = f.find(name);
+    if (t == nullptr) {
+      if (!required) return {};
+      std::string have;
+      for (const tensor_info& i : f.tensors()) have += (have.empty() ? "" : ", ") + i.name;
+      bad_input(file, "has no tensor " + name + " (it has: " + (have.empty() ? "none" : have) + ")");
+    }
+    if (t->shape.size() != 2)
+      bad_input(file, name + " must be 2-D (batch, seq), it has " + std::to_string(t->shape.size()) + " dimensions");
+    if (t->shape[0] == 0 || t->shape[1] == 0) bad_input(file, name + " is empty");
+    if (!at::isIntegralType(t->dtype, /*includeBool=*/name == "attention_mask"))
+      bad_input(file, name + " must hold integers, it is " + std::string(safetensors_dtype_name(t->dtype)));
+    return f.read(name, at::kLong);
+  };
+  run_input r;
+  r.ids = get("input_ids", true);
+  r.mask = get("attention_mask", false);
+  return r;
+}
+
+std::string dims_text(const at::Tensor& t) {
+  std::string s;
+  for (std::int64_t d : t.sizes()) s += (s.empty() ? "" : " x ") + std::to_string(d);
+  return s;
+}
+
+// The input as the model takes it, or one line naming the file and the first problem.
+run_input read_input(const std::string& file, std::int64_t vocab) {
+  const std::string ext = fs::path(file).extension().string();
+  if (ext != ".json" && ext != ".safetensors")
+    throw usage_error("megadsl run: --input " + file + ": the input is .json or .safetensors");
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) bad_input(file, "no such file");
+  run_input r = ext == ".json" ? read_json_input(file) : read_safetensors_input(file);
+  if (!r.mask.defined()) r.mask = at::ones_like(r.ids);
+  if (!r.mask.sizes().equals(r.ids.sizes()))
+    bad_input(file, "attention_mask is " + dims_text(r.mask) + " but input_ids is " + dims_text(r.ids) +
+                        "; they must have the same shape");
+  const std::int64_t b = r.ids.size(0), s = r.ids.size(1);
+  const auto ids = r.ids.accessor<std::int64_t, 2>();
+  const auto mask = r.mask.accessor<std::int64_t, 2>();
+  for (std::int64_t i = 0; i < b; ++i) {
+    std::int64_t first = -1, last = -1;
+    for (std::int64_t t = 0; t < s; ++t) {
+      const std::int64_t id = ids[i][t], m = mask[i][t];
+      if (id < 0 || id >= vocab)
+        bad_input(file, "input_ids[" + std::to_string(i) + "][" + std::to_string(t) + "] = " + std::to_string(id) +
+                            " is outside the vocabulary (0 to " + std::to_string(vocab - 1) + ")");
+      if (m != 0 && m != 1)
+        bad_input(file, "attention_mask[" + std::to_string(i) + "][" + std::to_string(t) + "] = " + std::to_string(m) +
+                            "; the mask holds 1 (token) or 0 (padding)");
+      if (m == 1) {
+        if (first < 0) first = t;
+        else if (last != t - 1)
+          bad_input(file, "attention_mask row " + std::to_string(i) + " has padding between its tokens (column " +
+                              std::to_string(last + 1) + "); pad on the left or on the right");
+        last = t;
+      }
+    }
+    if (first < 0) bad_input(file, "attention_mask row " + std::to_string(i) + " has no tokens; every row needs one");
+  }
+  return r;
+}
+
+void check_output(const std::string& file) {
+  const fs::path p(file);
+  const std::string ext = p.extension().string();
+  if (ext != ".json" && ext != ".safetensors")
+    throw usage_error("megadsl run: --output " + file + ": the output is .json or .safetensors (by the extension)");
+  const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec))
+    throw input_error("megadsl run: " + file + ": cannot write it, directory " + parent.string() + " does not exist");
+  if (fs::is_directory(p, ec)) throw input_error("megadsl run: " + file + ": cannot write it, it is a directory");
+}
+
+// Floats with 9 significant digits (every fp32 value reads back exactly); NaN and infinities as null.
+void put_float(std::string& out, float v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  if (v == 0) {  // not "-0"
+    out += "0";
+    return;
+  }
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", static_cast<double>(v));
+  out += b;
+}
+
+// A (b, s) or (b, s, v) tensor as nested lists; rows of the outer dim on their own lines.
+void put_tensor(std::string& out, const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const bool boolean = c.scalar_type() == at::kBool;
+  const at::Tensor f = boolean ? c : c.to(at::kFloat);
+  const std::int64_t b = c.size(0), s = c.size(1), v = c.dim() == 3 ? c.size(2) : 1;
+  const float* fp = boolean ? nullptr : f.data_ptr<float>();
+  const bool* bp = boolean ? c.data_ptr<bool>() : nullptr;
+  out += "[";
+  for (std::int64_t i = 0; i < b; ++i) {
+    out += i ? ",\n  [" : "\n  [";
+    for (std::int64_t j = 0; j < s; ++j) {
+      if (j) out += ", ";
+      if (c.dim() == 3) out += "[";
+      for (std::int64_t k = 0; k < v; ++k) {
+        if (k) out += ", ";
+        const std::int64_t at = (i * s + j) * v + k;
+        if (boolean) out += bp[at] ? "true" : "false";
+        else put_float(out, fp[at]);
+      }
+      if (c.dim() == 3) out += "]";
+    }
+    out += "]";
+  }
+  out += "\n]";
+}
+
+void write_output(const std::string& file, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  if (fs::path(file).extension() == ".safetensors") {
+    std::vector<std::pair<std::string, at::Tensor>> cpu;
+    for (const auto& [n, t] : tensors) cpu.emplace_back(n, t.detach().cpu().contiguous());
+    write_safetensors(file, cpu, {{"producer", "megadsl run"}});
+    return;
+  }
+  std::string out = "{";
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    out += i ? ",\n\"" : "\n\"";
+    out += tensors[i].first + "\": ";
+    put_tensor(out, tensors[i].second.detach().cpu());
+  }
+  out += "\n}\n";
+  write_file_atomically(file, out);
+}
+
+template <class Spec>
+std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& groups, const shape& s, const options& o,
+                                                        const fs::path& dir, const run_input& in, bool speak,
+                                                        std::ostream& err) {
+  progress bar(err, speak);
+  llama_model<Spec> model(groups, {}, s, o.l);
+  bar.start("megadsl run: loading " + dir.string(), {});
+  const hf_load_report report = load_hf(model, groups, dir);
+  bar.finish();
+  if (speak)
+    for (const std::string& n : report.notes) err << "note: " << n << '\n';
+  bar.start("megadsl run: forward of " + std::to_string(in.ids.size(0)) + " x " + std::to_string(in.ids.size(1)) + " tokens");
+  at::NoGradGuard no_grad;
+  const model_output out = model.forward({.input_ids = in.ids, .attention_mask = in.mask},
+                                         {.temperature = o.temperature, .entropy = true, .return_logits = o.logits});
+  bar.finish();
+  if (o.head.actor) {
+    std::vector<std::pair<std::string, at::Tensor>> r{{"log_probs", out.log_probs}, {"entropy", out.entropy}};
+    if (o.logits) r.emplace_back("logits", out.logits);
+    r.emplace_back("valid", out.valid.to(at::kBool));
+    return r;
+  }
+  return {{"values", out.values}, {"valid", out.valid.to(at::kBool)}};
+}
+
+struct rules_violated {};  // printed already: exit 1
+
+struct run_plan {
+  shape s;
+  fs::path dir;
+  run_input input;
+};
+
+run_plan prepare(const options& o, const job& j, std::ostream& err) {
+  if (find_preset(o.model) != nullptr && !fs::exists(o.model))
+    throw usage_error("megadsl run: '" + o.model + "' is a preset, which has no weights; pass an HF model directory "
+                      "(config.json and model.safetensors)");
+  options checked = o;
+  checked.facts.world = j.world;
+  const model_arg m = load_model(checked);
+  std::ostringstream said;  // notes on config.json, violated rules: once per job
+  const bool ok = validate(m, checked, said);
+  if (j.speaks()) err << said.str() << std::flush;
+  if (!ok) throw rules_violated{};
+  run_plan p;
+  p.s = m.s;
+  p.dir = fs::is_directory(o.model) ? fs::path(o.model) : fs::path(o.model).parent_path();
+  hf_checkpoint::open(p.dir);  // weights present and readable (checkpoint_error names the file)
+  check_output(o.output);
+  p.input = read_input(o.input, m.s.vocab.get());
+  return p;
+}
+
+}  // namespace
+
+int cmd_run(const options& o, const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  job j;
+  run_plan plan;
+  if (int rc = report_errors(err, true, [&] {
+        j = job_of(o);
+        return 0;
+      }))
+    return rc;
+  if (int rc = report_errors(err, j.speaks() || (!j.launched), [&] {
+        try {
+          plan = prepare(o, j, err);
+        } catch (const rules_violated&) {
+          return exit_invalid;
+        }
+        return 0;
+      }))
+    return rc;
+  return run_job(j, argv, err, [&](distributed& d) {
+    auto groups = parallel_groups::build(d, o.l);
+    const bool speak = d.rank() == 0;
+    std::vector<std::pair<std::string, at::Tensor>> result;
+    if (o.head.actor) result = run_model<actor_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
+    else if (o.head.value_bias) result = run_model<critic_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
+    else result = run_model<critic_nobias_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
+    if (d.rank() == 0) {
+      write_output(o.output, result);
+      std::string names;
+      for (const auto& r : result) names += (names.empty() ? "" : ", ") + r.first;
+      out << "megadsl run: wrote " << names << " to " << o.output << '\n' << std::flush;
+    }
+    return 0;
+  });
+}
+
+}  // namespace megadsl::cli
