@@ -147,7 +147,10 @@ void comm_group::pending_send::wait() {
 void comm_group::recv(at::Tensor& into, int src_index, int tag) const {
   TORCH_CHECK(into.is_contiguous(), "megadsl: recv needs a contiguous buffer");
   std::vector<at::Tensor> ts{into};
+  const auto start = std::chrono::steady_clock::now();
   run("recv", 0, [&](auto& g) { return g.recv(ts, src_index, tag); });
+  global_comm_stats().recv_wait_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
 void comm_group::barrier() const {

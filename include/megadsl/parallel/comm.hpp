@@ -25,9 +25,11 @@ namespace megadsl {
 struct comm_stats {
   std::atomic<std::int64_t> calls{0};
   std::atomic<std::int64_t> bytes{0};
+  std::atomic<std::int64_t> recv_wait_ns{0};  // time blocked in point-to-point receives (pipeline idle)
   void reset() {
     calls = 0;
     bytes = 0;
+    recv_wait_ns = 0;
   }
 };
 comm_stats& global_comm_stats();
