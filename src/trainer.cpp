@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
+#include "megadsl/batching.hpp"
+
 #include "megadsl/torch_compat.hpp"
 
 #include <chrono>
@@ -150,9 +152,19 @@ void trainer::import_state(const training_state& state) {
   s.samples = state.samples;
 }
 
+namespace {
+
+rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t>& rows) {
+  const at::Tensor index = at::tensor(rows, at::kLong);
+  auto pick = [&](const at::Tensor& t) { return t.defined() ? t.index_select(0, index) : t; };
+  return {pick(b.input_ids), pick(b.attention_mask), pick(b.loss_mask), pick(b.old_log_probs),
+          pick(b.advantages), pick(b.ref_log_probs), pick(b.old_values), pick(b.returns)};
+}
+
+}  // namespace
+
 step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches) {
   auto& s = *impl_;
-  const auto start = std::chrono::steady_clock::now();
   const std::int64_t rows = global.input_ids.size(0);
   const std::int64_t dp = s.groups->dp->size(), dp_rank = s.groups->dp->rank();
   require_valid(shape{}, layout{}, run_facts{.world = dp, .global_batch = rows, .micro_batch = rows / dp / std::max<std::int64_t>(microbatches, 1)});
@@ -161,15 +173,38 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
                                 std::to_string(dp) + " * microbatches " + std::to_string(microbatches));
   const rollout_batch mine = slice_rows(global, dp_rank * rows / dp, (dp_rank + 1) * rows / dp);
   const std::int64_t per_micro = rows / dp / microbatches;
+  std::vector<rollout_batch> parts;
+  for (std::int64_t i = 0; i < microbatches; ++i) parts.push_back(slice_rows(mine, i * per_micro, (i + 1) * per_micro));
+  return run(global, std::move(parts));
+}
 
+step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options) {
+  const std::int64_t dp = impl_->groups->dp->size(), dp_rank = impl_->groups->dp->rank();
+  const at::Tensor lengths = global.attention_mask.sum(1).to(at::kLong).contiguous();
+  const std::vector<std::int64_t> seqlens(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
+  // verl: balance the workload over dp ranks (Karmarkar-Karp, equal sizes), then split this rank's
+  // rows into micro-batches within the token budget. Every rank of a pipeline derives the same.
+  const partition_list ranks = balance_data_parallel(seqlens, dp);
+  const std::vector<std::int64_t>& my_rows = ranks[static_cast<std::size_t>(dp_rank)];
+  std::vector<std::int64_t> my_lengths;
+  for (std::int64_t r : my_rows) my_lengths.push_back(seqlens[static_cast<std::size_t>(r)]);
+  const micro_batches mbs = rearrange_micro_batches(my_lengths, options);
+  std::vector<rollout_batch> parts;
+  for (const auto& part : mbs.indices) {
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i : part) rows.push_back(my_rows[static_cast<std::size_t>(i)]);
+    parts.push_back(select_rows(global, rows));
+  }
+  return run(global, std::move(parts));
+}
+
+step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts) {
+  auto& s = *impl_;
+  const auto start = std::chrono::steady_clock::now();
   // Loss tokens of the whole global batch: every rank sees it, so no collective is needed.
   const double loss_tokens = std::max(1.0, global.loss_mask.sum().item<double>());
-  std::vector<rollout_batch> parts;
   std::vector<batch> inputs;
-  for (std::int64_t i = 0; i < microbatches; ++i) {
-    parts.push_back(slice_rows(mine, i * per_micro, (i + 1) * per_micro));
-    inputs.push_back({.input_ids = parts.back().input_ids, .attention_mask = parts.back().attention_mask});
-  }
+  for (const rollout_batch& part : parts) inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask});
   const loss_function loss = [&](const model_output& out, std::int64_t index) {
     const rollout_batch& mb = parts[static_cast<std::size_t>(index)];
     const at::Tensor tok = s.actor ? actor_token_loss(out, mb, s.actor_cfg) : critic_token_loss(out, mb, s.critic_cfg);
@@ -197,7 +232,7 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
   }
   s.adamw->step();
   ++s.steps;
-  s.samples += rows;
+  s.samples += global.input_ids.size(0);
 
   step_metrics m;
   m.loss = total_t.item<double>();

@@ -30,7 +30,7 @@ void check_inference(bool left) {
 }
 
 template <class M, layout L, bool Actor>
-void check_training(std::int64_t microbatches) {
+void check_training(std::int64_t microbatches, const micro_batch_options* budget = nullptr) {
   using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
   using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
   INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get()
@@ -52,7 +52,7 @@ void check_training(std::int64_t microbatches) {
 
   for (int step = 0; step < 5; ++step) {
     const step_metrics a = ref_trainer.step(rb, 1);
-    const step_metrics b = t.step(rb, microbatches);
+    const step_metrics b = budget != nullptr ? t.step(rb, *budget) : t.step(rb, microbatches);
     INFO("step " << step);
     CHECK(std::abs(a.loss - b.loss) <= 1e-5 * std::max(1.0, std::abs(a.loss)));
     CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * std::max(1.0, a.grad_norm));
@@ -102,6 +102,19 @@ TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8, layout{.tp = 2, .pp = 2, .sp = true}, false>(4);
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
+}
+
+TEST_CASE("dynamic batching (dp balanced by Karmarkar-Karp, a token budget) trains like one process", "[world4][pipeline][training]") {
+  // The rollout's rows hold 3..12 tokens; a budget of 20 forces several uneven micro-batches.
+  const micro_batch_options budget{.max_token_len = 20};
+  const rollout_batch rb = make_rollout(tiny8::shape.vocab);
+  const at::Tensor lengths = rb.attention_mask.sum(1);
+  const std::vector<std::int64_t> seqlens(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
+  const micro_batches mbs = rearrange_micro_batches(seqlens, budget);
+  CHECK(mbs.size() > 2);
+  for (std::int64_t t : mbs.tokens) CHECK(t <= 20);
+  check_training<tiny8, layout{.tp = 2, .pp = 2}, true>(0, &budget);
+  check_training<tiny8_tied, layout{.pp = 2}, false>(0, &budget);  // dp 2
 }
 
 TEST_CASE("log-probs do not depend on how the batch is split into micro-batches", "[world4][pipeline]") {

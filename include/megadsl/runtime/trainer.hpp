@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "megadsl/batching.hpp"
 #include "megadsl/runtime/llama_model.hpp"
 
 namespace megadsl {
@@ -92,6 +93,10 @@ class trainer {
 
   // One optimizer step on the global batch, split over dp ranks, then into `microbatches`.
   step_metrics step(const rollout_batch& global, std::int64_t microbatches);
+  // The same with verl's dynamic batching: rows balanced over dp ranks by Karmarkar-Karp, then
+  // micro-batches that never exceed `options.max_token_len` real tokens (with the interleaved
+  // schedule set options.divisible_by = pp). The result does not depend on the split.
+  step_metrics step(const rollout_batch& global, const micro_batch_options& options);
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
 
@@ -104,6 +109,7 @@ class trainer {
   void import_state(const training_state& state);
 
  private:
+  step_metrics run(const rollout_batch& global, std::vector<rollout_batch> parts);
   std::unique_ptr<detail::trainer_impl> impl_;
 };
 
