@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/schedule.hpp"
 
 namespace md = megadsl;
 
@@ -48,10 +49,12 @@ void measure(md::distributed& dist, std::int64_t m, int iters) {
   const double idle = static_cast<double>(md::global_comm_stats().recv_wait_ns) * 1e-9 / seconds;
   at::Tensor all = groups.world->all_gather(at::full({1}, idle, at::kDouble), 0);
   if (dist.rank() == 0) {
-    const double p = L.pp.get(), v = L.vpp.get();
-    const double theory = (p - 1) / (v * static_cast<double>(m));
-    std::printf("pp %lld vpp %lld m %3lld   theory %.3f   idle per rank:", static_cast<long long>(L.pp.get()),
-                static_cast<long long>(L.vpp.get()), static_cast<long long>(m), theory);
+    const auto kind = md::select_schedule(L.pp.get(), L.vpp.get());
+    const double bubble = md::bubble_fraction(kind, L.pp.get(), m, L.vpp.get());  // bubble / compute time
+    const double share = md::idle_fraction(kind, L.pp.get(), m, L.vpp.get());    // bubble / wall time
+    std::printf("pp %lld vpp %lld m %3lld   bubble %.3f  idle share %.3f   measured idle per rank:",
+                static_cast<long long>(L.pp.get()), static_cast<long long>(L.vpp.get()), static_cast<long long>(m),
+                bubble, share);
     for (std::int64_t r = 0; r < all.size(0); ++r) std::printf(" %.3f", all[r].item<double>());
     const double tokens = static_cast<double>(m) * 4 * 64 * iters;
     std::printf("   %7.0f tok/s\n", tokens / seconds);
@@ -71,7 +74,9 @@ int main(int argc, char** argv) {
     }
     if (dist.rank() == 0)
       std::printf("megadsl pipeline bubble: tiny8 (hidden 256, 8 layers), micro-batches of 4 x 64 tokens, fp32, 4 ranks\n"
-                  "idle = time blocked in pipeline receives / step time (1F1B theory (p-1)/m, interleaved (p-1)/(v m))\n\n");
+                  "bubble = (p-1)/m (1F1B) or (p-1)/(v m) (interleaved), relative to compute time; idle share = bubble/(1+bubble)\n"
+                  "of the step, to compare with the measured time blocked in pipeline receives / step time\n"
+                  "(pp 2 runs as two pipelines, dp 2)\n\n");
     measure<md::layout{.pp = 4}>(dist, 4, iters);
     measure<md::layout{.pp = 4}>(dist, 8, iters);
     measure<md::layout{.pp = 4}>(dist, 16, iters);
