@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     // Two prompts+responses, left-padded as rollouts are (0 = padding).
     const at::Tensor ids = at::tensor({0L, 0L, 0L, 17L, 250L, 31L, 999L, 4L,  //
                                        5L, 6L, 7L, 8L, 9L, 10L, 11L, 12L}).view({2, 8});
-    const at::Tensor mask = (at::arange(16).view({2, 8}) >= 3).logical_or(at::arange(16).view({2, 8}) >= 8).to(at::kLong);
+    const at::Tensor mask = (at::arange(16).view({2, 8}) >= 3).to(at::kLong);  // row 0: 3 pads; row 1: none
     const md::batch batch{.input_ids = ids, .attention_mask = mask};
 
     const md::model_output a = policy.forward(batch);

@@ -52,7 +52,7 @@ struct chunk_info {
 // The compute steps (F/B of a micro-batch on a chunk) of this rank's schedule, in Megatron's order
 // (schedule.hpp, tested against the reference tables). Point-to-point transfers are issued by
 // the executor itself: asynchronous sends and tagged receives, so only the compute order matters.
-std::vector<pipeline_op> compute_order(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
+std::vector<pipeline_op> compute_steps(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
   std::vector<pipeline_op> out;
   for (const pipeline_op& op : schedule_ops(select_schedule(pp, vpp), pp, rank, m, vpp))
     if (op.is_compute()) out.push_back(op);
@@ -121,15 +121,11 @@ class llama_core final : public llama_core_base {
     // Per (microbatch, chunk): the chunk's input (a leaf when received) and its output.
     std::vector<at::Tensor> chunk_in(static_cast<std::size_t>(m * vpp)), chunk_out(static_cast<std::size_t>(m * vpp));
     at::Tensor total_loss = at::zeros({1}, at::kDouble);
-    for (const pipeline_op& op : compute_order(pp_size_, pp_rank_, m, vpp)) {
-      const struct {
-        bool forward;
-        std::int64_t microbatch, chunk;
-      } st{op.kind == op_kind::forward, op.microbatch, op.chunk};
+    for (const pipeline_op& st : compute_steps(pp_size_, pp_rank_, m, vpp)) {
       const auto slot = static_cast<std::size_t>(st.microbatch * vpp + st.chunk);
       const chunk_info& ch = chunks_[static_cast<std::size_t>(st.chunk)];
       const micro_input& in = inputs[static_cast<std::size_t>(st.microbatch)];
-      if (st.forward) {
+      if (st.kind == op_kind::forward) {
         if (!ch.first_stage) chunk_in[slot] = receive(in, st.chunk, st.microbatch, true).requires_grad_(true);
         at::Tensor hidden = run_chunk(st.chunk, in, chunk_in[slot]);
         if (ch.last_stage) {
@@ -144,9 +140,7 @@ class llama_core final : public llama_core_base {
         if (ch.last_stage) {
           chunk_out[slot].backward();
         } else {
-          at::Tensor grad = at::empty_like(chunk_out[slot]);
-          grad = receive(in, st.chunk, st.microbatch, false);
-          chunk_out[slot].backward(grad);
+          chunk_out[slot].backward(receive(in, st.chunk, st.microbatch, false));
         }
         if (!ch.first_stage) sends_.push_back(send(chunk_in[slot].grad(), st.chunk, st.microbatch, false));
         chunk_in[slot] = chunk_out[slot] = at::Tensor();  // free the micro-batch's activations
@@ -169,13 +163,8 @@ class llama_core final : public llama_core_base {
       }
     }
     // Tied embeddings across stages: the first stage's embedding and the last stage's copy.
-    if (tied_copy_ != nullptr || (embed_param_ != nullptr && cfg_.s.tie_embeddings.get() && cfg_.head.actor && pp_size_ > 1)) {
-      named_parameter* p = tied_copy_ != nullptr ? tied_copy_ : embed_param_;
-      if (tied_copy_ != nullptr && embed_param_ != nullptr) {
-        // pp = 1 never gets here; one rank holding both is impossible with pp > 1.
-        throw std::logic_error("megadsl: a rank holds both ends of a tied embedding");
-      }
-      at::Tensor g = p->tensor.grad();
+    if (tied_end_ != nullptr) {
+      at::Tensor g = tied_end_->tensor.grad();
       groups_->embedding->all_reduce(g);
     }
   }
@@ -411,10 +400,10 @@ class llama_core final : public llama_core_base {
         params_.push_back({with_layer(row.name, layer), t, &p, sp && row.kind == shard_kind::replicated, counted});
       }
     }
-    for (auto& p : params_) {
-      if (p.plan->tied) tied_copy_ = &p;
-      if (p.plan->row->name == "embed.weight") embed_param_ = &p;
-    }
+    // With pp > 1 a tied actor keeps the embedding on the first stage and a copy on the last.
+    if (pp_size_ > 1 && cfg_.head.actor && s.tie_embeddings.get())
+      for (auto& p : params_)
+        if (p.plan->tied || p.plan->row->name == "embed.weight") tied_end_ = &p;
   }
   void bind_parameter(std::string_view name, std::int64_t layer, const at::Tensor& t) {
     auto& w = layers_[static_cast<std::size_t>(layer)];
@@ -439,8 +428,7 @@ class llama_core final : public llama_core_base {
   std::int64_t pp_size_ = 1, pp_rank_ = 0;
   std::vector<chunk_info> chunks_;
   std::vector<comm_group::pending_send> sends_;
-  named_parameter* tied_copy_ = nullptr;    // last stage's copy of a tied embedding (pp > 1)
-  named_parameter* embed_param_ = nullptr;  // first stage's embedding
+  named_parameter* tied_end_ = nullptr;  // this rank's end of a tied embedding across stages
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
   bool sp_ = false;

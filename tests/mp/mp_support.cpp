@@ -25,7 +25,6 @@ std::map<std::string, at::Tensor> gather_hf_tensors(std::vector<named_parameter>
   for (auto& p : params) {
     const at::Tensor local = gradients ? p.tensor.grad() : p.tensor;
     const auto hf = gather_hf(*p.plan, c.s, c.l, tp, local);
-    const std::string layer = p.name.substr(0, p.name.find('.', 7));
     for (std::size_t i = 0; i < hf.size(); ++i) {
       // A tied lm_head's copy on the last stage is the embedding's twin.
       std::string key(p.plan->tied ? std::string_view("model.embed_tokens.weight") : p.plan->row->hf[i]);
