@@ -4,6 +4,7 @@
 //
 //   ./build/bench/bench_tp_throughput [--ranks 2] [--iters 5]
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
@@ -45,7 +46,7 @@ measured run(md::distributed& dist, int iters) {
   groups.tp->barrier();
   auto t0 = clock::now();
   for (int i = 0; i < iters; ++i) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     m.forward(b);
   }
   const double fwd = std::chrono::duration<double>(clock::now() - t0).count() / iters;

@@ -9,6 +9,7 @@
 // The synthetic task: every response token gets advantage +1 if its id is even, -1 if odd, so the
 // policy should learn to prefer even tokens; the printed "even - odd" log-prob gap grows.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
       md::rollout_batch rb = make_rollout(o.batch, 100 + static_cast<std::uint64_t>(step));
       const md::batch inputs{.input_ids = rb.input_ids, .attention_mask = rb.attention_mask};
       {  // the rollout's log-probs and values, before the update
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         rb.old_log_probs = policy.forward(inputs, {.entropy = false}).log_probs.detach();
         rb.old_values = value.forward(inputs).values.detach();
       }

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything megadsl needs on a fresh Debian bookworm machine (idempotent).
+#   Debian: compilers, CMake/Ninja, the header-only libraries (Boost.Hana, range-v3, Catch2,
+#           nlohmann-json) and Gloo's headers (PyTorch's wheel ships its Gloo but not the headers).
+#   .venv:  PyPI's torch (LibTorch 2.x with CUDA 13 and NCCL, its CMake package inside), and what
+#           the Python module, its tests and the fixture generator use (transformers, safetensors).
+# The CUDA toolkit (nvcc, NCCL) is part of this machine kind; without it the build is CPU-only.
 set -euo pipefail
-# libopenblas0-pthread: Debian's LibTorch calls the system BLAS, and without it that is the
-# reference netlib BLAS, about 12x slower on the tests' matrix products.
-packages=(build-essential cmake ninja-build libtorch-dev libgloo-dev libboost-dev
-          librange-v3-dev catch2 nlohmann-json3-dev libopenblas0-pthread python3)
+cd "$(dirname "$0")/.."
+packages=(build-essential cmake ninja-build libgloo-dev libboost-dev librange-v3-dev catch2
+          nlohmann-json3-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -14,4 +18,23 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Pinned: the fixtures, the ABI of the extension module and the figures in the README are taken
+# with these versions.
+python_packages=(torch==2.15.0 transformers==5.23.0 safetensors numpy pytest)
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+want = {"torch": "2.15.0", "transformers": "5.23.0"}
+sys.exit(any(not m.version(k).startswith(v) for k, v in want.items()) or
+         any(m.version(k) is None for k in ("safetensors", "numpy", "pytest")))
+PY
+then
+  echo "setup: installing ${python_packages[*]} into .venv (torch with CUDA: about 3 GB)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q "${python_packages[@]}"
 fi

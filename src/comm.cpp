@@ -5,11 +5,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
 #include "megadsl/parallel/liveness.hpp"
-#include "megadsl/torch_compat.hpp"
+#include "nccl_backend.hpp"
 
 namespace megadsl {
 
@@ -18,8 +19,13 @@ comm_stats& global_comm_stats() {
   return stats;
 }
 
+// Gloo carries CPU tensors; NCCL, built on the first CUDA tensor (every member issues the same
+// collective on the same device, so they build it together), carries CUDA tensors.
 struct comm_group::impl {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::Backend> gloo;
+  c10::intrusive_ptr<c10d::Backend> nccl;
+  c10::intrusive_ptr<c10d::Store> prefixed;
+  std::mutex nccl_mu;
 };
 
 namespace {
@@ -43,12 +49,13 @@ comm_group::comm_group(std::string name, std::vector<std::int64_t> ranks, std::i
                                 " group " + list(ranks_));
   index_ = static_cast<int>(it - ranks_.begin());
   if (ranks_.size() == 1) return;  // a group of one needs no transport
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+  impl_->prefixed = c10::make_intrusive<c10d::PrefixStore>(
       "megadsl/g" + std::to_string(generation) + "/" + name_ + list(ranks_), store);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   options->threads = 1;
-  impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, index_, size(), options);
+  impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", impl_->prefixed), index_, size(), options);
 }
 
 comm_group::~comm_group() = default;
@@ -63,12 +70,21 @@ void comm_group::fail(const char* op, const std::exception& e) const {
   throw std::runtime_error(os.str());
 }
 
+c10d::Backend& comm_group::backend_for(const at::Tensor& t) const {
+  if (!t.is_cuda()) return *impl_->gloo;
+  std::lock_guard<std::mutex> lock(impl_->nccl_mu);
+  if (!impl_->nccl)
+    impl_->nccl = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", impl_->prefixed),
+                                    index_, size(), timeout_, name_);
+  return *impl_->nccl;
+}
+
 template <class Op>
-void comm_group::run(const char* op, std::int64_t bytes, Op&& issue) const {
+void comm_group::run(const char* op, const at::Tensor& on, std::int64_t bytes, Op&& issue) const {
   global_comm_stats().calls += 1;
   global_comm_stats().bytes += bytes;
   try {
-    auto work = issue(*impl_->gloo);
+    auto work = issue(backend_for(on));
     work->wait(timeout_);
   } catch (const std::exception& e) {
     fail(op, e);
@@ -82,29 +98,41 @@ void comm_group::all_reduce(at::Tensor& t, reduce_op op) const {
   c10d::AllreduceOptions o;
   o.reduceOp = op == reduce_op::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   o.timeout = timeout_;
-  run("all_reduce", t.numel() * t.element_size(), [&](auto& g) { return g.allreduce(ts, o); });
+  run("all_reduce", t, t.numel() * t.element_size(), [&](auto& g) { return g.allreduce(ts, o); });
 }
 
+// Both collectives work on the outermost dimension of a contiguous tensor (one flat buffer, no
+// per-rank copies); another `dim` is moved there and back.
 at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
-  at::Tensor in = t.contiguous();
-  std::vector<at::Tensor> inputs{in};
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int i = 0; i < size(); ++i) outputs[0].push_back(at::empty_like(in));
+  dim = dim < 0 ? dim + t.dim() : dim;
+  at::Tensor in = t.movedim(dim, 0).contiguous();                // (n, ...)
+  std::vector<std::int64_t> shape = in.sizes().vec();
+  shape[0] *= size();
+  at::Tensor out = at::empty(shape, in.options());                // (size * n, ...)
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
-  run("all_gather", in.numel() * in.element_size(), [&](auto& g) { return g.allgather(outputs, inputs, o); });
-  return at::cat(outputs[0], dim);
+  run("all_gather", in, in.numel() * in.element_size(),
+      [&](auto& g) { return g.all_gather_single(out, in, o); });
+  return dim == 0 ? out : out.movedim(0, dim);
 }
 
 at::Tensor comm_group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
   TORCH_CHECK(t.size(dim) % size() == 0, "megadsl: reduce_scatter over ", name_, " needs dim ", dim,
               " (", t.size(dim), ") divisible by the group size ", size());
-  // Gloo has no reduce-scatter: an all-reduce, then this rank's chunk (counted as what it moves).
-  at::Tensor sum = t.contiguous().clone();
-  all_reduce(sum, reduce_op::sum);
-  return sum.chunk(size(), dim)[static_cast<std::size_t>(index_)].contiguous();
+  at::Tensor in = t.movedim(dim, 0).contiguous();                 // (size * n, ...)
+  std::vector<std::int64_t> shape = in.sizes().vec();
+  shape[0] /= size();
+  at::Tensor out = at::empty(shape, in.options());                 // (n, ...)
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = timeout_;
+  // A ring reduce-scatter sends (size - 1) / size of the input: what each rank contributes.
+  run("reduce_scatter", in, in.numel() * in.element_size(),
+      [&](auto& g) { return g.reduce_scatter_single(out, in, o); });
+  return dim == 0 ? out : out.movedim(0, dim).contiguous();
 }
 
 void comm_group::broadcast(at::Tensor& t, int root_index) const {
@@ -113,7 +141,7 @@ void comm_group::broadcast(at::Tensor& t, int root_index) const {
   c10d::BroadcastOptions o;
   o.rootRank = root_index;
   o.timeout = timeout_;
-  run("broadcast", t.numel() * t.element_size(), [&](auto& g) { return g.broadcast(ts, o); });
+  run("broadcast", t, t.numel() * t.element_size(), [&](auto& g) { return g.broadcast(ts, o); });
 }
 
 comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, int tag) const {
@@ -124,9 +152,9 @@ comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, in
   global_comm_stats().bytes += p.tensor_.numel() * p.tensor_.element_size();
   std::vector<at::Tensor> ts{p.tensor_};
   try {
-    auto work = impl_->gloo->send(ts, dst_index, tag);
-    p.work_ = std::shared_ptr<void>(new c10::intrusive_ptr<compat::work>(std::move(work)),
-                                    [](void* w) { delete static_cast<c10::intrusive_ptr<compat::work>*>(w); });
+    auto work = backend_for(p.tensor_).send(ts, dst_index, tag);
+    p.work_ = std::shared_ptr<void>(new c10::intrusive_ptr<c10d::Work>(std::move(work)),
+                                    [](void* w) { delete static_cast<c10::intrusive_ptr<c10d::Work>*>(w); });
   } catch (const std::exception& e) {
     fail("send", e);
   }
@@ -136,7 +164,7 @@ comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, in
 void comm_group::pending_send::wait() {
   if (work_ == nullptr) return;
   try {
-    (*static_cast<c10::intrusive_ptr<compat::work>*>(work_.get()))->wait(group_->timeout_);
+    (*static_cast<c10::intrusive_ptr<c10d::Work>*>(work_.get()))->wait(group_->timeout_);
   } catch (const std::exception& e) {
     group_->fail("send", e);
   }
@@ -148,14 +176,14 @@ void comm_group::recv(at::Tensor& into, int src_index, int tag) const {
   TORCH_CHECK(into.is_contiguous(), "megadsl: recv needs a contiguous buffer");
   std::vector<at::Tensor> ts{into};
   const auto start = std::chrono::steady_clock::now();
-  run("recv", 0, [&](auto& g) { return g.recv(ts, src_index, tag); });
+  run("recv", into, 0, [&](auto& g) { return g.recv(ts, src_index, tag); });
   global_comm_stats().recv_wait_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
 void comm_group::barrier() const {
   if (size() == 1) return;
-  at::Tensor one = at::zeros({1});
+  at::Tensor one = at::zeros({1});  // on the CPU: Gloo, whatever device the model uses
   all_reduce(one);
 }
 

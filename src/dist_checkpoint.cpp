@@ -3,6 +3,7 @@
 #include "megadsl/runtime/dist_checkpoint.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -764,7 +765,7 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
     }
   });
   agree(world, error);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params.size(); ++i) params[i].tensor.detach().copy_(values[i]);
   return extras;
 }

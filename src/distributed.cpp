@@ -1,6 +1,8 @@
 #include "megadsl/parallel/distributed.hpp"
 
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -53,6 +55,20 @@ std::optional<dist_env> dist_env::from_environment() {
     throw std::invalid_argument("megadsl: RANK=" + std::to_string(e.rank) + " is outside WORLD_SIZE=" +
                                 std::to_string(e.world));
   return e;
+}
+
+at::Device local_device(bool cuda) {
+  if (!cuda) return at::kCPU;
+  const bool has = at::detail::getCUDAHooks().hasCUDA();
+  const c10::DeviceIndex count = has ? at::accelerator::deviceCount() : 0;
+  if (count == 0)
+    throw std::runtime_error("megadsl: a CUDA device was asked for, but this machine has none (or the "
+                             "LibTorch in use was built without CUDA); run on the CPU instead");
+  std::int64_t local = 0;
+  if (auto l = env("LOCAL_RANK") ? env("LOCAL_RANK") : env("SLURM_LOCALID")) local = env_int("LOCAL_RANK", *l);
+  const auto index = static_cast<c10::DeviceIndex>(local % count);
+  at::accelerator::setDeviceIndex(index);  // NCCL communicators and kernels of this rank go there
+  return {at::kCUDA, index};
 }
 
 std::chrono::milliseconds default_timeout() {

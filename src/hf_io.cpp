@@ -1,6 +1,7 @@
 #include "megadsl/runtime/hf_io.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <map>
@@ -48,7 +49,7 @@ std::set<std::string> expected_names(const runtime_config& c) {
 std::string fail_prefix(const hf_checkpoint& ck) { return "megadsl: " + ck.dir().string() + ": "; }
 
 void copy_into(named_parameter& p, const at::Tensor& local) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   if (local.sizes() != p.tensor.sizes())
     throw checkpoint_error("megadsl: " + p.name + ": a shard of shape " + c10::str(local.sizes()) +
                            " does not fit the parameter's " + c10::str(p.tensor.sizes()));
@@ -115,7 +116,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
       const bool bias = p.plan->row->name == "value_head.bias";
       const std::string n = value_prefix + (bias ? ".bias" : ".weight");
       if (bias && ck.find(n) == nullptr) {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         p.tensor.detach().zero_();
         report.notes.push_back("value head bias: " + n + " is not in the checkpoint; set to 0");
         continue;

@@ -1,6 +1,7 @@
 // The per-rank Llama forward, once with tensor parallelism and once without (explicitly
 // instantiated below). Activations are token-major (T, h); under SP each rank holds T/tp rows.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -35,7 +36,7 @@ at::Tensor init_full(std::string_view hf_name, const dims& d, const model_option
   if (norm) t = o.test_init ? 1.0 + at::normal(0.0, 0.1, size, gen) : at::ones(size);
   else if (bias) t = o.test_init ? at::normal(0.0, o.init_std, size, gen) : at::zeros(size);
   else t = at::normal(0.0, o.init_std, size, gen);
-  return t.to(o.dtype);
+  return t.to(o.dtype);  // on the CPU: the same generator stream on every device
 }
 
 struct layer_weights {
@@ -63,7 +64,8 @@ template <bool Tp>
 class llama_core final : public llama_core_base {
  public:
   llama_core(const runtime_config& c, parallel_groups& g)
-      : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g) {
+      : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), device_(c.options.device),
+        compute_(c.options.compute()) {
     pp_size_ = c.l.pp.get();
     pp_rank_ = g.pp->rank();
     if (g.pp->size() != pp_size_)
@@ -96,7 +98,7 @@ class llama_core final : public llama_core_base {
       return head(hidden, in, o);
     }
     // Inference through the stages in order; the last stage broadcasts its outputs.
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     model_output out;
     for (std::int64_t c = 0; c < static_cast<std::int64_t>(chunks_.size()); ++c) {
       at::Tensor input;
@@ -130,7 +132,7 @@ class llama_core final : public llama_core_base {
         at::Tensor hidden = run_chunk(st.chunk, in, chunk_in[slot]);
         if (ch.last_stage) {
           const at::Tensor l = loss(head(hidden, in, o), st.microbatch);
-          total_loss += l.detach().to(at::kDouble).reshape({1});
+          total_loss += l.detach().to(at::kCPU, at::kDouble).reshape({1});
           chunk_out[slot] = l;
         } else {
           sends_.push_back(send(hidden, st.chunk, st.microbatch, true));
@@ -170,7 +172,7 @@ class llama_core final : public llama_core_base {
   }
 
   double grad_norm() override {
-    at::Tensor sq = at::zeros({1}, at::kDouble);
+    at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     for (auto& p : params_) {
       if (!p.tensor.grad().defined()) continue;
       at::Tensor g = p.tensor.grad().to(at::kDouble);
@@ -182,7 +184,7 @@ class llama_core final : public llama_core_base {
     }
     if constexpr (Tp) tp_->all_reduce(sq);
     groups_->pp->all_reduce(sq);
-    return std::sqrt(sq.item<double>());
+    return std::sqrt(sq.item<double>());  // one device sync per step
   }
 
  private:
@@ -193,15 +195,21 @@ class llama_core final : public llama_core_base {
 
   micro_input prepare(const batch& b) const {
     micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}};
-    const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1);
+    in.pk.to(device_);
+    const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
     return in;
+  }
+
+  // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).
+  at::Tensor w(const at::Tensor& p) const {
+    return p.defined() && p.scalar_type() != compute_ ? p.to(compute_) : p;
   }
 
   // Hidden states between stages: (T'/tp, h) under SP, else (T', h).
   at::Tensor hidden_buffer(const micro_input& in) const {
     const std::int64_t rows = sp_ ? in.pk.ids.size(0) / tp_size_ : in.pk.ids.size(0);
-    return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(cfg_.options.dtype));
+    return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(compute_).device(device_));
   }
 
   // Point-to-point tags: one per (micro-batch, global stage, direction).
@@ -238,7 +246,7 @@ class llama_core final : public llama_core_base {
     const std::int64_t b = in.pk.batch, s = in.pk.seq;
     const int root = static_cast<int>(pp_size_ - 1);
     auto share = [&](at::Tensor& t, std::vector<std::int64_t> shape, at::ScalarType dtype) {
-      if (!t.defined()) t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+      if (!t.defined()) t = at::zeros(shape, at::TensorOptions().dtype(dtype).device(device_));
       at::Tensor wire = t.to(dtype == at::kBool ? at::kByte : dtype).contiguous();  // Gloo has no bool
       groups_->pp->broadcast(wire, root);
       t = wire.to(dtype);
@@ -268,10 +276,10 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const packed_tokens& pk = in.pk;
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
-    const at::Tensor x = rms_norm(hidden, final_norm_, s.rms_eps);
+    const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps);
     model_output out;
     if (cfg_.head.actor) {
-      at::Tensor logits = column(x, lm_head_, {}).narrow(0, 0, tokens);  // (T, V'/tp)
+      at::Tensor logits = column(x, w(lm_head_), {}).narrow(0, 0, tokens);  // (T, V'/tp), compute dtype
       if (o.temperature != 1.0) logits = logits / o.temperature;
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       const logprob_entropy le = vocab_parallel_logprob_entropy(
@@ -286,11 +294,11 @@ class llama_core final : public llama_core_base {
         out.logits = pk.unpack(full.narrow(1, 0, s.vocab.get()).to(at::kFloat));
       }
     } else {
-      at::Tensor v = at::linear(x, value_w_, value_b_);  // (T'/tp or T', 1)
+      at::Tensor v = at::linear(x, w(value_w_), w(value_b_));  // (T'/tp or T', 1)
       if constexpr (Tp)
         if (sp_) v = gather_from_sp(v, *tp_, /*tensor_parallel_output_grad=*/false);
       out.values = pk.unpack(v.narrow(0, 0, tokens).squeeze(1).to(at::kFloat));
-      out.valid = pk.unpack(at::ones({tokens}, at::kBool));
+      out.valid = pk.unpack(at::ones({tokens}, at::TensorOptions().dtype(at::kBool).device(device_)));
     }
     return out;
   }
@@ -318,34 +326,34 @@ class llama_core final : public llama_core_base {
   // Vocab-parallel embedding: rows outside this rank's range read as zero, then summed over tp.
   at::Tensor embed(const at::Tensor& ids) {
     const std::int64_t rows = embed_.size(0), start = tp_rank_ * rows;
-    if constexpr (!Tp) return at::embedding(embed_, ids);
+    if constexpr (!Tp) return at::embedding(w(embed_), ids);
     else {
       const at::Tensor mine = (ids >= start) & (ids < start + rows);
-      const at::Tensor local = at::embedding(embed_, (ids - start) * mine) * mine.unsqueeze(1);  // (T', h) partial
+      const at::Tensor local = at::embedding(w(embed_), (ids - start) * mine) * mine.unsqueeze(1);  // (T', h) partial
       return sp_ ? reduce_scatter_to_sp(local, *tp_) : reduce_from_tp(local, *tp_);
     }
   }
 
   // Column-parallel linear: its input is replicated (or gathered from SP shards) first.
-  at::Tensor column(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  at::Tensor column(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& b) {
     at::Tensor full = x;
     if constexpr (Tp) full = sp_ ? gather_from_sp(x, *tp_) : copy_to_tp(x, *tp_);
-    return at::linear(full, w, b);
+    return at::linear(full, w(weight), w(b));
   }
 
   // Row-parallel linear: partial sums over tp, all-reduced (or reduce-scattered to SP shards).
-  at::Tensor row(const at::Tensor& x, const at::Tensor& w) {
-    at::Tensor y = at::linear(x, w);
+  at::Tensor row(const at::Tensor& x, const at::Tensor& weight) {
+    at::Tensor y = at::linear(x, w(weight));
     if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
     return y;
   }
 
-  at::Tensor decoder_layer(const at::Tensor& x, const layer_weights& w, const packed_tokens& pk,
+  at::Tensor decoder_layer(const at::Tensor& x, const layer_weights& lw, const packed_tokens& pk,
                            const rope_tables& rope) {
     const shape& s = cfg_.s;
     const std::int64_t tokens = pk.tokens;
-    const at::Tensor h = rms_norm(x, w.attn_norm, s.rms_eps);
-    const at::Tensor qkv = column(h, w.qkv, w.qkv_bias).narrow(0, 0, tokens);  // (T, G*(Q+2)*d)
+    const at::Tensor h = rms_norm(x, w(lw.attn_norm), s.rms_eps);
+    const at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias).narrow(0, 0, tokens);  // (T, G*(Q+2)*d)
     const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
     const at::Tensor q = apply_rope(grouped.narrow(2, 0, qkv_.q_per_group), rope);              // (T, G, Q, d)
     const at::Tensor k = apply_rope(grouped.select(2, qkv_.q_per_group), rope);                 // (T, G, d)
@@ -353,9 +361,9 @@ class llama_core final : public llama_core_base {
     at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens)
                             : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq);   // (T, G*Q*d)
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
-    const at::Tensor after_attn = x + row(a, w.o_proj);
-    const at::Tensor h2 = rms_norm(after_attn, w.mlp_norm, s.rms_eps);
-    return after_attn + row(swiglu(column(h2, w.gate_up, {})), w.down);
+    const at::Tensor after_attn = x + row(a, lw.o_proj);
+    const at::Tensor h2 = rms_norm(after_attn, w(lw.mlp_norm), s.rms_eps);
+    return after_attn + row(swiglu(column(h2, lw.gate_up, {})), lw.down);
   }
 
   bool holds(const param_row& row, std::int64_t layer) const {
@@ -393,7 +401,7 @@ class llama_core final : public llama_core_base {
           const std::string_view source = p.tied ? std::string_view("model.embed_tokens.weight") : row.hf[static_cast<std::size_t>(i)];
           hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options));
         }
-        at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).set_requires_grad(true);
+        at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);
         bind_parameter(row.name, layer, t);
         // Each element once in the gradient norm: tp-sharded on every rank, replicated on tp rank 0.
         const bool counted = !p.tied && (p.split_dim >= 0 || tp_rank_ == 0);
@@ -432,6 +440,8 @@ class llama_core final : public llama_core_base {
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
   bool sp_ = false;
+  at::Device device_ = at::kCPU;
+  at::ScalarType compute_ = at::kFloat;
   qkv_rank_layout qkv_{};
   at::Tensor embed_, final_norm_, lm_head_, value_w_, value_b_;
   std::vector<layer_weights> layers_;

@@ -58,46 +58,64 @@ at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
   return x * cos + rotated * sin;
 }
 
-namespace {
-
-// q (b, G, Q, s, d), k/v (b, G, 1, s, d), mask (b, 1, 1, s, s) true = attend.
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat) * scale;
-  // finfo.min rather than -inf: a query with no visible key (a pad row) stays finite.
-  scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
-  const at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
-  return at::matmul(probs, v);
-}
-
-}  // namespace
+// Attention goes through LibTorch's fused scaled-dot-product kernels (flash on CUDA and on the
+// CPU, memory-efficient where flash does not apply): no (s, s) score matrix is kept for the backward.
+// Grouped-query heads are passed as they are (enable_gqa): query head g*Q + i reads kv head g.
 
 at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
-  const at::Tensor qb = q.view({batch, seq, groups, per_group, d}).permute({0, 2, 3, 1, 4});  // (b,G,Q,s,d)
-  const at::Tensor kb = k.view({batch, seq, groups, 1, d}).permute({0, 2, 3, 1, 4});          // (b,G,1,s,d)
-  const at::Tensor vb = v.view({batch, seq, groups, 1, d}).permute({0, 2, 3, 1, 4});
+  const at::Tensor qb = q.reshape({batch, seq, groups * per_group, d}).transpose(1, 2);  // (b, G*Q, s, d)
+  const at::Tensor kb = k.view({batch, seq, groups, d}).transpose(1, 2);                  // (b, G, s, d)
+  const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
+  // (b, 1, s, s) bool: causal and a real key. A query with no visible key (a left-pad row) gets
+  // zeros from the kernel; its row never reaches a result.
   const at::Tensor causal = at::ones({seq, seq}, key_mask.options().dtype(at::kBool)).tril();
-  const at::Tensor allowed = causal.view({1, 1, 1, seq, seq}) & key_mask.to(at::kBool).view({batch, 1, 1, 1, seq});
-  const at::Tensor out = attend(qb, kb, vb, allowed);  // (b,G,Q,s,d)
-  return out.permute({0, 3, 1, 2, 4}).reshape({batch * seq, groups * per_group * d});
+  const at::Tensor allowed = causal.view({1, 1, seq, seq}) & key_mask.to(at::kBool).view({batch, 1, 1, seq});
+  const at::Tensor out = at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, std::nullopt,
+                                                          /*enable_gqa=*/true);  // (b, G*Q, s, d)
+  return out.transpose(1, 2).reshape({batch * seq, groups * per_group * d});
 }
+
+namespace {
+
+// The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream.
+bool varlen_flash_applies(const at::Tensor& q) {
+  return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
+         q.size(-1) % 8 == 0;
+}
+
+at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::vector<std::int64_t>& cu_seqlens) {
+  const std::int64_t tokens = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  std::int64_t longest = 0;
+  for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
+  const at::Tensor cu = at::tensor(std::vector<std::int32_t>(cu_seqlens.begin(), cu_seqlens.end()),
+                                   at::TensorOptions().dtype(at::kInt)).to(q.device());
+  const auto out = at::_flash_attention_forward(
+      q.reshape({tokens, groups * per_group, d}), k, v, cu, cu, longest, longest, 0.0, /*is_causal=*/true,
+      /*return_debug_mask=*/false, std::nullopt);
+  return std::get<0>(out).reshape({tokens, groups * per_group * d});
+}
+
+}  // namespace
 
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<std::int64_t>& cu_seqlens) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  if (varlen_flash_applies(q)) return attention_varlen_flash(q, k, v, cu_seqlens);
+  // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask at all.
   std::vector<at::Tensor> parts;
   parts.reserve(cu_seqlens.size());
   for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
     const std::int64_t start = cu_seqlens[i], len = cu_seqlens[i + 1] - start;
     if (len == 0) continue;
-    const at::Tensor qs = q.narrow(0, start, len).permute({1, 2, 0, 3}).unsqueeze(0);  // (1,G,Q,len,d)
-    const at::Tensor ks = k.narrow(0, start, len).permute({1, 0, 2}).unsqueeze(1).unsqueeze(0);  // (1,G,1,len,d)
-    const at::Tensor vs = v.narrow(0, start, len).permute({1, 0, 2}).unsqueeze(1).unsqueeze(0);
-    const at::Tensor causal = at::ones({len, len}, q.options().dtype(at::kBool)).tril();
-    const at::Tensor out = attend(qs, ks, vs, causal.view({1, 1, 1, len, len}));  // (1,G,Q,len,d)
-    parts.push_back(out.squeeze(0).permute({2, 0, 1, 3}).reshape({len, groups * per_group * d}));
+    const at::Tensor qs = q.narrow(0, start, len).reshape({len, groups * per_group, d}).transpose(0, 1).unsqueeze(0);
+    const at::Tensor ks = k.narrow(0, start, len).transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
+    const at::Tensor vs = v.narrow(0, start, len).transpose(0, 1).unsqueeze(0);
+    const at::Tensor out = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true,
+                                                            std::nullopt, /*enable_gqa=*/true);  // (1, H, len, d)
+    parts.push_back(out.squeeze(0).transpose(0, 1).reshape({len, groups * per_group * d}));
   }
   if (parts.empty()) return at::zeros({0, groups * per_group * d}, q.options());
   return at::cat(parts, 0);

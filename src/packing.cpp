@@ -73,6 +73,11 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
   return pk;
 }
 
+void packed_tokens::to(const at::Device& device) {
+  for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index})
+    if (t->defined() && t->device() != device) *t = t->to(device, /*non_blocking=*/true);
+}
+
 at::Tensor packed_tokens::unpack(const at::Tensor& per_token) const {
   std::vector<std::int64_t> out_shape{batch * seq};
   for (std::int64_t d = 1; d < per_token.dim(); ++d) out_shape.push_back(per_token.size(d));

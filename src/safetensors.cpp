@@ -330,7 +330,8 @@ std::uint64_t safetensors_file::file_bytes() const { return map_ ? map_->size : 
 at::Tensor safetensors_file::view(std::string_view name) const {
   const tensor_info& t = at(name);
   const auto options = at::TensorOptions().dtype(t.dtype).device(at::kCPU);
-  if (t.bytes() == 0) return at::empty(t.shape, options);
+  // No elements: unit strides, since contiguous ones may overflow (shape [0, 2^32, 2^32]).
+  if (t.bytes() == 0) return at::empty_strided(t.shape, std::vector<std::int64_t>(t.shape.size(), 1), options);
   const std::byte* p = map_->data + data_start_ + t.begin;
   if (t.dtype == at::kBool) {  // any byte but 0 and 1 would be undefined behaviour as a bool
     for (std::uint64_t i = 0; i < t.bytes(); ++i)

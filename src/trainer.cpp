@@ -5,7 +5,6 @@
 
 #include "megadsl/batching.hpp"
 
-#include "megadsl/torch_compat.hpp"
 
 #include <chrono>
 #include <stdexcept>
@@ -100,7 +99,7 @@ training_state trainer::export_state() const {
   auto& state = s.adamw->state();
   const named_parameter* first = nullptr;
   for (const auto& p : *s.params) {
-    const auto it = state.find(compat::optimizer_state_key(p.tensor));
+    const auto it = state.find(p.tensor.unsafeGetTensorImpl());
     const auto* st = it == state.end() ? nullptr : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
     const std::int64_t step = st == nullptr ? 0 : st->step();
     if (first == nullptr) {
@@ -146,7 +145,7 @@ void trainer::import_state(const training_state& state) {
     st->step(state.adam_step);
     st->exp_avg(state.exp_avg[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
     st->exp_avg_sq(state.exp_avg_sq[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
-    opt_state[compat::optimizer_state_key(p)] = std::move(st);
+    opt_state[p.unsafeGetTensorImpl()] = std::move(st);
   }
   s.steps = state.steps;
   s.samples = state.samples;

@@ -8,6 +8,7 @@
 // parent; under torchrun every rank runs the same checks on the same files and fails alike, and
 // only rank 0 prints.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -455,7 +456,7 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   if (speak)
     for (const std::string& n : report.notes) err << "note: " << n << '\n';
   bar.start("megadsl run: forward of " + std::to_string(in.ids.size(0)) + " x " + std::to_string(in.ids.size(1)) + " tokens");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const model_output out = model.forward({.input_ids = in.ids, .attention_mask = in.mask},
                                          {.temperature = o.temperature, .entropy = true, .return_logits = o.logits});
   bar.finish();

@@ -1,4 +1,5 @@
-// A communication group (one c10d backend over a subset of ranks) with counting, timeouts and
+// A communication group (c10d backends over a subset of ranks: Gloo for CPU tensors, NCCL for
+// CUDA tensors) with counting, timeouts and
 // errors that name the group, the ranks and the operation.
 //
 // Every collective megadsl issues goes through here, so a test can count them (a static tp = 1
@@ -17,6 +18,7 @@
 
 namespace c10d {
 class Store;
+class Backend;
 }
 
 namespace megadsl {
@@ -79,8 +81,10 @@ class comm_group {
   void recv(at::Tensor& into, int src_index, int tag) const;
 
  private:
+  // Gloo for CPU tensors, NCCL for CUDA tensors.
+  c10d::Backend& backend_for(const at::Tensor& t) const;
   template <class Op>
-  void run(const char* op, std::int64_t bytes, Op&& issue) const;
+  void run(const char* op, const at::Tensor& on, std::int64_t bytes, Op&& issue) const;
   [[noreturn]] void fail(const char* op, const std::exception& e) const;
 
   std::string name_;

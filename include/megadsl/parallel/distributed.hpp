@@ -4,6 +4,7 @@
 // MASTER_PORT; under srun SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID stand in for the first three.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -33,6 +34,11 @@ struct dist_env {
   // nullopt when no launcher set the variables (a plain single-process run).
   static std::optional<dist_env> from_environment();
 };
+
+// The device of this local rank: with `cuda`, CUDA device LOCAL_RANK % device count (made this
+// thread's current device, where its NCCL communicators live); else the CPU. Throws when `cuda` is
+// asked for on a machine without a GPU.
+at::Device local_device(bool cuda);
 
 // Timeout of every collective and of the rendezvous; MEGADSL_TIMEOUT_S overrides (default 120 s).
 std::chrono::milliseconds default_timeout();

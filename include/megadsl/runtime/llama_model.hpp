@@ -11,10 +11,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +30,17 @@ struct model_options {
   std::uint64_t seed = 1234;         // TP-invariant init: full tensors from the seed, then sliced
   double init_std = 0.02;            // normal(0, init_std) for projections and embeddings
   bool test_init = false;            // also random norm weights and biases (stronger tests)
+  // The parameters' dtype: what the optimizer updates and gradients accumulate in (Megatron's
+  // main params and main grads). fp32 by default.
   at::ScalarType dtype = at::kFloat;
+  // The dtype the layers compute in; nullopt = `dtype`. bf16 over fp32 parameters is Megatron's
+  // mixed precision: weights are cast at use, the cast's backward accumulates fp32 gradients,
+  // norms, softmax and the log-prob/entropy math stay in fp32.
+  std::optional<at::ScalarType> compute_dtype;
+  // Where the parameters and activations live. CUDA tensors use NCCL groups, CPU tensors Gloo.
+  at::Device device = at::kCPU;
+
+  [[nodiscard]] at::ScalarType compute() const { return compute_dtype.value_or(dtype); }
 };
 
 struct batch {

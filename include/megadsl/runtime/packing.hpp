@@ -32,6 +32,8 @@ struct packed_tokens {
 
   // (T, ...) -> (b, s, ...), zeros at padding.
   [[nodiscard]] at::Tensor unpack(const at::Tensor& per_token) const;
+  // Moves the tensors to `device` (packing itself runs where the batch is, usually the CPU).
+  void to(const at::Device& device);
 };
 
 packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std::int64_t vocab);
