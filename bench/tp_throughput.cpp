@@ -1,6 +1,6 @@
 // Tensor-parallel throughput on this CPU (prints, asserts nothing): forward and forward+backward
 // tokens/s for tp 1 and 2, padded and remove-padding, on a batch with 50% padding; and the bytes
-// each rank handed to collectives per step next to the analytical count of megadsl's mappings.
+// each rank sends per step (ring algorithms) next to the analytical count (formulas.hpp).
 //
 //   ./build/bench/bench_tp_throughput [--ranks 2] [--iters 5]
 #include <ATen/ATen.h>
@@ -60,28 +60,11 @@ measured run(md::distributed& dist, int iters) {
   return {tokens / fwd, tokens / both, md::global_comm_stats().calls / iters, md::global_comm_stats().bytes / iters};
 }
 
-// Bytes handed to collectives per forward+backward step by one tp rank (4-byte floats):
-// T' stream rows, h hidden, L layers, T real tokens, n SP-replicated parameter elements.
+// Bytes one tp rank sends per forward+backward step (formulas.hpp, ring algorithms).
 // rows: the real stream (b*s padded, nnz packed); stream: rounded up to a multiple of tp under SP.
 double analytical_bytes(const md::layout& l, std::int64_t rows, std::int64_t world) {
-  const double h = model::shape.hidden.get(), layers = model::shape.layers.get(), tp = l.tp.get();
-  const std::int64_t dp = world / l.tp.get();
-  // dp > 1: finalize_grads sums every gradient over dp.
-  const double dp_bytes = dp > 1 ? 4.0 * static_cast<double>(md::local_elements(model::shape, l, {}, 0)) : 0.0;
-  if (tp == 1) return dp_bytes;
   const std::int64_t stream = l.sp.get() ? (rows + l.tp.get() - 1) / l.tp.get() * l.tp.get() : rows;
-  const double full = static_cast<double>(stream) * h * 4, shard = full / tp;
-  const double logprob = 4.0 * static_cast<double>(rows) * 4;  // max, then [S, z_y, sum e z] stacked
-  if (!l.sp.get()) {
-    // fwd: embedding + o_proj + down all-reduces; bwd: qkv, gate_up and lm_head input all-reduces
-    return full * (1 + 2 * layers) + full * (2 * layers + 1) + logprob + dp_bytes;
-  }
-  // fwd: embedding reduce-scatter, per layer 2 all-gathers + 2 reduce-scatters, lm_head all-gather;
-  // bwd: the reverse of each; Gloo's reduce-scatter is an all-reduce of the full tensor here.
-  const double fwd = full + layers * (2 * shard + 2 * full) + shard;
-  const double bwd = shard + layers * (2 * full + 2 * shard) + full;
-  const double norms = (2 * layers + 1) * h * 4;  // finalize: SP-partial norm gradients
-  return fwd + bwd + logprob + norms + dp_bytes;
+  return md::actor_step_comm_bytes(model::shape, l, stream, rows, world / l.tp.get());
 }
 
 }  // namespace

@@ -98,7 +98,8 @@ void comm_group::all_reduce(at::Tensor& t, reduce_op op) const {
   c10d::AllreduceOptions o;
   o.reduceOp = op == reduce_op::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   o.timeout = timeout_;
-  run("all_reduce", t, t.numel() * t.element_size(), [&](auto& g) { return g.allreduce(ts, o); });
+  const double n = size(), b = static_cast<double>(t.numel() * t.element_size());
+  run("all_reduce", t, static_cast<std::int64_t>(2 * (n - 1) / n * b), [&](auto& g) { return g.allreduce(ts, o); });
 }
 
 // Both collectives work on the outermost dimension of a contiguous tensor (one flat buffer, no
@@ -112,7 +113,7 @@ at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
   at::Tensor out = at::empty(shape, in.options());                // (size * n, ...)
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
-  run("all_gather", in, in.numel() * in.element_size(),
+  run("all_gather", in, (size() - 1) * in.numel() * in.element_size(),
       [&](auto& g) { return g.all_gather_single(out, in, o); });
   return dim == 0 ? out : out.movedim(0, dim);
 }
@@ -129,8 +130,7 @@ at::Tensor comm_group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = timeout_;
-  // A ring reduce-scatter sends (size - 1) / size of the input: what each rank contributes.
-  run("reduce_scatter", in, in.numel() * in.element_size(),
+  run("reduce_scatter", in, (size() - 1) * out.numel() * out.element_size(),
       [&](auto& g) { return g.reduce_scatter_single(out, in, o); });
   return dim == 0 ? out : out.movedim(0, dim).contiguous();
 }

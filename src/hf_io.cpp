@@ -153,7 +153,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
     const auto hf = gather_hf(*p.plan, c.s, c.l, g.tp.get(), p.tensor);  // every tp rank takes part
     if (!writer) continue;
     const auto names = hf_names(*p.plan, layer_of(p));
-    for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(dtype).contiguous());
+    for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(at::kCPU, dtype).contiguous());
   }
   if (!writer) return;
   std::filesystem::create_directories(dir);

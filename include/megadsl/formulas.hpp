@@ -225,4 +225,40 @@ constexpr double megatron_flops(const shape& s, const layout& l,
          (causal ? 6.0 : 12.0) * squares * static_cast<double>(detail::attention_unit(s));
 }
 
+// ---- communication -------------------------------------------------------------------------------
+
+// Bytes one rank sends on the wire under ring algorithms (NCCL's and Gloo's): an all-reduce of B
+// bytes sends 2 (n-1)/n B, a reduce-scatter of a B-byte input (n-1)/n B, an all-gather of a B-byte
+// shard (n-1) B. This is what `comm_stats::bytes` counts for the collectives megadsl issues.
+constexpr double ring_all_reduce_bytes(double b, double n) { return n > 1 ? 2 * (n - 1) / n * b : 0; }
+constexpr double ring_reduce_scatter_bytes(double b_in, double n) { return n > 1 ? (n - 1) / n * b_in : 0; }
+constexpr double ring_all_gather_bytes(double b_shard, double n) { return n > 1 ? (n - 1) * b_shard : 0; }
+
+// Bytes one rank of the actor sends in one forward + backward (with finalize_grads) under `l`
+// (pp = 1): `stream` rows enter the layers (b s padded, nnz packed, rounded up to tp under SP),
+// `tokens` of them reach the head; `element` is the activations' size in bytes (4 fp32, 2 bf16);
+// gradients are fp32. `dp` replicas sum every gradient. Without SP every tp collective is an
+// all-reduce of the full (stream, h) activation; with SP each becomes an all-gather plus a
+// reduce-scatter of the same total (Korthikanti et al. 2022): the two figures are equal.
+constexpr double actor_step_comm_bytes(const shape& s, const layout& l, std::int64_t stream, std::int64_t tokens,
+                                       std::int64_t dp, double element = 4) {
+  const double h = static_cast<double>(s.hidden.get()), layers = static_cast<double>(s.layers.get());
+  const double n = static_cast<double>(l.tp.get()), replicas = static_cast<double>(dp);
+  double bytes = ring_all_reduce_bytes(4.0 * static_cast<double>(local_elements(s, l, {}, 0)), replicas);
+  if (l.tp.get() == 1) return bytes;
+  const double full = static_cast<double>(stream) * h * element, shard = full / n;
+  // Vocab-parallel log-probs: an all-reduce (max) of T floats and one of the stacked [S, z_y, sum e z].
+  bytes += ring_all_reduce_bytes(4.0 * static_cast<double>(tokens), n) +
+           ring_all_reduce_bytes(12.0 * static_cast<double>(tokens), n);
+  if (!l.sp.get()) {
+    // fwd: embedding, o_proj and down all-reduces; bwd: the qkv, gate_up and lm_head inputs'.
+    return bytes + (2 + 4 * layers) * ring_all_reduce_bytes(full, n);
+  }
+  // fwd: embedding reduce-scatter, per layer 2 all-gathers + 2 reduce-scatters, lm_head
+  // all-gather; bwd: each one's reverse. finalize_grads: the SP-partial norm gradients.
+  const double gathers = 2 + 4 * layers, scatters = 2 + 4 * layers;
+  return bytes + gathers * ring_all_gather_bytes(shard, n) + scatters * ring_reduce_scatter_bytes(full, n) +
+         ring_all_reduce_bytes((2 * layers + 1) * h * 4, n);
+}
+
 }  // namespace megadsl

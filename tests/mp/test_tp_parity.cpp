@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "megadsl/formulas.hpp"
 #include "megadsl/parallel/comm.hpp"
 #include "mp_support.hpp"
 
@@ -136,6 +137,38 @@ TEST_CASE("a static tp = 1 model issues no collective; a tp = 2 model does", "[w
   global_comm_stats().reset();
   probe_loss(sharded.forward(b), true).backward();
   CHECK(global_comm_stats().calls > 0);
+}
+
+// The bytes each rank sends through the collectives of one forward + backward + finalize equal
+// the analytical ring count (formulas.hpp), with Gloo's real reduce-scatter and all-gather; and
+// SP sends exactly what the all-reduces without it send.
+template <layout L>
+double measured_step_bytes(const batch& b) {
+  auto groups = parallel_groups::build(dist(), L);
+  llama_model<causal_lm<tiny_llama, L>> model(groups);
+  global_comm_stats().reset();
+  model.forward(b).log_probs.sum().backward();
+  model.finalize_grads();
+  return static_cast<double>(global_comm_stats().bytes.load());
+}
+
+TEST_CASE("bytes per step equal the analytical ring count, with and without SP", "[world4][collectives]") {
+  const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const std::int64_t positions = pb.ids.numel(), tokens = pb.mask.sum().item<std::int64_t>();
+  const std::int64_t dp = dist().world() / 2;
+  const auto sp_stream = (tokens + 1) / 2 * 2;
+  const double padded = measured_step_bytes<layout{.tp = 2}>(b);
+  const double rmpad = measured_step_bytes<layout{.tp = 2, .rmpad = true}>(b);
+  const double sp = measured_step_bytes<layout{.tp = 2, .sp = true, .rmpad = true}>(b);
+  CHECK(padded == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2}, positions, positions, dp));
+  CHECK(rmpad == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2, .rmpad = true}, tokens, tokens, dp));
+  CHECK(sp == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2, .sp = true, .rmpad = true}, sp_stream,
+                                    tokens, dp));
+  // SP's gathers and scatters move the activations' bytes of the all-reduces they replace; the
+  // difference is the norms' gradient sums (and a pad row when nnz is odd).
+  const double norms = ring_all_reduce_bytes((2.0 * tiny_llama::shape.layers.get() + 1) * tiny_llama::shape.hidden.get() * 4, 2);
+  if (sp_stream == tokens) CHECK(sp - norms == rmpad);
 }
 
 TEST_CASE("a layout that does not fit the world is refused with the rule's words", "[world4]") {

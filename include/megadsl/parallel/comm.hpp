@@ -23,7 +23,9 @@ class Backend;
 
 namespace megadsl {
 
-// Process-wide counters of collectives (calls and bytes each rank sent into them).
+// Process-wide counters of collectives. `bytes` is what this rank sends on the wire under ring
+// algorithms (formulas.hpp: all-reduce 2 (n-1)/n B, reduce-scatter (n-1)/n B_in, all-gather
+// (n-1) B_shard; broadcast and send the tensor's bytes), so it can be set beside the analytical count.
 struct comm_stats {
   std::atomic<std::int64_t> calls{0};
   std::atomic<std::int64_t> bytes{0};
