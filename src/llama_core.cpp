@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -66,6 +67,10 @@ class llama_core final : public llama_core_base {
   llama_core(const runtime_config& c, parallel_groups& g)
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), device_(c.options.device),
         compute_(c.options.compute()) {
+    if (c.options.deterministic) {
+      ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+      at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    }
     pp_size_ = c.l.pp.get();
     pp_rank_ = g.pp->rank();
     if (g.pp->size() != pp_size_)

@@ -197,6 +197,18 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
   return run(global, std::move(parts));
 }
 
+namespace {
+
+rollout_batch on_device(const rollout_batch& b, const at::Device& device) {
+  rollout_batch out = b;
+  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.loss_mask, &out.old_log_probs, &out.advantages,
+                        &out.ref_log_probs, &out.old_values, &out.returns})
+    if (t->defined() && t->device() != device) *t = t->to(device);
+  return out;
+}
+
+}  // namespace
+
 step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts) {
   auto& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
@@ -205,7 +217,8 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   std::vector<batch> inputs;
   for (const rollout_batch& part : parts) inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask});
   const loss_function loss = [&](const model_output& out, std::int64_t index) {
-    const rollout_batch& mb = parts[static_cast<std::size_t>(index)];
+    // The rollout usually lives on the CPU; the outputs on the model's device.
+    const rollout_batch mb = on_device(parts[static_cast<std::size_t>(index)], out.valid.device());
     const at::Tensor tok = s.actor ? actor_token_loss(out, mb, s.actor_cfg) : critic_token_loss(out, mb, s.critic_cfg);
     return (tok * mb.loss_mask.to(tok.scalar_type())).sum() / loss_tokens;
   };

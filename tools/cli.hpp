@@ -58,6 +58,8 @@ struct options {
   std::string from, to;       // convert: --from, --to
   std::string to_format;      // convert: --to-format hf|dist ("": the other format than --from's)
   std::string dtype;          // convert: --dtype fp32|bf16|fp16 ("": the source's)
+  std::string device = "cpu"; // run: --device cpu|cuda (CUDA: NCCL groups, GPU LOCAL_RANK % count)
+  std::string compute = "fp32";  // run: --compute fp32|bf16 (bf16 over fp32 weights, fp32 log-probs)
 };
 
 // Parses everything after the subcommand name.

@@ -48,7 +48,7 @@ constexpr std::string_view layout_flags[] = {
     "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad",
     "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
-    "--logits", "--from", "--to", "--to-format", "--dtype"};
+    "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute"};
 
 // Flags of one command only, and which.
 struct command_flag {
@@ -57,7 +57,7 @@ struct command_flag {
 constexpr command_flag command_flags[] = {
     {"--seq", "plan"},           {"--input", "run"},   {"--output", "run"}, {"--temperature", "run"},
     {"--logits", "run"},         {"--from", "convert"}, {"--to", "convert"}, {"--to-format", "convert"},
-    {"--dtype", "convert"}};
+    {"--dtype", "convert"},      {"--device", "run"},  {"--compute", "run"}};
 
 std::int64_t parse_int(std::string_view flag, std::string_view text) {
   std::int64_t v = 0;
@@ -135,6 +135,14 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
       if (text.empty() || end != text.c_str() + text.size() || !(t > 0) || t == HUGE_VAL)
         throw usage_error("megadsl run: --temperature expects a positive number, got '" + text + "'");
       o.temperature = t;
+    } else if (flag == "--device" && o.command == "run") {
+      o.device = std::string(value());
+      if (o.device != "cpu" && o.device != "cuda")
+        throw usage_error("megadsl run: --device is cpu or cuda, got '" + o.device + "'");
+    } else if (flag == "--compute" && o.command == "run") {
+      o.compute = std::string(value());
+      if (o.compute != "fp32" && o.compute != "bf16")
+        throw usage_error("megadsl run: --compute is fp32 or bf16, got '" + o.compute + "'");
     } else if (flag == "--from" && o.command == "convert") o.from = std::string(value());
     else if (flag == "--to" && o.command == "convert") o.to = std::string(value());
     else if (flag == "--to-format" && o.command == "convert") {

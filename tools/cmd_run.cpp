@@ -449,7 +449,10 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
                                                         const fs::path& dir, const run_input& in, bool speak,
                                                         std::ostream& err) {
   progress bar(err, speak);
-  llama_model<Spec> model(groups, {}, s, o.l);
+  model_options mo;
+  mo.device = local_device(o.device == "cuda");
+  if (o.compute == "bf16") mo.compute_dtype = at::kBFloat16;
+  llama_model<Spec> model(groups, mo, s, o.l);
   bar.start("megadsl run: loading " + dir.string(), {});
   const hf_load_report report = load_hf(model, groups, dir);
   bar.finish();

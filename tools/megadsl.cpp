@@ -31,6 +31,7 @@ commands:
                             memory per rank, FLOPs per token, communication per step
   presets                   the preset models and their published parameter counts
   run MODEL_DIR [layout] --input FILE --output FILE [--ranks N] [--temperature T] [--logits]
+      [--device cpu|cuda] [--compute fp32|bf16]
                             run the model on a batch: the actor's log_probs and entropy (and
                             logits with --logits), or with --critic the values; plus the valid mask
   convert --from PATH --to PATH [--to-format hf|dist] [layout] [--dtype fp32|bf16|fp16] [--ranks N]
@@ -63,6 +64,8 @@ run:
                             right padding), or .safetensors with tensors input_ids, attention_mask
   --output FILE             .json (nested lists) or .safetensors, by its extension; rank 0 writes it
   --temperature T           divide the logits by T before log-probs and entropy (default 1)
+  --device cpu|cuda         where the model runs (cuda: GPU LOCAL_RANK % count, NCCL groups)
+  --compute fp32|bf16       bf16: compute in bf16 over fp32 weights; log-probs in fp32
   --logits                  also the full logits (batch, seq, vocab)
   --ranks N                 local processes to start (default tp * pp; a multiple of it adds data
                             parallelism). Under torchrun/srun (RANK, WORLD_SIZE set) the job's ranks

@@ -84,6 +84,22 @@ TEST_CASE("an HF checkpoint on CUDA matches transformers", "[cuda]") {
   CHECK(masked(ref.read("left.log_probs", at::kFloat), out.log_probs, out.valid) <= 1e-4);
 }
 
+TEST_CASE("a PPO step on CUDA (rollout on the CPU) equals one on the CPU", "[cuda]") {
+  auto single = parallel_groups::single();
+  llama_model<causal_lm<tiny8>> cpu(single, on(at::kCPU));
+  llama_model<causal_lm<tiny8>> gpu(single, on(local_device(true)));
+  const optimizer_config opt{.lr = 1e-4, .eps = 1e-6};
+  trainer tc = make_trainer(cpu, single, opt, {.entropy_coeff = 0.01});
+  trainer tg = make_trainer(gpu, single, opt, {.entropy_coeff = 0.01});
+  const rollout_batch rb = make_rollout(tiny8::shape.vocab);
+  const step_metrics a = tc.step(rb, 2), b = tg.step(rb, 2);
+  CHECK(std::abs(a.loss - b.loss) <= 1e-4 * std::max(1.0, std::abs(a.loss)));
+  for (std::size_t i = 0; i < cpu.parameters().size(); ++i) {
+    INFO(cpu.parameters()[i].name);
+    CHECK(max_abs_diff(cpu.parameters()[i].tensor.detach(), gpu.parameters()[i].tensor.detach().cpu()) <= 1e-4);
+  }
+}
+
 TEST_CASE("tp 2 over NCCL equals one GPU", "[nccl]") {
   constexpr layout L{.tp = 2, .sp = true, .rmpad = true};
   const at::Device device = local_device(true);

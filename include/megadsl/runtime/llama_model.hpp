@@ -39,6 +39,10 @@ struct model_options {
   std::optional<at::ScalarType> compute_dtype;
   // Where the parameters and activations live. CUDA tensors use NCCL groups, CPU tensors Gloo.
   at::Device device = at::kCPU;
+  // LibTorch's deterministic algorithms (process-wide), and cuBLAS's fixed workspace on CUDA.
+  // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
+  // warns and runs it anyway.
+  bool deterministic = false;
 
   [[nodiscard]] at::ScalarType compute() const { return compute_dtype.value_or(dtype); }
 };
