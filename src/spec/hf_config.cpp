@@ -180,22 +180,25 @@ class reader {
   std::vector<std::string>& notes_;
 };
 
-rope_scaling read_rope(const reader& r) {
+// One RoPE description: transformers 4.x's "rope_scaling" object ({"rope_type" or "type", scaling
+// fields}) or 5.x's "rope_parameters" (the same, plus "rope_theta"). `where` names it in errors.
+rope_scaling read_rope_object(const reader& r, const json& v, const std::string& where) {
   rope_scaling out;  // type none
-  const json* v = r.find(r.root(), "rope_scaling");
-  if (!v) return out;
-  if (!v->is_object())
-    r.fail("rope_scaling", "expected null or an object, got " + describe_json(*v),
-           "write \"rope_scaling\": null for plain RoPE");
-  const json* t = r.find(*v, "rope_type");
-  std::string_view type_key = "rope_scaling.rope_type";
+  const json* t = r.find(v, "rope_type");
+  std::string type_key = where + ".rope_type";
   if (!t) {
-    t = r.find(*v, "type");
-    type_key = "rope_scaling.type";
+    t = r.find(v, "type");
+    type_key = where + ".type";
   }
-  if (!t)
-    r.fail("rope_scaling", "has neither \"rope_type\" nor \"type\"",
+  if (!t) {
+    // transformers 5 keys per-layer-type parameters by layer type (Gemma 3's full/sliding attention).
+    for (const auto& [k, sub] : v.items())
+      if (sub.is_object())
+        r.fail(where, "holds RoPE parameters per layer type (\"" + k + "\": {...}), which megadsl's Llama family does not have",
+               "this checkpoint's architecture is not supported");
+    r.fail(where, "has neither \"rope_type\" nor \"type\"",
            "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
+  }
   if (!t->is_string())
     r.fail(type_key, "expected a string, got " + describe_json(*t),
            "use one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
@@ -206,21 +209,66 @@ rope_scaling read_rope(const reader& r) {
   else if (type == "llama3") out.type = rope_type::llama3;
   else
     r.fail(type_key, "\"" + type + "\" is not supported",
-           "megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\" (or none: \"rope_scaling\": null)");
+           "megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\" (or none: \"default\")");
 
   auto need = [&](std::string_view key) -> const json& {
-    const json* f = r.find(*v, key);
-    const std::string full = "rope_scaling." + std::string(key);
-    if (!f) r.fail(full, "missing (needed by rope type \"" + type + "\")", "add it to rope_scaling");
+    const json* f = r.find(v, key);
+    const std::string full = where + "." + std::string(key);
+    if (!f) r.fail(full, "missing (needed by rope type \"" + type + "\")", "add it to " + where);
     return *f;
   };
-  out.factor = r.number(need("factor"), "rope_scaling.factor");
+  out.factor = r.number(need("factor"), where + ".factor");
   if (out.type.get() == rope_type::llama3) {
-    out.low_freq_factor = r.number(need("low_freq_factor"), "rope_scaling.low_freq_factor");
-    out.high_freq_factor = r.number(need("high_freq_factor"), "rope_scaling.high_freq_factor");
+    out.low_freq_factor = r.number(need("low_freq_factor"), where + ".low_freq_factor");
+    out.high_freq_factor = r.number(need("high_freq_factor"), where + ".high_freq_factor");
     out.original_max_positions =
-        r.integer(need("original_max_position_embeddings"),
-                  "rope_scaling.original_max_position_embeddings", 1);
+        r.integer(need("original_max_position_embeddings"), where + ".original_max_position_embeddings", 1);
+  }
+  return out;
+}
+
+bool same_rope(const rope_scaling& a, const rope_scaling& b) {
+  if (a.type.get() != b.type.get()) return false;
+  if (a.type.get() == rope_type::none) return true;
+  if (a.factor.get() != b.factor.get()) return false;
+  if (a.type.get() != rope_type::llama3) return true;
+  return a.low_freq_factor.get() == b.low_freq_factor.get() && a.high_freq_factor.get() == b.high_freq_factor.get() &&
+         a.original_max_positions.get() == b.original_max_positions.get();
+}
+
+struct rope_read {
+  rope_scaling scaling;
+  std::optional<double> theta;  // from rope_parameters.rope_theta (5.x) or the top-level rope_theta (4.x)
+};
+
+// Both generations of config.json: 5.x's rope_parameters and 4.x's rope_scaling + rope_theta. A
+// file with both must say the same thing in both (a re-saved config may carry the old keys too).
+rope_read read_rope(const reader& r) {
+  rope_read out;
+  const json* legacy = r.find(r.root(), "rope_scaling");
+  if (legacy && !legacy->is_null() && !legacy->is_object())
+    r.fail("rope_scaling", "expected null or an object, got " + describe_json(*legacy),
+           "write \"rope_scaling\": null for plain RoPE");
+  if (legacy && legacy->is_object()) out.scaling = read_rope_object(r, *legacy, "rope_scaling");
+  if (const json* t = r.find(r.root(), "rope_theta")) out.theta = r.number(*t, "rope_theta");
+
+  const json* params = r.find(r.root(), "rope_parameters");
+  if (!params || params->is_null()) return out;
+  if (!params->is_object())
+    r.fail("rope_parameters", "expected an object, got " + describe_json(*params),
+           "transformers 5 writes {\"rope_type\": ..., \"rope_theta\": ...}");
+  const rope_scaling scaling = read_rope_object(r, *params, "rope_parameters");
+  if (legacy && legacy->is_object() && !same_rope(scaling, out.scaling))
+    r.fail("rope_parameters", "disagrees with rope_scaling (" + std::string(name_of(scaling.type.get())) + " vs " +
+                                  std::string(name_of(out.scaling.type.get())) + " or their factors)",
+           "keep one of them: transformers 5 reads rope_parameters");
+  out.scaling = scaling;
+  if (const json* t = r.find(*params, "rope_theta")) {
+    const double theta = r.number(*t, "rope_parameters.rope_theta");
+    if (out.theta && *out.theta != theta)
+      r.fail("rope_parameters.rope_theta", "is " + show(theta) + " but the top-level rope_theta is " + show(*out.theta),
+             "keep one of them: transformers 5 reads rope_parameters.rope_theta");
+    out.theta = theta;
   }
   return out;
 }
@@ -319,9 +367,13 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.rms_eps = r.optional<double>("rms_norm_eps", fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
-  s.rope_theta = r.optional<double>("rope_theta", fam->rope_theta,
-      [&](const json& v, std::string_view k) { return r.number(v, k); });
-  s.rope = read_rope(r);
+  const rope_read rope = read_rope(r);
+  if (rope.theta) s.rope_theta = *rope.theta;
+  else {
+    s.rope_theta = fam->rope_theta;
+    out.notes.push_back("rope_theta not in config.json: using " + show(fam->rope_theta) + " (transformers' default)");
+  }
+  s.rope = rope.scaling;
   s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
   s.tie_embeddings = r.optional<bool>("tie_word_embeddings", false,
       [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);

@@ -30,7 +30,8 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
-constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim"};
+constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
+                                        "llama31-rope-tf5"};  // the last written by transformers 5 (rope_parameters)
 
 // The same directory on every rank of this job (the launcher's port is unique per job).
 fs::path shared_scratch(const std::string& what) {

@@ -87,6 +87,35 @@ TEST_CASE("keys config.json leaves out take transformers' defaults, and say so",
   CHECK(parse_hf_config(qwen).s.qkv_bias.get());
 }
 
+TEST_CASE("transformers 5's rope_parameters: theta and scaling read from it, agreeing with the 4.x keys", "[spec][hf_config]") {
+  auto with = [](std::string_view extra) { return parse_hf_config(edited(minimal, "}", ", " + std::string(extra) + "}")); };
+  // What transformers 5.23 writes for Llama 3.1 (LlamaConfig(...).to_dict()).
+  const auto l3 = with(R"("rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_theta": 500000.0})");
+  CHECK(l3.s.rope_theta.get() == 500000.0);
+  CHECK(l3.s.rope.type.get() == rope_type::llama3);
+  CHECK(l3.s.rope.factor.get() == 8.0);
+  CHECK(l3.s.rope.original_max_positions.get() == 8192);
+  for (const auto& n : l3.notes) CHECK(n.find("rope_theta") == std::string::npos);  // not defaulted
+  const auto plain = with(R"("rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"})");
+  CHECK(plain.s.rope_theta.get() == 1000000.0);
+  CHECK(plain.s.rope.type.get() == rope_type::none);
+  // Both generations in one file: fine when they agree, refused when they do not.
+  CHECK(with(R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0})")
+            .s.rope.type.get() == rope_type::linear);
+  CHECK_THROWS_WITH(with(R"("rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0})"),
+                    Catch::Contains("rope_parameters.rope_theta: is 500000.0 but the top-level rope_theta is 10000.0"));
+  CHECK_THROWS_WITH(with(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                            "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})"),
+                    Catch::Contains("rope_parameters: disagrees with rope_scaling"));
+  CHECK_THROWS_WITH(with(R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})"),
+                    Catch::Contains("rope_parameters.rope_type: \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(with(R"("rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}})"),
+                    Catch::Contains("rope_parameters: holds RoPE parameters per layer type"));
+  CHECK_THROWS_WITH(with(R"("rope_parameters": 5)"), Catch::Contains("rope_parameters: expected an object"));
+}
+
 TEST_CASE("rope_scaling: null, default, linear, dynamic, llama3", "[spec][hf_config]") {
   auto with_rope = [](std::string_view rope) {
     return parse_hf_config(edited(minimal, "}", ", \"rope_scaling\": " + std::string(rope) + "}")).s.rope;
