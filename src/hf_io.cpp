@@ -136,9 +136,22 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
                                (want.rank == 1 ? "[" + std::to_string(want.rows) + "]"
                                                : "[" + std::to_string(want.rows) + ", " + std::to_string(want.cols) + "]"));
+      if (!at::isFloatingType(v.scalar_type()))
+        throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is stored as " + std::string(c10::toString(v.scalar_type())) +
+                               ", not a floating-point type: a weight cast from integers would be meaningless "
+                               "(a quantised checkpoint?); megadsl loads fp32, bf16 and fp16 weights");
       sources.push_back(v);
     }
-    copy_into(p, shard_from_hf(*p.plan, c.s, c.l, tp_rank, sources).to(p.tensor.scalar_type()));
+    const at::Tensor local = shard_from_hf(*p.plan, c.s, c.l, tp_rank, sources);
+    // This rank's slice only (each rank checks what it reads): NaN or Inf would make every output
+    // NaN without a word.
+    if (!at::isfinite(local).all().item<bool>()) {
+      const at::Tensor bad = at::isfinite(local).logical_not().nonzero();
+      throw checkpoint_error(fail_prefix(ck) + "tensor " + names.front() + (names.size() > 1 ? " (or its fused partners)" : "") +
+                             " holds NaN or Inf (" + std::to_string(bad.size(0)) + " element(s) in this rank's slice of " +
+                             p.name + "); the checkpoint is corrupt or diverged");
+    }
+    copy_into(p, local.to(p.tensor.scalar_type()));
   }
   return report;
 }

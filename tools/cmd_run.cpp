@@ -463,6 +463,21 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   const model_output out = model.forward({.input_ids = in.ids, .attention_mask = in.mask},
                                          {.temperature = o.temperature, .entropy = true, .return_logits = o.logits});
   bar.finish();
+  // A non-finite output is an error, never a null in the file.
+  for (const auto& [what, t] : {std::pair<const char*, at::Tensor>{"log_probs", out.log_probs}, {"entropy", out.entropy},
+                                {"values", out.values}}) {
+    if (!t.defined()) continue;
+    const at::Tensor bad = at::isfinite(t.detach()).logical_not() & out.valid.to(at::kBool);
+    if (!bad.any().item<bool>()) continue;
+    const at::Tensor first = bad.nonzero()[0].cpu();
+    throw std::runtime_error("megadsl run: " + std::string(what) + " is NaN or Inf at " +
+                             std::to_string(bad.sum().item<std::int64_t>()) + " position(s), first (row " +
+                             std::to_string(first[0].item<std::int64_t>()) + ", position " +
+                             std::to_string(first[1].item<std::int64_t>()) + ")" +
+                             (o.temperature < 1e-3 ? "; --temperature " + std::to_string(o.temperature) +
+                                                         " overflows the logits: use a larger one"
+                                                   : "; the weights or the input overflow fp32"));
+  }
   if (o.head.actor) {
     std::vector<std::pair<std::string, at::Tensor>> r{{"log_probs", out.log_probs}, {"entropy", out.entropy}};
     if (o.logits) r.emplace_back("logits", out.logits);

@@ -2,7 +2,9 @@
 // tests/fixtures/), bit-exact round trips through sharded layouts, and clear errors on bad input.
 #include "../catch_torch.hpp"
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <cstdlib>
 #include <fstream>
 #include <unistd.h>
@@ -191,6 +193,25 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
   CHECK_THROWS_WITH(load_hf(fixed, single, src),
                     Catch::Contains("config.json disagrees with the model") &&
                         Catch::Contains("ffn (intermediate_size): declared 200, ") && Catch::Contains("config.json has 176"));
+
+  // Non-finite weights and integer weights are refused, naming the tensor (not loaded, not cast).
+  const fs::path nan = with("nan", [](const fs::path&, auto& ts) {
+    for (auto& t : ts)
+      if (t.first == "model.layers.1.self_attn.k_proj.weight") t.second[3][5] = std::nan("");
+  });
+  CHECK_THROWS_WITH(load_hf(actor, single, nan),
+                    Catch::Contains(nan.string()) && Catch::Contains("model.layers.1.self_attn.q_proj.weight (or its fused partners) holds NaN or Inf"));
+  const fs::path inf = with("inf", [](const fs::path&, auto& ts) {
+    for (auto& t : ts)
+      if (t.first == "model.norm.weight") t.second[0] = std::numeric_limits<float>::infinity();
+  });
+  CHECK_THROWS_WITH(load_hf(actor, single, inf), Catch::Contains("tensor model.norm.weight holds NaN or Inf"));
+  const fs::path ints = with("int", [](const fs::path&, auto& ts) {
+    for (auto& t : ts)
+      if (t.first == "model.layers.0.mlp.down_proj.weight") t.second = t.second.mul(100).to(at::kInt);
+  });
+  CHECK_THROWS_WITH(load_hf(actor, single, ints),
+                    Catch::Contains("tensor model.layers.0.mlp.down_proj.weight is stored as Int, not a floating-point type"));
 
   // A truncated safetensors file: the reader's validation names the file.
   const fs::path truncated = with("truncated", [](const fs::path&, auto&) {});

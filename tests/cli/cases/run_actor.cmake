@@ -40,3 +40,12 @@ expect_same(${WORK}/out.json ${WORK}/out.safetensors --names valid,log_probs --t
 megadsl(run ${F} --tp 2 --temperature 2 --input ${WORK}/left.json --output ${WORK}/hot.safetensors)
 expect_exit(0)
 expect_differ(${WORK}/hot.safetensors ${REF} --names log_probs --tol 1e-4)
+
+# A temperature so small that the logits overflow: an error naming the output and the flag, exit
+# non-zero, and no file with nulls in it.
+megadsl(run ${F} --temperature 1e-40 --input ${WORK}/left.json --output ${WORK}/cold.json)
+expect_exit(1)
+expect_err("megadsl run: log_probs is NaN or Inf at [0-9]+ position\\(s\\), first \\(row 0, position 0\\); --temperature .* overflows the logits")
+if(EXISTS ${WORK}/cold.json)
+  message(FATAL_ERROR "a run with non-finite outputs wrote ${WORK}/cold.json")
+endif()
