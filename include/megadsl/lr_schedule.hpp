@@ -86,10 +86,18 @@ inline lr_schedule_config from_iterations(const lr_schedule_iterations& it, lr_s
   return rates;
 }
 
-// What a checkpoint stores: Megatron's state_dict holds num_steps and the schedule's values.
+// What a checkpoint stores: exactly the keys of Megatron's OptimizerParamScheduler.state_dict
+// (max_lr, lr_warmup_steps, num_steps, lr_decay_style, lr_decay_steps, min_lr, start_wd, end_wd,
+// wd_incr_style, wd_incr_steps). init_lr and the WSD anneal (length and style) are not in it, so
+// loading keeps the constructor's: resuming a stable-phase checkpoint with a new anneal works.
 struct lr_scheduler_state {
   std::int64_t num_steps = 0;
-  lr_schedule_config config{};
+  double max_lr = 0.0, min_lr = 0.0, lr_warmup_steps = 0.0;
+  std::int64_t lr_decay_steps = 0;
+  lr_decay_style decay_style = lr_decay_style::linear;
+  double start_wd = 0.0, end_wd = 0.0;
+  std::int64_t wd_incr_steps = 0;
+  wd_incr_style wd_style = wd_incr_style::constant;
 };
 
 // Megatron's two flags for a checkpoint's values: take them (use_checkpoint_opt_param_scheduler,
@@ -194,17 +202,24 @@ class optimizer_param_scheduler {
     return (c.start_wd + coeff * (c.end_wd - c.start_wd)) * wd_mult;
   }
 
-  [[nodiscard]] lr_scheduler_state state() const { return {num_steps_, config_}; }
+  [[nodiscard]] lr_scheduler_state state() const {
+    const lr_schedule_config& c = config_;
+    return {.num_steps = num_steps_, .max_lr = c.max_lr, .min_lr = c.min_lr, .lr_warmup_steps = c.lr_warmup_steps,
+            .lr_decay_steps = c.lr_decay_steps, .decay_style = c.decay_style, .start_wd = c.start_wd,
+            .end_wd = c.end_wd, .wd_incr_steps = c.wd_incr_steps, .wd_style = c.wd_style};
+  }
 
-  // Megatron's load_state_dict: settle each value by `policy`, then step(num_steps) (so a fresh
-  // scheduler ends at the checkpoint's count). must_match names the first value that differs.
+  // Megatron's load_state_dict: settle each value the state holds by `policy` (the others stay
+  // the constructor's), then step(num_steps) (so a fresh scheduler ends at the checkpoint's
+  // count). must_match names the first value that differs.
   void load(const lr_scheduler_state& s, checkpoint_values policy = checkpoint_values::use_checkpoint) {
     if (policy == checkpoint_values::must_match) {
       const auto differ = [](std::string_view what, const std::string& mine, const std::string& theirs) {
         throw std::invalid_argument("megadsl: lr schedule: the constructor's " + std::string(what) + " (" + mine +
                                     ") and the checkpoint's (" + theirs + ") do not match");
       };
-      const lr_schedule_config &a = config_, &b = s.config;
+      const lr_schedule_config& a = config_;
+      const lr_scheduler_state& b = s;
       if (a.max_lr != b.max_lr) differ("max_lr", detail::lr_number(a.max_lr), detail::lr_number(b.max_lr));
       if (a.min_lr != b.min_lr) differ("min_lr", detail::lr_number(a.min_lr), detail::lr_number(b.min_lr));
       if (a.lr_warmup_steps != b.lr_warmup_steps)
@@ -220,8 +235,18 @@ class optimizer_param_scheduler {
       if (a.wd_style != b.wd_style)
         differ("wd_style", std::string(name_of(a.wd_style)), std::string(name_of(b.wd_style)));
     } else if (policy == checkpoint_values::use_checkpoint) {
-      detail::check_lr_schedule(s.config);
-      config_ = s.config;
+      lr_schedule_config c = config_;  // init_lr, wsd_decay_steps, wsd_style: the constructor's
+      c.max_lr = s.max_lr;
+      c.min_lr = s.min_lr;
+      c.lr_warmup_steps = s.lr_warmup_steps;
+      c.lr_decay_steps = s.lr_decay_steps;
+      c.decay_style = s.decay_style;
+      c.start_wd = s.start_wd;
+      c.end_wd = s.end_wd;
+      c.wd_incr_steps = s.wd_incr_steps;
+      c.wd_style = s.wd_style;
+      detail::check_lr_schedule(c);
+      config_ = c;
     }
     step(s.num_steps);
   }

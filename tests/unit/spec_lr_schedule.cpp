@@ -2,6 +2,7 @@
 // (megatron-core-semantics.md §5): values at chosen steps for every style, each computed by hand
 // from the reference's formulas (the arithmetic is in the comments), the constructor's assertions,
 // the checkpoint state and the micro-batch count with its rule message.
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -238,6 +239,40 @@ TEST_CASE("checkpoint state: a plain struct, loaded by Megatron's three policies
   optimizer_param_scheduler strict(other);
   CHECK_THROWS_WITH(strict.load(saved, megadsl::checkpoint_values::must_match),
                     "megadsl: lr schedule: the constructor's max_lr (2) and the checkpoint's (1) do not match");
+}
+
+TEST_CASE("resuming a WSD run from a stable-phase checkpoint keeps the new anneal (Megatron's policy)", "[lr]") {
+  // Trained with a 100-step exponential anneal planned; stopped in the stable phase.
+  lr_schedule_config planned = base(lr_decay_style::wsd);
+  planned.wsd_decay_steps = 100;
+  planned.wsd_style = megadsl::wsd_decay_style::exponential;
+  optimizer_param_scheduler trained(planned);
+  trained.step(500);
+  const megadsl::lr_scheduler_state saved = trained.state();
+  CHECK(trained.lr() == exact(1.0));  // stable: max_lr
+
+  // Resumed with a longer linear anneal and another warmup start: the state has neither, so
+  // both stay the constructor's, while the checkpoint's max_lr, decay steps and count win.
+  lr_schedule_config changed = planned;
+  changed.wsd_decay_steps = 400;
+  changed.wsd_style = megadsl::wsd_decay_style::linear;
+  changed.init_lr = 0.5;
+  changed.max_lr = 3.0;  // the checkpoint's 1.0 wins under use_checkpoint
+  optimizer_param_scheduler resumed(changed);
+  resumed.load(saved);
+  CHECK(resumed.num_steps() == 500);
+  CHECK(resumed.config().wsd_decay_steps == 400);
+  CHECK(resumed.config().wsd_style == megadsl::wsd_decay_style::linear);
+  CHECK(resumed.config().init_lr == 0.5);
+  CHECK(resumed.config().max_lr == 1.0);
+  // lr_decay_steps 1100: the new anneal starts at 700, the old one at 1000. At 1050 the new
+  // linear anneal is 7/8 through (coeff 1/8); the old exponential one halfway (2 * 0.5^0.5 - 1).
+  resumed.step(550);
+  CHECK(resumed.lr() == exact(0.1 + 0.125 * 0.9));
+  optimizer_param_scheduler old_plan(planned);
+  old_plan.load(saved);
+  old_plan.step(550);
+  CHECK(old_plan.lr() == exact(0.1 + (2 * std::pow(0.5, 0.5) - 1) * 0.9));
 }
 
 TEST_CASE("constant micro-batch calculator", "[lr]") {
