@@ -458,10 +458,26 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   bar.finish();
   if (speak)
     for (const std::string& n : report.notes) err << "note: " << n << '\n';
-  bar.start("megadsl run: forward of " + std::to_string(in.ids.size(0)) + " x " + std::to_string(in.ids.size(1)) + " tokens");
+  // Data parallelism: each replica computes ceil(B / dp) rows (the batch padded with copies of its
+  // last row to dp times that), and the outputs are gathered over the dp group.
+  const std::int64_t rows = in.ids.size(0), dp = groups.dp->size(), dp_rank = groups.dp->rank();
+  const std::int64_t per_replica = (rows + dp - 1) / dp;
+  auto my_rows = [&](const at::Tensor& t) {
+    at::Tensor all = t;
+    if (per_replica * dp > rows)
+      all = at::cat({t, t.narrow(0, rows - 1, 1).expand({per_replica * dp - rows, t.size(1)})}, 0);
+    return all.narrow(0, dp_rank * per_replica, per_replica).contiguous();
+  };
+  bar.start("megadsl run: forward of " + std::to_string(per_replica) + " x " + std::to_string(in.ids.size(1)) +
+            " tokens" + (dp > 1 ? " on each of " + std::to_string(dp) + " replicas" : ""));
   c10::NoGradGuard no_grad;
-  const model_output out = model.forward({.input_ids = in.ids, .attention_mask = in.mask},
-                                         {.temperature = o.temperature, .entropy = true, .return_logits = o.logits});
+  model_output out = model.forward({.input_ids = my_rows(in.ids), .attention_mask = my_rows(in.mask)},
+                                   {.temperature = o.temperature, .entropy = true, .return_logits = o.logits});
+  for (at::Tensor* t : {&out.log_probs, &out.entropy, &out.logits, &out.values, &out.valid}) {
+    if (!t->defined() || dp == 1) continue;
+    const auto type = t->scalar_type();
+    *t = groups.dp->all_gather(t->to(type == at::kBool ? at::kByte : type), 0).narrow(0, 0, rows).to(type);
+  }
   bar.finish();
   // A non-finite output is an error, never a null in the file.
   for (const auto& [what, t] : {std::pair<const char*, at::Tensor>{"log_probs", out.log_probs}, {"entropy", out.entropy},

@@ -49,3 +49,10 @@ expect_err("megadsl run: log_probs is NaN or Inf at [0-9]+ position\\(s\\), firs
 if(EXISTS ${WORK}/cold.json)
   message(FATAL_ERROR "a run with non-finite outputs wrote ${WORK}/cold.json")
 endif()
+
+# Data parallelism: --ranks 3 at tp 1 is 3 replicas, each computing its ceil(4 / 3) = 2 rows (the
+# last replica a copy of row 3 beside it), gathered on rank 0: the reference's numbers.
+megadsl(run ${F} --ranks 3 --input ${WORK}/left.json --output ${WORK}/dp3.safetensors)
+expect_exit(0)
+expect_same(${WORK}/dp3.safetensors ${REF} --names log_probs,entropy --tol 1e-4)
+expect_same(${WORK}/dp3.safetensors ${WORK}/out.safetensors --names valid --tol 0)
