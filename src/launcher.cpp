@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +35,10 @@ int free_port() {
 
 namespace {
 
+// The signal that asked the launcher to stop (SIGTERM, SIGINT, SIGHUP), 0 while none did.
+volatile sig_atomic_t stop_signal = 0;
+void on_stop_signal(int sig) { stop_signal = sig; }
+
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -55,11 +60,25 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
   if (argv.empty()) throw std::invalid_argument("megadsl launch: no program to start");
   if (options.ranks < 1) throw std::invalid_argument("megadsl launch: ranks must be >= 1");
   const int port = free_port();
+  // Parent and ranks live and die together: a SIGTERM/SIGINT/SIGHUP to the launcher stops every
+  // rank before it returns (then ends the launcher by the same signal), and a launcher killed
+  // outright (SIGKILL) takes its ranks with it through the parent-death signal.
+  stop_signal = 0;
+  struct sigaction stop {};
+  stop.sa_handler = on_stop_signal;
+  sigemptyset(&stop.sa_mask);
+  struct sigaction previous[3];
+  const int stop_signals[3] = {SIGTERM, SIGINT, SIGHUP};
+  for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &stop, &previous[i]);
+  const pid_t launcher = ::getpid();
   std::vector<pid_t> pids(static_cast<std::size_t>(options.ranks), -1);
   for (int r = 0; r < options.ranks; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("megadsl launch: fork failed");
     if (pid == 0) {
+      for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);  // the launcher died before prctl
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
@@ -82,6 +101,21 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
   int remaining = options.ranks;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (remaining > 0) {
+    if (stop_signal != 0) {
+      for (const pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL);
+      for (pid_t& p : pids)
+        if (p > 0) {
+          ::waitpid(p, nullptr, 0);
+          p = -1;
+        }
+      const int sig = stop_signal;
+      std::fprintf(stderr, "megadsl launch: %s: stopped every rank\n", ::strsignal(sig));
+      for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
+      ::signal(sig, SIG_DFL);
+      ::raise(sig);
+      return 128 + sig;  // when the signal is blocked or handled by the caller
+    }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid == 0) {
@@ -113,6 +147,7 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
       }
     }
   }
+  for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
   return first_failure;
 }
 

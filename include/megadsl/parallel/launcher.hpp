@@ -2,7 +2,9 @@
 //
 // Each child gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT.
 // When a child fails, the launcher names it ("rank 2 was killed by signal 9"), gives the others
-// `grace` to report their own errors, then stops them: a failed job never hangs.
+// `grace` to report their own errors, then stops them: a failed job never hangs. A SIGTERM, SIGINT
+// or SIGHUP to the launcher kills every rank before the launcher ends by that signal; a launcher
+// killed outright takes its ranks with it (PR_SET_PDEATHSIG): no rank outlives the command.
 #pragma once
 
 #include <chrono>
