@@ -1,0 +1,120 @@
+"""megadsl: Transformer models whose parallel layout is part of their type, from Python.
+
+A PyTorch C++ extension on the same LibTorch as ``import torch``: tensors go in and come out as
+``torch.Tensor`` without copies.
+
+    import megadsl
+    ok, why = megadsl.check("llama3-8b", tp=3)          # (False, "heads_divisible_by_tp: ...")
+    print(megadsl.describe("llama3-8b", tp=4))
+    print(megadsl.plan("llama3-8b", tp=8, pp=4, sp=True, seq=8192))
+
+    megadsl.init()                                       # under torchrun: join the job
+    model = megadsl.Model.from_hf("path/to/hf-model", tp=2, pp=2)
+    out = model.forward(input_ids, attention_mask)       # log_probs, entropy, valid
+    trainer = model.trainer(lr=1e-6, clip_ratio=0.2)
+    metrics = trainer.step({"input_ids": ..., "attention_mask": ..., "loss_mask": ...,
+                            "old_log_probs": ..., "advantages": ...}, microbatches=2)
+
+See python/README.md.
+"""
+
+import atexit as _atexit
+import os as _os
+
+import torch as _torch  # noqa: F401  (torch's tensor type must be registered before _C converts one)
+
+from . import _C
+from ._C import (
+    Layout,
+    Model,
+    Trainer,
+    is_initialized,
+    presets,
+    presets_table,
+    rank,
+    read_hf_config,
+    shutdown,
+    world_size,
+)
+from ._dist import LaunchError, init, launch_local
+
+__version__ = "0.1.0"
+
+# Models are closed (and the job left) while the interpreter still lets Gloo's threads take the GIL.
+_atexit.register(shutdown)
+
+__all__ = [
+    "Layout",
+    "Model",
+    "Trainer",
+    "LaunchError",
+    "check",
+    "describe",
+    "plan",
+    "presets",
+    "presets_table",
+    "read_hf_config",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "world_size",
+    "launch_local",
+]
+
+_LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple")
+
+
+def _layout_of(where, layout, kwargs):
+    """A Layout from a Layout (or None) and layout keywords (tp=, pp=, ...), not both."""
+    unknown = sorted(set(kwargs) - set(_LAYOUT_FIELDS))
+    if unknown:
+        raise TypeError(
+            f"megadsl.{where}: unknown keyword {unknown[0]!r}; the layout keywords are {', '.join(_LAYOUT_FIELDS)}"
+        )
+    if layout is not None:
+        if kwargs:
+            raise TypeError(f"megadsl.{where}: give a Layout or layout keywords ({', '.join(sorted(kwargs))}), not both")
+        if not isinstance(layout, Layout):
+            raise TypeError(f"megadsl.{where}: layout must be a megadsl.Layout, got {type(layout).__name__}")
+        return layout
+    return Layout(**kwargs)
+
+
+def _model_arg(model):
+    return _os.fspath(model) if isinstance(model, _os.PathLike) else model
+
+
+def check(model, layout=None, *, critic=False, value_bias=True, world=None, global_batch=None, micro_batch=None,
+          microbatches=None, config=None, **layout_kwargs):
+    """Validates `model` (a preset name or an HF model directory / config.json) under a layout.
+
+    Returns ``(ok, message)``: ``(True, "ok: ... is valid")``, or ``(False, ...)`` with one line per
+    violated rule (its name, the values, the valid alternatives), the words of ``megadsl check``.
+    The facts world, global_batch, micro_batch, microbatches are checked when given. Raises
+    ValueError when the model argument is neither a preset nor a readable config.json.
+    """
+    l = _layout_of("check", layout, layout_kwargs)
+    return _C._check(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
+                     global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,
+                     config=None if config is None else _os.fspath(config))
+
+
+def describe(model, layout=None, *, critic=False, value_bias=True, world=None, global_batch=None, micro_batch=None,
+             microbatches=None, config=None, **layout_kwargs):
+    """The shard plan (``megadsl describe``): every parameter's HF name(s), global and per-rank shape,
+    pipeline stages, the per-rank fused QKV. Raises ValueError naming the violated rules."""
+    l = _layout_of("describe", layout, layout_kwargs)
+    return _C._describe(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
+                        global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,
+                        config=None if config is None else _os.fspath(config))
+
+
+def plan(model, layout=None, *, seq=4096, critic=False, value_bias=True, world=None, global_batch=None,
+         micro_batch=None, microbatches=None, config=None, **layout_kwargs):
+    """Memory per rank, activations, FLOPs per token (``megadsl plan``) for sequences of `seq` tokens.
+    Raises ValueError naming the violated rules."""
+    l = _layout_of("plan", layout, layout_kwargs)
+    return _C._plan(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
+                    global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,
+                    config=None if config is None else _os.fspath(config), seq=seq)

@@ -1,0 +1,143 @@
+#include "dynamic_model.hpp"
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+
+#include "megadsl/hf_config.hpp"
+#include "megadsl/io/hf_checkpoint.hpp"
+#include "megadsl/runtime/dist_checkpoint.hpp"
+
+namespace megadsl::python {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The same model types as tools/cmd_run.cpp: every field of the shape and the layout dynamic.
+struct any_llama : llama<dynamic_shape> {
+  static constexpr std::string_view name = "hf-checkpoint";
+};
+using actor_t = causal_lm<any_llama, dynamic_layout>;
+using critic_t = value_model<any_llama, dynamic_layout>;
+using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
+
+template <class Spec>
+class model_of final : public dynamic_model {
+ public:
+  model_of(std::shared_ptr<distributed> world, const shape& s, const hf_model_options& o)
+      : dynamic_model(std::move(world), o.l),
+        model_(std::make_unique<llama_model<Spec>>(*groups_, o.options, s, o.l)) {
+    config_ = model_->config();
+  }
+  ~model_of() override { model_.reset(); }
+
+  model_output forward(const batch& b, const forward_options& o) override { return live().forward(b, o); }
+  std::vector<named_parameter>& parameters() override { return live().parameters(); }
+  void finalize_grads() override { live().finalize_grads(); }
+  double grad_norm() override { return live().grad_norm(); }
+  std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
+                                        const critic_loss_config& critic) override {
+    // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
+    llama_model<Spec>& m = live();
+    return std::make_unique<trainer>(
+        [&m](const std::vector<batch>& mbs, const loss_function& loss) { return m.forward_backward(mbs, loss); },
+        m.parameters(), [&m] { m.finalize_grads(); }, [&m] { return m.grad_norm(); }, *groups_, Spec::is_actor, opt,
+        actor, critic);
+  }
+
+ protected:
+  void free_model() override { model_.reset(); }
+
+ private:
+  llama_model<Spec>& live() {
+    if (!model_) throw_closed();
+    return *model_;
+  }
+  std::unique_ptr<llama_model<Spec>> model_;
+};
+
+std::mutex registry_mutex;
+std::vector<std::weak_ptr<dynamic_model>> registry;  // guarded by registry_mutex
+
+}  // namespace
+
+dynamic_model::dynamic_model(std::shared_ptr<distributed> world, const layout& l)
+    : world_(std::move(world)), groups_(std::make_unique<parallel_groups>(parallel_groups::build(*world_, l))) {
+  rank_ = world_->rank();
+  world_size_ = world_->world();
+  coords_ = groups_->me;
+  dp_size_ = groups_->dp->size();
+}
+
+dynamic_model::~dynamic_model() { groups_.reset(); }
+
+void dynamic_model::throw_closed() {
+  throw std::runtime_error("megadsl: this Model is closed (Model.close(), megadsl.shutdown() or exit)");
+}
+
+parallel_groups& dynamic_model::groups() {
+  if (!groups_) throw_closed();
+  return *groups_;
+}
+
+void dynamic_model::close() {
+  free_model();
+  groups_.reset();
+  world_.reset();
+}
+
+std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distributed> world, const fs::path& path,
+                                                      const hf_model_options& o) {
+  const hf_config cfg = read_hf_config(path);
+  const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
+  // Every rule against config.json and the job's size, before any group is built: one message.
+  require_valid(cfg.s, o.l, run_facts{.world = world->world()});
+  hf_checkpoint::open(dir);  // weights present and readable (checkpoint_error names the file)
+  std::shared_ptr<dynamic_model> m;
+  if (o.head.actor) m = std::make_shared<model_of<actor_t>>(std::move(world), cfg.s, o);
+  else if (o.head.value_bias) m = std::make_shared<model_of<critic_t>>(std::move(world), cfg.s, o);
+  else m = std::make_shared<model_of<critic_nobias_t>>(std::move(world), cfg.s, o);
+  m->model_type_ = cfg.model_type;
+  m->source_ = dir;
+  m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
+  std::lock_guard lock(registry_mutex);
+  std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });
+  registry.push_back(m);
+  return m;
+}
+
+void close_all_models() {
+  std::vector<std::shared_ptr<dynamic_model>> live;
+  {
+    std::lock_guard lock(registry_mutex);
+    for (const auto& w : registry)
+      if (auto m = w.lock()) live.push_back(std::move(m));
+    registry.clear();
+  }
+  for (const auto& m : live) m->close();
+}
+
+void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype) {
+  if (closed()) throw_closed();
+  megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_);
+}
+
+void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {
+  if (closed()) throw_closed();
+  checkpoint_extras extras;
+  if (t != nullptr) extras.training = t->export_state();
+  megadsl::save_distributed(parameters(), config(), groups(), dir, extras);
+}
+
+void dynamic_model::load_distributed(const fs::path& dir, trainer* t) {
+  if (closed()) throw_closed();
+  checkpoint_extras extras =
+      megadsl::load_distributed(parameters(), config(), groups(), dir, {.training_state = t != nullptr});
+  if (t == nullptr) return;
+  if (!extras.training)
+    throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() +
+                           " holds no training state; load it without a trainer, or save it with one");
+  t->import_state(*extras.training);
+}
+
+}  // namespace megadsl::python

@@ -1,0 +1,84 @@
+// A model whose shape comes from an HF config.json and whose layout is chosen at run time: the
+// `llama_model<causal_lm<any_llama, dynamic_layout>>` (or value_model) that `megadsl run` and
+// `convert` build, behind one interface, with the process groups and the job it runs in. No
+// Python here; model_bindings.cpp wraps it.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadsl/parallel/distributed.hpp"
+#include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/trainer.hpp"
+
+namespace megadsl::python {
+
+struct hf_model_options {
+  layout l;                // every field static
+  head_info head;          // actor unless head.actor is false
+  model_options options;   // dtype, compute dtype, device
+};
+
+class dynamic_model {
+ public:
+  // Builds the groups of `o.l` over `world` (checking the layout against config.json and the
+  // world size first) and loads `dir` (an HF model directory or its config.json) on every rank.
+  // The model is registered, so that close_all_models() can free it.
+  static std::shared_ptr<dynamic_model> from_hf(std::shared_ptr<distributed> world, const std::filesystem::path& dir,
+                                                const hf_model_options& o);
+  virtual ~dynamic_model();
+  dynamic_model(const dynamic_model&) = delete;
+  dynamic_model& operator=(const dynamic_model&) = delete;
+
+  // Each throws std::runtime_error once the model is closed.
+  virtual model_output forward(const batch& b, const forward_options& o) = 0;
+  virtual std::vector<named_parameter>& parameters() = 0;
+  virtual void finalize_grads() = 0;
+  virtual double grad_norm() = 0;
+  // A trainer of this model; it refers to the model, which must outlive it (and stay open).
+  virtual std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
+                                                const critic_loss_config& critic) = 0;
+
+  void save_hf(const std::filesystem::path& dir, at::ScalarType dtype);
+  void save_distributed(const std::filesystem::path& dir, const trainer* t);
+  void load_distributed(const std::filesystem::path& dir, trainer* t);
+
+  // Frees the shards and the process groups (no collective); the job is left when the last model
+  // and megadsl.init()'s hold on it are gone. Idempotent. The caller must not hold the GIL: a
+  // Gloo worker may need it to drop a tensor that Python also refers to.
+  void close();
+  [[nodiscard]] bool closed() const { return groups_ == nullptr; }
+
+  [[nodiscard]] const runtime_config& config() const { return config_; }  // also once closed
+  [[nodiscard]] parallel_groups& groups();
+  [[nodiscard]] std::int64_t rank() const { return rank_; }
+  [[nodiscard]] std::int64_t world_size() const { return world_size_; }
+  [[nodiscard]] rank_coords coords() const { return coords_; }
+  [[nodiscard]] std::int64_t dp_size() const { return dp_size_; }
+  [[nodiscard]] const hf_load_report& load_report() const { return report_; }
+  [[nodiscard]] const std::string& model_type() const { return model_type_; }
+  [[nodiscard]] const std::filesystem::path& source() const { return source_; }
+
+ protected:
+  dynamic_model(std::shared_ptr<distributed> world, const layout& l);
+  virtual void free_model() = 0;  // the llama_model, before its groups
+  [[noreturn]] static void throw_closed();
+
+  std::shared_ptr<distributed> world_;  // outlives the groups, which outlive the model
+  std::unique_ptr<parallel_groups> groups_;
+  runtime_config config_;
+  std::int64_t rank_ = 0, world_size_ = 1, dp_size_ = 1;
+  rank_coords coords_{};
+  hf_load_report report_;
+  std::string model_type_;
+  std::filesystem::path source_;
+};
+
+// Closes every model from_hf built that is still alive (megadsl.shutdown() and exit). Call it
+// without the GIL.
+void close_all_models();
+
+}  // namespace megadsl::python

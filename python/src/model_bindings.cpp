@@ -1,0 +1,394 @@
+// megadsl.Model and megadsl.Trainer: an HF checkpoint loaded into a layout on this process's
+// ranks, its forward pass, checkpoints and the PPO training step. Tensors cross as at::Tensor
+// (torch's own type: no copies); the GIL is released while the model computes or does I/O, since
+// those are collectives that wait for the other ranks.
+#include <torch/extension.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <optional>
+#include <string>
+
+#include "bindings.hpp"
+#include "dynamic_model.hpp"
+#include "world.hpp"
+
+namespace py = pybind11;
+
+namespace megadsl::python {
+namespace {
+
+at::ScalarType dtype_of(const std::string& name, const char* what) {
+  if (name == "fp32" || name == "float32") return at::kFloat;
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  if (name == "fp16" || name == "float16") return at::kHalf;
+  throw py::value_error(std::string("megadsl: ") + what + " is \"fp32\", \"bf16\" or \"fp16\", got \"" + name + "\"");
+}
+
+// (b, s) token ids or mask on the model's device as int64; a copy only when it is not that already.
+at::Tensor as_rows(const at::Tensor& t, const char* name, at::Device device, bool mask) {
+  if (t.dim() != 2)
+    throw py::value_error(std::string("megadsl: ") + name + " must be 2-D (batch, seq), it has " +
+                          std::to_string(t.dim()) + " dimensions");
+  if (t.numel() == 0) throw py::value_error(std::string("megadsl: ") + name + " is empty");
+  if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/mask))
+    throw py::value_error(std::string("megadsl: ") + name + " must hold integers" + (mask ? " or booleans" : "") +
+                          ", it is " + std::string(c10::toString(t.scalar_type())));
+  return t.to(device, at::kLong);
+}
+
+// A float tensor of the rollout batch, shaped like input_ids, on the model's device.
+at::Tensor as_values(const at::Tensor& t, const char* name, at::Device device, const at::Tensor& ids) {
+  if (!t.sizes().equals(ids.sizes()))
+    throw py::value_error(std::string("megadsl: ") + name + " has shape " + c10::str(t.sizes()) +
+                          " but input_ids has " + c10::str(ids.sizes()));
+  return t.to(device);
+}
+
+std::int64_t vocab_of(const dynamic_model& m) { return m.config().s.vocab.get(); }
+
+void check_ids(const dynamic_model& m, const at::Tensor& ids) {
+  const std::int64_t lo = ids.min().item<std::int64_t>(), hi = ids.max().item<std::int64_t>(), v = vocab_of(m);
+  if (lo < 0 || hi >= v)
+    throw py::value_error("megadsl: input_ids hold " + std::to_string(lo < 0 ? lo : hi) +
+                          ", outside the vocabulary (0 to " + std::to_string(v - 1) + ")");
+}
+
+batch batch_of(const dynamic_model& m, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask) {
+  const at::Device device = m.config().options.device;
+  batch b;
+  b.input_ids = as_rows(input_ids, "input_ids", device, false);
+  check_ids(m, b.input_ids);
+  if (attention_mask) {
+    b.attention_mask = as_rows(*attention_mask, "attention_mask", device, true);
+    if (!b.attention_mask.sizes().equals(b.input_ids.sizes()))
+      throw py::value_error("megadsl: attention_mask has shape " + c10::str(b.attention_mask.sizes()) +
+                            " but input_ids has " + c10::str(b.input_ids.sizes()));
+  } else {
+    b.attention_mask = at::ones_like(b.input_ids);
+  }
+  return b;
+}
+
+struct py_trainer {
+  std::shared_ptr<dynamic_model> model;  // the trainer refers to it
+  std::unique_ptr<trainer> t;
+};
+
+constexpr const char* rollout_fields =
+    "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, old_values, returns";
+
+rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
+  const at::Device device = m.config().options.device;
+  const bool actor = m.config().head.actor;
+  std::optional<at::Tensor> ids, mask;
+  rollout_batch r;
+  auto tensor = [](const py::handle& v, const std::string& key) {
+    try {
+      return v.cast<at::Tensor>();
+    } catch (const py::cast_error&) {
+      throw py::type_error("megadsl: batch[\"" + key + "\"] must be a torch.Tensor, got " +
+                           std::string(py::str(py::type::of(v).attr("__name__"))));
+    }
+  };
+  // Two passes: the ids first, the others are checked against their shape.
+  for (auto [k, v] : d) {
+    const std::string key = py::str(k);
+    if (key == "input_ids") ids = tensor(v, key);
+    else if (key == "attention_mask") mask = tensor(v, key);
+  }
+  if (!ids) throw py::key_error(std::string("megadsl: the batch has no input_ids; its fields are ") + rollout_fields);
+  const batch b = batch_of(m, *ids, mask);
+  r.input_ids = b.input_ids;
+  r.attention_mask = b.attention_mask;
+  for (auto [k, v] : d) {
+    const std::string key = py::str(k);
+    if (key == "input_ids" || key == "attention_mask") continue;
+    at::Tensor* to = key == "loss_mask"       ? &r.loss_mask
+                     : key == "old_log_probs" ? &r.old_log_probs
+                     : key == "advantages"    ? &r.advantages
+                     : key == "ref_log_probs" ? &r.ref_log_probs
+                     : key == "old_values"    ? &r.old_values
+                     : key == "returns"       ? &r.returns
+                                              : nullptr;
+    if (to == nullptr)
+      throw py::key_error("megadsl: unknown batch field \"" + key + "\"; the fields are " + rollout_fields);
+    *to = as_values(tensor(v, key), key.c_str(), device, r.input_ids);
+  }
+  auto need = [&](const at::Tensor& t, const char* key) {
+    if (!t.defined())
+      throw py::key_error(std::string("megadsl: the ") + (actor ? "actor" : "critic") + "'s batch needs " + key);
+  };
+  need(r.loss_mask, "loss_mask");
+  if (actor) {
+    need(r.old_log_probs, "old_log_probs");
+    need(r.advantages, "advantages");
+  } else {
+    need(r.old_values, "old_values");
+    need(r.returns, "returns");
+  }
+  return r;
+}
+
+py::dict metrics_of(const step_metrics& m) {
+  py::dict d;
+  d["loss"] = m.loss;
+  d["grad_norm"] = m.grad_norm;
+  d["lr"] = m.lr;
+  d["tokens"] = m.tokens;
+  d["seconds"] = m.seconds;
+  d["tokens_per_second"] = m.tokens_per_second;
+  return d;
+}
+
+// Python's handle on a model: dropping the last one frees the model without the GIL (a Gloo worker
+// thread may need it to drop a tensor Python also refers to, while the group's destructor waits for
+// that thread). At exit, megadsl.shutdown() closes the models Python still holds, before the
+// interpreter stops letting other threads take the GIL.
+std::shared_ptr<dynamic_model> python_handle(std::shared_ptr<dynamic_model> m) {
+  dynamic_model* raw = m.get();
+  return std::shared_ptr<dynamic_model>(raw, [m = std::move(m)](dynamic_model*) mutable {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      m.reset();
+    } else {
+      m.reset();
+    }
+  });
+}
+
+std::string repr_of(const dynamic_model& m) {
+  const runtime_config& c = m.config();
+  const layout& l = c.l;
+  std::string s = "megadsl.Model(" + m.source().string() + ", " + (c.head.actor ? "actor" : "critic") +
+                  ", tp=" + std::to_string(l.tp.get()) + " pp=" + std::to_string(l.pp.get()) +
+                  " vpp=" + std::to_string(l.vpp.get()) + " sp=" + (l.sp.get() ? "on" : "off") +
+                  " rmpad=" + (l.rmpad.get() ? "on" : "off") + ", rank " + std::to_string(m.rank()) + " of " +
+                  std::to_string(m.world_size()) + (m.closed() ? ", closed)" : ")");
+  return s;
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<dynamic_model, std::shared_ptr<dynamic_model>> model(m, "Model", R"(An HF checkpoint (Llama, Mistral,
+Qwen2) loaded into a parallel layout: this rank's shards, run over the job's process groups.
+Build it with Model.from_hf(...) on every rank of the job.)");
+  model.def_static(
+      "from_hf",
+      [](const std::filesystem::path& path, std::optional<layout> given, std::optional<std::int64_t> tp,
+         std::optional<std::int64_t> pp, std::optional<std::int64_t> vpp, std::optional<bool> sp,
+         std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
+         std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple, bool critic,
+         bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed) {
+        layout l = given.value_or(layout{});
+        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple))
+          throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
+        if (tp) l.tp = *tp;
+        if (pp) l.pp = *pp;
+        if (vpp) l.vpp = *vpp;
+        if (sp) l.sp = *sp;
+        if (rmpad) l.rmpad = *rmpad;
+        if (first_stage_layers) l.first_stage_layers = *first_stage_layers;
+        if (last_stage_layers) l.last_stage_layers = *last_stage_layers;
+        if (vocab_pad_multiple) l.vocab_pad_multiple = *vocab_pad_multiple;
+        if (!critic && !value_bias)
+          throw py::value_error("megadsl.Model.from_hf: value_bias=False goes with critic=True (the value head's bias)");
+        hf_model_options o;
+        o.l = l;
+        o.head = {.actor = !critic, .value_bias = value_bias};
+        o.options.seed = seed;
+        o.options.dtype = at::kFloat;  // parameters, gradients and AdamW in fp32
+        const at::ScalarType compute = dtype_of(dtype, "dtype");
+        if (compute == at::kHalf)
+          throw py::value_error("megadsl.Model.from_hf: dtype is \"fp32\" or \"bf16\" (bf16 computes over fp32 parameters)");
+        if (compute != at::kFloat) o.options.compute_dtype = compute;
+        if (device != "cpu" && device != "cuda")
+          throw py::value_error("megadsl.Model.from_hf: device is \"cpu\" or \"cuda\", got \"" + device + "\"");
+        std::shared_ptr<distributed> world = world_or_single();
+        py::gil_scoped_release release;
+        o.options.device = local_device(device == "cuda");
+        return python_handle(dynamic_model::from_hf(std::move(world), path, o));
+      },
+      py::arg("path"), py::kw_only(), py::arg("layout") = py::none(), py::arg("tp") = py::none(),
+      py::arg("pp") = py::none(), py::arg("vpp") = py::none(), py::arg("sp") = py::none(),
+      py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
+      py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
+      py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
+      py::arg("seed") = 1234,
+      R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
+on every rank of the job megadsl.init() joined (a world of one process without it): each rank
+reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
+...). dtype "bf16" computes in bf16 over fp32 parameters (mixed precision); device "cuda" uses
+GPU LOCAL_RANK and NCCL.)");
+
+  model.def(
+      "forward",
+      [](dynamic_model& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
+         double temperature, bool entropy, bool logits) {
+        if (!(temperature > 0)) throw py::value_error("megadsl: temperature must be positive");
+        if (logits && !self.config().head.actor) throw py::value_error("megadsl: logits=True goes with the actor; a critic has values");
+        const batch b = batch_of(self, input_ids, attention_mask);
+        model_output out;
+        {
+          py::gil_scoped_release release;
+          out = self.forward(b, {.temperature = temperature, .entropy = entropy, .return_logits = logits});
+        }
+        py::dict d;
+        if (self.config().head.actor) {
+          d["log_probs"] = out.log_probs;
+          if (entropy && out.entropy.defined()) d["entropy"] = out.entropy;
+          if (logits && out.logits.defined()) d["logits"] = out.logits;
+        } else {
+          d["values"] = out.values;
+        }
+        d["valid"] = out.valid.scalar_type() == at::kBool ? out.valid : out.valid.to(at::kBool);
+        return d;
+      },
+      py::arg("input_ids"), py::arg("attention_mask") = py::none(), py::kw_only(), py::arg("temperature") = 1.0,
+      py::arg("entropy") = true, py::arg("logits") = false,
+      R"(The whole batch's outputs on every rank, as a dict of tensors: actor log_probs (b, s) (log p of
+the next token), entropy (b, s), logits (b, s, vocab) on request; critic values (b, s); valid (b, s)
+bool. Collective: every rank of the job calls it with the same batch. With pp = 1 the outputs carry
+the autograd graph when torch's grad mode is on (use torch.no_grad() for inference).)");
+
+  model.def(
+      "parameters",
+      [](dynamic_model& self) {
+        py::dict d;
+        for (const named_parameter& p : self.parameters()) d[py::str(p.name)] = p.tensor;
+        return d;
+      },
+      "This rank's parameter shards by megadsl name (layers.3.qkv.weight, ...): the live tensors, not copies.");
+  model.def(
+      "save_hf",
+      [](dynamic_model& self, const std::filesystem::path& path, const std::string& dtype) {
+        const at::ScalarType t = dtype_of(dtype, "dtype");
+        py::gil_scoped_release release;
+        self.save_hf(path, t);
+      },
+      py::arg("path"), py::arg("dtype") = "fp32",
+      "Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`.");
+  model.def(
+      "save_distributed",
+      [](dynamic_model& self, const std::filesystem::path& path, py_trainer* t) {
+        if (t != nullptr && t->model.get() != &self)
+          throw py::value_error("megadsl: save_distributed: the trainer belongs to another model");
+        py::gil_scoped_release release;
+        self.save_distributed(path, t != nullptr ? t->t.get() : nullptr);
+      },
+      py::arg("path"), py::arg("trainer") = py::none(),
+      "Collective: a layout-independent distributed checkpoint (with the trainer's AdamW state when given).");
+  model.def(
+      "load_distributed",
+      [](dynamic_model& self, const std::filesystem::path& path, py_trainer* t) {
+        if (t != nullptr && t->model.get() != &self)
+          throw py::value_error("megadsl: load_distributed: the trainer belongs to another model");
+        py::gil_scoped_release release;
+        self.load_distributed(path, t != nullptr ? t->t.get() : nullptr);
+      },
+      py::arg("path"), py::arg("trainer") = py::none(),
+      "Collective: loads a distributed checkpoint saved under any layout (resharded to this one).");
+  model.def(
+      "finalize_grads",
+      [](dynamic_model& self) {
+        py::gil_scoped_release release;
+        self.finalize_grads();
+      },
+      "After a backward of your own: sums SP-partial, kv-replica, tied-embedding and dp gradients.");
+  model.def(
+      "grad_norm",
+      [](dynamic_model& self) {
+        py::gil_scoped_release release;
+        return self.grad_norm();
+      },
+      "Global gradient 2-norm over tp and pp (each element once).");
+  model.def(
+      "trainer",
+      [](const std::shared_ptr<dynamic_model>& self, double lr, double clip_grad, double clip_ratio,
+         double entropy_coeff, double kl_coeff, const std::string& kl, double value_clip, double weight_decay,
+         double beta1, double beta2, double eps) {
+        optimizer_config opt;
+        opt.lr = lr;
+        opt.clip_grad = clip_grad;
+        opt.weight_decay = weight_decay;
+        opt.beta1 = beta1;
+        opt.beta2 = beta2;
+        opt.eps = eps;
+        actor_loss_config a{.clip_ratio = clip_ratio, .entropy_coeff = entropy_coeff, .kl_coeff = kl_coeff};
+        if (kl == "low_var_kl" || kl == "k3") a.kl = kl_estimator::low_var_kl;
+        else if (kl == "k1") a.kl = kl_estimator::k1;
+        else throw py::value_error("megadsl: kl is \"low_var_kl\" (k3) or \"k1\", got \"" + kl + "\"");
+        critic_loss_config c{.value_clip = value_clip};
+        auto t = std::make_unique<py_trainer>();
+        t->model = self;
+        t->t = self->make_trainer(opt, a, c);
+        return t;
+      },
+      py::kw_only(), py::arg("lr") = 1e-5, py::arg("clip_grad") = 1.0, py::arg("clip_ratio") = 0.2,
+      py::arg("entropy_coeff") = 0.0, py::arg("kl_coeff") = 0.0, py::arg("kl") = "low_var_kl",
+      py::arg("value_clip") = 0.5, py::arg("weight_decay") = 0.01, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999,
+      py::arg("eps") = 1e-8,
+      R"(A PPO trainer of this model: the actor's clipped policy loss (entropy bonus, KL penalty) or the
+critic's clipped value loss, AdamW, global-norm clipping.)");
+
+  model.def_property_readonly("layout", [](const dynamic_model& self) { return self.config().l; });
+  model.def_property_readonly("critic", [](const dynamic_model& self) { return !self.config().head.actor; });
+  model.def_property_readonly("vocab", [](const dynamic_model& self) { return vocab_of(self); });
+  model.def_property_readonly("model_type", &dynamic_model::model_type);
+  model.def_property_readonly("path", [](const dynamic_model& self) { return self.source().string(); });
+  model.def_property_readonly("rank", &dynamic_model::rank);
+  model.def_property_readonly("world_size", &dynamic_model::world_size);
+  model.def_property_readonly("tp_rank", [](const dynamic_model& self) { return self.coords().tp; });
+  model.def_property_readonly("pp_rank", [](const dynamic_model& self) { return self.coords().pp; });
+  model.def_property_readonly("dp_rank", [](const dynamic_model& self) { return self.coords().dp; });
+  model.def_property_readonly("dp_size", &dynamic_model::dp_size);
+  model.def(
+      "close",
+      [](dynamic_model& self) {
+        py::gil_scoped_release release;
+        self.close();
+      },
+      R"(Frees this rank's shards and process groups now (every rank should close its model); the
+model cannot be used afterwards. megadsl.shutdown() and exit close every model.)");
+  model.def_property_readonly("closed", &dynamic_model::closed);
+  model.def_property_readonly("device", [](const dynamic_model& self) { return self.config().options.device.str(); });
+  model.def_property_readonly("load_notes", [](const dynamic_model& self) { return self.load_report().notes; },
+                              "What loading the checkpoint reported (e.g. a value head that was initialised).");
+  model.def("__repr__", &repr_of);
+
+  py::class_<py_trainer>(m, "Trainer", "The PPO training step of a Model (Model.trainer(...)).")
+      .def(
+          "step",
+          [](py_trainer& self, const py::dict& batch, std::int64_t microbatches, std::optional<std::int64_t> max_token_len) {
+            if (self.model->closed())
+              throw std::runtime_error("megadsl: this Trainer's Model is closed (Model.close(), megadsl.shutdown() or exit)");
+            const rollout_batch r = rollout_of(*self.model, batch);
+            if (microbatches < 1) throw py::value_error("megadsl: microbatches must be positive");
+            step_metrics out;
+            {
+              py::gil_scoped_release release;
+              if (max_token_len) {
+                micro_batch_options o;
+                o.max_token_len = *max_token_len;
+                o.min_num_micro_batch = self.model->config().l.pp.get();
+                o.divisible_by = self.model->config().l.vpp.get() > 1 ? self.model->config().l.pp.get() : 1;
+                out = self.t->step(r, o);
+              } else {
+                out = self.t->step(r, microbatches);
+              }
+            }
+            return metrics_of(out);
+          },
+          py::arg("batch"), py::arg("microbatches") = 1, py::kw_only(), py::arg("max_token_len") = py::none(),
+          R"(One optimizer step on the global batch (the same tensors on every rank; each dp rank trains on
+its rows), split into `microbatches` per dp rank, or with max_token_len into micro-batches of at
+most that many real tokens (verl's dynamic batching). Batch fields: input_ids, attention_mask,
+loss_mask, and old_log_probs, advantages (ref_log_probs with kl_coeff > 0) for the actor, or
+old_values, returns for the critic. Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second.)")
+      .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })
+      .def_property_readonly("samples", [](const py_trainer& self) { return self.t->samples_done(); })
+      .def_property_readonly("model", [](const py_trainer& self) { return self.model; });
+}
+
+}  // namespace megadsl::python

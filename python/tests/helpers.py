@@ -1,0 +1,37 @@
+"""Functions the tests run on several ranks (megadsl.launch_local pickles them by name), and the
+comparisons they share."""
+
+import torch
+
+import megadsl
+
+
+def max_diff(a, b, where):
+    """Largest |a - b| over the positions where `where` is true."""
+    return (a.double() - b.double()).abs()[where].max().item()
+
+
+def lp_valid(mask):
+    """Where a log-prob is defined (generate_fixtures.py): the token and the next one are real."""
+    m = mask.bool()
+    pair = torch.zeros_like(m)
+    pair[:, :-1] = m[:, :-1] & m[:, 1:]
+    return pair
+
+
+def forward_on_ranks(path, ids, mask, layout):
+    """Loads `path` in `layout` on the job's ranks and returns rank 0's outputs (every rank gets them)."""
+    model = megadsl.Model.from_hf(path, **layout)
+    with torch.no_grad():
+        out = model.forward(ids, mask)
+    return {k: v.clone() for k, v in out.items()}, (model.tp_rank, model.pp_rank, model.dp_rank)
+
+
+def rank_and_world():
+    return megadsl.rank(), megadsl.world_size()
+
+
+def fail_on_rank(bad_rank):
+    if megadsl.rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} says no")
+    return megadsl.rank()

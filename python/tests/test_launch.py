@@ -1,0 +1,32 @@
+"""megadsl.launch_local: two local ranks at tp 2 give the one-process result; a failing rank is named."""
+
+import pytest
+import torch
+
+import helpers
+import megadsl
+from helpers import lp_valid, max_diff
+
+
+def test_tp2_on_two_ranks_equals_one_process(gqa, reference):
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    single = megadsl.Model.from_hf(gqa)
+    with torch.no_grad():
+        one = single.forward(ids, mask)
+    results = megadsl.launch_local(2, helpers.forward_on_ranks, str(gqa), ids, mask, {"tp": 2, "sp": True},
+                                   timeout=300)
+    assert [coords for _, coords in results] == [(0, 0, 0), (1, 0, 0)]
+    for out, _ in results:
+        assert torch.equal(out["valid"], one["valid"])
+        assert max_diff(out["log_probs"], one["log_probs"], lp_valid(mask)) < 1e-5
+        assert max_diff(out["entropy"], one["entropy"], mask.bool()) < 1e-5
+
+
+def test_ranks_see_their_job():
+    assert megadsl.launch_local(2, helpers.rank_and_world, timeout=120) == [(0, 2), (1, 2)]
+
+
+def test_a_failing_rank_is_named():
+    with pytest.raises(megadsl.LaunchError, match="rank 1 failed: ValueError: rank 1 says no") as e:
+        megadsl.launch_local(2, helpers.fail_on_rank, 1, timeout=120, grace=5)
+    assert e.value.rank == 1 and 1 in e.value.errors

@@ -1,0 +1,125 @@
+"""The PPO step (actor and critic) and checkpoints: save_hf bit-exact, distributed round trip."""
+
+import math
+
+import pytest
+import torch
+
+import megadsl
+
+
+def rollout(reference, model, side="right"):
+    ids, mask = reference[f"{side}.input_ids"], reference[f"{side}.attention_mask"]
+    with torch.no_grad():
+        old = model.forward(ids, mask)
+    g = torch.Generator().manual_seed(5)
+    batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": old["valid"].float()}
+    if model.critic:
+        batch["old_values"] = old["values"]
+        batch["returns"] = old["values"] + torch.randn(ids.shape, generator=g)
+    else:
+        batch["old_log_probs"] = old["log_probs"]
+        batch["advantages"] = torch.randn(ids.shape, generator=g)
+    return batch
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.parameters().items()}
+
+
+@pytest.mark.parametrize("critic", [False, True])
+def test_ppo_step_changes_the_parameters(gqa, reference, critic):
+    model = megadsl.Model.from_hf(gqa / "critic" if critic else gqa, critic=critic)
+    trainer = model.trainer(lr=1e-3, clip_grad=1.0, clip_ratio=0.2, entropy_coeff=0.01, value_clip=0.5)
+    before = snapshot(model)
+    batch = rollout(reference, model)
+    m = trainer.step(batch, microbatches=2)
+    assert set(m) == {"loss", "grad_norm", "lr", "tokens", "seconds", "tokens_per_second"}
+    assert all(math.isfinite(v) for v in m.values())
+    assert m["grad_norm"] > 0 and m["lr"] == 1e-3 and m["tokens"] == int(batch["attention_mask"].sum())
+    after = model.parameters()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert "layers.0.qkv.weight" in changed and len(changed) > len(before) // 2
+    assert trainer.steps == 1 and trainer.samples == 4
+    m2 = trainer.step(batch)  # one micro-batch; the second step moves on from the first
+    assert math.isfinite(m2["loss"]) and trainer.steps == 2
+
+
+def test_microbatches_do_not_change_the_step(gqa, reference):
+    results = []
+    for split in (dict(microbatches=1), dict(microbatches=4), dict(max_token_len=12)):
+        model = megadsl.Model.from_hf(gqa)
+        trainer = model.trainer(lr=1e-3)
+        m = trainer.step(rollout(reference, model), **split)
+        results.append((m["loss"], snapshot(model)))
+    for loss, params in results[1:]:
+        assert abs(loss - results[0][0]) < 1e-6
+        for k, v in params.items():
+            assert torch.allclose(v, results[0][1][k], atol=1e-6), k
+
+
+def test_bad_batches_are_named(gqa, reference):
+    model = megadsl.Model.from_hf(gqa)
+    trainer = model.trainer()
+    batch = rollout(reference, model)
+    with pytest.raises(KeyError, match="advantages"):
+        trainer.step({k: v for k, v in batch.items() if k != "advantages"})
+    with pytest.raises(KeyError, match="unknown batch field \"reward\""):
+        trainer.step(dict(batch, reward=batch["advantages"]))
+    with pytest.raises(ValueError, match="shape"):
+        trainer.step(dict(batch, advantages=batch["advantages"][:, :3]))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        trainer.step(dict(batch, advantages=[1, 2]))
+    with pytest.raises(ValueError, match="kl_coeff > 0 needs ref_log_probs"):
+        model.trainer(kl_coeff=0.1).step(batch)
+
+
+def test_save_hf_round_trip_is_bit_exact(gqa, tmp_path):
+    from safetensors.torch import load_file
+
+    model = megadsl.Model.from_hf(gqa)
+    model.save_hf(tmp_path / "out")
+    original = load_file(str(gqa / "model.safetensors"))
+    saved = {}
+    for f in sorted((tmp_path / "out").glob("*.safetensors")):
+        saved.update(load_file(str(f)))
+    assert saved.keys() == original.keys()
+    for k in original:
+        assert saved[k].dtype == original[k].dtype and torch.equal(saved[k], original[k]), k
+    assert (tmp_path / "out" / "config.json").exists()
+    again = megadsl.Model.from_hf(tmp_path / "out")
+    for k, v in model.parameters().items():
+        assert torch.equal(v, again.parameters()[k]), k
+
+
+def test_save_hf_bf16(gqa, tmp_path):
+    from safetensors.torch import load_file
+
+    megadsl.Model.from_hf(gqa).save_hf(tmp_path / "bf16", dtype="bf16")
+    tensors = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+
+
+def test_distributed_checkpoint_keeps_the_training_state(gqa, reference, tmp_path):
+    model = megadsl.Model.from_hf(gqa)
+    trainer = model.trainer(lr=1e-3)
+    batch = rollout(reference, model)
+    trainer.step(batch)
+    model.save_distributed(tmp_path / "ckpt", trainer=trainer)
+    assert (tmp_path / "ckpt" / "metadata.json").exists()
+    m_next = trainer.step(batch)
+    expected = snapshot(model)
+
+    other = megadsl.Model.from_hf(gqa, rmpad=True)  # another layout loads it
+    other_trainer = other.trainer(lr=1e-3)
+    other.load_distributed(tmp_path / "ckpt", trainer=other_trainer)
+    assert other_trainer.steps == 1
+    m_other = other_trainer.step(batch)
+    assert abs(m_other["loss"] - m_next["loss"]) < 1e-5
+    for k, v in other.parameters().items():
+        assert torch.allclose(v, expected[k], atol=1e-5), k
+
+    plain = megadsl.Model.from_hf(gqa)
+    plain.load_distributed(tmp_path / "ckpt")  # without a trainer: the parameters only
+    with pytest.raises(ValueError, match="another model"):
+        plain.save_distributed(tmp_path / "x", trainer=trainer)
