@@ -20,12 +20,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "megadsl/io/atomic_file.hpp"
+#include "spec/json_bounded.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 
@@ -262,7 +264,8 @@ bool is_checkpoint(const fs::path& dir) {
   std::ifstream in(dir / manifest_name);
   if (!in) return false;
   try {
-    const json j = json::parse(in);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const json j = parse_json_bounded(text, std::size_t{256} << 20, [](const std::string& p) { throw std::runtime_error(p); });
     return j.is_object() && j.value("format", std::string()) == dist_checkpoint_format;
   } catch (const std::exception&) {
     return false;
@@ -442,12 +445,8 @@ manifest read_manifest(const fs::path& dir) {
   auto bad = [&](const std::string& what) {
     throw checkpoint_error(one_line(m.where() + ": " + manifest_name + " is corrupt: " + what));
   };
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    bad(std::string("not valid JSON (") + e.what() + ")");
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json j = parse_json_bounded(text, std::size_t{256} << 20, bad);
   try {
     if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
       bad("it does not name the format \"" + std::string(dist_checkpoint_format) + "\"");
@@ -741,11 +740,22 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
     check_model(m, config);
     check_files(m);
     const bool moments = options.training_state && m.training && m.moments;
+    std::set<std::string> known;
     for (const needed_tensor& t : model_tensors(config)) {
       check_coverage(m, t.name, t.shape);
+      known.insert(t.name);
+      for (const char* prefix : moment_names) known.insert(prefix + t.name);
       if (moments)
         for (const char* prefix : moment_names) check_coverage(m, prefix + t.name, t.shape);
     }
+    // The metadata and the pieces describe one model: a piece of a tensor that model does not
+    // have (a layer beyond its count, another head) means they disagree.
+    for (const auto& [tensor, ids] : m.by_tensor)
+      if (known.count(tensor) == 0)
+        throw checkpoint_error(one_line(m.where() + ": piece " + m.pieces[ids.front()].key + " in " +
+                                        m.files[m.pieces[ids.front()].file].name + " holds tensor " + tensor +
+                                        ", which is not part of the model metadata.json describes; the metadata and the "
+                                        "pieces disagree (an edited or mixed checkpoint)"));
     piece_reader reader(m);
     const std::int64_t tp_rank = groups.me.tp;
     for (const named_parameter& p : params) {

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "megadsl/io/atomic_file.hpp"
+#include "spec/json_bounded.hpp"
 
 namespace megadsl {
 
@@ -66,11 +67,7 @@ json read_index(const fs::path& path) {
   in.seekg(0);
   std::string text(size, '\0');
   if (!in.read(text.data(), static_cast<std::streamsize>(size))) fail(path, "cannot read the index");
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    fail(path, std::string("index is not valid JSON (") + e.what() + ")");
-  }
+  return parse_json_bounded(text, max_index_bytes, [&](const std::string& problem) { fail(path, "index is " + problem); });
 }
 
 }  // namespace

@@ -21,12 +21,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "../src/spec/json_bounded.hpp"
 #include "cli.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/atomic_file.hpp"
@@ -285,14 +287,8 @@ struct run_input {
 run_input read_json_input(const std::string& file) {
   std::ifstream in(file);
   if (!in) bad_input(file, "cannot be read");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    bad_input(file, "not valid JSON: " + what);
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json j = parse_json_bounded(text, std::size_t{1} << 30, [&](const std::string& problem) { bad_input(file, problem); });
   if (!j.is_object())
     bad_input(file, "expected a JSON object {\"input_ids\": [[...], ...], \"attention_mask\": [[...], ...]}, got " +
                         json_kind(j));

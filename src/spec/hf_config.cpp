@@ -5,6 +5,8 @@
 // default is recorded in `notes` so that nothing is filled in silently.
 #include "megadsl/hf_config.hpp"
 
+#include "json_bounded.hpp"
+
 #include <boost/hana/at_key.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/keys.hpp>
@@ -309,16 +311,9 @@ std::string_view hf_key_of(std::string_view field) {
 hf_config parse_hf_config(std::string_view json_text, const std::filesystem::path& file) {
   hf_config out;
   out.file = file;
-  json root;
-  try {
-    root = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
-    std::string what = e.what();
-    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    throw config_error("megadsl: " + file.string() + ": not valid JSON: " + what +
-                       "; fix the file (an HF config.json is one JSON object)");
-  }
+  const json root = parse_json_bounded(json_text, 16 << 20, [&](const std::string& problem) {
+    throw config_error("megadsl: " + file.string() + ": " + problem + "; fix the file (an HF config.json is one JSON object)");
+  });
   const std::string fname = file.string();
   reader r(root, fname, out.notes);
   if (!root.is_object())

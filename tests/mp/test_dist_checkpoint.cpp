@@ -315,6 +315,14 @@ TEST_CASE("a damaged distributed checkpoint is a one-line error naming the file 
     CHECK(one_line(e));
     llama_model<value_model<tiny8, tp1_pp4>> critic(small_groups, {.test_init = true});
     CHECK_THAT(load_error(critic, small_groups, good), Contains("head: checkpoint \"actor\", this model \"critic\""));
+    // metadata.json edited to say 4 layers while the pieces hold 8: the two must agree.
+    const std::string e4 = load_error(small, small_groups, damaged("fewer-layers", [](const fs::path& d) {
+      json m = read_json(d / "metadata.json");
+      m["model"]["shape"]["layers"] = 4;
+      write_text(d / "metadata.json", m.dump(1));
+    }));
+    CHECK_THAT(e4, Contains("holds tensor model.layers.4.") && Contains("the metadata and the pieces disagree"));
+    CHECK(one_line(e4));
   }
   // No failed load touched the parameters.
   const auto after = all_hf(model.parameters(), model.config(), groups);

@@ -142,6 +142,12 @@ TEST_CASE("rope_scaling: null, default, linear, dynamic, llama3", "[spec][hf_con
 TEST_CASE("a malformed config.json is refused naming the file, the field and the fix", "[spec][hf_config]") {
   CHECK(error_of(R"({"model_type": "llama", "hidden_size": 4096,)")
             .starts_with("megadsl: models/x/config.json: not valid JSON: "));
+  // Hostile files: deep nesting and out-of-range numbers are one line, not a crash or a raw exception.
+  CHECK(error_of(std::string(100000, '[')) ==
+        "megadsl: models/x/config.json: nested deeper than 64 levels of JSON, megadsl's limit for any file it "
+        "reads; fix the file (an HF config.json is one JSON object)");
+  CHECK_THAT(error_of(R"({"model_type": "llama", "hidden_size": 1e999})"),
+             Catch::StartsWith("megadsl: models/x/config.json: not valid JSON: number overflow parsing '1e999'"));
   CHECK(error_of("[1]") ==
         "megadsl: models/x/config.json: expected a JSON object, got [1] (an array); an HF config.json is one "
         "JSON object");

@@ -20,6 +20,11 @@ endfunction()
 set(IN "megadsl run: ${WORK}/in\\.json: ")
 run_fails(1 "${IN}not valid JSON: parse error at line 2, column 1: [^\n]*" "{\"input_ids\": [[1, 2, 3], [4, 5,\n")
 run_fails(1 "${IN}expected a JSON object [^\n]*, got a list" "[[1, 2, 3]]")
+# Hostile JSON: 100000 levels of nesting, a number no double holds.
+string(REPEAT "[" 100000 deep)
+run_fails(1 "${IN}nested deeper than 64 levels of JSON, megadsl.s limit for any file it reads" "{\"input_ids\": ${deep}")
+run_fails(1 "${IN}not valid JSON: number overflow parsing '1e999' \\(a number outside the range of a double or a 64-bit integer\\)"
+          "{\"input_ids\": [[1e999]]}")
 run_fails(1 "${IN}input_ids: missing [^\n]*" "{\"attention_mask\": [[1, 1]]}")
 run_fails(1 "${IN}unknown key \"labels\"[^\n]*" "{\"input_ids\": [[1, 2]], \"labels\": [[1, 2]]}")
 run_fails(1 "${IN}rows of input_ids differ in length: input_ids\\[0\\] has 3, input_ids\\[1\\] has 2; [^\n]*"
