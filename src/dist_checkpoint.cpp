@@ -23,10 +23,12 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "megadsl/io/atomic_file.hpp"
+#include "checkpoint_dir.hpp"
 #include "spec/json_bounded.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
@@ -222,24 +224,6 @@ const comm_group& world_of(const parallel_groups& g) {
   return *g.world;
 }
 
-// Collective: returns when no rank has an error; otherwise every rank throws checkpoint_error, with
-// its own message when it has one, else with that of the first rank that failed.
-void agree(const comm_group& world, const std::string& error) {
-  at::Tensor flag = at::full({1}, error.empty() ? 0 : 1, at::kLong);
-  const at::Tensor flags = world.all_gather(flag, 0);  // (world)
-  const auto failed = flags.nonzero();
-  if (failed.numel() == 0) return;
-  const int first = static_cast<int>(failed[0][0].item<std::int64_t>());
-  at::Tensor length = at::full({1}, static_cast<std::int64_t>(error.size()), at::kLong);
-  world.broadcast(length, first);
-  at::Tensor text = at::zeros({std::max<std::int64_t>(1, length.item<std::int64_t>())}, at::kByte);
-  if (world.rank() == first) std::memcpy(text.data_ptr(), error.data(), error.size());
-  world.broadcast(text, first);
-  if (!error.empty()) throw checkpoint_error(error);
-  const std::string theirs(static_cast<const char*>(text.data_ptr()), static_cast<std::size_t>(length.item<std::int64_t>()));
-  throw checkpoint_error(theirs + " [reported by rank " + std::to_string(world.ranks()[static_cast<std::size_t>(first)]) + "]");
-}
-
 template <class F>
 std::string attempt(F&& f) {
   try {
@@ -270,42 +254,6 @@ bool is_checkpoint(const fs::path& dir) {
   } catch (const std::exception&) {
     return false;
   }
-}
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-// `staging` takes the place of `dir`; the old checkpoint (if any) is removed afterwards.
-void move_into_place(const fs::path& staging, const fs::path& dir) {
-  auto fail = [&](const std::string& what, int err) {
-    throw checkpoint_error("megadsl: cannot move the new checkpoint " + staging.string() + " to " + dir.string() +
-                           ": " + what + ": " + std::strerror(err));
-  };
-  if (!fs::exists(dir)) {
-    if (std::rename(staging.c_str(), dir.c_str()) != 0) fail("rename", errno);
-  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    std::error_code ec;
-    fs::remove_all(staging, ec);  // the old checkpoint, now under the staging name
-  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
-    fs::path old = staging;
-    old += ".old";
-    if (std::rename(dir.c_str(), old.c_str()) != 0) fail("rename of the old checkpoint", errno);
-    if (std::rename(staging.c_str(), dir.c_str()) != 0) {
-      const int err = errno;
-      std::rename(old.c_str(), dir.c_str());
-      fail("rename", err);
-    }
-    std::error_code ec;
-    fs::remove_all(old, ec);
-  } else {
-    fail("renameat2 (exchange)", errno);
-  }
-  fsync_dir(dir.parent_path());
 }
 
 // This rank's pieces: values, and AdamW's moments when `training` holds them.
@@ -667,15 +615,8 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
   const bool first = world.rank() == 0;
 
   // Every rank writes into the same fresh sibling directory: rank 0 names it.
-  at::Tensor token = at::zeros({1}, at::kLong);
-  if (first) {
-    std::random_device rd;
-    const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    token[0] = static_cast<std::int64_t>(((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ now ^ static_cast<std::uint64_t>(::getpid())) >> 1);
-  }
-  world.broadcast(token, 0);
-  fs::path staging = target;
-  staging += ".tmp-" + hex16(static_cast<std::uint64_t>(token.item<std::int64_t>()));
+  const fs::path staging = staging_name(world, target);
+  std::optional<target_lock> lock;
 
   auto cleanup = [&] {
     if (!first) return;
@@ -694,6 +635,8 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
 
   step([&] {
     if (!first) return;
+    lock.emplace(target);
+    remove_stale_staging(target);
     std::error_code ec;
     if (fs::exists(target, ec)) {
       if (!fs::is_directory(target))

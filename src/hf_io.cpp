@@ -4,6 +4,10 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -14,6 +18,8 @@
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "checkpoint_dir.hpp"
+#include "spec/json_bounded.hpp"
 
 namespace megadsl {
 namespace {
@@ -156,8 +162,49 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   return report;
 }
 
+namespace {
+
+// Files of an HF model directory that travel with the weights: tokenizer, generation settings,
+// chat template. Weights, their index and config.json are written anew.
+bool carried(const std::string& name) {
+  if (name == "config.json" || name == "model.safetensors.index.json") return false;
+  if (name.size() > 12 && name.substr(name.size() - 12) == ".safetensors") return false;
+  if (name.rfind("pytorch_model", 0) == 0 || name.rfind(".", 0) == 0) return false;
+  return name == "generation_config.json" || name.rfind("tokenizer", 0) == 0 || name == "special_tokens_map.json" ||
+         name == "added_tokens.json" || name == "vocab.json" || name == "merges.txt" || name == "vocab.txt" ||
+         name.rfind("chat_template", 0) == 0 || name == "preprocessor_config.json";
+}
+
+// config.json: megadsl's keys over the source's, so the fields megadsl does not model (token ids,
+// architectures' extras) survive a conversion; the dtype keys follow the saved dtype.
+std::string merged_config(const std::string& ours, const std::filesystem::path& carry_from) {
+  const std::filesystem::path src = carry_from / "config.json";
+  std::error_code ec;
+  if (carry_from.empty() || !std::filesystem::is_regular_file(src, ec)) return ours;
+  std::ifstream in(src);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json base = parse_json_bounded(text, 16 << 20, [&](const std::string& problem) {
+    throw checkpoint_error("megadsl: " + src.string() + ": " + problem);
+  });
+  if (!base.is_object()) return ours;
+  const nlohmann::json mine = nlohmann::json::parse(ours);
+  for (auto it = mine.begin(); it != mine.end(); ++it) base[it.key()] = it.value();
+  if (base.contains("dtype")) base["dtype"] = mine.at("torch_dtype");
+  // transformers 5's form of RoPE, when the source had it, must say what megadsl wrote.
+  if (base.contains("rope_parameters")) {
+    nlohmann::json rp = mine.at("rope_scaling").is_object() ? mine.at("rope_scaling") : nlohmann::json{{"rope_type", "default"}};
+    rp["rope_theta"] = mine.at("rope_theta");
+    base["rope_parameters"] = rp;
+  }
+  return base.dump(2) + "\n";
+}
+
+}  // namespace
+
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
-             const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type) {
+             const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type,
+             const std::filesystem::path& carry_from) {
+  namespace fs = std::filesystem;
   if (model_type.empty()) model_type = c.s.qkv_bias.get() ? "qwen2" : "llama";
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -169,27 +216,66 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
     for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(at::kCPU, dtype).contiguous());
   }
   if (!writer) return;
-  std::filesystem::create_directories(dir);
-  const std::int64_t pp = c.l.pp.get(), pp_rank = g.pp->rank();
+  // The writers (one per stage: the pp group of tp rank 0, dp rank 0) fill one staging directory,
+  // which replaces `dir` in one rename: a reader sees the old checkpoint or the new one.
+  const comm_group& stages = *g.pp;
+  const std::int64_t pp = c.l.pp.get(), pp_rank = stages.rank();
+  const bool first = pp_rank == 0;
+  fs::path target = dir;
+  if (!target.has_filename()) target = target.parent_path();
+  const fs::path staging = staging_name(stages, target);
+  std::optional<target_lock> lock;
+  auto step = [&](auto&& f) {
+    std::string error;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    try {
+      agree(stages, error);
+    } catch (...) {
+      std::error_code ec;
+      if (first) fs::remove_all(staging, ec);
+      throw;
+    }
+  };
+  step([&] {
+    if (!first) return;
+    lock.emplace(target);
+    remove_stale_staging(target);
+    std::error_code ec;
+    if (fs::exists(target, ec)) {
+      if (!fs::is_directory(target, ec))
+        throw checkpoint_error("megadsl: cannot save an HF checkpoint to " + target.string() + ": it exists and is not a directory");
+      if (!fs::is_empty(target, ec) && !fs::exists(target / "config.json", ec))
+        throw checkpoint_error("megadsl: cannot save an HF checkpoint to " + target.string() +
+                               ": it holds files but no config.json, and saving would replace them; choose a new or "
+                               "empty directory");
+    }
+    fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec);
+    if (!fs::create_directory(staging, ec) || ec)
+      throw checkpoint_error("megadsl: cannot save an HF checkpoint to " + target.string() + ": cannot create " +
+                             staging.string() + (ec ? ": " + ec.message() : ": it exists"));
+  });
   const std::string dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
-  if (pp == 1) {
-    write_hf_checkpoint(dir, tensors);
-  } else {
-    auto file_of = [&](std::int64_t r) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(r + 1),
-                    static_cast<long long>(pp));
-      return std::string(buf);
-    };
-    write_safetensors(dir / file_of(pp_rank), tensors, {{"format", "pt"}});
-    // The writers of every stage are rank 0's pipeline group; the index comes last.
-    std::int64_t bytes = 0;
+  auto file_of = [&](std::int64_t r) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(r + 1),
+                  static_cast<long long>(pp));
+    return std::string(buf);
+  };
+  std::int64_t bytes = 0;
+  step([&] {
+    if (pp == 1) write_hf_checkpoint(staging, tensors);
+    else write_safetensors(staging / file_of(pp_rank), tensors, {{"format", "pt"}});
     for (auto& [n, t] : tensors) bytes += t.numel() * t.element_size();
-    at::Tensor total = at::full({1}, bytes, at::kLong);
-    g.pp->all_reduce(total);
-    std::vector<std::string> names;
-    for (auto& [n, t] : tensors) names.push_back(n);
-    if (pp_rank == 0) {
+  });
+  at::Tensor total = at::full({1}, bytes, at::kLong);
+  if (pp > 1) stages.all_reduce(total);
+  step([&] {
+    if (!first) return;
+    if (pp > 1) {
       std::ostringstream os;
       os << "{\n  \"metadata\": {\"total_size\": " << total.item<std::int64_t>() << "},\n  \"weight_map\": {\n";
       std::vector<std::pair<std::string, std::string>> map;
@@ -207,12 +293,18 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       for (std::size_t i = 0; i < map.size(); ++i)
         os << "    \"" << map[i].first << "\": \"" << map[i].second << "\"" << (i + 1 < map.size() ? ",\n" : "\n");
       os << "  }\n}\n";
-      // A stale single-file checkpoint would shadow the index.
-      std::filesystem::remove(dir / "model.safetensors");
-      write_file_atomically(dir / "model.safetensors.index.json", os.str());
+      write_file_atomically(staging / "model.safetensors.index.json", os.str());
     }
-  }
-  if (pp_rank == 0) write_file_atomically(dir / "config.json", hf_config_json(c.s, model_type, !c.head.actor, dtype_name));
+    write_file_atomically(staging / "config.json",
+                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name), carry_from));
+    std::error_code ec;
+    if (!carry_from.empty())
+      for (const auto& e : fs::directory_iterator(carry_from, ec))
+        if (e.is_regular_file(ec) && carried(e.path().filename().string()))
+          fs::copy_file(e.path(), staging / e.path().filename(), fs::copy_options::overwrite_existing);
+    fsync_dir(staging);
+    move_into_place(staging, target);
+  });
 }
 
 }  // namespace megadsl

@@ -251,7 +251,10 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
     bar.finish();
   }
   bar.start("megadsl convert: writing " + std::string(name_of(p.target)) + " " + o.to);
-  if (p.target == format::hf) save_hf(model, groups, o.to, p.type, p.src.model_type);
+  // From an HF source the tokenizer files, generation_config.json and config.json's other fields
+  // come along.
+  if (p.target == format::hf)
+    save_hf(model, groups, o.to, p.type, p.src.model_type, p.src.kind == format::hf ? p.src.dir : fs::path());
   else save_distributed(model, groups, o.to);
   groups.world->barrier();  // every rank has written its part
   bar.finish();

@@ -8,6 +8,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/file.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
@@ -149,6 +154,78 @@ TEST_CASE("a critic loads from an actor checkpoint and reports its new value hea
   REQUIRE(r.notes.size() == 1);
   CHECK_THAT(r.notes[0], Catch::Contains("value head initialised"));
   CHECK(r.ignored == std::vector<std::string>{"lm_head.weight"});
+}
+
+TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tokenizer files and config fields",
+          "[world4][hf]") {
+  const fs::path src = fixtures / "llama-gqa";
+  auto single = parallel_groups::single();
+  llama_model<causal_lm<any_llama>> actor(single, {}, read_hf_config(src).s);
+  load_hf(actor, single, src);
+  auto names_in = [](const fs::path& d) {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(d)) out.insert(e.path().filename().string());
+    return out;
+  };
+
+  // An earlier save of another layout: its shards and index must not survive.
+  const fs::path out = scratch("hf-replace");
+  fs::create_directories(out);
+  fs::copy_file(src / "config.json", out / "config.json");
+  for (const char* stale : {"model-00001-of-00004.safetensors", "model.safetensors.index.json"}) {
+    std::ofstream(out / stale) << "stale";
+  }
+  save_hf(actor, single, out);
+  CHECK(names_in(out) == std::set<std::string>{"config.json", "model.safetensors"});
+  for (const auto& e : fs::directory_iterator(out.parent_path()))
+    CHECK(e.path().filename().string().find(out.filename().string() + ".tmp-") == std::string::npos);
+
+  // A second writer while one holds the lock: a clear error, the checkpoint untouched.
+  {
+    fs::path lock_path = out;
+    lock_path += ".lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX) == 0);
+    CHECK_THROWS_WITH(save_hf(actor, single, out),
+                      Catch::Contains("cannot write " + out.string() + ": another process is writing it"));
+    ::close(fd);
+  }
+  CHECK(names_in(out) == std::set<std::string>{"config.json", "model.safetensors"});
+
+  // A directory of other files is not overwritten.
+  const fs::path foreign = scratch("hf-foreign");
+  fs::create_directories(foreign);
+  std::ofstream(foreign / "notes.txt") << "mine";
+  CHECK_THROWS_WITH(save_hf(actor, single, foreign), Catch::Contains("it holds files but no config.json"));
+  CHECK(names_in(foreign) == std::set<std::string>{"notes.txt"});
+
+  // Carried from the source: tokenizer and generation files, and config.json's fields megadsl
+  // does not model (token ids, a custom key), while megadsl's own keys and the dtype are its own.
+  const fs::path with_tok = scratch("hf-source");
+  fs::copy(src, with_tok, fs::copy_options::recursive);
+  std::ofstream(with_tok / "tokenizer.json") << R"({"version": "1.0"})";
+  std::ofstream(with_tok / "generation_config.json") << R"({"do_sample": true})";
+  {
+    std::ifstream in(with_tok / "config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    cfg["custom_field"] = "kept";
+    cfg["dtype"] = "float32";
+    std::ofstream(with_tok / "config.json") << cfg.dump(2);
+  }
+  const fs::path carried = scratch("hf-carried");
+  save_hf(actor, single, carried, at::kBFloat16, "", with_tok);
+  CHECK(names_in(carried) ==
+        std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"});
+  std::ifstream in(carried / "config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  CHECK(cfg.at("custom_field") == "kept");
+  CHECK(cfg.at("bos_token_id") == 1);
+  CHECK(cfg.at("eos_token_id") == 2);
+  CHECK(cfg.at("pad_token_id") == 0);
+  CHECK(cfg.at("dtype") == "bfloat16");
+  CHECK(cfg.at("torch_dtype") == "bfloat16");
+  CHECK(read_hf_config(carried).s.hidden.get() == 64);
 }
 
 TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor", "[world4][hf]") {

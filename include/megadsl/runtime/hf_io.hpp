@@ -28,8 +28,14 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
                        const parallel_groups& g, const std::filesystem::path& dir);
 
 // `model_type`: "llama", "mistral" or "qwen2"; empty: qwen2 when the model has a q/k/v bias.
+// Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a
+// reader sees the old checkpoint or the new one, a second writer gets a clear error, no file of
+// an earlier layout survives. `carry_from` (an HF directory, usually the source of a conversion):
+// its tokenizer files and generation_config.json are copied, and its config.json's other fields
+// (token ids, ...) kept under megadsl's.
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
-             const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "");
+             const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "",
+             const std::filesystem::path& carry_from = {});
 
 template <class Spec>
 hf_load_report load_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {
@@ -37,8 +43,8 @@ hf_load_report load_hf(llama_model<Spec>& model, const parallel_groups& g, const
 }
 template <class Spec>
 void save_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir,
-             at::ScalarType dtype = at::kFloat, std::string model_type = "") {
-  save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type));
+             at::ScalarType dtype = at::kFloat, std::string model_type = "", const std::filesystem::path& carry_from = {}) {
+  save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type), carry_from);
 }
 
 }  // namespace megadsl
