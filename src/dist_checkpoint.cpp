@@ -245,6 +245,8 @@ fs::path normalized(const fs::path& dir) {
 fs::path rank_file(std::int64_t rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
 
 bool is_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / manifest_name, ec)) return false;
   std::ifstream in(dir / manifest_name);
   if (!in) return false;
   try {
@@ -386,6 +388,9 @@ manifest read_manifest(const fs::path& dir) {
   const fs::path path = dir / manifest_name;
   if (!fs::is_directory(dir))
     throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() + " does not exist or is not a directory");
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))  // a FIFO would block the open
+    throw checkpoint_error(m.where() + ": " + manifest_name + " is not a regular file (a FIFO, a device or a directory)");
   std::ifstream in(path);
   if (!in)
     throw checkpoint_error(m.where() + ": " + manifest_name + " is missing; a save that did not finish leaves none, "

@@ -58,6 +58,8 @@ std::string shard_name(std::size_t i, std::size_t n) {
 }
 
 json read_index(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail(path, "is not a regular file (a FIFO, a device or a directory); expected the JSON index");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot open the index; expected a readable JSON file");
   in.seekg(0, std::ios::end);

@@ -239,7 +239,8 @@ std::optional<at::ScalarType> parse_safetensors_dtype(std::string_view name) {
 // ---- reader ------------------------------------------------------------------------------------
 
 safetensors_file safetensors_file::open(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named like a checkpoint must not block the open; S_ISREG refuses it below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, "cannot open: " + errno_text(errno) + "; expected a readable safetensors file");
   fd_guard guard{fd};
   struct stat st {};

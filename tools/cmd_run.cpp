@@ -337,7 +337,8 @@ run_input read_input(const std::string& file, std::int64_t vocab) {
   if (ext != ".json" && ext != ".safetensors")
     throw usage_error("megadsl run: --input " + file + ": the input is .json or .safetensors");
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) bad_input(file, "no such file");
+  if (!fs::exists(file, ec)) bad_input(file, "no such file");
+  if (!fs::is_regular_file(file, ec)) bad_input(file, "is not a regular file (a FIFO, a device or a directory); pass a .json or .safetensors file");
   run_input r = ext == ".json" ? read_json_input(file) : read_safetensors_input(file);
   if (!r.mask.defined()) r.mask = at::ones_like(r.ids);
   if (!r.mask.sizes().equals(r.ids.sizes()))

@@ -399,6 +399,13 @@ hf_config read_hf_config(const std::filesystem::path& path) {
     throw config_error("megadsl: " + path.string() +
                        ": no such file or directory; pass an HF model directory or its config.json");
   }
+  // Checked before opening: a FIFO would block the open, a device be read without end.
+  if (!fs::is_regular_file(file, ec))
+    throw config_error("megadsl: " + file.string() + ": is not a regular file (a FIFO, a device or a directory); "
+                       "pass an HF model directory or its config.json");
+  if (fs::file_size(file, ec) > (16u << 20))
+    throw config_error("megadsl: " + file.string() + ": is " + std::to_string(fs::file_size(file, ec)) +
+                       " bytes, more than a config.json can plausibly be (16 MiB); pass the model's config.json");
   std::ifstream in(file, std::ios::binary);
   if (!in)
     throw config_error("megadsl: " + file.string() + ": cannot be opened for reading; check its permissions");

@@ -74,3 +74,22 @@ run_fails(2 "megadsl run: --temperature expects a positive number, got '0'" "${G
 megadsl(run ${F} --input ${WORK}/in.json)
 expect_exit(2)
 expect_err("needs --input FILE \\(\\.json or \\.safetensors\\) and --output FILE")
+
+# A FIFO where a file is expected is refused before it is opened (an open would block forever),
+# as the input and as a model's config.json and weights.
+execute_process(COMMAND mkfifo ${WORK}/fifo.json)
+megadsl(run ${F} --tp 2 --ranks 2 --input ${WORK}/fifo.json --output ${WORK}/out.json)
+expect_exit(1)
+expect_err("megadsl run: ${WORK}/fifo\\.json: is not a regular file \\(a FIFO, a device or a directory\\)")
+file(MAKE_DIRECTORY ${WORK}/fifo-model)
+execute_process(COMMAND mkfifo ${WORK}/fifo-model/config.json)
+megadsl(run ${WORK}/fifo-model --input ${WORK}/in.json --output ${WORK}/out.json)
+expect_exit(2)
+expect_err("fifo-model/config\\.json: is not a regular file")
+file(MAKE_DIRECTORY ${WORK}/fifo-weights)
+file(COPY ${F}/config.json DESTINATION ${WORK}/fifo-weights)
+execute_process(COMMAND mkfifo ${WORK}/fifo-weights/model.safetensors)
+file(WRITE ${WORK}/in.json "{\"input_ids\": [[1, 2, 3]]}")
+megadsl(run ${WORK}/fifo-weights --input ${WORK}/in.json --output ${WORK}/out.json)
+expect_exit(1)
+expect_err("fifo-weights/model\\.safetensors.*is not a regular file")
