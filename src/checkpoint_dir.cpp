@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -118,6 +119,23 @@ void agree(const comm_group& world, const std::string& error) {
   if (!error.empty()) throw checkpoint_error(error);
   const std::string theirs(static_cast<const char*>(text.data_ptr()), static_cast<std::size_t>(length.item<std::int64_t>()));
   throw checkpoint_error(theirs + " [reported by rank " + std::to_string(world.ranks()[static_cast<std::size_t>(first)]) + "]");
+}
+
+void save_step(const comm_group& group, const fs::path& staging, const std::function<void()>& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+    std::replace(error.begin(), error.end(), '\n', ' ');
+  }
+  try {
+    agree(group, error);
+  } catch (...) {
+    std::error_code ec;
+    if (group.rank() == 0) fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 }  // namespace megadsl

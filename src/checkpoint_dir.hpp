@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace megadsl {
@@ -40,5 +41,9 @@ class target_lock {
 // checkpoint_error, with its own message when it has one, else with that of the first rank that
 // failed (naming it).
 void agree(const comm_group& group, const std::string& error);
+
+// One step of a save: `f` on this rank, then agree() over `group`. When any rank failed, the
+// group's rank 0 removes `staging` and every rank throws.
+void save_step(const comm_group& group, const std::filesystem::path& staging, const std::function<void()>& f);
 
 }  // namespace megadsl

@@ -623,20 +623,7 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
   const fs::path staging = staging_name(world, target);
   std::optional<target_lock> lock;
 
-  auto cleanup = [&] {
-    if (!first) return;
-    std::error_code ec;
-    fs::remove_all(staging, ec);
-  };
-  auto step = [&](auto&& f) {
-    const std::string error = attempt(f);
-    try {
-      agree(world, error);
-    } catch (...) {
-      cleanup();
-      throw;
-    }
-  };
+  auto step = [&](const std::function<void()>& f) { save_step(world, staging, f); };
 
   step([&] {
     if (!first) return;

@@ -225,21 +225,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   if (!target.has_filename()) target = target.parent_path();
   const fs::path staging = staging_name(stages, target);
   std::optional<target_lock> lock;
-  auto step = [&](auto&& f) {
-    std::string error;
-    try {
-      f();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    try {
-      agree(stages, error);
-    } catch (...) {
-      std::error_code ec;
-      if (first) fs::remove_all(staging, ec);
-      throw;
-    }
-  };
+  auto step = [&](const std::function<void()>& f) { save_step(stages, staging, f); };
   step([&] {
     if (!first) return;
     lock.emplace(target);

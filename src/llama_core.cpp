@@ -284,7 +284,7 @@ class llama_core final : public llama_core_base {
     const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps);
     model_output out;
     if (cfg_.head.actor) {
-      at::Tensor logits = column(x, w(lm_head_), {}).narrow(0, 0, tokens);  // (T, V'/tp), compute dtype
+      at::Tensor logits = column(x, lm_head_, {}).narrow(0, 0, tokens);  // (T, V'/tp), compute dtype
       if (o.temperature != 1.0) logits = logits / o.temperature;
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       const logprob_entropy le = vocab_parallel_logprob_entropy(

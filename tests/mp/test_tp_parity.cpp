@@ -165,9 +165,10 @@ TEST_CASE("bytes per step equal the analytical ring count, with and without SP",
   CHECK(rmpad == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2, .rmpad = true}, tokens, tokens, dp));
   CHECK(sp == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2, .sp = true, .rmpad = true}, sp_stream,
                                     tokens, dp));
-  // SP's gathers and scatters move the activations' bytes of the all-reduces they replace; the
-  // difference is the norms' gradient sums (and a pad row when nnz is odd).
+  // SP's gathers and scatters move the activations' bytes of the all-reduces they replace (for
+  // the same stream, padded to tp); the difference is the norms' gradient sums.
   const double norms = ring_all_reduce_bytes((2.0 * tiny_llama::shape.layers.get() + 1) * tiny_llama::shape.hidden.get() * 4, 2);
+  CHECK(sp - norms == actor_step_comm_bytes(tiny_llama::shape, layout{.tp = 2, .rmpad = true}, sp_stream, tokens, dp));
   if (sp_stream == tokens) CHECK(sp - norms == rmpad);
 }
 
