@@ -64,9 +64,13 @@ void comm_group::fail(const char* op, const std::exception& e) const {
   std::ostringstream os;
   std::string backend = e.what();
   if (auto cut = backend.find("\nException raised from"); cut != std::string::npos) backend.resize(cut);
+  if (auto cut = backend.find(". This is typically caused"); cut != std::string::npos) backend.resize(cut);  // Gloo's advice
   os << "megadsl: " << op << " over the " << name_ << " group " << list(ranks_) << " failed on rank "
      << ranks_[static_cast<std::size_t>(index_)] << ": " << diagnose_peers(store_, ranks_, ranks_[static_cast<std::size_t>(index_)])
      << " (timeout " << timeout_.count() / 1000.0 << " s; backend: " << backend << ")";
+  // The job cannot go on: every other rank ends now, naming the failure, instead of waiting in
+  // its own next collective for the timeout.
+  post_job_failure(os.str().substr(9));  // without "megadsl: "
   throw std::runtime_error(os.str());
 }
 

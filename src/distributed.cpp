@@ -71,6 +71,11 @@ at::Device local_device(bool cuda) {
   return {at::kCUDA, index};
 }
 
+std::int64_t local_world_size() {
+  if (auto l = env("LOCAL_WORLD_SIZE")) return std::max<std::int64_t>(1, env_int("LOCAL_WORLD_SIZE", *l));
+  return 1;
+}
+
 std::chrono::milliseconds default_timeout() {
   if (auto t = env("MEGADSL_TIMEOUT_S")) return std::chrono::milliseconds(env_int("MEGADSL_TIMEOUT_S", *t) * 1000);
   return std::chrono::milliseconds(120'000);
@@ -94,24 +99,60 @@ distributed::distributed(const dist_env& e, std::chrono::milliseconds timeout) :
                              env_.master_addr + ":" + std::to_string(env_.master_port) + " within " +
                              std::to_string(timeout_.count() / 1000) + " s (" + err.what() + ")");
   }
-  start_heartbeat(store_, env_.rank);
+  // The watch talks over a connection of its own, so a main thread blocked in the store (a group's
+  // rendezvous) or in a collective never delays a heartbeat or a verdict.
+  c10d::TCPStoreOptions watch_opts;
+  watch_opts.port = opts.port;
+  watch_opts.isServer = false;
+  watch_opts.waitWorkers = false;
+  watch_opts.timeout = std::chrono::milliseconds(10'000);
+  start_watch(c10::make_intrusive<c10d::TCPStore>(env_.master_addr, watch_opts),
+              {.rank = env_.rank, .world = env_.world, .peer_timeout = default_peer_timeout()});
 }
 
 distributed::distributed() : timeout_(default_timeout()), store_(c10::make_intrusive<c10d::HashStore>()) {}
 
-distributed::~distributed() {
-  if (env_.world > 1) {
-    // Leave together, so that rank 0 (the store host) does not vanish under a peer still talking.
-    try {
-      store_->add("megadsl/finished", 1);
-      const auto start = std::chrono::steady_clock::now();
-      while (store_->add("megadsl/finished", 0) < env_.world &&
-             std::chrono::steady_clock::now() - start < timeout_)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    } catch (...) {
-    }
-    stop_heartbeat();
+void distributed::finish() {
+  if (env_.world == 1 || done_) return;
+  done_ = true;
+  // Leave together: until every rank has finished, this one still ends if a peer dies (the watch
+  // runs), so no rank of a job that lost one exits 0.
+  store_->add("megadsl/finished", 1);
+  const auto start = std::chrono::steady_clock::now();
+  while (store_->add("megadsl/finished", 0) < env_.world) {
+    if (std::chrono::steady_clock::now() - start > timeout_)
+      throw std::runtime_error("megadsl: rank " + std::to_string(env_.rank) + " finished, but not every rank did within " +
+                               std::to_string(timeout_.count() / 1000) + " s (a rank is stuck; MEGADSL_TIMEOUT_S)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  stop_watch();
+  // Rank 0 hosts the store: it leaves last, so that no peer's last request meets a closed store.
+  store_->add("megadsl/left", 1);
+  if (env_.rank == 0) {
+    const auto left = std::chrono::steady_clock::now();
+    while (store_->add("megadsl/left", 0) < env_.world &&
+           std::chrono::steady_clock::now() - left < std::chrono::seconds(10))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void distributed::fail(const std::string& reason) {
+  if (env_.world == 1 || done_) return;
+  done_ = true;
+  post_job_failure("rank " + std::to_string(env_.rank) + " failed: " + reason);
+  wait_for_failure_readers();
+}
+
+distributed::~distributed() {
+  if (env_.world == 1) return;
+  if (!done_) {
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      std::cerr << "[rank " << env_.rank << "] " << e.what() << "\n";
+    }
+  }
+  stop_watch();
 }
 
 std::unique_ptr<comm_group> distributed::make_group(const std::string& name,
@@ -159,11 +200,18 @@ int run_ranks(int argc, char** argv, int ranks, const std::function<int(distribu
     else if (auto local = env("LOCAL_WORLD_SIZE"))
       at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                           static_cast<int>(env_int("LOCAL_WORLD_SIZE", *local))));
+    std::optional<distributed> d;
     try {
-      distributed d(*e);
-      return body(d);
+      d.emplace(*e);
+      const int status = body(*d);
+      d->finish();
+      return status;
     } catch (const std::exception& err) {
-      std::cerr << "[rank " << e->rank << "] " << err.what() << "\n";
+      std::string what = err.what();
+      if (auto cut = what.find("\nException raised from"); cut != std::string::npos) what.resize(cut);
+      std::cerr << "[rank " << e->rank << "] " << what << "\n" << std::flush;
+      // The other ranks end at once rather than wait in a collective for this one.
+      if (d) d->fail(what.substr(0, what.find('\n')));
       return 1;
     }
   }

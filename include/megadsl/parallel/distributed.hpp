@@ -43,13 +43,23 @@ at::Device local_device(bool cuda);
 // Timeout of every collective and of the rendezvous; MEGADSL_TIMEOUT_S overrides (default 120 s).
 std::chrono::milliseconds default_timeout();
 
+// Processes of this job on this machine: LOCAL_WORLD_SIZE (torchrun, megadsl's launcher), or 1.
+std::int64_t local_world_size();
+
 class distributed {
  public:
   // Connects to the store (rank 0 hosts it) and starts this rank's heartbeat.
   explicit distributed(const dist_env& env, std::chrono::milliseconds timeout = default_timeout());
   // A world of one, with no store or transport (single-process runs and references).
   distributed();
+  // Leaves with every other rank (finish() unless fail() was called; errors are printed).
   ~distributed();
+
+  // This rank's part is done: waits until every rank's is (ending this one if a peer dies
+  // meanwhile), then leaves; rank 0, the store's host, leaves last. Throws if a rank never finishes.
+  void finish();
+  // This rank failed with `reason`: every other rank ends at once, printing it.
+  void fail(const std::string& reason);
 
   [[nodiscard]] std::int64_t rank() const { return env_.rank; }
   [[nodiscard]] std::int64_t world() const { return env_.world; }
@@ -69,6 +79,7 @@ class distributed {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::int64_t generation_ = 0;
+  bool done_ = false;  // finish() or fail() was called
 };
 
 // The groups one rank takes part in under a layout (rank grid in Megatron order, DESIGN §3).

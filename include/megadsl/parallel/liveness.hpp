@@ -1,13 +1,23 @@
-// Heartbeats in the rendezvous store, so that a collective that fails can name the rank that died.
+// The job's watch: a rank that dies or hangs ends every rank of the job within seconds, named.
 //
-// Each process bumps `megadsl/heartbeat/<rank>` twice a second from a background thread. When a
-// collective fails (a closed connection or its timeout), the survivor reads its peers' counters
-// twice, a couple of beats apart: a peer whose counter stood still is dead; a store that does not
-// answer means rank 0, which hosts it, is gone.
+// Each process runs one background thread with its own connection to the rendezvous store (rank
+// 0 hosts it), so that a main thread blocked in the store or in a collective never stalls it:
+//
+//   - it bumps `megadsl/heartbeat/<rank>` twice a second;
+//   - on rank 0 it also reads every peer's counter: one that stands still for the peer timeout
+//     (MEGADSL_PEER_TIMEOUT_S, 5 s by default; 0 turns the watch off, e.g. under a debugger) is a
+//     dead or hung rank, and rank 0 posts that as the job's failure;
+//   - it polls `megadsl/abort`, the job's failure: the first rank that learns of one (a collective
+//     whose transport saw a peer's connection close, a rank whose body threw, rank 0's watch)
+//     posts its reason there, and every other rank prints it as one line and ends with status 1;
+//   - a store that stops answering means rank 0, its host, is gone: the rank ends the same way.
+//
+// Nothing is lost by ending abruptly: every file megadsl writes is staged and renamed into place.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,8 +28,26 @@ class Store;
 
 namespace megadsl {
 
-void start_heartbeat(const c10::intrusive_ptr<c10d::Store>& store, std::int64_t rank);
-void stop_heartbeat();
+struct watch_options {
+  std::int64_t rank = 0;
+  std::int64_t world = 1;
+  std::chrono::milliseconds peer_timeout{5000};  // 0: no heartbeat verdicts (the abort key still works)
+};
+
+// MEGADSL_PEER_TIMEOUT_S, or 5 s.
+std::chrono::milliseconds default_peer_timeout();
+
+// Starts this process's watch over `store` (a connection of its own). Once per process.
+void start_watch(const c10::intrusive_ptr<c10d::Store>& store, const watch_options& o);
+// Stops it (a rank that has finished its part no longer ends on a peer's failure).
+void stop_watch();
+
+// Posts `reason` as the job's failure, unless one is posted already; other ranks end on it. This
+// rank's own watch ignores it (the caller reports the error itself). Best effort: never throws.
+void post_job_failure(const std::string& reason);
+// On rank 0 (the store's host), before it exits after a failure: waits, at most 3 s, until the
+// other ranks have read the posted failure. Elsewhere a no-op.
+void wait_for_failure_readers();
 
 // Human-readable verdict on `peers`: "rank 3 stopped responding", "rank 0 (store host) is gone", ...
 std::string diagnose_peers(const c10::intrusive_ptr<c10d::Store>& store,

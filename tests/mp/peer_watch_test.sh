@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A rank that dies or hangs ends every rank of the job within 10 s, each naming it, none with
+# exit status 0. The ranks are started one by one with RANK/WORLD_SIZE/MASTER_* in the
+# environment, as torchrun starts them, but nothing here kills the survivors: they must end on
+# their own (the transport's error, the job's watch, or the store host's loss).
+#
+#   peer_watch_test.sh MP_TESTS
+set -u
+mp_tests=$1
+work=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail=0
+
+# scenario NAME VICTIM SIGNAL: four ranks (tp 2 x dp 2), VICTIM gets SIGNAL once all are ready.
+scenario() {
+  local name=$1 victim=$2 sig=$3
+  local port=$((20000 + RANDOM % 20000))
+  local pids=()
+  for r in 0 1 2 3; do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      MEGADSL_TIMEOUT_S=60 MEGADSL_THREADS=1 "$mp_tests" "[.peer_watch]" >"$work/$name.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local waited=0
+  until [ "$(cat "$work"/$name.*.log 2>/dev/null | grep -c '\] ready$')" -eq 4 ]; do
+    sleep 0.2; waited=$((waited + 1))
+    if [ $waited -gt 300 ]; then echo "$name: the ranks never all became ready"; cat "$work"/$name.*.log; fail=1; return; fi
+  done
+  local t0
+  t0=$(date +%s%3N)
+  kill -"$sig" "${pids[$victim]}"
+  for r in 0 1 2 3; do
+    [ "$r" -eq "$victim" ] && continue
+    local status=0
+    # Bounded wait: a survivor still alive after 10 s is a failure of this test.
+    for _ in $(seq 1 100); do kill -0 "${pids[$r]}" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "${pids[$r]}" 2>/dev/null; then
+      echo "$name: rank $r still running 10 s after rank $victim got SIG$sig"; fail=1
+      kill -9 "${pids[$r]}"
+    fi
+    wait "${pids[$r]}"; status=$?
+    local took=$(( $(date +%s%3N) - t0 ))
+    local said
+    said=$(grep -h "megadsl" "$work/$name.$r.log" | grep -v '\] ready$' | head -1)
+    printf '%s: rank %s ended after %d.%03d s with status %s: %s\n' "$name" "$r" $((took / 1000)) $((took % 1000)) "$status" "$said"
+    if [ "$status" -eq 0 ]; then echo "$name: rank $r exited 0 from a job that lost rank $victim"; fail=1; fi
+    if ! grep -q "rank $victim" "$work/$name.$r.log"; then echo "$name: rank $r did not name rank $victim"; fail=1; fi
+  done
+  kill -9 "${pids[$victim]}" 2>/dev/null
+  wait "${pids[$victim]}" 2>/dev/null
+}
+
+scenario killed 3 KILL   # rank 2 sees the closed connection; ranks 0 and 1 (the other replica) learn it from the watch
+scenario hung 2 STOP     # no transport error: rank 0's watch sees rank 2's heartbeat stop
+scenario host 0 KILL     # the store's host: its tp peer sees the connection close, the others lose the store
+exit $fail
