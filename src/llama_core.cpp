@@ -200,6 +200,11 @@ class llama_core final : public llama_core_base {
 
   micro_input prepare(const batch& b) const {
     micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}};
+    if (const std::int64_t w = cfg_.options.attention_window; w > 0 && in.pk.max_position + 1 > w)
+      throw std::invalid_argument("megadsl: a sequence of " + std::to_string(in.pk.max_position + 1) +
+                                  " tokens is longer than the checkpoint's attention window (sliding_window = " +
+                                  std::to_string(w) + "), which megadsl does not apply; split or truncate "
+                                  "sequences to at most " + std::to_string(w) + " tokens");
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);

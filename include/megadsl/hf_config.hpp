@@ -8,6 +8,7 @@
 // error is a `config_error` whose text names the file, the field and the fix.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,11 @@ struct hf_config {
   std::string model_type;           // "llama", "mistral" or "qwen2"
   shape s;                          // every field static; HF's defaults where config.json is silent
   std::vector<std::string> notes;   // what was defaulted or is worth knowing (e.g. sliding windows)
+  // The sliding-window attention HF applies (Mistral's `sliding_window`; Qwen2's with
+  // `use_sliding_window` on its sliding layers), 0 = none. megadsl computes full causal attention,
+  // which is the same for sequences no longer than the window; a model built for this checkpoint
+  // takes it as `model_options::attention_window` and refuses longer sequences.
+  std::int64_t attention_window = 0;
 };
 
 // The model types whose architecture is megadsl's Llama family.
@@ -55,9 +61,11 @@ shape resolve(const shape& declared, const shape& from_config, std::string_view 
 
 // The config.json of a fully static shape, as transformers writes it: an actor is
 // `<Family>ForCausalLM`, a critic `<Family>ForTokenClassification` with one label (its value head
-// is `score`). `model_type` is "llama", "mistral" or "qwen2"; qwen2 implies the q/k/v bias.
+// is `score`). `model_type` is "llama", "mistral" or "qwen2"; qwen2 implies the q/k/v bias. A
+// non-zero `attention_window` is written as Mistral's `sliding_window` or Qwen2's (on every layer);
+// Llama has none, and refuses it.
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype = "float32");
+                           std::string_view torch_dtype = "float32", std::int64_t attention_window = 0);
 
 // `shape{.hidden = 4096, .layers = 32, ...}`: every field, `dynamic` where unknown.
 std::string to_string(const shape& s);

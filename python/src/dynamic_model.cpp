@@ -87,12 +87,15 @@ void dynamic_model::close() {
 }
 
 std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distributed> world, const fs::path& path,
-                                                      const hf_model_options& o) {
+                                                      const hf_model_options& options) {
   const hf_config cfg = read_hf_config(path);
+  hf_model_options o = options;
+  o.options.attention_window = cfg.attention_window;  // longer sequences are refused
   const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
   // Every rule against config.json and the job's size, before any group is built: one message.
   require_valid(cfg.s, o.l, run_facts{.world = world->world()});
-  hf_checkpoint::open(dir);  // weights present and readable (checkpoint_error names the file)
+  // Weights present and readable, described by config.json, and fitting in memory: before allocating.
+  check_before_load(dir, cfg.s, o.l, o.head, at::elementSize(o.options.dtype), local_world_size());
   std::shared_ptr<dynamic_model> m;
   if (o.head.actor) m = std::make_shared<model_of<actor_t>>(std::move(world), cfg.s, o);
   else if (o.head.value_bias) m = std::make_shared<model_of<critic_t>>(std::move(world), cfg.s, o);

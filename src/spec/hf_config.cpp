@@ -6,6 +6,7 @@
 #include "megadsl/hf_config.hpp"
 
 #include "json_bounded.hpp"
+#include "megadsl/io/printable.hpp"
 
 #include <boost/hana/at_key.hpp>
 #include <boost/hana/for_each.hpp>
@@ -102,7 +103,7 @@ std::string describe_json(const json& v) {
                      : v.is_null()            ? "null"
                      : v.is_array()           ? "an array"
                                               : "an object";
-  std::string text = v.dump();
+  std::string text = v.dump(-1, ' ', /*ensure_ascii=*/true);  // no raw control or non-ASCII bytes
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return text + " (" + kind + ")";
 }
@@ -196,7 +197,7 @@ rope_scaling read_rope_object(const reader& r, const json& v, const std::string&
     // transformers 5 keys per-layer-type parameters by layer type (Gemma 3's full/sliding attention).
     for (const auto& [k, sub] : v.items())
       if (sub.is_object())
-        r.fail(where, "holds RoPE parameters per layer type (\"" + k + "\": {...}), which megadsl's Llama family does not have",
+        r.fail(where, "holds RoPE parameters per layer type (\"" + printable(k) + "\": {...}), which megadsl's Llama family does not have",
                "this checkpoint's architecture is not supported");
     r.fail(where, "has neither \"rope_type\" nor \"type\"",
            "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
@@ -300,6 +301,195 @@ void fill(rope_scaling& d, const rope_scaling& c) {
   hana::for_each(hana::keys(d), [&](auto key) { fill(hana::at_key(d, key), hana::at_key(c, key)); });
 }
 
+// Every config.json key of the families megadsl reads, and what megadsl does with it: one table,
+// so that no key that changes the numbers is passed over. Keys are transformers 5's LlamaConfig /
+// MistralConfig / Qwen2Config fields (and 4.x's names of the same settings), plus PreTrainedConfig's
+// own. A key in no row is unknown to these families' config classes: transformers ignores it too,
+// and megadsl says so in a note.
+enum class key_use {
+  read,       // honoured: it sets a shape field, the window, or is checked against the weights
+  refused,    // refused unless it holds its neutral value (checked where it is read, or below)
+  no_effect,  // cannot change the forward/backward numbers (ids, init, generation, bookkeeping)
+};
+struct config_key {
+  std::string_view families;  // "*" or model types separated by spaces
+  std::string_view key;
+  key_use use;
+};
+constexpr config_key config_keys[] = {
+    // Shape: read by parse_hf_config.
+    {"*", "model_type", key_use::read},
+    {"*", "hidden_size", key_use::read},
+    {"*", "num_hidden_layers", key_use::read},
+    {"*", "num_attention_heads", key_use::read},
+    {"*", "num_key_value_heads", key_use::read},
+    {"*", "intermediate_size", key_use::read},
+    {"*", "vocab_size", key_use::read},
+    {"*", "head_dim", key_use::read},
+    {"*", "max_position_embeddings", key_use::read},
+    {"*", "rms_norm_eps", key_use::read},
+    {"*", "rope_theta", key_use::read},
+    {"*", "rope_scaling", key_use::read},
+    {"*", "rope_parameters", key_use::read},
+    {"*", "tie_word_embeddings", key_use::read},
+    {"*", "hidden_act", key_use::read},                // only "silu"
+    {"llama", "attention_bias", key_use::read},        // only false (an o_proj bias megadsl lacks)
+    {"llama", "mlp_bias", key_use::read},              // only false
+    {"mistral qwen2", "sliding_window", key_use::read},  // the window: longer sequences are refused
+    {"qwen2", "use_sliding_window", key_use::read},
+    {"qwen2", "max_window_layers", key_use::read},
+    {"qwen2", "layer_types", key_use::read},
+    {"mistral", "layer_types", key_use::read},
+    // Refused unless neutral (checked in check_keys).
+    {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
+    {"*", "classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
+    {"*", "quantization_config", key_use::refused},    // quantized weights
+    {"*", "pruned_heads", key_use::refused},
+    {"qwen2", "use_mrope", key_use::refused},          // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
+    // No effect on the numbers.
+    {"llama", "pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
+    {"*", "torch_dtype", key_use::no_effect},          // the weights carry their dtype; convert writes it
+    {"*", "dtype", key_use::no_effect},
+    {"*", "architectures", key_use::no_effect},        // the head comes from the weights and the command
+    {"*", "transformers_version", key_use::no_effect},
+    {"*", "_name_or_path", key_use::no_effect},
+    {"*", "name_or_path", key_use::no_effect},
+    {"*", "initializer_range", key_use::no_effect},
+    {"*", "use_cache", key_use::no_effect},
+    {"*", "pad_token_id", key_use::no_effect},
+    {"*", "bos_token_id", key_use::no_effect},
+    {"*", "eos_token_id", key_use::no_effect},
+    {"*", "sep_token_id", key_use::no_effect},
+    {"*", "decoder_start_token_id", key_use::no_effect},
+    {"*", "id2label", key_use::no_effect},             // a critic's score shape is checked on the weights
+    {"*", "label2id", key_use::no_effect},
+    {"*", "num_labels", key_use::no_effect},
+    {"*", "problem_type", key_use::no_effect},
+    {"*", "tokenizer_class", key_use::no_effect},
+    {"*", "_attn_implementation", key_use::no_effect},  // eager, sdpa and flash compute the same attention
+    {"*", "attn_implementation", key_use::no_effect},
+    {"*", "_attn_implementation_autoset", key_use::no_effect},
+    {"*", "output_attentions", key_use::no_effect},
+    {"*", "output_hidden_states", key_use::no_effect},
+    {"*", "return_dict", key_use::no_effect},
+    {"*", "use_return_dict", key_use::no_effect},
+    {"*", "torchscript", key_use::no_effect},
+    {"*", "chunk_size_feed_forward", key_use::no_effect},  // chunking gives the same product
+    {"*", "is_encoder_decoder", key_use::no_effect},
+    {"*", "is_decoder", key_use::no_effect},
+    {"*", "add_cross_attention", key_use::no_effect},
+    {"*", "tie_encoder_decoder", key_use::no_effect},
+    {"*", "task_specific_params", key_use::no_effect},
+    {"*", "finetuning_task", key_use::no_effect},
+    {"*", "prefix", key_use::no_effect},
+    {"*", "auto_map", key_use::no_effect},
+    {"*", "keys_to_ignore_at_inference", key_use::no_effect},
+    // 4.x configs still carry generation settings; they concern sampling, not the model's numbers.
+    {"*", "max_length", key_use::no_effect},
+    {"*", "min_length", key_use::no_effect},
+    {"*", "do_sample", key_use::no_effect},
+    {"*", "early_stopping", key_use::no_effect},
+    {"*", "num_beams", key_use::no_effect},
+    {"*", "num_beam_groups", key_use::no_effect},
+    {"*", "diversity_penalty", key_use::no_effect},
+    {"*", "temperature", key_use::no_effect},
+    {"*", "top_k", key_use::no_effect},
+    {"*", "top_p", key_use::no_effect},
+    {"*", "typical_p", key_use::no_effect},
+    {"*", "repetition_penalty", key_use::no_effect},
+    {"*", "length_penalty", key_use::no_effect},
+    {"*", "no_repeat_ngram_size", key_use::no_effect},
+    {"*", "encoder_no_repeat_ngram_size", key_use::no_effect},
+    {"*", "bad_words_ids", key_use::no_effect},
+    {"*", "num_return_sequences", key_use::no_effect},
+    {"*", "output_scores", key_use::no_effect},
+    {"*", "return_dict_in_generate", key_use::no_effect},
+    {"*", "forced_bos_token_id", key_use::no_effect},
+    {"*", "forced_eos_token_id", key_use::no_effect},
+    {"*", "remove_invalid_values", key_use::no_effect},
+    {"*", "exponential_decay_length_penalty", key_use::no_effect},
+    {"*", "suppress_tokens", key_use::no_effect},
+    {"*", "begin_suppress_tokens", key_use::no_effect},
+};
+
+bool for_family(const config_key& k, std::string_view family) {
+  if (k.families == "*") return true;
+  std::string_view rest = k.families;
+  while (!rest.empty()) {
+    const std::size_t sp = rest.find(' ');
+    if (rest.substr(0, sp) == family) return true;
+    if (sp == std::string_view::npos) break;
+    rest.remove_prefix(sp + 1);
+  }
+  return false;
+}
+
+const config_key* find_key(std::string_view family, std::string_view key) {
+  for (const config_key& k : config_keys)
+    if (k.key == key && for_family(k, family)) return &k;
+  return nullptr;
+}
+
+// Refused keys must hold their neutral value; unknown keys get a note (transformers ignores them
+// too, since its config class has no such field).
+void check_keys(const reader& r, std::string_view family, std::vector<std::string>& notes) {
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : r.root().items()) {
+    const config_key* k = find_key(family, key);
+    if (k == nullptr) {
+      unknown.push_back(printable(key));
+      continue;
+    }
+    if (k->use != key_use::refused || value.is_null()) continue;
+    if (key == "attention_dropout" || key == "classifier_dropout") {
+      if (value.is_number() && value.get<double>() == 0.0) continue;
+      r.fail(key, "is " + describe_json(value) + ": megadsl has no dropout, so training would differ from HF's",
+             "set it to 0.0 (verl and Megatron RLHF recipes train without dropout)");
+    }
+    if (key == "pruned_heads" && value.is_object() && value.empty()) continue;
+    if (value.is_boolean() && !value.get<bool>()) continue;  // a switch left off
+    r.fail(key, "is " + describe_json(value) + ", which megadsl does not implement",
+           key == "quantization_config" ? "dequantize the checkpoint to bf16/fp32 first"
+                                        : "this checkpoint is not supported");
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < unknown.size(); ++i) list += (i ? ", " : "") + unknown[i];
+    notes.push_back("keys unknown to transformers' " + std::string(family) + " config, ignored as transformers ignores them: " + list);
+  }
+}
+
+// The attention window HF applies (0: none), as transformers 5 derives it: Mistral's
+// `sliding_window` on every layer; Qwen2's only with `use_sliding_window`, on the layers that
+// `layer_types` marks "sliding_attention" (by default those at index >= `max_window_layers`).
+std::int64_t read_attention_window(const reader& r, std::string_view family, std::int64_t layers) {
+  const json& root = r.root();
+  const json* w = r.find(root, "sliding_window");
+  if (family == "llama" || w == nullptr) return 0;
+  const std::int64_t window = r.integer(*w, "sliding_window", 1);
+  bool sliding_layer = family == "mistral";
+  if (family == "qwen2") {
+    const json* use = r.find(root, "use_sliding_window");
+    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return 0;
+    const json* mwl = r.find(root, "max_window_layers");
+    const std::int64_t first = mwl ? r.integer(*mwl, "max_window_layers", 0) : 28;
+    sliding_layer = first < layers;
+  }
+  if (const json* types = r.find(root, "layer_types")) {
+    if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
+      r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
+             "one \"full_attention\" or \"sliding_attention\" per layer");
+    sliding_layer = false;
+    for (const json& t : *types) {
+      if (t == "sliding_attention") sliding_layer = true;
+      else if (t != "full_attention")
+        r.fail("layer_types", "holds " + describe_json(t) + ", a layer type megadsl does not have",
+               "use \"full_attention\" or \"sliding_attention\"");
+    }
+  }
+  return sliding_layer ? window : 0;
+}
+
 }  // namespace
 
 std::string_view hf_key_of(std::string_view field) {
@@ -373,15 +563,12 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.tie_embeddings = r.optional<bool>("tie_word_embeddings", false,
       [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
 
-  // Attention windows megadsl does not implement: worth a note, not a refusal.
-  if (const json* w = r.find(root, "sliding_window"); w && w->is_number_integer()) {
-    const bool used = fam->model_type != "qwen2" ||
-                      (r.find(root, "use_sliding_window") && root.at("use_sliding_window") == true);
-    if (used && w->get<std::int64_t>() < s.max_positions.get())
-      out.notes.push_back("sliding_window = " + std::to_string(w->get<std::int64_t>()) +
-                          ": megadsl attends over the whole sequence, so results differ from HF "
-                          "for sequences longer than the window");
-  }
+  out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
+  if (out.attention_window != 0 && out.attention_window < s.max_positions.get())
+    out.notes.push_back("sliding_window = " + std::to_string(out.attention_window) +
+                        ": megadsl computes full causal attention, which equals the window's for sequences "
+                        "of at most " + std::to_string(out.attention_window) + " tokens, and refuses longer ones");
+  check_keys(r, fam->model_type, out.notes);
   return out;
 }
 
@@ -500,7 +687,7 @@ std::string to_string(const shape& s) {
 }
 
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype) {
+                           std::string_view torch_dtype, std::int64_t attention_window) {
   const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral" : "Llama";
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
@@ -525,6 +712,17 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["mlp_bias"] = false;
   } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
     throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
+  }
+  if (model_type == "llama" && attention_window != 0)
+    throw config_error("megadsl: a Llama config has no sliding window, and this model has one of " +
+                       std::to_string(attention_window) + " tokens; save it as model_type mistral");
+  if (model_type == "mistral") {
+    j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
+  } else if (model_type == "qwen2") {
+    j["use_sliding_window"] = attention_window != 0;
+    j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
+    j["max_window_layers"] = attention_window != 0 ? 0 : s.layers.get();
+    j.erase("layer_types");
   }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {

@@ -37,8 +37,12 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
+// The last two are written by transformers 5 (rope_parameters; Mistral's sliding_window).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
-                                        "llama31-rope-tf5"};  // the last written by transformers 5 (rope_parameters)
+                                        "llama31-rope-tf5", "mistral-window-tf5"};
+
+// What a model built for the checkpoint in `dir` is told: its attention window.
+model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
 
 // The same directory on every rank of this job (the launcher's port is unique per job).
 fs::path shared_scratch(const std::string& what) {
@@ -65,8 +69,8 @@ void check_fixture(const std::string& name) {
   if (!check(s, L).ok()) return;
   INFO(name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<causal_lm<any_llama, L>> actor(groups, {}, s);
-  llama_model<value_model<any_llama, L>> critic(groups, {}, s);
+  llama_model<causal_lm<any_llama, L>> actor(groups, options_for(dir), s);
+  llama_model<value_model<any_llama, L>> critic(groups, options_for(dir), s);
   load_hf(actor, groups, dir);
   const hf_load_report r = load_hf(critic, groups, dir / "critic");
   CHECK(r.notes.front() == "value head loaded from score.*");
@@ -112,6 +116,8 @@ void require_identical(const fs::path& a, const fs::path& b) {
   }
   const hf_config cx = read_hf_config(a), cy = read_hf_config(b);
   CHECK(mismatches(cx.s, cy.s).empty());
+  CHECK(cx.model_type == cy.model_type);
+  CHECK(cx.attention_window == cy.attention_window);
 }
 
 }  // namespace
@@ -131,11 +137,11 @@ TEST_CASE("HF -> (tp 2, pp 2) -> HF is bit-exact, actor and critic", "[world4][h
       const fs::path source = actor_side ? dir : dir / "critic";
       const fs::path saved = shared_scratch(std::string("roundtrip-") + name + (actor_side ? "-actor" : "-critic"));
       if (actor_side) {
-        llama_model<causal_lm<any_llama, l>> m(groups, {}, s);
+        llama_model<causal_lm<any_llama, l>> m(groups, options_for(dir), s);
         load_hf(m, groups, source);
         save_hf(m, groups, saved);
       } else {
-        llama_model<value_model<any_llama, l>> m(groups, {}, s);
+        llama_model<value_model<any_llama, l>> m(groups, options_for(dir), s);
         load_hf(m, groups, source);
         save_hf(m, groups, saved);
       }
@@ -154,6 +160,32 @@ TEST_CASE("a critic loads from an actor checkpoint and reports its new value hea
   REQUIRE(r.notes.size() == 1);
   CHECK_THAT(r.notes[0], Catch::Contains("value head initialised"));
   CHECK(r.ignored == std::vector<std::string>{"lm_head.weight"});
+}
+
+TEST_CASE("a sliding window: sequences up to it are computed, longer ones refused, and the model must know it",
+          "[world4][hf]") {
+  const fs::path dir = fixtures / "mistral-window-tf5";
+  const hf_config cfg = read_hf_config(dir);
+  REQUIRE(cfg.attention_window == 12);
+  auto single = parallel_groups::single();
+  // Built without the window, the model would compute long sequences wrongly: refused at load.
+  llama_model<causal_lm<any_llama>> blind(single, {}, cfg.s);
+  CHECK_THROWS_WITH(load_hf(blind, single, dir), Catch::Contains("attention window of 12 tokens") &&
+                                                     Catch::Contains("model_options::attention_window"));
+  llama_model<causal_lm<any_llama>> actor(single, options_for(dir), cfg.s);
+  load_hf(actor, single, dir);
+  const at::Tensor ids = at::randint(1, 300, {2, 13}, at::kLong);
+  at::Tensor mask = at::ones({2, 13}, at::kLong);
+  mask[1][0] = 0;  // row 1: 12 tokens, left-padded
+  CHECK_THROWS_WITH(actor.forward({.input_ids = ids, .attention_mask = mask}),
+                    Catch::Contains("a sequence of 13 tokens is longer than the checkpoint's attention window "
+                                    "(sliding_window = 12)"));
+  CHECK_NOTHROW(actor.forward({.input_ids = ids.narrow(0, 1, 1), .attention_mask = mask.narrow(0, 1, 1)}));
+  // Packed sequences count per sequence, not per row.
+  llama_model<causal_lm<any_llama, layout{.rmpad = true}>> packed(single, options_for(dir), cfg.s);
+  load_hf(packed, single, dir);
+  CHECK_NOTHROW(packed.forward({.input_ids = ids.narrow(0, 1, 1), .attention_mask = mask.narrow(0, 1, 1)}));
+  CHECK_THROWS(packed.forward({.input_ids = ids, .attention_mask = mask}));
 }
 
 TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tokenizer files and config fields",

@@ -235,3 +235,54 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
 }
+
+TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][hf_config]") {
+  auto window = [](std::string_view type, std::string_view extra) {
+    std::string text = edited(minimal, "\"llama\"", "\"" + std::string(type) + "\"");
+    if (!extra.empty()) text = edited(text, "}", ", " + std::string(extra) + "}");
+    return parse_hf_config(text).attention_window;
+  };
+  CHECK(window("mistral", R"("sliding_window": 4096)") == 4096);  // every layer
+  CHECK(window("mistral", R"("sliding_window": null)") == 0);
+  CHECK(window("mistral", "") == 0);
+  // Qwen2: only with use_sliding_window, on the layers from max_window_layers on (4 layers here).
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": false)") == 0);
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 2)") == 4096);
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 4)") == 0);
+  CHECK(window("qwen2", R"("sliding_window": 64, "use_sliding_window": true, "max_window_layers": 4,
+      "layer_types": ["full_attention", "full_attention", "full_attention", "sliding_attention"])") == 64);
+  // LlamaConfig has no window: transformers ignores the key, and so does megadsl (with a note).
+  const auto llama = parse_hf_config(edited(minimal, "}", R"(, "sliding_window": 16})"));
+  CHECK(llama.attention_window == 0);
+  CHECK_THAT(llama.notes.back(), Catch::Contains("unknown to transformers' llama config") && Catch::Contains("sliding_window"));
+  CHECK(error_of(edited(edited(minimal, "\"llama\"", "\"mistral\""), "}", R"(, "sliding_window": 8, "layer_types": ["chunked_attention", "full_attention", "full_attention", "full_attention"]})"))
+            .starts_with("megadsl: models/x/config.json: layer_types: holds \"chunked_attention\" (a string), a layer "
+                         "type megadsl does not have"));
+  // hf_config_json writes the window back in each family's own keys, and Llama refuses one.
+  const auto mistral = parse_hf_config(edited(minimal, "\"llama\"", "\"mistral\""));
+  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", 32)).attention_window == 32);
+  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", 0)).attention_window == 0);
+  shape with_bias = mistral.s;
+  with_bias.qkv_bias = true;
+  CHECK(parse_hf_config(megadsl::hf_config_json(with_bias, "qwen2", false, "float32", 32)).attention_window == 32);
+  CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "llama", false, "float32", 32),
+                    Catch::Contains("save it as model_type mistral"));
+}
+
+TEST_CASE("every key is read, refused unless neutral, or known to change nothing; unknown keys are named",
+          "[spec][hf_config]") {
+  auto with = [](std::string_view extra) { return edited(minimal, "}", ", " + std::string(extra) + "}"); };
+  CHECK(error_of(with(R"("attention_dropout": 0.1)"))
+            .starts_with("megadsl: models/x/config.json: attention_dropout: is 0.1 (a number with a fraction): "
+                         "megadsl has no dropout"));
+  CHECK_NOTHROW(parse_hf_config(with(R"("attention_dropout": 0.0, "classifier_dropout": null)")));
+  CHECK(error_of(with(R"("quantization_config": {"quant_method": "gptq"})"))
+            .starts_with("megadsl: models/x/config.json: quantization_config: is {\"quant_method\":\"gptq\"} (an "
+                         "object), which megadsl does not implement; dequantize the checkpoint"));
+  // Bookkeeping keys pass without a word; an unknown key is named, escaped.
+  const auto quiet = parse_hf_config(with(R"("bos_token_id": 1, "pretraining_tp": 1, "torch_dtype": "bfloat16",
+      "transformers_version": "4.57.6", "architectures": ["LlamaForCausalLM"], "use_cache": true)"));
+  for (const std::string& n : quiet.notes) CHECK_THAT(n, !Catch::Contains("unknown"));
+  const auto odd = parse_hf_config(with(R"("my_scale\u001b[2J": 2.0)"));
+  CHECK_THAT(odd.notes.back(), Catch::EndsWith("my_scale\\x1b[2J"));
+}

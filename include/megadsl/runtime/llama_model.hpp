@@ -39,6 +39,11 @@ struct model_options {
   std::optional<at::ScalarType> compute_dtype;
   // Where the parameters and activations live. CUDA tensors use NCCL groups, CPU tensors Gloo.
   at::Device device = at::kCPU;
+  // The checkpoint's sliding attention window (hf_config::attention_window), 0 = none. megadsl
+  // attends over the whole sequence, which equals windowed attention up to `attention_window`
+  // tokens; a longer sequence is refused. load_hf refuses a model whose window differs from its
+  // config.json's.
+  std::int64_t attention_window = 0;
   // LibTorch's deterministic algorithms (process-wide), and cuBLAS's fixed workspace on CUDA.
   // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
   // warns and runs it anyway.
