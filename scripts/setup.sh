@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build libgloo-dev libboost-dev librange-v3-dev catch2
-          nlohmann-json3-dev python3 python3-venv)
+          nlohmann-json3-dev python3 python3-venv clang-14 libclang-rt-14-dev)  # clang: the fuzzers
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -28,7 +28,9 @@
 #include <sstream>
 
 #include "megadsl/io/atomic_file.hpp"
+#include "megadsl/io/printable.hpp"
 #include "checkpoint_dir.hpp"
+#include "dist_metadata.hpp"
 #include "spec/json_bounded.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
@@ -36,17 +38,14 @@
 namespace megadsl {
 namespace {
 
+using namespace dist_metadata;
+using dist_metadata::whole;  // beside whole(const dims&) below
+
 namespace fs = std::filesystem;
 namespace hana = boost::hana;
 using json = nlohmann::json;
 
-constexpr const char* manifest_name = "metadata.json";
 constexpr const char* moment_names[] = {"optimizer.exp_avg/", "optimizer.exp_avg_sq/"};
-
-std::string one_line(std::string s) {
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
 
 // 64-bit FNV-1a of the bytes of a contiguous CPU tensor.
 std::uint64_t fnv1a64(const at::Tensor& t) {
@@ -65,17 +64,7 @@ std::string hex16(std::uint64_t v) {
 
 // ---- geometry: axis-aligned boxes in a tensor of rank 1 or 2 ------------------------------------
 
-struct box {
-  int rank = 2;
-  std::array<std::int64_t, 2> off{0, 0}, len{1, 1};
-  [[nodiscard]] std::int64_t numel() const { return len[0] * len[1]; }
-  [[nodiscard]] bool empty() const { return len[0] <= 0 || len[1] <= 0; }
-};
-
 box whole(const dims& d) { return {d.rank, {0, 0}, {d.rows, d.rank == 2 ? d.cols : 1}}; }
-box whole(const std::vector<std::int64_t>& shape) {
-  return {static_cast<int>(shape.size()), {0, 0}, {shape[0], shape.size() == 2 ? shape[1] : 1}};
-}
 box along(box b, int dim, std::int64_t offset, std::int64_t extent) {
   b.off[static_cast<std::size_t>(dim)] = offset;
   b.len[static_cast<std::size_t>(dim)] = extent;
@@ -105,19 +94,6 @@ std::vector<std::int64_t> offsets(const box& b) {
 }
 std::vector<std::int64_t> extents(const box& b) {
   return b.rank == 1 ? std::vector<std::int64_t>{b.len[0]} : std::vector<std::int64_t>{b.len[0], b.len[1]};
-}
-std::string region_text(const box& b) {
-  std::string s;
-  for (int d = 0; d < b.rank; ++d) {
-    const auto i = static_cast<std::size_t>(d);
-    s += (d ? " x " : "") + ("[" + std::to_string(b.off[i]) + ", " + std::to_string(b.off[i] + b.len[i]) + ")");
-  }
-  return s;
-}
-std::string shape_text(const std::vector<std::int64_t>& v) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + ")";
 }
 std::vector<std::int64_t> dims_vec(const dims& d) {
   return d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols};
@@ -205,14 +181,14 @@ void diff_json(const json& saved, const json& mine, const std::string& path, std
     for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());
     for (auto it = mine.begin(); it != mine.end(); ++it) keys.insert(it.key());
     for (const auto& k : keys) {
-      const std::string sub = path.empty() ? k : path + "." + k;
-      if (!saved.contains(k)) out.push_back(sub + ": not in the checkpoint, this model " + mine[k].dump());
-      else if (!mine.contains(k)) out.push_back(sub + ": checkpoint " + saved[k].dump() + ", not in this model");
+      const std::string sub = path.empty() ? printable(k) : path + "." + printable(k);
+      if (!saved.contains(k)) out.push_back(sub + ": not in the checkpoint, this model " + mine[k].dump(-1, ' ', true));
+      else if (!mine.contains(k)) out.push_back(sub + ": checkpoint " + saved[k].dump(-1, ' ', true) + ", not in this model");
       else diff_json(saved[k], mine[k], sub, out);
     }
     return;
   }
-  if (saved != mine) out.push_back(path + ": checkpoint " + saved.dump() + ", this model " + mine.dump());
+  if (saved != mine) out.push_back(path + ": checkpoint " + saved.dump(-1, ' ', true) + ", this model " + mine.dump(-1, ' ', true));
 }
 
 // ---- agreement: every rank throws the same error, or none does ------------------------------------
@@ -320,7 +296,7 @@ json build_manifest(const fs::path& staging, const runtime_config& c, const para
     for (const tensor_info& t : f.tensors()) {
       const auto it = f.metadata().find(t.name);
       if (it == f.metadata().end())
-        throw checkpoint_error("megadsl: " + f.path().string() + ": piece " + t.name + " has no metadata entry");
+        throw checkpoint_error("megadsl: " + f.path().string() + ": piece " + printable(t.name) + " has no metadata entry");
       json piece = json::parse(it->second);
       piece["key"] = t.name;
       piece["shape"] = t.shape;
@@ -355,33 +331,6 @@ json build_manifest(const fs::path& staging, const runtime_config& c, const para
 
 // ---- loading ------------------------------------------------------------------------------------
 
-struct saved_piece {
-  std::string key, tensor;
-  std::size_t file = 0;
-  box where;  // in the global tensor
-  std::vector<std::int64_t> global_shape;
-  std::string dtype;
-  std::uint64_t checksum = 0;
-};
-
-struct saved_file {
-  std::string name;
-  std::uint64_t bytes = 0;
-  std::vector<std::size_t> pieces;
-};
-
-struct manifest {
-  fs::path dir;
-  json model, layout;
-  std::optional<training_state> training;  // scalars only
-  bool moments = false;
-  std::vector<saved_file> files;
-  std::vector<saved_piece> pieces;
-  std::map<std::string, std::vector<std::size_t>> by_tensor;
-
-  [[nodiscard]] std::string where() const { return "megadsl: distributed checkpoint " + dir.string(); }
-};
-
 manifest read_manifest(const fs::path& dir) {
   manifest m;
   m.dir = dir;
@@ -395,75 +344,8 @@ manifest read_manifest(const fs::path& dir) {
   if (!in)
     throw checkpoint_error(m.where() + ": " + manifest_name + " is missing; a save that did not finish leaves none, "
                            "so this is not a complete megadsl distributed checkpoint");
-  auto bad = [&](const std::string& what) {
-    throw checkpoint_error(one_line(m.where() + ": " + manifest_name + " is corrupt: " + what));
-  };
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const json j = parse_json_bounded(text, std::size_t{256} << 20, bad);
-  try {
-    if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
-      bad("it does not name the format \"" + std::string(dist_checkpoint_format) + "\"");
-    const int version = j.at("version").get<int>();
-    if (version != dist_checkpoint_version)
-      bad("format version " + std::to_string(version) + "; this build reads version " +
-          std::to_string(dist_checkpoint_version));
-    m.model = j.at("model");
-    m.layout = j.value("layout", json::object());
-    if (!j.at("training").is_null()) {
-      const json& t = j.at("training");
-      m.training = training_state{.steps = t.at("steps").get<std::int64_t>(),
-                                  .samples = t.at("samples").get<std::int64_t>(),
-                                  .adam_step = t.at("adam_step").get<std::int64_t>()};
-      m.moments = t.at("moments").get<bool>();
-    }
-    std::set<std::string> keys, names;
-    for (const json& f : j.at("files")) {
-      saved_file sf;
-      sf.name = f.at("file").get<std::string>();
-      if (sf.name.empty() || sf.name.find('/') != std::string::npos || sf.name[0] == '.')
-        bad("file name \"" + sf.name + "\" is not a plain file name inside the checkpoint");
-      if (!names.insert(sf.name).second) bad("file " + sf.name + " is listed twice");
-      sf.bytes = f.at("bytes").get<std::uint64_t>();
-      for (const json& pj : f.at("pieces")) {
-        saved_piece p;
-        p.key = pj.at("key").get<std::string>();
-        p.tensor = pj.at("tensor").get<std::string>();
-        p.file = m.files.size();
-        p.global_shape = pj.at("global_shape").get<std::vector<std::int64_t>>();
-        const auto offset = pj.at("global_offset").get<std::vector<std::int64_t>>();
-        const auto shape = pj.at("shape").get<std::vector<std::int64_t>>();
-        p.dtype = pj.at("dtype").get<std::string>();
-        const std::string sum = pj.at("fnv1a64").get<std::string>();
-        const std::size_t rank = p.global_shape.size();
-        if (rank < 1 || rank > 2 || offset.size() != rank || shape.size() != rank)
-          bad("piece " + p.key + " in " + sf.name + ": global_shape, global_offset and shape must have one rank (1 or 2)");
-        p.where = whole(p.global_shape);
-        for (std::size_t d = 0; d < rank; ++d) {
-          p.where.off[d] = offset[d];
-          p.where.len[d] = shape[d];
-          if (offset[d] < 0 || shape[d] < 0 || offset[d] + shape[d] > p.global_shape[d])
-            bad("piece " + p.key + " in " + sf.name + " covers " + region_text(p.where) + ", outside its tensor's shape " +
-                shape_text(p.global_shape));
-        }
-        if (!parse_safetensors_dtype(p.dtype)) bad("piece " + p.key + " in " + sf.name + " has unknown dtype " + p.dtype);
-        std::size_t used = 0;
-        try {
-          p.checksum = std::stoull(sum, &used, 16);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (sum.size() != 16 || used != 16) bad("piece " + p.key + " in " + sf.name + ": fnv1a64 \"" + sum + "\" is not 16 hex digits");
-        if (!keys.insert(p.key).second) bad("piece " + p.key + " is listed twice");
-        sf.pieces.push_back(m.pieces.size());
-        m.by_tensor[p.tensor].push_back(m.pieces.size());
-        m.pieces.push_back(std::move(p));
-      }
-      m.files.push_back(std::move(sf));
-    }
-  } catch (const json::exception& e) {
-    bad(e.what());
-  }
-  return m;
+  return parse_manifest(text, dir);
 }
 
 void check_model(const manifest& m, const runtime_config& c) {

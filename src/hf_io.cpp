@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/checkpoint_error.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
+#include "megadsl/io/printable.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "checkpoint_dir.hpp"
@@ -64,6 +66,76 @@ void copy_into(named_parameter& p, const at::Tensor& local) {
 
 }  // namespace
 
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown (then nothing is refused on memory).
+double available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
+                       double bytes_per_parameter, std::int64_t local_ranks) {
+  const std::string config = (dir / "config.json").string();
+  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  // Sizes in double: a hostile config.json's products must not wrap around.
+  const double h = static_cast<double>(s.hidden.get()), v = static_cast<double>(s.vocab.get());
+  const double hd = static_cast<double>(effective_head_dim(s).get());
+  const double q = static_cast<double>(s.heads.get()) * hd, kv = static_cast<double>(s.kv_heads.get()) * hd;
+  const double f = static_cast<double>(s.ffn.get()), layers = static_cast<double>(s.layers.get());
+  auto expect = [&](const std::string& name, std::vector<std::int64_t> want, const char* keys) {
+    const tensor_info* t = ck.find(name);
+    if (t == nullptr || t->shape == want) return;  // a missing tensor is load_hf's to name
+    throw checkpoint_error("megadsl: " + config + ": its " + keys + " give " + name + " the shape " + shape_text(want) +
+                           ", but " + ck.file_of(name).path().filename().string() + " holds " + shape_text(t->shape) +
+                           "; this config.json does not describe these weights (use the checkpoint's own config.json)");
+  };
+  expect("model.embed_tokens.weight", {s.vocab.get(), s.hidden.get()}, "vocab_size and hidden_size");
+  expect("model.layers.0.self_attn.q_proj.weight", {static_cast<std::int64_t>(q), s.hidden.get()},
+         "num_attention_heads, head_dim and hidden_size");
+  expect("model.layers.0.self_attn.k_proj.weight", {static_cast<std::int64_t>(kv), s.hidden.get()},
+         "num_key_value_heads, head_dim and hidden_size");
+  expect("model.layers.0.mlp.gate_proj.weight", {s.ffn.get(), s.hidden.get()}, "intermediate_size and hidden_size");
+  std::int64_t last = -1;
+  for (const std::string& n : ck.names())
+    if (n.rfind("model.layers.", 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + 13));
+  if (last >= 0 && last + 1 != s.layers.get())
+    throw checkpoint_error("megadsl: " + config + ": num_hidden_layers is " + std::to_string(s.layers.get()) +
+                           ", but the weights hold layers 0.." + std::to_string(last) +
+                           "; this config.json does not describe these weights (use the checkpoint's own config.json)");
+
+  const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
+  const double head_params = head.actor ? (s.tie_embeddings.get() ? 0 : v * h) : h + 1;
+  const double params = v * h + layers * per_layer + h + head_params;
+  const double split = static_cast<double>(l.tp.get() * l.pp.get());
+  const double need = params / split * bytes_per_parameter * static_cast<double>(std::max<std::int64_t>(local_ranks, 1));
+  const double have = available_memory();
+  if (have > 0 && need > have) {
+    std::ostringstream m;
+    m.precision(1);
+    m << std::fixed << "megadsl: " << config << ": the model it describes has " << params / 1e9
+      << " B parameters; the " << std::max<std::int64_t>(local_ranks, 1) << " rank(s) on this machine would hold "
+      << need / (1ull << 30) << " GiB of them (tp " << l.tp.get() << " x pp " << l.pp.get() << ", "
+      << bytes_per_parameter << " bytes each), more than the " << have / (1ull << 30)
+      << " GiB available; check hidden_size, num_hidden_layers, intermediate_size and vocab_size, or spread the "
+         "model over more machines (tp, pp)";
+    throw checkpoint_error(m.str());
+  }
+}
+
 hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
                        const parallel_groups& g, const std::filesystem::path& dir) {
   hf_load_report report;
@@ -74,6 +146,12 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     for (std::size_t i = 0; i < diff.size(); ++i) os << (i ? "; " : "") << diff[i];
     throw checkpoint_error(os.str());
   }
+  if (cfg.attention_window != c.options.attention_window)
+    throw checkpoint_error("megadsl: " + cfg.file.string() + " has an attention window of " +
+                           std::to_string(cfg.attention_window) + " tokens (sliding_window) but the model was built with " +
+                           std::to_string(c.options.attention_window) +
+                           "; build it with model_options::attention_window = hf_config::attention_window, so that "
+                           "longer sequences are refused rather than computed without the window");
   const hf_checkpoint ck = hf_checkpoint::open(dir);
   const std::int64_t tp_rank = g.tp->rank();
 
@@ -91,7 +169,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     std::ostringstream os;
     os << fail_prefix(ck) << unexpected.size() << " unexpected tensor(s) for this " << (c.head.actor ? "actor" : "critic")
        << " (layers " << c.s.layers.get() << "): ";
-    for (std::size_t i = 0; i < std::min<std::size_t>(unexpected.size(), 5); ++i) os << (i ? ", " : "") << unexpected[i];
+    for (std::size_t i = 0; i < std::min<std::size_t>(unexpected.size(), 5); ++i) os << (i ? ", " : "") << printable(unexpected[i]);
     os << "; is it a checkpoint of another model?";
     throw checkpoint_error(os.str());
   }
@@ -205,7 +283,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
              const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type,
              const std::filesystem::path& carry_from) {
   namespace fs = std::filesystem;
-  if (model_type.empty()) model_type = c.s.qkv_bias.get() ? "qwen2" : "llama";
+  if (model_type.empty()) model_type = c.s.qkv_bias.get() ? "qwen2" : c.options.attention_window != 0 ? "mistral" : "llama";
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
@@ -282,7 +360,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       write_file_atomically(staging / "model.safetensors.index.json", os.str());
     }
     write_file_atomically(staging / "config.json",
-                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name), carry_from));
+                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window), carry_from));
     std::error_code ec;
     if (!carry_from.empty())
       for (const auto& e : fs::directory_iterator(carry_from, ec))

@@ -5,6 +5,8 @@
 // as one line naming the file, the tensor and what was expected.
 #include "megadsl/io/safetensors.hpp"
 
+#include "megadsl/io/printable.hpp"
+
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -67,7 +69,7 @@ std::string errno_text(int err) { return std::system_category().message(err); }
 
 // A name as JSON spells it: quoted, control characters escaped, so a message stays one line.
 std::string quote(std::string_view s) {
-  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+  return json(std::string(s)).dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
 }
 
 std::string one_line(std::string s) {
@@ -82,7 +84,7 @@ std::string render(const json& v) {
   auto scalar = [](const json& x) -> std::string {
     if (x.is_array()) return "[...]";
     if (x.is_object()) return "{...}";
-    std::string s = x.dump(-1, ' ', false, json::error_handler_t::replace);
+    std::string s = x.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
     return s.size() > 40 ? s.substr(0, 37) + "..." : s;
   };
   if (!v.is_array()) return scalar(v);
@@ -282,7 +284,7 @@ safetensors_file safetensors_file::open(const fs::path& path) {
       return true;
     });
   } catch (const json::exception& e) {
-    fail(path, std::string("header is not valid JSON (") + e.what() + "); expected a JSON object");
+    fail(path, std::string("header is not valid JSON (") + printable(e.what(), 400) + "); expected a JSON object");
   }
   if (!header.is_object())
     fail(path, "header is " + kind(header) + "; expected a JSON object mapping tensor names to "
@@ -406,7 +408,8 @@ void write_safetensors(const fs::path& path, const std::vector<std::pair<std::st
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string_view> names;
   std::uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [tensor_name, t] : tensors) {
+    const std::string& name = tensor_name;  // a plain reference: clang 14 cannot capture a structured binding
     auto bad = [&](const std::string& what) { bad_write("tensor " + quote(name) + ": " + what); };
     if (name == "__metadata__") bad("the name is reserved for the metadata map");
     if (!names.insert(name).second) bad("appears twice; expected unique names");

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "megadsl/io/printable.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/parallel/distributed.hpp"
@@ -225,6 +226,10 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
   // A distributed checkpoint stores the parameters as they are; save_hf gathers them first (Gloo
   // gathers no bf16) and converts what it writes.
   mo.dtype = p.target == format::dist ? p.type : at::kFloat;
+  if (p.src.kind == format::hf) {
+    mo.attention_window = read_hf_config(p.src.dir).attention_window;
+    check_before_load(p.src.dir, p.src.s, o.l, p.src.head, at::elementSize(mo.dtype), local_world_size());
+  }
   llama_model<Spec> model(groups, mo, p.src.s, o.l);
   progress bar(err, speak);
   bar.start("megadsl convert: loading " + std::string(name_of(p.src.kind)) + " " + p.src.dir.string() + " (" +
@@ -241,7 +246,7 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
         if (n.starts_with("value head loaded from ")) used = n.substr(23, n.find('*', 23) - 23);
       std::string names;
       for (const std::string& n : r.ignored)
-        if (used.empty() || !n.starts_with(used)) names += (names.empty() ? "" : ", ") + n;
+        if (used.empty() || !n.starts_with(used)) names += (names.empty() ? "" : ", ") + printable(n);
       if (!names.empty()) {
         err << "note: not converted, this model does not use them: " << names << '\n';
       }

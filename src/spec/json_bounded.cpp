@@ -2,15 +2,18 @@
 
 #include <stdexcept>
 
+#include "megadsl/io/printable.hpp"
+
 namespace megadsl {
 namespace {
 
 struct too_deep {};
 
-// "[json.exception.parse_error.101] parse error at line 1, column 3: ..." -> "parse error at ..."
+// "[json.exception.parse_error.101] parse error at line 1, column 3: ..." -> "parse error at ...",
+// escaped: nlohmann quotes the bytes it last read ("last read: '...'"), which come from the file.
 std::string plain(const std::string& what) {
   const auto p = what.find("] ");
-  return p == std::string::npos ? what : what.substr(p + 2);
+  return printable(p == std::string::npos ? what : what.substr(p + 2), 400);
 }
 
 }  // namespace

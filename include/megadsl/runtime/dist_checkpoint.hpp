@@ -97,4 +97,8 @@ void load_distributed(llama_model<Spec>& model, const parallel_groups& groups, c
   t->import_state(*extras.training);
 }
 
+// Parses and checks the text of a metadata.json (what load_distributed reads first) and throws
+// checkpoint_error on the first problem. For the fuzzing harness and tools that vet a file.
+void check_distributed_metadata(std::string_view text, const std::filesystem::path& dir = ".");
+
 }  // namespace megadsl

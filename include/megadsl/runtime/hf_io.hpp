@@ -27,6 +27,14 @@ struct hf_load_report {
 hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
                        const parallel_groups& g, const std::filesystem::path& dir);
 
+// Before a model for the HF checkpoint `dir` is built (nothing allocated yet): config.json's sizes
+// must describe the weights (the embedding's, the first layer's projections' shapes and the
+// number of layers, from the safetensors headers alone), and the parameters this machine's
+// `local_ranks` processes would hold (`bytes_per_parameter` each, split by tp x pp) must fit in
+// its available memory. Throws checkpoint_error naming config.json, the sizes and the fix.
+void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
+                       double bytes_per_parameter = 4, std::int64_t local_ranks = 1);
+
 // `model_type`: "llama", "mistral" or "qwen2"; empty: qwen2 when the model has a q/k/v bias.
 // Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a
 // reader sees the old checkpoint or the new one, a second writer gets a clear error, no file of

@@ -9,7 +9,10 @@ set(F ${FIXTURES}/llama-gqa)
 function(run_fails code pattern text)
   file(WRITE ${WORK}/in.json "${text}")
   file(REMOVE ${WORK}/out.json)
-  megadsl(run ${F} --tp 2 --ranks 2 --input ${WORK}/in.json --output ${WORK}/out.json ${ARGN})
+  if(NOT DEFINED MODEL)
+    set(MODEL ${F})
+  endif()
+  megadsl(run ${MODEL} --tp 2 --ranks 2 --input ${WORK}/in.json --output ${WORK}/out.json ${ARGN})
   expect_exit(${code})
   expect_err("^${pattern}\n$")
   if(EXISTS ${WORK}/out.json)
@@ -93,3 +96,36 @@ file(WRITE ${WORK}/in.json "{\"input_ids\": [[1, 2, 3]]}")
 megadsl(run ${WORK}/fifo-weights --input ${WORK}/in.json --output ${WORK}/out.json)
 expect_exit(1)
 expect_err("fifo-weights/model\\.safetensors.*is not a regular file")
+
+# config.json sizes that do not describe the weights, or that no machine holds, are refused from
+# the safetensors headers before anything is allocated.
+file(MAKE_DIRECTORY ${WORK}/huge)
+file(COPY ${F}/model.safetensors DESTINATION ${WORK}/huge)
+file(READ ${F}/config.json cfg)
+string(REPLACE "\"intermediate_size\": 176" "\"intermediate_size\": 1000000000000" huge_cfg "${cfg}")
+file(WRITE ${WORK}/huge/config.json "${huge_cfg}")
+set(MODEL ${WORK}/huge)
+run_fails(1 "megadsl: ${WORK}/huge/config\\.json: its intermediate_size and hidden_size give model\\.layers\\.0\\.mlp\\.gate_proj\\.weight the shape \\[1000000000000, 64\\], but model\\.safetensors holds \\[176, 64\\]; this config\\.json does not describe these weights \\(use the checkpoint's own config\\.json\\)"
+          "${GOOD}")
+# Weights that say nothing about the sizes (no model.* tensor): the memory check still stands.
+file(MAKE_DIRECTORY ${WORK}/vast)
+file(COPY ${F}/reference.safetensors DESTINATION ${WORK}/vast)
+file(RENAME ${WORK}/vast/reference.safetensors ${WORK}/vast/model.safetensors)
+string(REPLACE "\"vocab_size\": 300" "\"vocab_size\": 1000000000000" vast_cfg "${cfg}")
+file(WRITE ${WORK}/vast/config.json "${vast_cfg}")
+set(MODEL ${WORK}/vast)
+run_fails(1 "megadsl: ${WORK}/vast/config\\.json: the model it describes has 128000\\.0 B parameters; the 2 rank\\(s\\) on this machine would hold [0-9.]+ GiB of them \\(tp 2 x pp 1, 4\\.0 bytes each\\), more than the [0-9.]+ GiB available; check hidden_size, num_hidden_layers, intermediate_size and vocab_size, or spread the model over more machines \\(tp, pp\\)"
+          "${GOOD}")
+
+# A sliding window: sequences up to it run, longer ones are refused (megadsl does not apply it).
+set(MODEL ${FIXTURES}/mistral-window-tf5)
+run_fails(1 "note: sliding_window = 12: megadsl computes full causal attention[^\n]*\n${IN}a sequence of 13 tokens is longer than the checkpoint's attention window \\(sliding_window = 12\\), which megadsl does not apply; split or truncate sequences to at most 12 tokens"
+          "{\"input_ids\": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]}")
+file(WRITE ${WORK}/in.json "{\"input_ids\": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]}")
+megadsl(run ${MODEL} --tp 2 --ranks 2 --input ${WORK}/in.json --output ${WORK}/out.json)
+expect_exit(0)
+unset(MODEL)
+
+# Names from files are escaped before they are printed: no terminal escape reaches the user.
+run_fails(1 "${IN}unknown key \"x\\\\x1b\\[2J\"; the input has input_ids and, optionally, attention_mask"
+          "{\"input_ids\": [[1, 2]], \"x\\u001b[2J\": 1}")

@@ -1,0 +1,122 @@
+#include "dist_metadata.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/io/printable.hpp"
+#include "megadsl/io/safetensors.hpp"
+#include "megadsl/runtime/dist_checkpoint.hpp"
+#include "spec/json_bounded.hpp"
+
+namespace megadsl {
+namespace dist_metadata {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+box whole(const std::vector<std::int64_t>& shape) {
+  return {static_cast<int>(shape.size()), {0, 0}, {shape[0], shape.size() == 2 ? shape[1] : 1}};
+}
+
+std::string region_text(const box& b) {
+  std::string s;
+  for (int d = 0; d < b.rank; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    s += (d ? " x " : "") + ("[" + std::to_string(b.off[i]) + ", " + std::to_string(b.off[i] + b.len[i]) + ")");
+  }
+  return s;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& v) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + ")";
+}
+
+manifest parse_manifest(std::string_view text, const fs::path& dir) {
+  manifest m;
+  m.dir = dir;
+  auto bad = [&](const std::string& what) {
+    throw checkpoint_error(one_line(m.where() + ": " + manifest_name + " is corrupt: " + what));
+  };
+  const json j = parse_json_bounded(text, std::size_t{256} << 20, bad);
+  try {
+    if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
+      bad("it does not name the format \"" + std::string(dist_checkpoint_format) + "\"");
+    const int version = j.at("version").get<int>();
+    if (version != dist_checkpoint_version)
+      bad("format version " + std::to_string(version) + "; this build reads version " +
+          std::to_string(dist_checkpoint_version));
+    m.model = j.at("model");
+    m.layout = j.value("layout", json::object());
+    if (!j.at("training").is_null()) {
+      const json& t = j.at("training");
+      m.training = training_state{.steps = t.at("steps").get<std::int64_t>(),
+                                  .samples = t.at("samples").get<std::int64_t>(),
+                                  .adam_step = t.at("adam_step").get<std::int64_t>()};
+      m.moments = t.at("moments").get<bool>();
+    }
+    std::set<std::string> keys, names;
+    for (const json& f : j.at("files")) {
+      saved_file sf;
+      sf.name = f.at("file").get<std::string>();
+      if (sf.name.empty() || sf.name.find('/') != std::string::npos || sf.name[0] == '.')
+        bad("file name \"" + printable(sf.name) + "\" is not a plain file name inside the checkpoint");
+      if (!names.insert(sf.name).second) bad("file " + printable(sf.name) + " is listed twice");
+      sf.bytes = f.at("bytes").get<std::uint64_t>();
+      for (const json& pj : f.at("pieces")) {
+        saved_piece p;
+        p.key = pj.at("key").get<std::string>();
+        p.tensor = pj.at("tensor").get<std::string>();
+        p.file = m.files.size();
+        p.global_shape = pj.at("global_shape").get<std::vector<std::int64_t>>();
+        const auto offset = pj.at("global_offset").get<std::vector<std::int64_t>>();
+        const auto shape = pj.at("shape").get<std::vector<std::int64_t>>();
+        p.dtype = pj.at("dtype").get<std::string>();
+        const std::string sum = pj.at("fnv1a64").get<std::string>();
+        const std::size_t rank = p.global_shape.size();
+        if (rank < 1 || rank > 2 || offset.size() != rank || shape.size() != rank)
+          bad("piece " + printable(p.key) + " in " + printable(sf.name) + ": global_shape, global_offset and shape must have one rank (1 or 2)");
+        p.where = whole(p.global_shape);
+        for (std::size_t d = 0; d < rank; ++d) {
+          p.where.off[d] = offset[d];
+          p.where.len[d] = shape[d];
+          if (p.global_shape[d] < 0 || offset[d] < 0 || shape[d] < 0 || offset[d] > p.global_shape[d] ||
+              shape[d] > p.global_shape[d] - offset[d])  // no sum that could overflow
+            bad("piece " + printable(p.key) + " in " + printable(sf.name) + " covers " + region_text(p.where) + ", outside its tensor's shape " +
+                shape_text(p.global_shape));
+        }
+        if (!parse_safetensors_dtype(p.dtype)) bad("piece " + printable(p.key) + " in " + printable(sf.name) + " has unknown dtype " + printable(p.dtype));
+        std::size_t used = 0;
+        try {
+          p.checksum = std::stoull(sum, &used, 16);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (sum.size() != 16 || used != 16) bad("piece " + printable(p.key) + " in " + printable(sf.name) + ": fnv1a64 \"" + printable(sum) + "\" is not 16 hex digits");
+        if (!keys.insert(p.key).second) bad("piece " + printable(p.key) + " is listed twice");
+        sf.pieces.push_back(m.pieces.size());
+        m.by_tensor[p.tensor].push_back(m.pieces.size());
+        m.pieces.push_back(std::move(p));
+      }
+      m.files.push_back(std::move(sf));
+    }
+  } catch (const json::exception& e) {
+    bad(e.what());
+  }
+  return m;
+}
+
+}  // namespace dist_metadata
+
+void check_distributed_metadata(std::string_view text, const std::filesystem::path& dir) {
+  (void)dist_metadata::parse_manifest(text, dir);
+}
+
+}  // namespace megadsl

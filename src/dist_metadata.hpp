@@ -1,0 +1,72 @@
+// metadata.json of a distributed checkpoint, read (src/dist_metadata.cpp): the files, the pieces
+// of each HF tensor (key, global shape and offset, dtype, FNV-1a checksum), the model and layout
+// that saved them, and the training scalars. Internal to the runtime; kept in its own TU so that
+// the fuzzing harness (tests/fuzz) can take the parser alone.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megadsl/runtime/trainer.hpp"
+
+namespace megadsl::dist_metadata {
+
+inline constexpr const char* manifest_name = "metadata.json";
+
+std::string one_line(std::string s);
+
+// ---- geometry: axis-aligned boxes in a tensor of rank 1 or 2 ------------------------------------
+
+struct box {
+  int rank = 2;
+  std::array<std::int64_t, 2> off{0, 0}, len{1, 1};
+  [[nodiscard]] std::int64_t numel() const { return len[0] * len[1]; }
+  [[nodiscard]] bool empty() const { return len[0] <= 0 || len[1] <= 0; }
+};
+
+box whole(const std::vector<std::int64_t>& shape);
+std::string region_text(const box& b);
+std::string shape_text(const std::vector<std::int64_t>& v);
+
+// ---- the manifest -------------------------------------------------------------------------------
+
+struct saved_piece {
+  std::string key, tensor;
+  std::size_t file = 0;
+  box where;  // in the global tensor
+  std::vector<std::int64_t> global_shape;
+  std::string dtype;
+  std::uint64_t checksum = 0;
+};
+
+struct saved_file {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::vector<std::size_t> pieces;
+};
+
+struct manifest {
+  std::filesystem::path dir;
+  nlohmann::json model, layout;
+  std::optional<training_state> training;  // scalars only
+  bool moments = false;
+  std::vector<saved_file> files;
+  std::vector<saved_piece> pieces;
+  std::map<std::string, std::vector<std::size_t>> by_tensor;
+
+  [[nodiscard]] std::string where() const { return "megadsl: distributed checkpoint " + dir.string(); }
+};
+
+// metadata.json's text -> the manifest; every problem is a one-line checkpoint_error. Names from
+// the file are escaped (printable) before they reach a message.
+manifest parse_manifest(std::string_view text, const std::filesystem::path& dir);
+
+}  // namespace megadsl::dist_metadata
