@@ -69,6 +69,9 @@ struct watch {
           const std::vector<std::uint8_t> v = store->get(abort_key);
           if (!posted) {
             store->add(seen_key, 1);
+            // The store's host stays until the others have read it too (all but the poster and,
+            // typically, one dead rank), or they would learn only that rank 0 vanished.
+            if (o.rank == 0) linger_for_readers(*store, o.world - 2);
             end_rank(o.rank, "ending this rank: the job failed: " + std::string(v.begin(), v.end()));
           }
         }
