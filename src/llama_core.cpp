@@ -289,7 +289,9 @@ class llama_core final : public llama_core_base {
     const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps);
     model_output out;
     if (cfg_.head.actor) {
-      at::Tensor logits = column(x, lm_head_, {}).narrow(0, 0, tokens);  // (T, V'/tp), compute dtype
+      at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
+      // Only when the stream has SP padding rows: a narrow's backward zero-fills a full-vocabulary buffer.
+      if (logits.size(0) != tokens) logits = logits.narrow(0, 0, tokens);
       if (o.temperature != 1.0) logits = logits / o.temperature;
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       const logprob_entropy le = vocab_parallel_logprob_entropy(
@@ -363,11 +365,15 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const std::int64_t tokens = pk.tokens;
     const at::Tensor h = rms_norm(x, w(lw.attn_norm), s.rms_eps);
-    const at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias).narrow(0, 0, tokens);  // (T, G*(Q+2)*d)
+    at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
+    if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
     const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
-    const at::Tensor q = apply_rope(grouped.narrow(2, 0, qkv_.q_per_group), rope);              // (T, G, Q, d)
-    const at::Tensor k = apply_rope(grouped.select(2, qkv_.q_per_group), rope);                 // (T, G, d)
-    const at::Tensor v = grouped.select(2, qkv_.q_per_group + 1);                               // (T, G, d)
+    // One split (its backward is one concatenation), not three views whose backwards each
+    // zero-fill a buffer of qkv's size.
+    const auto qkv_parts = grouped.split_with_sizes({qkv_.q_per_group, 1, 1}, 2);
+    const at::Tensor q = apply_rope(qkv_parts[0], rope);               // (T, G, Q, d)
+    const at::Tensor k = apply_rope(qkv_parts[1].squeeze(2), rope);    // (T, G, d)
+    const at::Tensor v = qkv_parts[2].squeeze(2);                      // (T, G, d)
     at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens)
                             : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq);   // (T, G*Q*d)
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});

@@ -104,15 +104,24 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::vector<std::int64_t>& cu_seqlens) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
   if (varlen_flash_applies(q)) return attention_varlen_flash(q, k, v, cu_seqlens);
-  // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask at all.
+  // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask at all. The stream is
+  // split once (split_with_sizes: its backward is one concatenation), not narrowed per sequence,
+  // whose backward would add a zero-filled full-size gradient per sequence.
+  std::vector<std::int64_t> lengths;
+  lengths.reserve(cu_seqlens.size());
+  for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) lengths.push_back(cu_seqlens[i + 1] - cu_seqlens[i]);
+  TORCH_CHECK(!cu_seqlens.empty() && cu_seqlens.front() == 0 && cu_seqlens.back() == q.size(0),
+              "megadsl: attention_varlen: cu_seqlens must cover the ", q.size(0), " packed rows");
+  const auto q_parts = q.split_with_sizes(lengths, 0), k_parts = k.split_with_sizes(lengths, 0),
+             v_parts = v.split_with_sizes(lengths, 0);
   std::vector<at::Tensor> parts;
-  parts.reserve(cu_seqlens.size());
-  for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
-    const std::int64_t start = cu_seqlens[i], len = cu_seqlens[i + 1] - start;
+  parts.reserve(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const std::int64_t len = lengths[i];
     if (len == 0) continue;
-    const at::Tensor qs = q.narrow(0, start, len).reshape({len, groups * per_group, d}).transpose(0, 1).unsqueeze(0);
-    const at::Tensor ks = k.narrow(0, start, len).transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
-    const at::Tensor vs = v.narrow(0, start, len).transpose(0, 1).unsqueeze(0);
+    const at::Tensor qs = q_parts[i].reshape({len, groups * per_group, d}).transpose(0, 1).unsqueeze(0);
+    const at::Tensor ks = k_parts[i].transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
+    const at::Tensor vs = v_parts[i].transpose(0, 1).unsqueeze(0);
     const at::Tensor out = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true,
                                                             std::nullopt, /*enable_gqa=*/true);  // (1, H, len, d)
     parts.push_back(out.squeeze(0).transpose(0, 1).reshape({len, groups * per_group * d}));

@@ -29,14 +29,20 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
     at::Tensor m = valid > 0 ? std::get<0>(z.max(1)).contiguous()
                              : at::full({tokens}, -std::numeric_limits<float>::infinity(), z.options());
     all_reduce(m, tp, reduce_op::max);
-    const at::Tensor e = at::exp(z - m.unsqueeze(1));  // (T, valid)
+    // Full-vocabulary temporaries are the largest tensors of the step ((T, V/tp) each): one here,
+    // updated in place, which gives the same bits as the out-of-place expressions.
+    at::Tensor e = z - m.unsqueeze(1);  // (T, valid)
+    e.exp_();
 
     const at::Tensor in_range = (labels >= start) & (labels < start + valid);
     const at::Tensor local_index = (labels - start).clamp(0, std::max<std::int64_t>(valid - 1, 0));
     const at::Tensor z_y = valid > 0 ? z.gather(1, local_index.unsqueeze(1)).squeeze(1) * in_range
                                      : at::zeros({tokens}, z.options());
-    // One sum-reduction for S, z_y and sum(e z): three rows of one tensor.
-    at::Tensor sums = at::stack({e.sum(1), z_y, with_entropy ? (e * z).sum(1) : at::zeros_like(z_y)}).contiguous();
+    // One all-reduce for S, z_y and sum(e z): three rows of one tensor.
+    const at::Tensor sum_e = e.sum(1);
+    const at::Tensor sum_ez = with_entropy ? e.mul_(z).sum(1) : at::zeros_like(z_y);
+    e.reset();
+    at::Tensor sums = at::stack({sum_e, z_y, sum_ez}).contiguous();
     all_reduce(sums, tp, reduce_op::sum);
     const at::Tensor s = sums[0], target = sums[1], a = sums[2] / sums[0];
     const at::Tensor log_s = at::log(s);
@@ -59,13 +65,21 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
     at::Tensor g_logp = grads[0].defined() ? grads[0].to(z.scalar_type()) : at::zeros_like(m);
     at::Tensor g_h = grads[1].defined() ? grads[1].to(z.scalar_type()) : at::zeros_like(m);
 
-    const at::Tensor p = at::exp(z - m.unsqueeze(1)) / s.unsqueeze(1);  // recomputed, not stored
-    at::Tensor dz = -p * (g_logp.unsqueeze(1) + g_h.unsqueeze(1) * (z - a.unsqueeze(1)));
+    // dz = -p * (g_logp + g_h * (z - a)), p = exp(z - m) / s recomputed, not stored: two
+    // full-vocabulary buffers, updated in place (the same bits as the expression).
+    at::Tensor dz = z - m.unsqueeze(1);
+    dz.exp_().div_(s.unsqueeze(1));  // p
+    {
+      at::Tensor t = z - a.unsqueeze(1);
+      t.mul_(g_h.unsqueeze(1)).add_(g_logp.unsqueeze(1));
+      dz.mul_(t).neg_();
+    }
     if (valid > 0) {
       const at::Tensor in_range = (labels >= start) & (labels < start + valid);
       const at::Tensor local_index = (labels - start).clamp(0, valid - 1);
       dz.scatter_add_(1, local_index.unsqueeze(1), (g_logp * in_range).unsqueeze(1));
     }
+    if (valid == width) return {dz.to(dtype), {}, {}, {}, {}, {}};  // no vocabulary padding on this shard
     at::Tensor grad = at::zeros({z.size(0), width}, z.options().dtype(dtype));
     grad.narrow(1, 0, valid).copy_(dz);
     return {grad, {}, {}, {}, {}, {}};
