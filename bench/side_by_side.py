@@ -21,6 +21,7 @@ sides; FLOPs count the useful work only: 2 x (matmul weights) per token, plus ca
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -238,7 +239,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--iters", type=int, default=2, help="timed iterations per measurement (after one warm-up)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="substring of the case names to run (e.g. 'tp 1')")
+    ap.add_argument("--only", default="", help="regular expression over the case names (e.g. 'sdpa|tp 1')")
+    ap.add_argument("--work", choices=["both", "forward", "fwd+bwd"], default="both")
+    ap.add_argument("--batches", choices=["both", "unpadded", "padded"], default="both")
     ap.add_argument("--quick", action="store_true", help="hidden 128, 2 layers, vocab 4096, 4 x 128, 2 repeats")
     ap.add_argument("--checkpoint", default="", help="where the checkpoint is (made there when missing)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
@@ -259,7 +262,11 @@ def main():
 
     make_checkpoint(s, args.checkpoint)
     peak = gemm_peak(args.threads)
-    cases = [c for c in cases_of(args) if args.only in c["name"]]
+    cases = [c for c in cases_of(args) if re.search(args.only, c["name"])
+             and args.work in ("both", "fwd+bwd" if c["backward"] else "forward")
+             and args.batches in ("both", "padded" if c["padded"] else "unpadded")]
+    if not any(c["name"] == "transformers sdpa" for c in cases):
+        sys.exit("side_by_side: --only must keep 'transformers sdpa', the baseline of every ratio")
     print(f"model {s}, batch {args.batch} x {args.seq}, {args.threads} threads, {args.iters} iteration(s) per "
           f"measurement, {args.repeats} repeats; fp32 GEMM peak {peak / 1e9:.1f} GFLOP/s; checkpoint {args.checkpoint}",
           flush=True)
