@@ -142,7 +142,7 @@ std::vector<needed_tensor> model_tensors(const runtime_config& c) {
 
 template <class T>
 json value_json(const maybe<T>& v) {
-  if constexpr (std::is_same_v<T, rope_type>) return std::string(name_of(v.get()));
+  if constexpr (std::is_enum_v<T>) return std::string(name_of(v.get()));
   else return v.get();
 }
 

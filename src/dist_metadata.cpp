@@ -54,6 +54,12 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
       bad("format version " + std::to_string(version) + "; this build reads version " +
           std::to_string(dist_checkpoint_version));
     m.model = j.at("model");
+    // Checkpoints written before the shape had block knobs hold Llama-family models.
+    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object())
+      for (const auto& [key, value] : {std::pair{"norm", "rms"}, {"qk_norm", "none"},
+                                       {"mlp_activation", "silu"}, {"embed_scale", "none"},
+                                       {"residual", "pre_norm"}, {"hf_storage", "separate"}})
+        if (!m.model["shape"].contains(key)) m.model["shape"][key] = value;
     m.layout = j.value("layout", json::object());
     if (!j.at("training").is_null()) {
       const json& t = j.at("training");

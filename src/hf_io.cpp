@@ -279,11 +279,20 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
 
 }  // namespace
 
+// The model_type whose config class describes this model (hf_config_json refuses a mismatch).
+static std::string default_model_type(const runtime_config& c) {
+  if (c.s.embed_scale.get() == embed_scale_kind::sqrt_hidden || c.s.norm.get() == norm_kind::rms_1p) return "gemma";
+  if (c.s.qk_norm.get() == qk_norm_kind::per_head) return "qwen3";
+  if (c.s.hf_storage.get() == tensor_storage::concatenated) return "phi3";
+  if (c.s.residual.get() == residual_kind::post_norm || c.s.qk_norm.get() == qk_norm_kind::full_width) return "olmo2";
+  return c.s.qkv_bias.get() ? "qwen2" : c.options.attention_window != 0 ? "mistral" : "llama";
+}
+
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type,
              const std::filesystem::path& carry_from) {
   namespace fs = std::filesystem;
-  if (model_type.empty()) model_type = c.s.qkv_bias.get() ? "qwen2" : c.options.attention_window != 0 ? "mistral" : "llama";
+  if (model_type.empty()) model_type = default_model_type(c);
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {

@@ -27,21 +27,22 @@ std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
 }
 
 // The full HF tensor of `name`, the same on every rank and under every layout (DESIGN §13).
-at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o) {
+// Norm weights start at 1, or at 0 for a (1 + w) norm (Gemma's zero-centred weights).
+at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o, bool zero_centred_norms) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(hf_name, o.seed));
   const std::vector<std::int64_t> size = d.rank == 1 ? std::vector<std::int64_t>{d.rows}
                                                      : std::vector<std::int64_t>{d.rows, d.cols};
   const bool norm = hf_name.find("norm") != std::string_view::npos;
   const bool bias = hf_name.size() >= 4 && hf_name.substr(hf_name.size() - 4) == "bias";
   at::Tensor t;
-  if (norm) t = o.test_init ? 1.0 + at::normal(0.0, 0.1, size, gen) : at::ones(size);
+  if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (zero_centred_norms ? 0.0 : 1.0);
   else if (bias) t = o.test_init ? at::normal(0.0, o.init_std, size, gen) : at::zeros(size);
   else t = at::normal(0.0, o.init_std, size, gen);
   return t.to(o.dtype);  // on the CPU: the same generator stream on every device
 }
 
 struct layer_weights {
-  at::Tensor attn_norm, qkv, qkv_bias, o_proj, mlp_norm, gate_up, down;
+  at::Tensor attn_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, attn_post_norm, mlp_norm, gate_up, down, mlp_post_norm;
 };
 
 // One virtual pipeline chunk of this rank: global stage chunk * pp + pp_rank.
@@ -66,7 +67,8 @@ class llama_core final : public llama_core_base {
  public:
   llama_core(const runtime_config& c, parallel_groups& g)
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), device_(c.options.device),
-        compute_(c.options.compute()) {
+        compute_(c.options.compute()), norm_(c.s.norm.get()), act_(c.s.mlp_activation.get()),
+        qk_norm_(c.s.qk_norm.get()), residual_(c.s.residual.get()) {
     if (c.options.deterministic) {
       ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
       at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -165,7 +167,7 @@ class llama_core final : public llama_core_base {
       at::Tensor g = p.tensor.grad();
       groups_->dp->all_reduce(g);
       if constexpr (Tp) {
-        if (p.sequence_parallel) tp_->all_reduce(g);
+        if (p.tp_partial_grad) tp_->all_reduce(g);
         if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
       }
     }
@@ -286,7 +288,7 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const packed_tokens& pk = in.pk;
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
-    const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps);
+    const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps, norm_);
     model_output out;
     if (cfg_.head.actor) {
       at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
@@ -338,12 +340,18 @@ class llama_core final : public llama_core_base {
   // Vocab-parallel embedding: rows outside this rank's range read as zero, then summed over tp.
   at::Tensor embed(const at::Tensor& ids) {
     const std::int64_t rows = embed_.size(0), start = tp_rank_ * rows;
-    if constexpr (!Tp) return at::embedding(w(embed_), ids);
+    at::Tensor x;  // (T'/tp or T', h)
+    if constexpr (!Tp) x = at::embedding(w(embed_), ids);
     else {
       const at::Tensor mine = (ids >= start) & (ids < start + rows);
       const at::Tensor local = at::embedding(w(embed_), (ids - start) * mine) * mine.unsqueeze(1);  // (T', h) partial
-      return sp_ ? reduce_scatter_to_sp(local, *tp_) : reduce_from_tp(local, *tp_);
+      x = sp_ ? reduce_scatter_to_sp(local, *tp_) : reduce_from_tp(local, *tp_);
     }
+    // Gemma: * sqrt(hidden) as a tensor of the activations' dtype (rounded like HF's normalizer).
+    // After the reduction: the partial sums are exact zeros elsewhere, so the bits are the same.
+    if (cfg_.s.embed_scale.get() == embed_scale_kind::sqrt_hidden)
+      x = x * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.s.hidden.get())), x.scalar_type());
+    return x;
   }
 
   // Column-parallel linear: its input is replicated (or gathered from SP shards) first.
@@ -364,22 +372,47 @@ class llama_core final : public llama_core_base {
                            const rope_tables& rope) {
     const shape& s = cfg_.s;
     const std::int64_t tokens = pk.tokens;
-    const at::Tensor h = rms_norm(x, w(lw.attn_norm), s.rms_eps);
+    const bool post = residual_ == residual_kind::post_norm;
+    const at::Tensor h = post ? x : rms_norm(x, w(lw.attn_norm), s.rms_eps, norm_);
     at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
     if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
     const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
     // One split (its backward is one concatenation), not three views whose backwards each
     // zero-fill a buffer of qkv's size.
     const auto qkv_parts = grouped.split_with_sizes({qkv_.q_per_group, 1, 1}, 2);
-    const at::Tensor q = apply_rope(qkv_parts[0], rope);               // (T, G, Q, d)
-    const at::Tensor k = apply_rope(qkv_parts[1].squeeze(2), rope);    // (T, G, d)
+    at::Tensor q = qkv_parts[0], k = qkv_parts[1].squeeze(2);         // (T, G, Q, d), (T, G, d)
+    if (qk_norm_ == qk_norm_kind::per_head) {  // per-head q/k RMSNorm before RoPE (Qwen3)
+      q = rms_norm(q, w(lw.q_norm), s.rms_eps, norm_);
+      k = rms_norm(k, w(lw.k_norm), s.rms_eps, norm_);
+    } else if (qk_norm_ == qk_norm_kind::full_width) {  // over all heads of q, of k (OLMo2)
+      const std::int64_t d = qkv_.head_dim;
+      q = full_width_norm(q.reshape({tokens, -1}), w(lw.q_norm), s.heads.get() * d).view(q.sizes());
+      k = full_width_norm(k.reshape({tokens, -1}), w(lw.k_norm), s.kv_heads.get() * d).view(k.sizes());
+    }
+    q = apply_rope(q, rope);
+    k = apply_rope(k, rope);
     const at::Tensor v = qkv_parts[2].squeeze(2);                      // (T, G, d)
     at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens)
                             : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq);   // (T, G*Q*d)
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
-    const at::Tensor after_attn = x + row(a, lw.o_proj);
-    const at::Tensor h2 = rms_norm(after_attn, w(lw.mlp_norm), s.rms_eps);
-    return after_attn + row(swiglu(column(h2, lw.gate_up, {})), lw.down);
+    at::Tensor attn_out = row(a, lw.o_proj);  // (T'/tp or T', h)
+    if (post) attn_out = rms_norm(attn_out, w(lw.attn_post_norm), s.rms_eps, norm_);
+    const at::Tensor after_attn = x + attn_out;
+    const at::Tensor h2 = post ? after_attn : rms_norm(after_attn, w(lw.mlp_norm), s.rms_eps, norm_);
+    at::Tensor mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
+    if (post) mlp_out = rms_norm(mlp_out, w(lw.mlp_post_norm), s.rms_eps, norm_);
+    return after_attn + mlp_out;
+  }
+
+  // RMSNorm over a width split across tp ranks (this rank's heads): the fp32 sum of squares is
+  // summed over tp in the forward, and its gradient in the backward (each rank's normalised
+  // values depend on every rank's squares). x: (T, width / tp), weight: (width / tp).
+  at::Tensor full_width_norm(const at::Tensor& x, const at::Tensor& weight, std::int64_t width) {
+    const at::Tensor xf = x.to(at::kFloat);
+    at::Tensor squares = xf.pow(2).sum(-1, true);  // (T, 1)
+    if constexpr (Tp) squares = reduce_from_tp(copy_to_tp(squares, *tp_), *tp_);
+    const at::Tensor normed = xf * at::rsqrt(squares / static_cast<double>(width) + cfg_.s.rms_eps.get());
+    return apply_norm_weight(normed, weight, norm_, x.scalar_type());
   }
 
   bool holds(const param_row& row, std::int64_t layer) const {
@@ -408,42 +441,53 @@ class llama_core final : public llama_core_base {
         if (!holds(row, layer)) continue;
         // A tied lm_head sharing a rank with the embedding is the very same tensor (pp = 1).
         if (p.tied && chunks_.front().first_stage) {
-          bind_parameter(row.name, layer, embed_);
+          bind_parameter(row.role, layer, embed_);
           continue;
         }
         std::vector<at::Tensor> hf;
         for (int i = 0; i < row.hf_count; ++i) {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
           const std::string_view source = p.tied ? std::string_view("model.embed_tokens.weight") : row.hf[static_cast<std::size_t>(i)];
-          hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options));
+          hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
+                                 norm_ == norm_kind::rms_1p));
         }
         at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);
-        bind_parameter(row.name, layer, t);
+        bind_parameter(row.role, layer, t);
         // Each element once in the gradient norm: tp-sharded on every rank, replicated on tp rank 0.
         const bool counted = !p.tied && (p.split_dim >= 0 || tp_rank_ == 0);
-        params_.push_back({with_layer(row.name, layer), t, &p, sp && row.kind == shard_kind::replicated, counted});
+        // Gradients that are partial per tp rank (summed over tp by finalize_grads): replicated
+        // weights applied to SP shards, and per-head q/k norms (replicated), which each rank
+        // applies to its own heads. Full-width q/k norms are split with the heads: not partial.
+        const bool qk_norm = row.role == param_role::q_norm || row.role == param_role::k_norm;
+        const bool partial = row.kind == shard_kind::replicated && (sp || (qk_norm && tp_size_ > 1));
+        params_.push_back({with_layer(row.name, layer), t, &p, partial, counted});
       }
     }
     // With pp > 1 a tied actor keeps the embedding on the first stage and a copy on the last.
     if (pp_size_ > 1 && cfg_.head.actor && s.tie_embeddings.get())
       for (auto& p : params_)
-        if (p.plan->tied || p.plan->row->name == "embed.weight") tied_end_ = &p;
+        if (p.plan->tied || p.plan->row->role == param_role::embed) tied_end_ = &p;
   }
-  void bind_parameter(std::string_view name, std::int64_t layer, const at::Tensor& t) {
+  void bind_parameter(param_role role, std::int64_t layer, const at::Tensor& t) {
     auto& w = layers_[static_cast<std::size_t>(layer)];
-    if (name == "embed.weight") embed_ = t;
-    else if (name == "layers.{layer}.attn_norm.weight") w.attn_norm = t;
-    else if (name == "layers.{layer}.qkv.weight") w.qkv = t;
-    else if (name == "layers.{layer}.qkv.bias") w.qkv_bias = t;
-    else if (name == "layers.{layer}.o_proj.weight") w.o_proj = t;
-    else if (name == "layers.{layer}.mlp_norm.weight") w.mlp_norm = t;
-    else if (name == "layers.{layer}.gate_up.weight") w.gate_up = t;
-    else if (name == "layers.{layer}.down.weight") w.down = t;
-    else if (name == "final_norm.weight") final_norm_ = t;
-    else if (name == "lm_head.weight") lm_head_ = t;
-    else if (name == "value_head.weight") value_w_ = t;
-    else if (name == "value_head.bias") value_b_ = t;
-    else throw std::logic_error("megadsl: parameter table row without a binding: " + std::string(name));
+    switch (role) {
+      case param_role::embed: embed_ = t; break;
+      case param_role::attn_norm: w.attn_norm = t; break;
+      case param_role::qkv: w.qkv = t; break;
+      case param_role::qkv_bias: w.qkv_bias = t; break;
+      case param_role::q_norm: w.q_norm = t; break;
+      case param_role::k_norm: w.k_norm = t; break;
+      case param_role::o_proj: w.o_proj = t; break;
+      case param_role::attn_post_norm: w.attn_post_norm = t; break;
+      case param_role::mlp_post_norm: w.mlp_post_norm = t; break;
+      case param_role::mlp_norm: w.mlp_norm = t; break;
+      case param_role::gate_up: w.gate_up = t; break;
+      case param_role::down: w.down = t; break;
+      case param_role::final_norm: final_norm_ = t; break;
+      case param_role::lm_head: lm_head_ = t; break;
+      case param_role::value_weight: value_w_ = t; break;
+      case param_role::value_bias: value_b_ = t; break;
+    }
   }
 
   runtime_config cfg_;
@@ -458,6 +502,10 @@ class llama_core final : public llama_core_base {
   bool sp_ = false;
   at::Device device_ = at::kCPU;
   at::ScalarType compute_ = at::kFloat;
+  norm_kind norm_ = norm_kind::rms;           // the block knobs, as run-time enums
+  activation act_ = activation::silu;
+  qk_norm_kind qk_norm_ = qk_norm_kind::none;
+  residual_kind residual_ = residual_kind::pre_norm;
   qkv_rank_layout qkv_{};
   at::Tensor embed_, final_norm_, lm_head_, value_w_, value_b_;
   std::vector<layer_weights> layers_;

@@ -8,10 +8,19 @@
 
 namespace megadsl {
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor apply_norm_weight(const at::Tensor& normed, const at::Tensor& weight, norm_kind kind, at::ScalarType dtype) {
+  switch (kind) {
+    case norm_kind::rms_1p: return (normed * (1.0 + weight.to(at::kFloat))).to(dtype);
+    case norm_kind::rms_wmul: return (weight * normed).to(dtype);
+    case norm_kind::rms: break;
+  }
+  return weight * normed.to(dtype);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, norm_kind kind) {
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return weight * normed.to(x.scalar_type());
+  return apply_norm_weight(normed, weight, kind, x.scalar_type());
 }
 
 at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
@@ -130,8 +139,9 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   return at::cat(parts, 0);
 }
 
-at::Tensor swiglu(const at::Tensor& gate_up) {
+at::Tensor gated_activation(const at::Tensor& gate_up, activation act) {
   const auto halves = gate_up.chunk(2, -1);
+  if (act == activation::gelu_tanh) return at::gelu(halves[0], "tanh") * halves[1];
   return at::silu(halves[0]) * halves[1];
 }
 

@@ -17,7 +17,7 @@ template <class T>
 std::string show(const maybe<T>& v) {
   if (v.is_dynamic()) return "dynamic";
   std::ostringstream os;
-  if constexpr (std::is_same_v<T, rope_type>) os << name_of(v.value);
+  if constexpr (std::is_enum_v<T>) os << name_of(v.value);
   else if constexpr (std::is_same_v<T, bool>) os << (v.value ? "true" : "false");
   else os << v.value;
   return os.str();

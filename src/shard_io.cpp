@@ -80,6 +80,18 @@ std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const
       break;
     }
   }
+  // HF stores the slots as one tensor, rows concatenated in slot order (Phi-3's qkv_proj =
+  // [Q; K; V], gate_up_proj = [gate; up]): the same pieces, at the slot's row offset in it.
+  if (row.concatenated) {
+    const std::int64_t d = effective_head_dim(s);
+    const std::int64_t q_rows = s.heads.get() * d, kv_rows = s.kv_heads.get() * d;
+    for (shard_piece& x : out) {
+      const std::int64_t base = row.kind == shard_kind::fused_qkv ? (x.slot == 0 ? 0 : x.slot == 1 ? q_rows : q_rows + kv_rows)
+                                                                   : x.slot * s.ffn.get();
+      x.global_offset += base;
+      x.slot = 0;
+    }
+  }
   return out;
 }
 

@@ -31,7 +31,7 @@ using json = nlohmann::json;
 
 namespace {
 
-struct any_llama : llama<dynamic_shape> {
+struct any_llama : any_decoder<dynamic_shape> {
   static constexpr std::string_view name = "checkpoint";
 };
 using actor_t = causal_lm<any_llama, dynamic_layout>;
@@ -68,12 +68,12 @@ shape shape_from_json(const json& j, const std::string& file) {
   shape s = dynamic_shape;
   auto read = [&](auto& field, const json& v, const std::string& name) {
     using T = std::decay_t<decltype(field.get())>;
-    if constexpr (std::is_same_v<T, rope_type>) {
+    if constexpr (std::is_enum_v<T>) {
       const std::string t = v.get<std::string>();
       bool found = false;
-      for (rope_type r : {rope_type::none, rope_type::linear, rope_type::dynamic_ntk, rope_type::llama3})
+      for (T r : enum_values<T>)
         if (name_of(r) == t) field = r, found = true;
-      if (!found) bad(file + ": model.shape." + name + ": unknown rope type \"" + t + "\"");
+      if (!found) bad(file + ": model.shape." + name + ": unknown value \"" + printable(t) + "\"");
     } else {
       field = v.get<T>();
     }
@@ -87,6 +87,8 @@ shape shape_from_json(const json& j, const std::string& file) {
           const std::string rname = hana::to<char const*>(rkey);
           read(hana::at_key(v, rkey), j.at(name).at(rname), name + "." + rname);
         });
+      } else if (!j.contains(name) && std::is_enum_v<std::decay_t<decltype(v.get())>>) {
+        v = hana::at_key(shape{}, key);  // written before the knob existed: the Llama family's
       } else {
         read(v, j.at(name), name);
       }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "megadsl/layers/blocks.hpp"
 #include "megadsl/param_table.hpp"
 #include "megadsl/shard_plan.hpp"
 #include "megadsl/stages.hpp"
@@ -135,6 +136,10 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
   out << "parameters: " << grouped(total) << " (" << short_count(total) << ", HF count: true vocab, tied counted once)";
   if (m.published_params > 0 && o.head.actor) out << "; published: " << grouped(m.published_params);
   out << "\n\n";
+
+  // ---- composition ----
+  out << "composition (blocks of layers/blocks.hpp; [HF module names])\n"
+      << blocks::composition_tree(s).view() << '\n';
 
   // ---- parameters ----
   out << "parameters (global: the tp shards side by side; local: one tp rank's shard)\n";

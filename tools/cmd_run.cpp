@@ -229,7 +229,7 @@ void progress::finish() {
 
 namespace {
 
-struct any_llama : llama<dynamic_shape> {
+struct any_llama : any_decoder<dynamic_shape> {
   static constexpr std::string_view name = "hf-checkpoint";
 };
 using actor_t = causal_lm<any_llama, dynamic_layout>;

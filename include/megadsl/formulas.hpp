@@ -25,12 +25,16 @@ namespace megadsl {
 
 // ---- parameter counts ----------------------------------------------------------------------------
 
-// One decoder layer as HF stores it: q/k/v/o, optional q/k/v bias, gate/up/down, two RMSNorms.
+// One decoder layer as HF stores it: q/k/v/o, optional q/k/v bias and per-head q/k norms,
+// gate/up/down, two RMSNorms.
 constexpr std::int64_t layer_parameter_count(const shape& s) {
   const std::int64_t h = s.hidden, n = s.heads, g = s.kv_heads, d = effective_head_dim(s);
   const std::int64_t attention = h * n * d + 2 * h * g * d + n * d * h;
   const std::int64_t bias = s.qkv_bias.get() ? n * d + 2 * g * d : 0;
-  return attention + bias + 3 * h * s.ffn.get() + 2 * h;
+  const std::int64_t qk_norm = s.qk_norm.get() == qk_norm_kind::per_head     ? 2 * d
+                               : s.qk_norm.get() == qk_norm_kind::full_width ? (n + g) * d
+                                                                              : 0;
+  return attention + bias + qk_norm + 3 * h * s.ffn.get() + 2 * h;
 }
 
 // The HF parameter count: embedding (true vocab), layers, final norm, and the head: lm_head unless

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "megadsl/heads.hpp"
+#include "megadsl/layers/blocks.hpp"
 #include "megadsl/layout.hpp"
 #include "megadsl/rules.hpp"
 #include "megadsl/shape.hpp"
@@ -22,10 +23,46 @@ using message = basic_text<1024>;
 
 // The Llama family (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5: RMSNorm, RoPE, GQA, SwiGLU).
 template <shape S>
-struct llama {
-  static constexpr megadsl::shape shape = S;
+struct llama : decoder_family<llama_blocks, S> {
   static constexpr std::string_view family = "llama";
   static constexpr std::string_view name = "llama";
+};
+
+// Qwen3: Llama with per-head q/k RMSNorm before RoPE (and no q/k/v bias by default).
+template <shape S>
+struct qwen3 : decoder_family<qwen3_blocks, S> {
+  static constexpr std::string_view family = "qwen3";
+  static constexpr std::string_view name = "qwen3";
+};
+
+// Gemma: (1 + w) RMSNorm, embedding scaled by sqrt(hidden), GELU-tanh gated MLP, tied embeddings.
+template <shape S>
+struct gemma : decoder_family<gemma_blocks, S> {
+  static constexpr std::string_view family = "gemma";
+  static constexpr std::string_view name = "gemma";
+};
+
+// OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.
+template <shape S>
+struct olmo2 : decoder_family<olmo2_blocks, S> {
+  static constexpr std::string_view family = "olmo2";
+  static constexpr std::string_view name = "olmo2";
+};
+
+// Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
+template <shape S>
+struct phi3 : decoder_family<phi3_blocks, S> {
+  static constexpr std::string_view family = "phi3";
+  static constexpr std::string_view name = "phi3";
+};
+
+// Any decoder of the vocabulary: every knob dynamic, filled from a config.json's model_type (the
+// command-line tool and the Python module use it with `dynamic_shape`).
+template <shape S>
+struct any_decoder {
+  static constexpr megadsl::shape shape = S;
+  static constexpr std::string_view family = "any";
+  static constexpr std::string_view name = "any";
 };
 
 template <class M>

@@ -1,10 +1,12 @@
-// The Llama family's parameters: megadsl names, HF names and how each is sharded. One table,
-// read by the shard plan, `describe`, the loader, the saver and distributed checkpoints.
+// The decoder's parameters, block by block: megadsl names, HF names and how each is sharded. One
+// table, read by the shard plan, `describe`, the loader, the saver and distributed checkpoints;
+// a model's shape (its family's block knobs) selects its rows.
 //
 // `{layer}` stands for the global layer index. Fused parameters list their HF sources in slot
 // order: qkv = [q, k, v], gate_up = [gate, up].
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string_view>
@@ -33,10 +35,36 @@ constexpr std::string_view name_of(shard_kind k) {
 }
 
 // When a row exists in a given model.
-enum class presence : std::int8_t { always, qkv_bias, actor, critic, critic_bias };
+enum class presence : std::int8_t {
+  always, qkv_bias,
+  qk_norm,             // per head (Qwen3)
+  qk_norm_full,        // over the full width (OLMo2)
+  separate,            // HF stores q/k/v (gate/up) as separate tensors
+  concatenated,        // HF stores them as one tensor, rows in slot order (Phi-3)
+  pre_norms,           // residual pre_norm: norms before the sublayers
+  post_norms,          // residual post_norm: norms after the sublayers
+  actor, critic, critic_bias,
+};
 
 // Where a parameter lives in the pipeline.
 enum class placement : std::int8_t { first_stage, layer, last_stage };
+
+// What the runtime binds a row to (one slot per role; no name matching).
+enum class param_role : std::int8_t {
+  embed, attn_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, attn_post_norm, mlp_norm, gate_up, down,
+  mlp_post_norm, final_norm, lm_head, value_weight, value_bias,
+};
+
+// The extent of the dimension a row's HF tensors do not split: what `plan_of` sizes it by.
+enum class extent : std::int8_t {
+  hidden,      // (h) norm weights; (h, in) row-parallel outputs
+  head_dim,    // (d) per-head q/k norm weights
+  q_width,     // (heads * d) full-width q norm weight, split over tp like the q heads
+  k_width,     // (kv_heads * d) full-width k norm weight, split over tp like the kv heads
+  attn_width,  // row-parallel input heads * head_dim (o_proj)
+  ffn,         // row-parallel input intermediate_size (down)
+  none,        // the shape follows from the kind alone
+};
 
 struct param_row {
   std::string_view name;  // megadsl parameter name (checkpoint key of a distributed checkpoint)
@@ -45,37 +73,100 @@ struct param_row {
   presence when;
   std::array<std::string_view, 3> hf;  // HF source names, in fused-slot order
   int hf_count;
+  param_role role;
+  extent size = extent::none;
+  bool concatenated = false;  // the slots are rows of the one HF tensor `hf[0]`, in slot order
 };
 
-inline constexpr std::array<param_row, 12> llama_params{{
+// Each block of the vocabulary (layers/blocks.hpp) declares its parameters here: megadsl name,
+// shard kind, placement, when present, HF names bound at its slot. A model's table is every row
+// whose presence its shape switches on (shard_plan.hpp), in this order.
+namespace block_params {
+
+inline constexpr std::array<param_row, 1> embedding{{
     {"embed.weight", shard_kind::vocab, placement::first_stage, presence::always,
-     {"model.embed_tokens.weight"}, 1},
-    {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::always,
-     {"model.layers.{layer}.input_layernorm.weight"}, 1},
-    {"layers.{layer}.qkv.weight", shard_kind::fused_qkv, placement::layer, presence::always,
+     {"model.embed_tokens.weight"}, 1, param_role::embed},
+}};
+
+// pre_norm<rms_norm, attention>: the norm at the slot HF calls input_layernorm; post_norm<...>: at
+// post_attention_layernorm (the same HF name means another slot: names are bound at the slot).
+inline constexpr std::array<param_row, 10> attention{{
+    {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
+     {"model.layers.{layer}.input_layernorm.weight"}, 1, param_role::attn_norm, extent::hidden},
+    {"layers.{layer}.qkv.weight", shard_kind::fused_qkv, placement::layer, presence::separate,
      {"model.layers.{layer}.self_attn.q_proj.weight", "model.layers.{layer}.self_attn.k_proj.weight",
-      "model.layers.{layer}.self_attn.v_proj.weight"}, 3},
+      "model.layers.{layer}.self_attn.v_proj.weight"}, 3, param_role::qkv},
+    {"layers.{layer}.qkv.weight", shard_kind::fused_qkv, placement::layer, presence::concatenated,
+     {"model.layers.{layer}.self_attn.qkv_proj.weight"}, 1, param_role::qkv, extent::none, true},
     {"layers.{layer}.qkv.bias", shard_kind::fused_qkv, placement::layer, presence::qkv_bias,
      {"model.layers.{layer}.self_attn.q_proj.bias", "model.layers.{layer}.self_attn.k_proj.bias",
-      "model.layers.{layer}.self_attn.v_proj.bias"}, 3},
+      "model.layers.{layer}.self_attn.v_proj.bias"}, 3, param_role::qkv_bias},
+    // Per-head q/k RMSNorm (Qwen3): one head_dim vector each, shared by every head.
+    {"layers.{layer}.q_norm.weight", shard_kind::replicated, placement::layer, presence::qk_norm,
+     {"model.layers.{layer}.self_attn.q_norm.weight"}, 1, param_role::q_norm, extent::head_dim},
+    {"layers.{layer}.k_norm.weight", shard_kind::replicated, placement::layer, presence::qk_norm,
+     {"model.layers.{layer}.self_attn.k_norm.weight"}, 1, param_role::k_norm, extent::head_dim},
+    // Full-width q/k RMSNorm (OLMo2): split over tp with the heads they scale.
+    {"layers.{layer}.q_norm.weight", shard_kind::column, placement::layer, presence::qk_norm_full,
+     {"model.layers.{layer}.self_attn.q_norm.weight"}, 1, param_role::q_norm, extent::q_width},
+    {"layers.{layer}.k_norm.weight", shard_kind::column, placement::layer, presence::qk_norm_full,
+     {"model.layers.{layer}.self_attn.k_norm.weight"}, 1, param_role::k_norm, extent::k_width},
     {"layers.{layer}.o_proj.weight", shard_kind::row, placement::layer, presence::always,
-     {"model.layers.{layer}.self_attn.o_proj.weight"}, 1},
-    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::always,
-     {"model.layers.{layer}.post_attention_layernorm.weight"}, 1},
-    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::always,
-     {"model.layers.{layer}.mlp.gate_proj.weight", "model.layers.{layer}.mlp.up_proj.weight"}, 2},
-    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::always,
-     {"model.layers.{layer}.mlp.down_proj.weight"}, 1},
-    {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
-     {"model.norm.weight"}, 1},
-    // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
-    {"lm_head.weight", shard_kind::vocab, placement::last_stage, presence::actor,
-     {"lm_head.weight"}, 1},
-    {"value_head.weight", shard_kind::replicated, placement::last_stage, presence::critic,
-     {"score.weight"}, 1},
-    {"value_head.bias", shard_kind::replicated, placement::last_stage, presence::critic_bias,
-     {"score.bias"}, 1},
+     {"model.layers.{layer}.self_attn.o_proj.weight"}, 1, param_role::o_proj, extent::attn_width},
+    {"layers.{layer}.attn_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
+     {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::attn_post_norm, extent::hidden},
 }};
+
+// pre_norm<rms_norm, gated_mlp>: the norm at the slot HF calls post_attention_layernorm;
+// post_norm<...>: at post_feedforward_layernorm.
+inline constexpr std::array<param_row, 5> gated_mlp{{
+    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
+     {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden},
+    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::separate,
+     {"model.layers.{layer}.mlp.gate_proj.weight", "model.layers.{layer}.mlp.up_proj.weight"}, 2,
+     param_role::gate_up},
+    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::concatenated,
+     {"model.layers.{layer}.mlp.gate_up_proj.weight"}, 1, param_role::gate_up, extent::none, true},
+    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::always,
+     {"model.layers.{layer}.mlp.down_proj.weight"}, 1, param_role::down, extent::ffn},
+    {"layers.{layer}.mlp_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
+     {"model.layers.{layer}.post_feedforward_layernorm.weight"}, 1, param_role::mlp_post_norm, extent::hidden},
+}};
+
+inline constexpr std::array<param_row, 1> final_norm{{
+    {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
+     {"model.norm.weight"}, 1, param_role::final_norm, extent::hidden},
+}};
+
+// Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
+inline constexpr std::array<param_row, 1> lm_head{{
+    {"lm_head.weight", shard_kind::vocab, placement::last_stage, presence::actor,
+     {"lm_head.weight"}, 1, param_role::lm_head},
+}};
+
+inline constexpr std::array<param_row, 2> value_head{{
+    {"value_head.weight", shard_kind::replicated, placement::last_stage, presence::critic,
+     {"score.weight"}, 1, param_role::value_weight},
+    {"value_head.bias", shard_kind::replicated, placement::last_stage, presence::critic_bias,
+     {"score.bias"}, 1, param_role::value_bias},
+}};
+
+}  // namespace block_params
+
+namespace detail {
+template <std::size_t... N>
+constexpr auto concat_rows(const std::array<param_row, N>&... parts) {
+  std::array<param_row, (N + ...)> out{};
+  std::size_t i = 0;
+  ((std::copy(parts.begin(), parts.end(), out.begin() + static_cast<std::ptrdiff_t>(i)), i += N), ...);
+  return out;
+}
+}  // namespace detail
+
+// The decoder's composition in order: embedding, the block's two sublayers, final norm, heads.
+inline constexpr auto decoder_params =
+    detail::concat_rows(block_params::embedding, block_params::attention, block_params::gated_mlp,
+                        block_params::final_norm, block_params::lm_head, block_params::value_head);
 
 // Names a critic accepts for its value head when loading (DESIGN §7), in order of preference.
 // `lm_head.weight` counts only with shape (1, h).

@@ -32,13 +32,15 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 17> rule_table{{
+inline constexpr std::array<rule_info, 19> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
+    {"concatenated_qkv_has_no_bias", "HF's concatenated q/k/v storage (Phi-3) comes without a q/k/v bias"},
     {"heads_divisible_by_tp", "num_heads % tp == 0"},
     {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
     {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
+    {"full_width_qk_norm_needs_kv_heads_per_rank", "a full-width q/k norm (OLMo2) needs kv_heads >= tp (no kv replication)"},
     {"sp_needs_tp", "sequence parallelism needs tp > 1"},
     {"vpp_needs_pp", "virtual pipeline chunks (vpp > 1) need pp > 1"},
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
@@ -176,6 +178,11 @@ constexpr void check_shape(const shape& s, violations& out) {
           s.kv_heads.get(), "; valid kv_heads: ");
     list_values(m, s.heads.get(), [&](std::int64_t k) { return s.heads.get() % k == 0; });
   }
+  if (s.hf_storage.is_static() && s.hf_storage.get() == tensor_storage::concatenated && s.qkv_bias.is_static() &&
+      s.qkv_bias.get())
+    out.add("concatenated_qkv_has_no_bias")
+        .add("qkv_bias = true with q/k/v stored concatenated (qkv_proj), which has no bias tensor in HF; "
+             "use separate storage (attention<>) or qkv_bias = false");
   const auto& r = s.rope;
   if (r.type.is_static() && r.type.get() != rope_type::none) {
     if (r.factor.is_static() && r.factor.get() < 1.0)
@@ -209,6 +216,14 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
     list_values(m, limit, [&](std::int64_t t) {
       return (kv % t == 0 || t % kv == 0) && (!positive(s.heads) || s.heads.get() % t == 0);
     });
+  }
+  if (s.qk_norm.is_static() && s.qk_norm.get() == qk_norm_kind::full_width && positive(s.kv_heads) &&
+      s.kv_heads.get() < tp) {
+    const std::int64_t kv = s.kv_heads.get();
+    text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank");
+    m.add("the k norm spans all ", kv, " kv heads, and tp = ", tp,
+          " would replicate them (kv_heads < tp), which this norm's tp split does not support; valid tp: ");
+    list_values(m, kv, [&](std::int64_t t) { return kv % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0); });
   }
   if (positive(s.ffn) && s.ffn.get() % tp != 0) {
     text& m = out.add("ffn_divisible_by_tp");

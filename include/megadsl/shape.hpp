@@ -8,6 +8,7 @@
 
 #include <boost/hana/adapt_struct.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 
@@ -26,6 +27,66 @@ constexpr std::string_view name_of(rope_type t) {
   }
   return "?";
 }
+
+// The blocks' numeric knobs (DESIGN decision 16). A family's composition of blocks
+// (layers/blocks.hpp) sets them; a user's shape leaves them alone. They are run-time enums to the
+// kernels, so a family adds no LibTorch instantiation.
+
+// How an RMSNorm applies its weight: Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in fp32, or
+// OLMo2's `(w * x).to(dtype)` in fp32.
+enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul };
+// Q/K RMSNorm before RoPE: none, per head over head_dim (Qwen3), or over the full projection width
+// (OLMo2: heads * head_dim for q, kv_heads * head_dim for k; under tp a sum of squares over tp).
+enum class qk_norm_kind : std::int8_t { none, per_head, full_width };
+// Where a decoder layer's norms sit: before each sublayer (Llama), after each sublayer's output
+// before the residual add (OLMo2), or both (Gemma2's sandwich).
+enum class residual_kind : std::int8_t { pre_norm, post_norm, sandwich };
+// How HF stores the fused projections: q/k/v and gate/up as separate tensors (Llama), or each as
+// one tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj).
+enum class tensor_storage : std::int8_t { separate, concatenated };
+// The gated MLP's activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
+enum class activation : std::int8_t { silu, gelu_tanh };
+// The embedding's output scale: none, or sqrt(hidden) rounded to the activations' dtype (Gemma).
+enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
+
+constexpr std::string_view name_of(norm_kind k) {
+  return k == norm_kind::rms ? "rms" : k == norm_kind::rms_1p ? "rms_1p" : "rms_wmul";
+}
+constexpr std::string_view name_of(qk_norm_kind k) {
+  return k == qk_norm_kind::none ? "none" : k == qk_norm_kind::per_head ? "per_head" : "full_width";
+}
+constexpr std::string_view name_of(tensor_storage t) {
+  return t == tensor_storage::separate ? "separate" : "concatenated";
+}
+constexpr std::string_view name_of(residual_kind r) {
+  return r == residual_kind::pre_norm ? "pre_norm" : r == residual_kind::post_norm ? "post_norm" : "sandwich";
+}
+constexpr std::string_view name_of(activation a) { return a == activation::silu ? "silu" : "gelu_tanh"; }
+constexpr std::string_view name_of(embed_scale_kind e) {
+  return e == embed_scale_kind::none ? "none" : "sqrt_hidden";
+}
+
+// Every value of an enum field of the shape, for parsing names back (metadata.json).
+template <class E>
+inline constexpr auto enum_values = std::array<E, 0>{};
+template <>
+inline constexpr auto enum_values<rope_type> = std::array{rope_type::none, rope_type::linear,
+                                                          rope_type::dynamic_ntk, rope_type::llama3};
+template <>
+inline constexpr auto enum_values<norm_kind> = std::array{norm_kind::rms, norm_kind::rms_1p, norm_kind::rms_wmul};
+template <>
+inline constexpr auto enum_values<qk_norm_kind> =
+    std::array{qk_norm_kind::none, qk_norm_kind::per_head, qk_norm_kind::full_width};
+template <>
+inline constexpr auto enum_values<tensor_storage> = std::array{tensor_storage::separate, tensor_storage::concatenated};
+template <>
+inline constexpr auto enum_values<residual_kind> =
+    std::array{residual_kind::pre_norm, residual_kind::post_norm, residual_kind::sandwich};
+template <>
+inline constexpr auto enum_values<activation> = std::array{activation::silu, activation::gelu_tanh};
+template <>
+inline constexpr auto enum_values<embed_scale_kind> =
+    std::array{embed_scale_kind::none, embed_scale_kind::sqrt_hidden};
 
 // HF `rope_scaling`; the llama3 variant uses all four parameters, linear and dynamic only `factor`.
 struct rope_scaling {
@@ -50,6 +111,13 @@ struct shape {
   rope_scaling rope = {};
   flag qkv_bias = false;        // Qwen2-style bias on q/k/v projections
   flag tie_embeddings = false;  // lm_head shares the embedding weight
+  // Set by the family's composition of blocks (layers/blocks.hpp), not by hand:
+  maybe<norm_kind> norm = norm_kind::rms;
+  maybe<qk_norm_kind> qk_norm = qk_norm_kind::none;
+  maybe<activation> mlp_activation = activation::silu;
+  maybe<embed_scale_kind> embed_scale = embed_scale_kind::none;
+  maybe<residual_kind> residual = residual_kind::pre_norm;
+  maybe<tensor_storage> hf_storage = tensor_storage::separate;
 };
 
 // Every field dynamic: the form the command-line tool uses for any HF checkpoint.
@@ -59,7 +127,9 @@ inline constexpr shape dynamic_shape = {
     .rms_eps = dynamic, .rope_theta = dynamic,
     .rope = {.type = dynamic, .factor = dynamic, .low_freq_factor = dynamic,
              .high_freq_factor = dynamic, .original_max_positions = dynamic},
-    .qkv_bias = dynamic, .tie_embeddings = dynamic};
+    .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
+    .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
+    .hf_storage = dynamic};
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.
 constexpr dim effective_head_dim(const shape& s) {
@@ -75,4 +145,5 @@ constexpr dim effective_head_dim(const shape& s) {
 BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, high_freq_factor,
                         original_max_positions);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
-                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings);
+                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
+                        mlp_activation, embed_scale, residual, hf_storage);

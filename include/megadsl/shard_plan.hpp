@@ -73,6 +73,12 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
   switch (row.when) {
     case presence::always: return true;
     case presence::qkv_bias: return s.qkv_bias.get();
+    case presence::qk_norm: return s.qk_norm.get() == qk_norm_kind::per_head;
+    case presence::qk_norm_full: return s.qk_norm.get() == qk_norm_kind::full_width;
+    case presence::separate: return s.hf_storage.get() == tensor_storage::separate;
+    case presence::concatenated: return s.hf_storage.get() == tensor_storage::concatenated;
+    case presence::pre_norms: return s.residual.get() == residual_kind::pre_norm;
+    case presence::post_norms: return s.residual.get() == residual_kind::post_norm;
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;
@@ -95,52 +101,59 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
   const std::int64_t vpad = padded_vocab(s, l);
   param_plan p;
   p.row = &row;
-  const std::string_view n = row.name;
   switch (row.kind) {
     case shard_kind::vocab:
       p.hf_shapes[0] = mat(vocab, h);
       p.local = mat(vpad / tp, h);
       p.global = mat(vpad, h);
       p.split_dim = 0;
-      p.tied = n == "lm_head.weight" && s.tie_embeddings.get();
+      p.tied = row.role == param_role::lm_head && s.tie_embeddings.get();
       break;
     case shard_kind::replicated:
-      if (n == "value_head.weight") p.hf_shapes[0] = p.local = p.global = mat(1, h);
-      else if (n == "value_head.bias") p.hf_shapes[0] = p.local = p.global = vec(1);
-      else p.hf_shapes[0] = p.local = p.global = vec(h);
+      if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      else if (row.role == param_role::value_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
+      else p.hf_shapes[0] = p.local = p.global = vec(row.size == extent::head_dim ? hd : h);
       break;
     case shard_kind::fused_qkv: {
       const std::int64_t rows = qkv_layout(s, l, 0).rows();
-      const bool bias = row.when == presence::qkv_bias;
+      const bool bias = row.role == param_role::qkv_bias;
       p.hf_shapes = bias ? std::array<dims, 3>{vec(heads * hd), vec(kv * hd), vec(kv * hd)}
                          : std::array<dims, 3>{mat(heads * hd, h), mat(kv * hd, h), mat(kv * hd, h)};
       p.local = bias ? vec(rows) : mat(rows, h);
       p.global = bias ? vec(rows * tp) : mat(rows * tp, h);
       p.split_dim = 0;
+      if (row.concatenated) p.hf_shapes = {mat((heads + 2 * kv) * hd, h), dims{}, dims{}};  // [Q; K; V]
       break;
     }
     case shard_kind::fused_gate_up:
-      p.hf_shapes = {mat(ffn, h), mat(ffn, h), dims{}};
+      p.hf_shapes = row.concatenated ? std::array<dims, 3>{mat(2 * ffn, h), dims{}, dims{}}  // [gate; up]
+                                     : std::array<dims, 3>{mat(ffn, h), mat(ffn, h), dims{}};
       p.local = mat(2 * ffn / tp, h);
       p.global = mat(2 * ffn, h);
       p.split_dim = 0;
       break;
     case shard_kind::row: {
-      const std::int64_t in = n.find("o_proj") != std::string_view::npos ? heads * hd : ffn;
+      const std::int64_t in = row.size == extent::attn_width ? heads * hd : ffn;
       p.hf_shapes[0] = p.global = mat(h, in);
       p.local = mat(h, in / tp);
       p.split_dim = 1;
       break;
     }
-    case shard_kind::column:
-      break;  // no plain column parameter in the Llama family
+    case shard_kind::column: {
+      // Full-width q/k norm weights: rows of the heads each rank holds (kv_heads >= tp, a rule).
+      const std::int64_t rows = row.size == extent::q_width ? heads * hd : kv * hd;
+      p.hf_shapes[0] = p.global = vec(rows);
+      p.local = vec(rows / tp);
+      p.split_dim = 0;
+      break;
+    }
   }
   return p;
 }
 
 // Every parameter row of a model, in table order (layer rows once, with `{layer}`).
 struct param_list {
-  std::array<param_plan, llama_params.size()> items{};
+  std::array<param_plan, decoder_params.size()> items{};
   std::size_t count = 0;
   [[nodiscard]] constexpr const param_plan* begin() const { return items.data(); }
   [[nodiscard]] constexpr const param_plan* end() const { return items.data() + count; }
@@ -153,7 +166,7 @@ struct param_list {
 
 constexpr param_list plan_params(const shape& s, const layout& l, head_info h) {
   param_list out;
-  for (const param_row& row : llama_params)
+  for (const param_row& row : decoder_params)
     if (present(row, s, h)) out.items[out.count++] = plan_of(row, s, l);
   return out;
 }

@@ -14,7 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The same model types as tools/cmd_run.cpp: every field of the shape and the layout dynamic.
-struct any_llama : llama<dynamic_shape> {
+struct any_llama : any_decoder<dynamic_shape> {
   static constexpr std::string_view name = "hf-checkpoint";
 };
 using actor_t = causal_lm<any_llama, dynamic_layout>;

@@ -7,6 +7,7 @@
 
 #include "json_bounded.hpp"
 #include "megadsl/io/printable.hpp"
+#include "megadsl/layers/blocks.hpp"
 
 #include <boost/hana/at_key.hpp>
 #include <boost/hana/for_each.hpp>
@@ -48,6 +49,12 @@ constexpr key_name key_names[] = {
     {"rope", "rope_scaling"},
     {"qkv_bias", "attention_bias / model_type qwen2"},
     {"tie_embeddings", "tie_word_embeddings"},
+    {"norm", "model_type (its RMSNorm)"},
+    {"qk_norm", "model_type (its q/k norm)"},
+    {"mlp_activation", "hidden_act"},
+    {"embed_scale", "model_type (its embedding scale)"},
+    {"residual", "model_type (where its norms sit)"},
+    {"hf_storage", "model_type (fused q/k/v and gate/up tensors)"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -55,18 +62,27 @@ constexpr key_name key_names[] = {
     {"rope.original_max_positions", "rope_scaling.original_max_position_embeddings"},
 };
 
-// transformers' class defaults for the keys a config.json may leave out.
+// Each model_type: the family whose composition of blocks it is (its knobs), and transformers'
+// class defaults for the keys a config.json may leave out.
 struct family_defaults {
   std::string_view model_type;
   std::int64_t max_positions;
   double rms_eps;
   double rope_theta;
-  bool qkv_bias;  // Qwen2 always has q/k/v biases
+  bool qkv_bias;             // Qwen2 always has q/k/v biases
+  std::int64_t head_dim;     // 0: hidden / heads
+  bool tie_embeddings;
+  shape knobs;               // the family's block knobs (layers/blocks.hpp)
 };
+constexpr shape knobs_of_llama = blocks::lowering<llama_blocks>::apply(shape{});
 constexpr family_defaults defaults_table[] = {
-    {"llama", 2048, 1e-6, 10000.0, false},
-    {"mistral", 4096 * 32, 1e-6, 10000.0, false},
-    {"qwen2", 32768, 1e-6, 10000.0, true},
+    {"llama", 2048, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
+    {"mistral", 4096 * 32, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
+    {"qwen2", 32768, 1e-6, 10000.0, true, 0, false, knobs_of_llama},
+    {"qwen3", 32768, 1e-6, 10000.0, false, 128, false, blocks::lowering<qwen3_blocks>::apply(shape{})},
+    {"gemma", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
+    {"olmo2", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
+    {"phi3", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -88,7 +104,11 @@ std::string format_double(double v) {
 std::string show(std::int64_t v) { return std::to_string(v); }
 std::string show(double v) { return format_double(v); }
 std::string show(bool v) { return v ? "true" : "false"; }
-std::string show(rope_type t) { return std::string(name_of(t)); }
+template <class E>
+  requires std::is_enum_v<E>
+std::string show(E e) {
+  return std::string(name_of(e));
+}
 template <class T>
 std::string show(const maybe<T>& v) {
   return v.is_static() ? show(v.value) : "dynamic";
@@ -187,6 +207,10 @@ class reader {
 // fields}) or 5.x's "rope_parameters" (the same, plus "rope_theta"). `where` names it in errors.
 rope_scaling read_rope_object(const reader& r, const json& v, const std::string& where) {
   rope_scaling out;  // type none
+  // transformers 5 keeps Phi-3's / NeoX's partial rotary fraction here; megadsl rotates every dim.
+  if (const json* f = r.find(v, "partial_rotary_factor"); f && !(f->is_number() && f->get<double>() == 1.0))
+    r.fail(where + ".partial_rotary_factor", "is " + describe_json(*f) + ": megadsl's attention rotates the whole head",
+           "this checkpoint (partial rotary embeddings) is not supported yet");
   const json* t = r.find(v, "rope_type");
   std::string type_key = where + ".rope_type";
   if (!t) {
@@ -332,13 +356,14 @@ constexpr config_key config_keys[] = {
     {"*", "rope_scaling", key_use::read},
     {"*", "rope_parameters", key_use::read},
     {"*", "tie_word_embeddings", key_use::read},
-    {"*", "hidden_act", key_use::read},                // only "silu"
-    {"llama", "attention_bias", key_use::read},        // only false (an o_proj bias megadsl lacks)
+    {"*", "hidden_act", key_use::read},                // the family's activation only
+    {"llama qwen3 gemma olmo2", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
     {"llama", "mlp_bias", key_use::read},              // only false
-    {"mistral qwen2", "sliding_window", key_use::read},  // the window: longer sequences are refused
-    {"qwen2", "use_sliding_window", key_use::read},
-    {"qwen2", "max_window_layers", key_use::read},
-    {"qwen2", "layer_types", key_use::read},
+    {"gemma", "hidden_activation", key_use::read},     // 4.x Gemma's name of the activation
+    {"mistral qwen2 qwen3 phi3", "sliding_window", key_use::read},  // the window: longer sequences are refused
+    {"qwen2 qwen3", "use_sliding_window", key_use::read},
+    {"qwen2 qwen3", "max_window_layers", key_use::read},
+    {"qwen2 qwen3", "layer_types", key_use::read},
     {"mistral", "layer_types", key_use::read},
     // Refused unless neutral (checked in check_keys).
     {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
@@ -346,6 +371,11 @@ constexpr config_key config_keys[] = {
     {"*", "quantization_config", key_use::refused},    // quantized weights
     {"*", "pruned_heads", key_use::refused},
     {"qwen2", "use_mrope", key_use::refused},          // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
+    {"gemma", "use_bidirectional_attention", key_use::refused},  // non-causal attention
+    {"phi3", "resid_pdrop", key_use::refused},         // dropout
+    {"phi3", "embd_pdrop", key_use::refused},
+    {"phi3", "partial_rotary_factor", key_use::refused},  // 4.x's place for it; checked with rope_parameters
+    {"phi3", "original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
     // No effect on the numbers.
     {"llama", "pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
     {"*", "torch_dtype", key_use::no_effect},          // the weights carry their dtype; convert writes it
@@ -441,7 +471,8 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
       continue;
     }
     if (k->use != key_use::refused || value.is_null()) continue;
-    if (key == "attention_dropout" || key == "classifier_dropout") {
+    if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
+    if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
       r.fail(key, "is " + describe_json(value) + ": megadsl has no dropout, so training would differ from HF's",
              "set it to 0.0 (verl and Megatron RLHF recipes train without dropout)");
@@ -467,8 +498,8 @@ std::int64_t read_attention_window(const reader& r, std::string_view family, std
   const json* w = r.find(root, "sliding_window");
   if (family == "llama" || w == nullptr) return 0;
   const std::int64_t window = r.integer(*w, "sliding_window", 1);
-  bool sliding_layer = family == "mistral";
-  if (family == "qwen2") {
+  bool sliding_layer = family == "mistral" || family == "phi3";
+  if (family == "qwen2" || family == "qwen3") {
     const json* use = r.find(root, "use_sliding_window");
     if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return 0;
     const json* mwl = r.find(root, "max_window_layers");
@@ -510,29 +541,36 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
   const json* mt = r.find(root, "model_type");
-  if (!mt)
-    r.fail("model_type", "missing",
-           "megadsl reads Llama-family configs: add \"model_type\": \"llama\", \"mistral\" or \"qwen2\"");
+  const std::string types = "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\" or \"phi3\"";
+  if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
-    r.fail("model_type", "expected a string, got " + describe_json(*mt), "use \"llama\", \"mistral\" or \"qwen2\"");
+    r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
   const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
                                  [&](const family_defaults& f) { return f.model_type == out.model_type; });
   if (fam == std::end(defaults_table))
-    r.fail("model_type", "\"" + out.model_type + "\" is not a Llama-family model",
-           "megadsl reads model_type \"llama\", \"mistral\" and \"qwen2\" (Llama 2/3/3.1/3.2, TinyLlama, "
-           "Mistral, Qwen2/2.5)");
+    r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
+           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, OLMo2, Phi-3)");
 
-  // Architecture switches megadsl's Llama family does not have: refuse rather than mis-load.
-  if (const json* act = r.find(root, "hidden_act"); act && !(act->is_string() && act->get<std::string>() == "silu"))
-    r.fail("hidden_act", "is " + describe_json(*act) + "; megadsl's Llama family uses SwiGLU with silu",
-           "only \"hidden_act\": \"silu\" is supported");
-  if (fam->model_type == "llama") {
+  // Architecture switches the family's blocks do not have: refuse rather than mis-load.
+  // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
+  const bool gemma = fam->model_type == "gemma";
+  for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
+    const json* act = r.find(root, key);
+    if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
+    const std::string a = act->is_string() ? act->get<std::string>() : std::string();
+    const bool ok = gemma ? (a == "gelu_pytorch_tanh" || a == "gelu") : a == "silu";
+    if (!ok)
+      r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's gated MLP uses " +
+                      (gemma ? "GELU with the tanh approximation" : "SiLU"),
+             gemma ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
+  }
+  if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma) {
     if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
       r.fail("attention_bias",
-             "is true: HF Llama then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
+             "is true: HF " + std::string(fam->model_type) + " then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
              "biases only (as Qwen2)",
-             "this checkpoint is not supported yet; Llama checkpoints normally have \"attention_bias\": false");
+             "this checkpoint is not supported yet; these checkpoints normally have \"attention_bias\": false");
     if (const json* b = r.find(root, "mlp_bias"); b && r.boolean(*b, "mlp_bias"))
       r.fail("mlp_bias", "is true: megadsl's SwiGLU MLP has no biases",
              "this checkpoint is not supported yet");
@@ -546,8 +584,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.ffn = r.required_int("intermediate_size", "the MLP width");
   s.vocab = r.required_int("vocab_size", "the vocabulary size");
-  s.head_dim = r.optional<std::int64_t>("head_dim", 0,
-      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
+  s.head_dim = r.optional<std::int64_t>("head_dim", fam->head_dim,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.rms_eps = r.optional<double>("rms_norm_eps", fam->rms_eps,
@@ -560,8 +598,14 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   }
   s.rope = rope.scaling;
   s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
-  s.tie_embeddings = r.optional<bool>("tie_word_embeddings", false,
+  s.tie_embeddings = r.optional<bool>("tie_word_embeddings", fam->tie_embeddings,
       [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
+  s.norm = fam->knobs.norm;
+  s.qk_norm = fam->knobs.qk_norm;
+  s.mlp_activation = fam->knobs.mlp_activation;
+  s.embed_scale = fam->knobs.embed_scale;
+  s.residual = fam->knobs.residual;
+  s.hf_storage = fam->knobs.hf_storage;
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
   if (out.attention_window != 0 && out.attention_window < s.max_positions.get())
@@ -625,6 +669,7 @@ std::vector<std::string> mismatches(const shape& declared, const shape& config, 
           report(name, show(rd), show(rc));
       });
     } else if (field == "head_dim") {
+      if constexpr (std::is_same_v<std::decay_t<decltype(d)>, dim>) {
       if (d.is_dynamic() || c.is_dynamic()) return;
       const dim de = effective_head_dim(sizes);
       const dim ce = effective_head_dim(config);
@@ -632,6 +677,7 @@ std::vector<std::string> mismatches(const shape& declared, const shape& config, 
       if (de.is_static() && ce.is_static() && de.get() != ce.get() && (d.get() != 0 || c.get() != 0))
         report(field, show(d) + (d.get() == 0 ? " (= hidden / heads = " + show(de) + ")" : ""),
                show(c) + (c.get() == 0 ? " (= hidden / heads = " + show(ce) + ")" : ""));
+      }
     } else if (!agree(d, c)) {
       report(field, show(d), show(c));
     }
@@ -688,7 +734,22 @@ std::string to_string(const shape& s) {
 
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
                            std::string_view torch_dtype, std::int64_t attention_window) {
-  const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral" : "Llama";
+  const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
+                                 [&](const family_defaults& f) { return f.model_type == model_type; });
+  if (fam == std::end(defaults_table))
+    throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
+                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, olmo2 and phi3");
+  if (s.norm.get() != fam->knobs.norm.get() || s.qk_norm.get() != fam->knobs.qk_norm.get() ||
+      s.mlp_activation.get() != fam->knobs.mlp_activation.get() || s.embed_scale.get() != fam->knobs.embed_scale.get() ||
+      s.residual.get() != fam->knobs.residual.get() ||
+      s.hf_storage.get() != fam->knobs.hf_storage.get())
+    throw config_error("megadsl: this model's blocks (norm " + show(s.norm) + ", qk_norm " + show(s.qk_norm) +
+                       ", mlp_activation " + show(s.mlp_activation) + ", embed_scale " + show(s.embed_scale) +
+                       ") are not those of model_type " + std::string(model_type) +
+                       "; no HF config class describes this composition: save it as a distributed checkpoint");
+  const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral"
+                             : model_type == "qwen3" ? "Qwen3" : model_type == "gemma" ? "Gemma"
+                             : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3" : "Llama";
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
   j["model_type"] = std::string(model_type);
@@ -702,23 +763,25 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["max_position_embeddings"] = s.max_positions.get();
   j["rms_norm_eps"] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = model_type == "gemma" ? "gelu_pytorch_tanh" : "silu";
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
-  if (model_type == "llama") {
+  if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "olmo2") {
     if (s.qkv_bias.get())
-      throw config_error("megadsl: a Llama config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");
+      throw config_error("megadsl: a " + family + " config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");
     j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    if (model_type == "llama") j["mlp_bias"] = false;
   } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
     throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
   }
-  if (model_type == "llama" && attention_window != 0)
-    throw config_error("megadsl: a Llama config has no sliding window, and this model has one of " +
+  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2") && attention_window != 0)
+    throw config_error("megadsl: a " + family + " config has no sliding window, and this model has one of " +
                        std::to_string(attention_window) + " tokens; save it as model_type mistral");
-  if (model_type == "mistral") {
+  if (model_type == "phi3" && s.qkv_bias.get())
+    throw config_error("megadsl: a Phi3 config has no q/k/v bias, and this model has one; save it as model_type qwen2");
+  if (model_type == "mistral" || model_type == "phi3") {
     j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
-  } else if (model_type == "qwen2") {
+  } else if (model_type == "qwen2" || model_type == "qwen3") {
     j["use_sliding_window"] = attention_window != 0;
     j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
     j["max_window_layers"] = attention_window != 0 ? 0 : s.layers.get();

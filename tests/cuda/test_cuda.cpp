@@ -68,7 +68,7 @@ TEST_CASE("bf16 on CUDA: varlen flash (rmpad) and SDPA (padded) agree, and stay 
   }
 }
 
-struct any_llama : llama<dynamic_shape> {
+struct any_llama : any_decoder<dynamic_shape> {
   static constexpr std::string_view name = "any-llama";
 };
 

@@ -29,6 +29,30 @@ struct tiny8_tied : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_head
   static constexpr std::string_view name = "tiny8-tied";
 };
 
+// The same sizes in the qwen3 composition (per-head q/k norms: whole on every tp rank, gradients
+// summed over tp, with kv replication at tp 4) and the gemma one ((1 + w) norms, scaled embedding,
+// GeGLU, tied).
+struct tiny8_qwen3 : qwen3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                 .vocab = 500, .head_dim = 48, .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8-qwen3";
+};
+struct tiny8_gemma : gemma<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                 .vocab = 500, .max_positions = 256, .tie_embeddings = true}> {
+  static constexpr std::string_view name = "tiny8-gemma";
+};
+
+// OLMo2's composition: post norms, full-width q/k norms (their squares summed over tp).
+struct tiny8_olmo2 : olmo2<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_heads = 4, .ffn = 352,
+                                 .vocab = 500, .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8-olmo2";
+};
+
+// Phi-3's composition: HF's concatenated qkv_proj / gate_up_proj (the shard math is Llama's).
+struct tiny8_phi3 : phi3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                               .vocab = 500, .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8-phi3";
+};
+
 // A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
 rollout_batch make_rollout(std::int64_t vocab);
 

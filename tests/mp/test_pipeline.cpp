@@ -106,6 +106,37 @@ TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
 }
 
+TEST_CASE("the qwen3, gemma, olmo2 and phi3 compositions: every layout equals one process", "[world4][pipeline][families]") {
+  check_inference<tiny8_qwen3, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // kv replicated
+  check_inference<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
+  check_inference<tiny8_qwen3, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
+  check_inference<tiny8_gemma, layout{.tp = 4, .sp = true}, true>(false);
+  check_inference<tiny8_gemma, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(true);
+  check_inference<tiny8_gemma, layout{.pp = 2, .vpp = 2}, true>(true);
+  check_inference<tiny8_olmo2, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);
+  check_inference<tiny8_olmo2, layout{.tp = 2, .pp = 2}, false>(false);
+  check_inference<tiny8_olmo2, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
+  check_inference<tiny8_phi3, layout{.tp = 4, .sp = true}, true>(true);
+  check_inference<tiny8_phi3, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(false);
+}
+
+TEST_CASE("five PPO steps of the qwen3, gemma, olmo2 and phi3 compositions under tp 2 x pp 2 x dp 2 equal one process",
+          "[world8][pipeline][training][families]") {
+  REQUIRE(dist().world() == 8);
+  check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2}, false>(2);
+  check_training<tiny8_gemma, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
+  check_training<tiny8_gemma, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(2);
+  check_training<tiny8_olmo2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_olmo2, layout{.tp = 2, .pp = 2}, false>(2);
+  check_training<tiny8_phi3, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
+}
+
+TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 with its norms over 4 ranks, train like one process", "[world4][training][families]") {
+  check_training<tiny8_qwen3, layout{.tp = 4, .sp = true}, true>(2);
+  check_training<tiny8_olmo2, layout{.tp = 4, .sp = true}, true>(2);  // q/k norms over 4 ranks
+}
+
 TEST_CASE("dynamic batching (dp balanced by Karmarkar-Karp, a token budget) trains like one process", "[world4][pipeline][training]") {
   // The rollout's rows hold 3..12 tokens; a budget of 20 forces several uneven micro-batches.
   const micro_batch_options budget{.max_token_len = 20};

@@ -37,6 +37,12 @@ static_assert(parameter_count(megadsl::mistral_7b::shape) == 7'241'732'096);
 static_assert(parameter_count(megadsl::qwen2_5_0_5b::shape) == 494'032'768);
 static_assert(parameter_count(megadsl::qwen2_5_7b::shape) == 7'615'616'512);
 static_assert(parameter_count(megadsl::qwen2_5_72b::shape) == 72'706'203'648);
+static_assert(parameter_count(megadsl::qwen3_0_6b::shape) == 596'049'920);
+static_assert(parameter_count(megadsl::qwen3_8b::shape) == 8'190'735'360);
+static_assert(parameter_count(megadsl::gemma_2b::shape) == 2'506'172'416);
+static_assert(parameter_count(megadsl::gemma_7b::shape) == 8'537'680'896);
+static_assert(parameter_count(megadsl::olmo2_7b::shape) == 7'298'617'344);
+static_assert(parameter_count(megadsl::phi3_mini::shape) == 3'821'079'552);
 static_assert(parameter_count(megadsl::tiny_llama::shape) == 3'283'200);
 static_assert(parameter_count(megadsl::tiny_qwen::shape) == 3'028'736);
 static_assert(parameter_count(megadsl::tiny_llama3::shape) == 3'027'200);
@@ -177,3 +183,35 @@ using tiny_critic = megadsl::value_model<megadsl::qwen2_5_0_5b, layout{.tp = 2, 
 static_assert(tiny_actor::is_actor && tiny_critic::is_critic);
 
 }  // namespace
+
+// ---- Families are compositions: the knobs come from the blocks, the rows from the knobs ----
+static_assert(megadsl::qwen3_8b::shape.qk_norm.get() == megadsl::qk_norm_kind::per_head);
+static_assert(megadsl::qwen3_8b::shape.norm.get() == megadsl::norm_kind::rms);
+static_assert(megadsl::gemma_7b::shape.norm.get() == megadsl::norm_kind::rms_1p);
+static_assert(megadsl::gemma_7b::shape.mlp_activation.get() == megadsl::activation::gelu_tanh);
+static_assert(megadsl::gemma_7b::shape.embed_scale.get() == megadsl::embed_scale_kind::sqrt_hidden);
+static_assert(megadsl::llama3_8b::shape.qk_norm.get() == megadsl::qk_norm_kind::none);
+static_assert(megadsl::qwen3_8b::family == "qwen3" && megadsl::gemma_7b::family == "gemma");
+// Qwen3's q/k norms: one head_dim vector per layer each, whole on every tp rank.
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::qwen3_8b, layout{.tp = 8}>>(
+                  "layers.{layer}.q_norm.weight") == megadsl::vec(128));
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::qwen3_8b>>().count ==
+              megadsl::plan_params<megadsl::causal_lm<megadsl::llama3_8b>>().count + 2);
+// OLMo2: post norms instead of pre norms (same count), full-width q/k norms split over tp.
+static_assert(megadsl::olmo2_7b::shape.residual.get() == megadsl::residual_kind::post_norm);
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::olmo2_7b, layout{.tp = 8}>>(
+                  "layers.{layer}.k_norm.weight") == megadsl::vec(4096 / 8));
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::olmo2_7b, layout{.tp = 8}>>(
+                  "layers.{layer}.mlp_post_norm.weight") == megadsl::vec(4096));
+struct olmo2_gqa : megadsl::olmo2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,
+                                                 .vocab = 1000, .max_positions = 128}> {};
+static_assert(violates<olmo2_gqa, layout{.tp = 4}>("full_width_qk_norm_needs_kv_heads_per_rank"));
+static_assert(valid_layout<olmo2_gqa, layout{.tp = 2}>);
+// Phi-3: one concatenated HF tensor per fused parameter; the per-rank shard is the same.
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::phi3_mini>>()["layers.{layer}.qkv.weight"].row->hf_count == 1);
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::phi3_mini>>()["layers.{layer}.qkv.weight"].hf_shapes[0] ==
+              megadsl::mat(3 * 3072, 3072));
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::phi3_mini, layout{.tp = 4}>>("layers.{layer}.gate_up.weight") ==
+              megadsl::mat(2 * 8192 / 4, 3072));
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::gemma_7b>>().count ==
+              megadsl::plan_params<megadsl::causal_lm<megadsl::llama3_8b>>().count);

@@ -173,7 +173,8 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const int vocab_tables = actor && !tied ? 2 : 1;
           expected += (vp - v) * h * vocab_tables;
           if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
-          const std::int64_t replicated = (2 * L + 1) * h + (actor ? 0 : h + 1);
+          const std::int64_t qk_norms = s.qk_norm.get() == megadsl::qk_norm_kind::per_head ? 2 * d : 0;  // full width: split
+          const std::int64_t replicated = (2 * L + 1) * h + L * qk_norms + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

@@ -152,11 +152,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "megadsl: models/x/config.json: expected a JSON object, got [1] (an array); an HF config.json is one "
         "JSON object");
   CHECK(error_of(R"({"hidden_size": 4096})") ==
-        "megadsl: models/x/config.json: model_type: missing; megadsl reads Llama-family configs: add "
-        "\"model_type\": \"llama\", \"mistral\" or \"qwen2\"");
+        "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
+        "\"qwen2\", \"qwen3\", \"gemma\", \"olmo2\" or \"phi3\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
-            .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a Llama-family model; "
-                         "megadsl reads model_type \"llama\", \"mistral\" and \"qwen2\""));
+            .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
+                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\" or \"phi3\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -165,7 +165,7 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "megadsl: models/x/config.json: vocab_size: expected an integer >= 1, got -5; fix the value in "
         "config.json");
   CHECK(error_of(edited(minimal, ", \"vocab_size\": 1000", "")).starts_with("megadsl: models/x/config.json: vocab_size: missing (the vocabulary size)"));
-  CHECK(error_of(edited(minimal, "}", ", \"attention_bias\": true}")).starts_with("megadsl: models/x/config.json: attention_bias: is true: HF Llama then puts "
+  CHECK(error_of(edited(minimal, "}", ", \"attention_bias\": true}")).starts_with("megadsl: models/x/config.json: attention_bias: is true: HF llama then puts "
                                    "a bias on o_proj"));
   CHECK(error_of(edited(minimal, "}", ", \"hidden_act\": \"gelu\"}")).starts_with("megadsl: models/x/config.json: hidden_act: is \"gelu\" (a string)"));
 
@@ -230,7 +230,8 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         "shape{.hidden = 256, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 688, .vocab = 1000, .head_dim = 0, "
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
-        ".tie_embeddings = true}");
+        ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
+        ".hf_storage = separate}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));

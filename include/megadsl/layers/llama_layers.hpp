@@ -11,8 +11,13 @@
 
 namespace megadsl {
 
-// y = x * rsqrt(mean(x^2) + eps) * w, math in fp32, result in x's dtype (HF's order of casts).
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// RMSNorm over the last dimension, math in fp32 (HF's order of casts):
+//   rms     y = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)            (Llama, Qwen, Mistral)
+//   rms_1p  y = ((x * rsqrt(mean(x^2) + eps)) * (1 + w.float())).to(x.dtype)   (Gemma)
+//   rms_wmul y = (w * (x * rsqrt(mean(x^2) + eps))).to(x.dtype)          (OLMo2)
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, norm_kind kind = norm_kind::rms);
+// The weight step of `rms_norm` on fp32 normalised values, cast to `dtype`.
+at::Tensor apply_norm_weight(const at::Tensor& normed, const at::Tensor& weight, norm_kind kind, at::ScalarType dtype);
 
 // RoPE inverse frequencies (d/2,) with the shape's scaling (none, linear, dynamic NTK, llama3).
 // `seq_len` (longest position + 1 in the batch) matters only for dynamic NTK.
@@ -36,7 +41,8 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<std::int64_t>& cu_seqlens);
 
-// SwiGLU on a fused [gate ; up] projection output (T, 2f): silu(gate) * up -> (T, f).
-at::Tensor swiglu(const at::Tensor& gate_up);
+// The gated MLP's middle on a fused [gate ; up] projection output (T, 2f) -> (T, f):
+// silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).
+at::Tensor gated_activation(const at::Tensor& gate_up, activation act);
 
 }  // namespace megadsl

@@ -5,9 +5,13 @@
 
 #include <type_traits>
 
+#include "megadsl/models/gemma.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/models/mistral.hpp"
+#include "megadsl/models/olmo2.hpp"
+#include "megadsl/models/phi3.hpp"
 #include "megadsl/models/qwen.hpp"
+#include "megadsl/models/qwen3.hpp"
 #include "megadsl/models/tiny.hpp"
 
 namespace megadsl {
@@ -26,7 +30,8 @@ struct preset_list {
 using all_presets =
     preset_list<llama2_7b, llama2_13b, llama2_70b, llama3_8b, llama3_70b, llama3_1_405b,
                 llama3_2_1b, llama3_2_3b, tinyllama_1_1b, mistral_7b, qwen2_5_0_5b, qwen2_5_7b,
-                qwen2_5_72b, tiny_llama, tiny_qwen, tiny_llama3>;
+                qwen2_5_72b, qwen3_0_6b, qwen3_8b, gemma_2b, gemma_7b, olmo2_7b, phi3_mini, tiny_llama, tiny_qwen,
+                tiny_llama3>;
 
 template <class F>
 constexpr void for_each_preset(F&& f) {

@@ -80,7 +80,7 @@ struct named_parameter {
   std::string name;          // e.g. "layers.3.qkv.weight"
   at::Tensor tensor;         // this rank's shard (local shape of the plan)
   const param_plan* plan;    // how it is sharded
-  bool sequence_parallel;    // gradient is partial per tp rank under SP (finalize_grads sums it)
+  bool tp_partial_grad;      // gradient is partial per tp rank (SP-applied replicated weights, q/k norms): finalize_grads sums it
   bool counted_in_norm;      // false for copies (replicated on other tp ranks, tied copy, kv replica)
 };
 

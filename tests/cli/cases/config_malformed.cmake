@@ -22,12 +22,12 @@ megadsl(describe ${WORK}/no_hidden/config.json)
 expect_exit(2)
 expect_err("^megadsl: ${WORK}/no_hidden/config\\.json: hidden_size: missing \\(the model width\\)")
 
-# Not a Llama-family model.
+# Not a family megadsl composes.
 string(REPLACE "\"model_type\": \"llama\"" "\"model_type\": \"gpt2\"" text "${good}")
 write_config(gpt2 "${text}")
 megadsl(check ${WORK}/gpt2)
 expect_exit(2)
-expect_err("model_type: \"gpt2\" is not a Llama-family model; megadsl reads model_type \"llama\", \"mistral\" and \"qwen2\"")
+expect_err("model_type: \"gpt2\" is not a family megadsl composes; megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\" or \"phi3\"")
 
 # A rope scaling megadsl does not implement.
 string(REPLACE "\"rope_scaling\": null" "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}" text "${good}")

@@ -1,0 +1,248 @@
+// The block vocabulary a family is composed of (DESIGN decision 16), torch-free.
+//
+//   using qwen3_blocks = decoder<embedding<>,
+//                                block<pre_norm<rms_norm<>, attention<attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
+//                                      pre_norm<rms_norm<>, gated_mlp<activation::silu>>>,
+//                                rms_norm<>>;
+//   template <shape S> struct qwen3 : decoder_family<qwen3_blocks, S> { ... };
+//
+// A composition lowers onto the shape's block knobs (shape.hpp: norm, qk_norm, mlp_activation,
+// embed_scale, residual). The knobs select the blocks' parameter rows (param_table.hpp: each block's
+// parameters, shard kinds and HF names bound at its slot), the shard plan, the formulas, the HF
+// mapping and config keys, and reach the kernels as run-time enums: a new family is a type alias
+// and compiles no new LibTorch code.
+//
+// Numerics of each block (the transformers modules they match):
+//   rms_norm<rms>      LlamaRMSNorm: x.float() * rsqrt(mean(x^2) + eps), cast to x's dtype, * w
+//   rms_norm<rms_1p>   GemmaRMSNorm: the same in fp32 * (1 + w.float()), then cast
+//   rms_norm<rms_wmul> Olmo2RMSNorm: (w * x.float() * rsqrt(...)).to(dtype)
+//   post_norm<N, X>    OLMo2: x + N(X(x)); pre_norm<N, X>: x + X(N(x))
+//   attention<attention_knobs{.qk_norm = full_width}>  OLMo2: q and k RMSNorm over the whole projection, before RoPE
+//   attention<attention_knobs{.qk_norm = per_head}>  Qwen3: q and k RMSNorm over head_dim, before RoPE
+//   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
+//   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
+#pragma once
+
+#include <string_view>
+
+#include "megadsl/shape.hpp"
+#include "megadsl/text.hpp"
+
+namespace megadsl::blocks {
+
+template <norm_kind K = norm_kind::rms>
+struct rms_norm {
+  static constexpr norm_kind kind = K;
+};
+
+struct attention_knobs {
+  qk_norm_kind qk_norm = qk_norm_kind::none;
+  tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
+};
+// Grouped-query self-attention with RoPE: q/k/v/o projections (q/k/v bias per the shape).
+template <attention_knobs K = attention_knobs{}>
+struct attention {
+  static constexpr attention_knobs knobs = K;
+};
+
+// down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
+// HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj).
+template <activation A = activation::silu, tensor_storage S = tensor_storage::separate>
+struct gated_mlp {
+  static constexpr activation act = A;
+  static constexpr tensor_storage storage = S;
+};
+
+// Vocab-parallel token embedding.
+template <embed_scale_kind E = embed_scale_kind::none>
+struct embedding {
+  static constexpr embed_scale_kind scale = E;
+};
+
+// x + inner(norm(x)) (Llama).
+template <class Norm, class Inner>
+struct pre_norm {};
+
+// x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
+template <class Norm, class Inner>
+struct post_norm {};
+
+// One decoder layer: the attention sublayer, then the MLP sublayer.
+template <class AttentionSublayer, class MlpSublayer>
+struct block {};
+
+// Embedding, `layers` copies of the block (looped at run time, one type), the final norm; the
+// head (LM or value) comes from the model type (causal_lm / value_model).
+template <class Embedding, class Block, class FinalNorm>
+struct decoder {};
+
+// ---- lowering: a composition onto the shape's knobs --------------------------------------------
+
+template <class Composition>
+struct lowering {
+  static_assert(sizeof(Composition) == 0,
+                "megadsl: not a composition of the block vocabulary; write decoder<embedding<...>, "
+                "block<pre_norm<rms_norm<...>, attention<...>>, pre_norm<rms_norm<...>, "
+                "gated_mlp<...>>>, rms_norm<...>> (or post_norm; layers/blocks.hpp)");
+};
+
+// Carries a violated composition rule in its name, so clang and GCC print it in the first lines.
+template <basic_text<256> Rule>
+struct invalid_composition {
+  static_assert(Rule.size == 0, "megadsl: invalid composition; the rule is in the 'invalid_composition<...>' line above");
+  static constexpr bool ok = true;
+};
+
+// A sublayer's residual form, norm kind and inner block.
+template <class Sublayer>
+struct sublayer_traits {
+  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner> or post_norm<Norm, Inner>");
+};
+template <class Norm, class Inner>
+struct sublayer_traits<pre_norm<Norm, Inner>> {
+  static constexpr residual_kind residual = residual_kind::pre_norm;
+  static constexpr norm_kind norm = Norm::kind;
+  using inner = Inner;
+};
+template <class Norm, class Inner>
+struct sublayer_traits<post_norm<Norm, Inner>> {
+  static constexpr residual_kind residual = residual_kind::post_norm;
+  static constexpr norm_kind norm = Norm::kind;
+  using inner = Inner;
+};
+
+template <class T>
+struct attention_traits {
+  static_assert(sizeof(T) == 0, "megadsl: a block's first sublayer wraps attention<...>");
+};
+template <attention_knobs K>
+struct attention_traits<attention<K>> {
+  static constexpr attention_knobs knobs = K;
+};
+template <class T>
+struct mlp_traits {
+  static_assert(sizeof(T) == 0, "megadsl: a block's second sublayer wraps gated_mlp<...>");
+};
+template <activation A, tensor_storage S>
+struct mlp_traits<gated_mlp<A, S>> {
+  static constexpr activation act = A;
+  static constexpr tensor_storage storage = S;
+};
+
+template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, norm_kind NFinal>
+struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, rms_norm<NFinal>>> {
+  using attn = sublayer_traits<AttentionSublayer>;
+  using mlp = sublayer_traits<MlpSublayer>;
+  static constexpr attention_knobs knobs = attention_traits<typename attn::inner>::knobs;
+  static constexpr activation act = mlp_traits<typename mlp::inner>::act;
+
+  static constexpr basic_text<256> rule = [] {
+    basic_text<256> t;
+    if (attn::norm != mlp::norm || mlp::norm != NFinal)
+      t.add("norms_agree: the attention norm is ", name_of(attn::norm), ", the MLP norm ", name_of(mlp::norm),
+            ", the final norm ", name_of(NFinal), "; the kernels take one norm kind per model: use the same "
+            "rms_norm<...> in every slot");
+    else if (attn::residual != mlp::residual)
+      t.add("residuals_agree: the attention sublayer is ", name_of(attn::residual), ", the MLP sublayer ",
+            name_of(mlp::residual), "; wrap both in the same form (pre_norm or post_norm)");
+    else if (knobs.storage != mlp_traits<typename mlp::inner>::storage)
+      t.add("storage_agrees: q/k/v are stored ", name_of(knobs.storage), " and gate/up ",
+            name_of(mlp_traits<typename mlp::inner>::storage), "; HF checkpoints fuse both or neither: give "
+            "attention and gated_mlp the same storage");
+    return t;
+  }();
+  static_assert(invalid_composition<rule>::ok);
+
+  static constexpr shape apply(shape s) {
+    s.norm = NFinal;
+    s.qk_norm = knobs.qk_norm;
+    s.mlp_activation = act;
+    s.embed_scale = E;
+    s.residual = attn::residual;
+    s.hf_storage = knobs.storage;
+    return s;
+  }
+};
+
+// True when each of `s`'s knobs is left alone (its default or dynamic) or is the composition's:
+// the family sets them.
+template <class Composition>
+constexpr bool knobs_compatible(const shape& s) {
+  const shape c = lowering<Composition>::apply(s), untouched{};
+  auto agrees = [](const auto& declared, const auto& composed, const auto& fallback) {
+    return declared.is_dynamic() || declared.get() == composed.get() || declared.get() == fallback.get();
+  };
+  return agrees(s.norm, c.norm, untouched.norm) && agrees(s.qk_norm, c.qk_norm, untouched.qk_norm) &&
+         agrees(s.mlp_activation, c.mlp_activation, untouched.mlp_activation) &&
+         agrees(s.embed_scale, c.embed_scale, untouched.embed_scale) &&
+         agrees(s.residual, c.residual, untouched.residual) &&
+         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage);
+}
+
+// The composition a shape's knobs stand for, as an indented tree (`megadsl describe`). Dynamic
+// knobs print as `?`.
+constexpr basic_text<1024> composition_tree(const shape& s) {
+  auto knob = [](const auto& v) -> std::string_view { return v.is_static() ? name_of(v.get()) : "?"; };
+  auto is = [](const auto& v, auto value) { return v.is_static() && v.get() == value; };
+  const bool post = is(s.residual, residual_kind::post_norm);
+  basic_text<1024> t;
+  t.add("decoder\n", "  embedding", is(s.embed_scale, embed_scale_kind::sqrt_hidden) ? "  (* sqrt(hidden))" : "", "\n");
+  t.add("  block x ", s.layers.is_static() ? s.layers.get() : std::int64_t{-1}, "\n");
+  t.add("    ", knob(s.residual), "  rms_norm<", knob(s.norm), ">  [", post ? "post_attention_layernorm" : "input_layernorm", "]\n");
+  t.add("      attention  q/k/v", is(s.qkv_bias, true) ? " + bias" : "", ", rope");
+  if (is(s.qk_norm, qk_norm_kind::per_head)) t.add(", q/k rms_norm per head");
+  if (is(s.qk_norm, qk_norm_kind::full_width)) t.add(", q/k rms_norm over the full width");
+  t.add(is(s.hf_storage, tensor_storage::concatenated) ? "  [self_attn: qkv_proj]\n" : "  [self_attn]\n");
+  t.add("    ", knob(s.residual), "  rms_norm<", knob(s.norm), ">  [", post ? "post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
+  t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
+  t.add("  rms_norm<", knob(s.norm), ">  [norm]\n");
+  return t;
+}
+
+}  // namespace megadsl::blocks
+
+namespace megadsl {
+
+// A family: a composition of blocks applied to a shape. Derive a struct from it (the struct's name
+// is what diagnostics print) and give it `family` and `name`.
+template <class Composition, shape S>
+struct decoder_family {
+  static_assert(blocks::knobs_compatible<Composition>(S),
+                "megadsl: the shape sets a block knob (norm, qk_norm, mlp_activation, embed_scale) "
+                "that differs from its family's composition; leave the knobs out of the shape");
+  using composition = Composition;
+  static constexpr megadsl::shape shape = blocks::lowering<Composition>::apply(S);
+};
+
+// The compositions of the families in models/ (one line each).
+using llama_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
+                                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+                    blocks::rms_norm<>>;
+
+using qwen3_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+    blocks::rms_norm<>>;
+
+using olmo2_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::full_width}>>,
+                  blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::gated_mlp<activation::silu>>>,
+    blocks::rms_norm<norm_kind::rms_wmul>>;
+
+using phi3_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::concatenated}>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>>>,
+    blocks::rms_norm<>>;
+
+using gemma_blocks = blocks::decoder<
+    blocks::embedding<embed_scale_kind::sqrt_hidden>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
+                  blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
+    blocks::rms_norm<norm_kind::rms_1p>>;
+
+}  // namespace megadsl

@@ -1,0 +1,31 @@
+// Gemma (1) as strong preset types: the gemma composition ((1 + w) RMSNorm, sqrt(hidden)-scaled
+// embedding, GELU-tanh gated MLP), head_dim 256, a 256k vocabulary, embeddings always tied.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Multi-query attention (1 kv head): tp > 1 replicates it.
+struct gemma_2b : gemma<shape{.hidden = 2048, .layers = 18, .heads = 8, .kv_heads = 1, .ffn = 16384,
+                              .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,
+                              .rope_theta = 10000.0, .tie_embeddings = true}> {
+  static constexpr std::string_view name = "gemma-2b";
+  static constexpr std::string_view hf_repo = "google/gemma-2b";
+  static constexpr std::int64_t published_params = 2'506'172'416;
+};
+
+// 16 heads of 256 = 4096 > hidden 3072.
+struct gemma_7b : gemma<shape{.hidden = 3072, .layers = 28, .heads = 16, .kv_heads = 16, .ffn = 24576,
+                              .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,
+                              .rope_theta = 10000.0, .tie_embeddings = true}> {
+  static constexpr std::string_view name = "gemma-7b";
+  static constexpr std::string_view hf_repo = "google/gemma-7b";
+  static constexpr std::int64_t published_params = 8'537'680'896;
+};
+
+}  // namespace megadsl

@@ -1,0 +1,21 @@
+// OLMo 2 as strong preset types: the olmo2 composition (norms after each sublayer, full-width q/k
+// RMSNorm, (w * x) norm cast order), multi-head attention, untied embeddings.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+struct olmo2_7b : olmo2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 11008,
+                              .vocab = 100352, .max_positions = 4096, .rms_eps = 1e-6,
+                              .rope_theta = 500000.0}> {
+  static constexpr std::string_view name = "olmo2-7b";
+  static constexpr std::string_view hf_repo = "allenai/OLMo-2-1124-7B";
+  static constexpr std::int64_t published_params = 7'298'617'344;
+};
+
+}  // namespace megadsl

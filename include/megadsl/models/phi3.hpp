@@ -1,0 +1,22 @@
+// Phi-3 as strong preset types: the phi3 composition (the Llama blocks, with HF's q/k/v stored as
+// one qkv_proj tensor and gate/up as one gate_up_proj tensor, rows concatenated).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// The 4k-context model (its config.json's sliding_window 2047 becomes model_options::attention_window
+// when loaded from the checkpoint; the 128k variants' longrope scaling is refused).
+struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 8192,
+                              .vocab = 32064, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0}> {
+  static constexpr std::string_view name = "phi3-mini";
+  static constexpr std::string_view hf_repo = "microsoft/Phi-3-mini-4k-instruct";
+  static constexpr std::int64_t published_params = 3'821'079'552;
+};
+
+}  // namespace megadsl

@@ -1,0 +1,30 @@
+// Qwen3 (dense) as strong preset types: the qwen3 composition (Llama with per-head q/k RMSNorm,
+// head_dim 128 given explicitly, no q/k/v bias).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Embeddings tied; 16 q heads of 128 = 2048 > hidden 1024 (head_dim is not hidden / heads).
+struct qwen3_0_6b : qwen3<shape{.hidden = 1024, .layers = 28, .heads = 16, .kv_heads = 8, .ffn = 3072,
+                                .vocab = 151936, .head_dim = 128, .max_positions = 40960, .rms_eps = 1e-6,
+                                .rope_theta = 1000000.0, .tie_embeddings = true}> {
+  static constexpr std::string_view name = "qwen3-0.6b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3-0.6B";
+  static constexpr std::int64_t published_params = 596'049'920;
+};
+
+struct qwen3_8b : qwen3<shape{.hidden = 4096, .layers = 36, .heads = 32, .kv_heads = 8, .ffn = 12288,
+                              .vocab = 151936, .head_dim = 128, .max_positions = 40960, .rms_eps = 1e-6,
+                              .rope_theta = 1000000.0}> {
+  static constexpr std::string_view name = "qwen3-8b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3-8B";
+  static constexpr std::int64_t published_params = 8'190'735'360;  // index total_size 16381470720 / 2 (bf16)
+};
+
+}  // namespace megadsl

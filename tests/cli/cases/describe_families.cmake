@@ -1,0 +1,35 @@
+# Families are compositions of blocks: describe prints the composition, and the parameter table
+# follows it (Qwen3's per-head q/k norms, whole on every tp rank; Gemma's (1 + w) norms).
+include(${CMAKE_CURRENT_LIST_DIR}/../cli_lib.cmake)
+megadsl(describe qwen3-8b --tp 8)
+expect_exit(0)
+expect_no_err(".")
+expect_out("attention  q/k/v, rope, q/k rms_norm per head  \\[self_attn\\]")
+expect_out("\n  layers\\.{layer}\\.q_norm\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_norm\\.weight +replicated +\\(128\\) +\\(128\\) +replicated +\\(128\\) ")
+expect_out("parameters: 8,190,735,360 ")
+
+megadsl(describe gemma-7b --tp 4)
+expect_exit(0)
+expect_out("embedding  \\(\\* sqrt\\(hidden\\)\\)")
+expect_out("pre_norm  rms_norm<rms_1p>  \\[input_layernorm\\]")
+expect_out("gated_mlp<gelu_tanh>")
+expect_out("parameters: 8,537,680,896 ")
+
+# A Gemma checkpoint made by transformers reads as the gemma composition.
+megadsl(describe ${FIXTURES}/gemma-tf5)
+expect_exit(0)
+expect_out("gated_mlp<gelu_tanh>")
+
+# OLMo2: norms after the sublayers, bound to HF's post_* names; full-width q/k norms split over tp.
+megadsl(describe olmo2-7b --tp 8)
+expect_exit(0)
+expect_out("post_norm  rms_norm<rms_wmul>  \\[post_attention_layernorm\\]")
+expect_out("\n  layers\\.{layer}\\.mlp_post_norm\\.weight +model\\.layers\\.{layer}\\.post_feedforward_layernorm\\.weight +replicated ")
+expect_out("\n  layers\\.{layer}\\.k_norm\\.weight +model\\.layers\\.{layer}\\.self_attn\\.k_norm\\.weight +column +\\(4096\\) +\\(4096\\) +dim 0 +\\(512\\) ")
+expect_out("parameters: 7,298,617,344 ")
+
+# Phi-3: HF's fused tensors are the source of the fused parameters, sliced per tp rank.
+megadsl(describe phi3-mini --tp 4)
+expect_exit(0)
+expect_out("\n  layers\\.{layer}\\.qkv\\.weight +model\\.layers\\.{layer}\\.self_attn\\.qkv_proj\\.weight +fused q/k/v +\\(9216, 3072\\) +\\(9216, 3072\\) +dim 0 +\\(2304, 3072\\) ")
+expect_out("parameters: 3,821,079,552 ")
