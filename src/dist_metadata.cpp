@@ -58,8 +58,12 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
     if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object())
       for (const auto& [key, value] : {std::pair{"norm", "rms"}, {"qk_norm", "none"},
                                        {"mlp_activation", "silu"}, {"embed_scale", "none"},
-                                       {"residual", "pre_norm"}, {"hf_storage", "separate"}})
+                                       {"residual", "pre_norm"}, {"hf_storage", "separate"},
+                                       {"mlp", "gated"}})
         if (!m.model["shape"].contains(key)) m.model["shape"][key] = value;
+    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object() &&
+        !m.model["shape"].contains("out_bias"))
+      m.model["shape"]["out_bias"] = false;
     m.layout = j.value("layout", json::object());
     if (!j.at("training").is_null()) {
       const json& t = j.at("training");

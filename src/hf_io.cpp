@@ -103,12 +103,21 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
                            ", but " + ck.file_of(name).path().filename().string() + " holds " + shape_text(t->shape) +
                            "; this config.json does not describe these weights (use the checkpoint's own config.json)");
   };
-  expect("model.embed_tokens.weight", {s.vocab.get(), s.hidden.get()}, "vocab_size and hidden_size");
-  expect("model.layers.0.self_attn.q_proj.weight", {static_cast<std::int64_t>(q), s.hidden.get()},
-         "num_attention_heads, head_dim and hidden_size");
-  expect("model.layers.0.self_attn.k_proj.weight", {static_cast<std::int64_t>(kv), s.hidden.get()},
-         "num_key_value_heads, head_dim and hidden_size");
-  expect("model.layers.0.mlp.gate_proj.weight", {s.ffn.get(), s.hidden.get()}, "intermediate_size and hidden_size");
+  // Every HF tensor of the embedding and of layer 0, as the family's parameter rows bind them (the
+  // shapes at tp 1 are HF's). Sizes beyond 2^40 are left to the memory check below: the plan's
+  // integer products of them could overflow.
+  const double limit = 1099511627776.0;
+  if (h <= limit && v <= limit && q <= limit && kv <= limit && f <= limit) {
+    for (const param_plan& p : plan_params(s, layout{}, head)) {
+      if (p.tied || p.row->where == placement::last_stage) continue;  // heads: load_hf checks them
+      for (int i = 0; i < p.row->hf_count; ++i) {
+        const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
+        expect(with_layer(p.row->hf[static_cast<std::size_t>(i)], 0),
+               d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols},
+               "sizes (hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size)");
+      }
+    }
+  }
   std::int64_t last = -1;
   for (const std::string& n : ck.names())
     if (n.rfind("model.layers.", 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + 13));
@@ -117,7 +126,8 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
                            ", but the weights hold layers 0.." + std::to_string(last) +
                            "; this config.json does not describe these weights (use the checkpoint's own config.json)");
 
-  const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
+  const double mlp_matrices = s.mlp.get() == mlp_kind::plain ? 2 : 3;
+  const double per_layer = h * (q + 2 * kv) + q * h + mlp_matrices * h * f + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
   const double head_params = head.actor ? (s.tie_embeddings.get() ? 0 : v * h) : h + 1;
   const double params = v * h + layers * per_layer + h + head_params;
   const double split = static_cast<double>(l.tp.get() * l.pp.get());
@@ -283,6 +293,7 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
 static std::string default_model_type(const runtime_config& c) {
   if (c.s.embed_scale.get() == embed_scale_kind::sqrt_hidden || c.s.norm.get() == norm_kind::rms_1p) return "gemma";
   if (c.s.qk_norm.get() == qk_norm_kind::per_head) return "qwen3";
+  if (c.s.mlp.get() == mlp_kind::plain || c.s.norm.get() == norm_kind::layer_norm) return "starcoder2";
   if (c.s.hf_storage.get() == tensor_storage::concatenated) return "phi3";
   if (c.s.residual.get() == residual_kind::post_norm || c.s.qk_norm.get() == qk_norm_kind::full_width) return "olmo2";
   return c.s.qkv_bias.get() ? "qwen2" : c.options.attention_window != 0 ? "mistral" : "llama";

@@ -32,8 +32,8 @@ at::Tensor init_full(std::string_view hf_name, const dims& d, const model_option
   auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(hf_name, o.seed));
   const std::vector<std::int64_t> size = d.rank == 1 ? std::vector<std::int64_t>{d.rows}
                                                      : std::vector<std::int64_t>{d.rows, d.cols};
-  const bool norm = hf_name.find("norm") != std::string_view::npos;
   const bool bias = hf_name.size() >= 4 && hf_name.substr(hf_name.size() - 4) == "bias";
+  const bool norm = !bias && hf_name.find("norm") != std::string_view::npos;  // a norm's weight
   at::Tensor t;
   if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (zero_centred_norms ? 0.0 : 1.0);
   else if (bias) t = o.test_init ? at::normal(0.0, o.init_std, size, gen) : at::zeros(size);
@@ -42,7 +42,8 @@ at::Tensor init_full(std::string_view hf_name, const dims& d, const model_option
 }
 
 struct layer_weights {
-  at::Tensor attn_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, attn_post_norm, mlp_norm, gate_up, down, mlp_post_norm;
+  at::Tensor attn_norm, attn_norm_bias, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, attn_post_norm;
+  at::Tensor mlp_norm, mlp_norm_bias, gate_up, fc, fc_bias, down, down_bias, mlp_post_norm;
 };
 
 // One virtual pipeline chunk of this rank: global stage chunk * pp + pp_rank.
@@ -68,7 +69,7 @@ class llama_core final : public llama_core_base {
   llama_core(const runtime_config& c, parallel_groups& g)
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), device_(c.options.device),
         compute_(c.options.compute()), norm_(c.s.norm.get()), act_(c.s.mlp_activation.get()),
-        qk_norm_(c.s.qk_norm.get()), residual_(c.s.residual.get()) {
+        qk_norm_(c.s.qk_norm.get()), residual_(c.s.residual.get()), mlp_(c.s.mlp.get()) {
     if (c.options.deterministic) {
       ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
       at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -288,7 +289,7 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const packed_tokens& pk = in.pk;
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
-    const at::Tensor x = rms_norm(hidden, w(final_norm_), s.rms_eps, norm_);
+    const at::Tensor x = norm(hidden, final_norm_, final_norm_bias_);
     model_output out;
     if (cfg_.head.actor) {
       at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
@@ -362,10 +363,19 @@ class llama_core final : public llama_core_base {
   }
 
   // Row-parallel linear: partial sums over tp, all-reduced (or reduce-scattered to SP shards).
-  at::Tensor row(const at::Tensor& x, const at::Tensor& weight) {
+  // Row-parallel linear: partial sums over tp, all-reduced (or reduce-scattered to SP shards); its
+  // bias, when it has one, is added once after the reduction.
+  at::Tensor row(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) {
     at::Tensor y = at::linear(x, w(weight));
     if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
-    return y;
+    return bias.defined() ? y + w(bias) : y;
+  }
+
+  // The model's norm (norm_kind): RMSNorm in one of its cast orders, or LayerNorm with its bias.
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
+    if (norm_ == norm_kind::layer_norm)
+      return at::layer_norm(x, {x.size(-1)}, w(weight), w(bias), cfg_.s.rms_eps.get());
+    return rms_norm(x, w(weight), cfg_.s.rms_eps.get(), norm_);
   }
 
   at::Tensor decoder_layer(const at::Tensor& x, const layer_weights& lw, const packed_tokens& pk,
@@ -373,7 +383,7 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const std::int64_t tokens = pk.tokens;
     const bool post = residual_ == residual_kind::post_norm;
-    const at::Tensor h = post ? x : rms_norm(x, w(lw.attn_norm), s.rms_eps, norm_);
+    const at::Tensor h = post ? x : norm(x, lw.attn_norm, lw.attn_norm_bias);
     at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
     if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
     const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
@@ -395,12 +405,18 @@ class llama_core final : public llama_core_base {
     at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens)
                             : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq);   // (T, G*Q*d)
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
-    at::Tensor attn_out = row(a, lw.o_proj);  // (T'/tp or T', h)
-    if (post) attn_out = rms_norm(attn_out, w(lw.attn_post_norm), s.rms_eps, norm_);
+    at::Tensor attn_out = row(a, lw.o_proj, lw.o_bias);  // (T'/tp or T', h)
+    if (post) attn_out = norm(attn_out, lw.attn_post_norm, {});
     const at::Tensor after_attn = x + attn_out;
-    const at::Tensor h2 = post ? after_attn : rms_norm(after_attn, w(lw.mlp_norm), s.rms_eps, norm_);
-    at::Tensor mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
-    if (post) mlp_out = rms_norm(mlp_out, w(lw.mlp_post_norm), s.rms_eps, norm_);
+    const at::Tensor h2 = post ? after_attn : norm(after_attn, lw.mlp_norm, lw.mlp_norm_bias);
+    at::Tensor mlp_out;
+    if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
+      const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
+      mlp_out = row(act_ == activation::gelu_tanh ? at::gelu(up, "tanh") : at::silu(up), lw.down, lw.down_bias);
+    } else {
+      mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
+    }
+    if (post) mlp_out = norm(mlp_out, lw.mlp_post_norm, {});
     return after_attn + mlp_out;
   }
 
@@ -479,6 +495,13 @@ class llama_core final : public llama_core_base {
       case param_role::k_norm: w.k_norm = t; break;
       case param_role::o_proj: w.o_proj = t; break;
       case param_role::attn_post_norm: w.attn_post_norm = t; break;
+      case param_role::attn_norm_bias: w.attn_norm_bias = t; break;
+      case param_role::o_bias: w.o_bias = t; break;
+      case param_role::mlp_norm_bias: w.mlp_norm_bias = t; break;
+      case param_role::fc: w.fc = t; break;
+      case param_role::fc_bias: w.fc_bias = t; break;
+      case param_role::down_bias: w.down_bias = t; break;
+      case param_role::final_norm_bias: final_norm_bias_ = t; break;
       case param_role::mlp_post_norm: w.mlp_post_norm = t; break;
       case param_role::mlp_norm: w.mlp_norm = t; break;
       case param_role::gate_up: w.gate_up = t; break;
@@ -506,8 +529,9 @@ class llama_core final : public llama_core_base {
   activation act_ = activation::silu;
   qk_norm_kind qk_norm_ = qk_norm_kind::none;
   residual_kind residual_ = residual_kind::pre_norm;
+  mlp_kind mlp_ = mlp_kind::gated;
   qkv_rank_layout qkv_{};
-  at::Tensor embed_, final_norm_, lm_head_, value_w_, value_b_;
+  at::Tensor embed_, final_norm_, final_norm_bias_, lm_head_, value_w_, value_b_;
   std::vector<layer_weights> layers_;
   std::vector<named_parameter> params_;
 };

@@ -1,4 +1,4 @@
-// megadsl: check, describe, plan, run and convert a Llama-family model under a parallel layout.
+// megadsl: check, describe, plan, run and convert a model of any composed family under a parallel layout.
 //
 //   megadsl check llama3-8b --tp 8 --pp 4 --sp          exit 0: valid, 1: rules violated, 2: usage
 //   megadsl describe path/to/hf-model --tp 4             per-parameter shard plan
@@ -39,7 +39,8 @@ commands:
   help                      this text
 
 MODEL is a preset name (megadsl presets), an HF model directory, or its config.json
-(model_type llama, mistral or qwen2). A path that looks like a preset name: write ./name.
+(model_type llama, mistral, qwen2, qwen3, gemma, olmo2, phi3 or starcoder2). A path that looks like
+a preset name: write ./name.
 
 layout:
   --tp N                    tensor-parallel degree (default 1)

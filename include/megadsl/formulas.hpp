@@ -34,7 +34,11 @@ constexpr std::int64_t layer_parameter_count(const shape& s) {
   const std::int64_t qk_norm = s.qk_norm.get() == qk_norm_kind::per_head     ? 2 * d
                                : s.qk_norm.get() == qk_norm_kind::full_width ? (n + g) * d
                                                                               : 0;
-  return attention + bias + qk_norm + 3 * h * s.ffn.get() + 2 * h;
+  const std::int64_t ffn = s.ffn.get();
+  const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == mlp_kind::plain;
+  const std::int64_t mlp = plain ? 2 * h * ffn + (out_bias ? ffn + h : 0) : 3 * h * ffn;
+  const std::int64_t norms = 2 * h * (s.norm.get() == norm_kind::layer_norm ? 2 : 1);  // LayerNorm: + bias
+  return attention + bias + (out_bias ? h : 0) + qk_norm + mlp + norms;
 }
 
 // The HF parameter count: embedding (true vocab), layers, final norm, and the head: lm_head unless
@@ -43,7 +47,8 @@ constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
   const std::int64_t h = s.hidden, v = s.vocab;
   const std::int64_t out = head.actor ? (s.tie_embeddings.get() ? 0 : v * h)
                                       : h + (head.value_bias ? 1 : 0);
-  return v * h + s.layers.get() * layer_parameter_count(s) + h + out;
+  const std::int64_t final_norm = s.norm.get() == norm_kind::layer_norm ? 2 * h : h;
+  return v * h + s.layers.get() * layer_parameter_count(s) + final_norm + out;
 }
 
 // ---- training memory per rank ----------------------------------------------------------------------

@@ -56,6 +56,14 @@ struct phi3 : decoder_family<phi3_blocks, S> {
   static constexpr std::string_view name = "phi3";
 };
 
+// StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
+// and the MLP per the shape (config.json's use_bias), tied embeddings by default.
+template <shape S>
+struct starcoder2 : decoder_family<starcoder2_blocks, S> {
+  static constexpr std::string_view family = "starcoder2";
+  static constexpr std::string_view name = "starcoder2";
+};
+
 // Any decoder of the vocabulary: every knob dynamic, filled from a config.json's model_type (the
 // command-line tool and the Python module use it with `dynamic_shape`).
 template <shape S>

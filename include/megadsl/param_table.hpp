@@ -39,8 +39,16 @@ enum class presence : std::int8_t {
   always, qkv_bias,
   qk_norm,             // per head (Qwen3)
   qk_norm_full,        // over the full width (OLMo2)
-  separate,            // HF stores q/k/v (gate/up) as separate tensors
+  separate,            // HF stores q/k/v as separate tensors
   concatenated,        // HF stores them as one tensor, rows in slot order (Phi-3)
+  gated_separate,      // gated MLP, gate and up separate
+  gated_concatenated,  // gated MLP, gate_up_proj
+  gated,               // gated MLP (its down projection)
+  plain,               // plain MLP (c_fc, c_proj)
+  plain_bias,          // plain MLP with biases (out_bias)
+  out_bias,            // o_proj bias (out_bias)
+  pre_norm_bias,       // LayerNorm's bias, pre_norm residual
+  norm_bias,           // LayerNorm's bias (final norm)
   pre_norms,           // residual pre_norm: norms before the sublayers
   post_norms,          // residual post_norm: norms after the sublayers
   actor, critic, critic_bias,
@@ -51,8 +59,9 @@ enum class placement : std::int8_t { first_stage, layer, last_stage };
 
 // What the runtime binds a row to (one slot per role; no name matching).
 enum class param_role : std::int8_t {
-  embed, attn_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, attn_post_norm, mlp_norm, gate_up, down,
-  mlp_post_norm, final_norm, lm_head, value_weight, value_bias,
+  embed, attn_norm, attn_norm_bias, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, attn_post_norm,
+  mlp_norm, mlp_norm_bias, gate_up, fc, fc_bias, down, down_bias, mlp_post_norm, final_norm,
+  final_norm_bias, lm_head, value_weight, value_bias,
 };
 
 // The extent of the dimension a row's HF tensors do not split: what `plan_of` sizes it by.
@@ -63,6 +72,7 @@ enum class extent : std::int8_t {
   k_width,     // (kv_heads * d) full-width k norm weight, split over tp like the kv heads
   attn_width,  // row-parallel input heads * head_dim (o_proj)
   ffn,         // row-parallel input intermediate_size (down)
+  ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
   none,        // the shape follows from the kind alone
 };
 
@@ -90,9 +100,11 @@ inline constexpr std::array<param_row, 1> embedding{{
 
 // pre_norm<rms_norm, attention>: the norm at the slot HF calls input_layernorm; post_norm<...>: at
 // post_attention_layernorm (the same HF name means another slot: names are bound at the slot).
-inline constexpr std::array<param_row, 10> attention{{
+inline constexpr std::array<param_row, 12> attention{{
     {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
      {"model.layers.{layer}.input_layernorm.weight"}, 1, param_role::attn_norm, extent::hidden},
+    {"layers.{layer}.attn_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
+     {"model.layers.{layer}.input_layernorm.bias"}, 1, param_role::attn_norm_bias, extent::hidden},
     {"layers.{layer}.qkv.weight", shard_kind::fused_qkv, placement::layer, presence::separate,
      {"model.layers.{layer}.self_attn.q_proj.weight", "model.layers.{layer}.self_attn.k_proj.weight",
       "model.layers.{layer}.self_attn.v_proj.weight"}, 3, param_role::qkv},
@@ -113,29 +125,45 @@ inline constexpr std::array<param_row, 10> attention{{
      {"model.layers.{layer}.self_attn.k_norm.weight"}, 1, param_role::k_norm, extent::k_width},
     {"layers.{layer}.o_proj.weight", shard_kind::row, placement::layer, presence::always,
      {"model.layers.{layer}.self_attn.o_proj.weight"}, 1, param_role::o_proj, extent::attn_width},
+    // Added after the row-parallel reduction (on SP shards under SP).
+    {"layers.{layer}.o_proj.bias", shard_kind::replicated, placement::layer, presence::out_bias,
+     {"model.layers.{layer}.self_attn.o_proj.bias"}, 1, param_role::o_bias, extent::hidden},
     {"layers.{layer}.attn_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
      {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::attn_post_norm, extent::hidden},
 }};
 
-// pre_norm<rms_norm, gated_mlp>: the norm at the slot HF calls post_attention_layernorm;
+// pre_norm<norm, gated_mlp | plain_mlp>: the norm at the slot HF calls post_attention_layernorm;
 // post_norm<...>: at post_feedforward_layernorm.
-inline constexpr std::array<param_row, 5> gated_mlp{{
+inline constexpr std::array<param_row, 10> mlp{{
     {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
      {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden},
-    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::separate,
+    {"layers.{layer}.mlp_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
+     {"model.layers.{layer}.post_attention_layernorm.bias"}, 1, param_role::mlp_norm_bias, extent::hidden},
+    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::gated_separate,
      {"model.layers.{layer}.mlp.gate_proj.weight", "model.layers.{layer}.mlp.up_proj.weight"}, 2,
      param_role::gate_up},
-    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::concatenated,
+    {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::gated_concatenated,
      {"model.layers.{layer}.mlp.gate_up_proj.weight"}, 1, param_role::gate_up, extent::none, true},
-    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::always,
+    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::gated,
      {"model.layers.{layer}.mlp.down_proj.weight"}, 1, param_role::down, extent::ffn},
+    // plain_mlp<...> (StarCoder2): c_fc column-parallel with its bias split, c_proj row-parallel.
+    {"layers.{layer}.fc.weight", shard_kind::column, placement::layer, presence::plain,
+     {"model.layers.{layer}.mlp.c_fc.weight"}, 1, param_role::fc, extent::ffn_rows},
+    {"layers.{layer}.fc.bias", shard_kind::column, placement::layer, presence::plain_bias,
+     {"model.layers.{layer}.mlp.c_fc.bias"}, 1, param_role::fc_bias, extent::ffn_rows},
+    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::plain,
+     {"model.layers.{layer}.mlp.c_proj.weight"}, 1, param_role::down, extent::ffn},
+    {"layers.{layer}.down.bias", shard_kind::replicated, placement::layer, presence::plain_bias,
+     {"model.layers.{layer}.mlp.c_proj.bias"}, 1, param_role::down_bias, extent::hidden},
     {"layers.{layer}.mlp_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
      {"model.layers.{layer}.post_feedforward_layernorm.weight"}, 1, param_role::mlp_post_norm, extent::hidden},
 }};
 
-inline constexpr std::array<param_row, 1> final_norm{{
+inline constexpr std::array<param_row, 2> final_norm{{
     {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
      {"model.norm.weight"}, 1, param_role::final_norm, extent::hidden},
+    {"final_norm.bias", shard_kind::replicated, placement::last_stage, presence::norm_bias,
+     {"model.norm.bias"}, 1, param_role::final_norm_bias, extent::hidden},
 }};
 
 // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
@@ -165,8 +193,14 @@ constexpr auto concat_rows(const std::array<param_row, N>&... parts) {
 
 // The decoder's composition in order: embedding, the block's two sublayers, final norm, heads.
 inline constexpr auto decoder_params =
-    detail::concat_rows(block_params::embedding, block_params::attention, block_params::gated_mlp,
+    detail::concat_rows(block_params::embedding, block_params::attention, block_params::mlp,
                         block_params::final_norm, block_params::lm_head, block_params::value_head);
+// An array declared longer than its rows would hold default rows, present in every model.
+static_assert([] {
+  for (const param_row& r : decoder_params)
+    if (r.name.empty() || r.hf_count < 1) return false;
+  return true;
+}(), "megadsl: a block_params array is declared with more rows than it lists");
 
 // Names a critic accepts for its value head when loading (DESIGN §7), in order of preference.
 // `lm_head.weight` counts only with shape (1, h).

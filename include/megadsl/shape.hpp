@@ -32,9 +32,11 @@ constexpr std::string_view name_of(rope_type t) {
 // (layers/blocks.hpp) sets them; a user's shape leaves them alone. They are run-time enums to the
 // kernels, so a family adds no LibTorch instantiation.
 
-// How an RMSNorm applies its weight: Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in fp32, or
-// OLMo2's `(w * x).to(dtype)` in fp32.
-enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul };
+// How a norm applies its weight: RMSNorm as Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in
+// fp32, or OLMo2's `(w * x).to(dtype)` in fp32; or LayerNorm with a bias (StarCoder2, NeoX).
+enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul, layer_norm };
+// The MLP: gated (down(act(gate x) * up x)) or plain (proj(act(fc x + b)) + b).
+enum class mlp_kind : std::int8_t { gated, plain };
 // Q/K RMSNorm before RoPE: none, per head over head_dim (Qwen3), or over the full projection width
 // (OLMo2: heads * head_dim for q, kv_heads * head_dim for k; under tp a sum of squares over tp).
 enum class qk_norm_kind : std::int8_t { none, per_head, full_width };
@@ -50,8 +52,9 @@ enum class activation : std::int8_t { silu, gelu_tanh };
 enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
 
 constexpr std::string_view name_of(norm_kind k) {
-  return k == norm_kind::rms ? "rms" : k == norm_kind::rms_1p ? "rms_1p" : "rms_wmul";
+  return k == norm_kind::rms ? "rms" : k == norm_kind::rms_1p ? "rms_1p" : k == norm_kind::rms_wmul ? "rms_wmul" : "layer_norm";
 }
+constexpr std::string_view name_of(mlp_kind k) { return k == mlp_kind::gated ? "gated" : "plain"; }
 constexpr std::string_view name_of(qk_norm_kind k) {
   return k == qk_norm_kind::none ? "none" : k == qk_norm_kind::per_head ? "per_head" : "full_width";
 }
@@ -73,7 +76,10 @@ template <>
 inline constexpr auto enum_values<rope_type> = std::array{rope_type::none, rope_type::linear,
                                                           rope_type::dynamic_ntk, rope_type::llama3};
 template <>
-inline constexpr auto enum_values<norm_kind> = std::array{norm_kind::rms, norm_kind::rms_1p, norm_kind::rms_wmul};
+inline constexpr auto enum_values<norm_kind> =
+    std::array{norm_kind::rms, norm_kind::rms_1p, norm_kind::rms_wmul, norm_kind::layer_norm};
+template <>
+inline constexpr auto enum_values<mlp_kind> = std::array{mlp_kind::gated, mlp_kind::plain};
 template <>
 inline constexpr auto enum_values<qk_norm_kind> =
     std::array{qk_norm_kind::none, qk_norm_kind::per_head, qk_norm_kind::full_width};
@@ -118,6 +124,8 @@ struct shape {
   maybe<embed_scale_kind> embed_scale = embed_scale_kind::none;
   maybe<residual_kind> residual = residual_kind::pre_norm;
   maybe<tensor_storage> hf_storage = tensor_storage::separate;
+  maybe<mlp_kind> mlp = mlp_kind::gated;
+  flag out_bias = false;  // biases on o_proj and the MLP's projections (StarCoder2's use_bias)
 };
 
 // Every field dynamic: the form the command-line tool uses for any HF checkpoint.
@@ -129,7 +137,7 @@ inline constexpr shape dynamic_shape = {
              .high_freq_factor = dynamic, .original_max_positions = dynamic},
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
     .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
-    .hf_storage = dynamic};
+    .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic};
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.
 constexpr dim effective_head_dim(const shape& s) {
@@ -146,4 +154,4 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, hi
                         original_max_positions);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
                         max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
-                        mlp_activation, embed_scale, residual, hf_storage);
+                        mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias);

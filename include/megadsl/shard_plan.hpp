@@ -77,6 +77,15 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::qk_norm_full: return s.qk_norm.get() == qk_norm_kind::full_width;
     case presence::separate: return s.hf_storage.get() == tensor_storage::separate;
     case presence::concatenated: return s.hf_storage.get() == tensor_storage::concatenated;
+    case presence::gated_separate: return s.mlp.get() == mlp_kind::gated && s.hf_storage.get() == tensor_storage::separate;
+    case presence::gated_concatenated:
+      return s.mlp.get() == mlp_kind::gated && s.hf_storage.get() == tensor_storage::concatenated;
+    case presence::gated: return s.mlp.get() == mlp_kind::gated;
+    case presence::plain: return s.mlp.get() == mlp_kind::plain;
+    case presence::plain_bias: return s.mlp.get() == mlp_kind::plain && s.out_bias.get();
+    case presence::out_bias: return s.out_bias.get();
+    case presence::pre_norm_bias: return s.norm.get() == norm_kind::layer_norm && s.residual.get() == residual_kind::pre_norm;
+    case presence::norm_bias: return s.norm.get() == norm_kind::layer_norm;
     case presence::pre_norms: return s.residual.get() == residual_kind::pre_norm;
     case presence::post_norms: return s.residual.get() == residual_kind::post_norm;
     case presence::actor: return h.actor;
@@ -140,6 +149,13 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       break;
     }
     case shard_kind::column: {
+      if (row.size == extent::ffn_rows) {  // a plain MLP's fc weight (ffn, h) and bias (ffn)
+        const bool bias = row.role == param_role::fc_bias;
+        p.hf_shapes[0] = p.global = bias ? vec(ffn) : mat(ffn, h);
+        p.local = bias ? vec(ffn / tp) : mat(ffn / tp, h);
+        p.split_dim = 0;
+        break;
+      }
       // Full-width q/k norm weights: rows of the heads each rank holds (kv_heads >= tp, a rule).
       const std::int64_t rows = row.size == extent::q_width ? heads * hd : kv * hd;
       p.hf_shapes[0] = p.global = vec(rows);

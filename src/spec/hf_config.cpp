@@ -55,6 +55,8 @@ constexpr key_name key_names[] = {
     {"embed_scale", "model_type (its embedding scale)"},
     {"residual", "model_type (where its norms sit)"},
     {"hf_storage", "model_type (fused q/k/v and gate/up tensors)"},
+    {"mlp", "model_type (gated or plain MLP)"},
+    {"out_bias", "use_bias"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -83,6 +85,7 @@ constexpr family_defaults defaults_table[] = {
     {"gemma", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
     {"olmo2", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
     {"phi3", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
+    {"starcoder2", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -351,7 +354,9 @@ constexpr config_key config_keys[] = {
     {"*", "vocab_size", key_use::read},
     {"*", "head_dim", key_use::read},
     {"*", "max_position_embeddings", key_use::read},
-    {"*", "rms_norm_eps", key_use::read},
+    {"llama mistral qwen2 qwen3 gemma olmo2 phi3", "rms_norm_eps", key_use::read},
+    {"starcoder2", "norm_epsilon", key_use::read},     // its LayerNorms' eps
+    {"starcoder2", "use_bias", key_use::read},         // q/k/v, o_proj and MLP biases
     {"*", "rope_theta", key_use::read},
     {"*", "rope_scaling", key_use::read},
     {"*", "rope_parameters", key_use::read},
@@ -360,7 +365,7 @@ constexpr config_key config_keys[] = {
     {"llama qwen3 gemma olmo2", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
     {"llama", "mlp_bias", key_use::read},              // only false
     {"gemma", "hidden_activation", key_use::read},     // 4.x Gemma's name of the activation
-    {"mistral qwen2 qwen3 phi3", "sliding_window", key_use::read},  // the window: longer sequences are refused
+    {"mistral qwen2 qwen3 phi3 starcoder2", "sliding_window", key_use::read},  // the window: longer sequences are refused
     {"qwen2 qwen3", "use_sliding_window", key_use::read},
     {"qwen2 qwen3", "max_window_layers", key_use::read},
     {"qwen2 qwen3", "layer_types", key_use::read},
@@ -373,6 +378,8 @@ constexpr config_key config_keys[] = {
     {"qwen2", "use_mrope", key_use::refused},          // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
     {"gemma", "use_bidirectional_attention", key_use::refused},  // non-causal attention
     {"phi3", "resid_pdrop", key_use::refused},         // dropout
+    {"starcoder2", "residual_dropout", key_use::refused},
+    {"starcoder2", "embedding_dropout", key_use::refused},
     {"phi3", "embd_pdrop", key_use::refused},
     {"phi3", "partial_rotary_factor", key_use::refused},  // 4.x's place for it; checked with rope_parameters
     {"phi3", "original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
@@ -472,7 +479,8 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
     }
     if (k->use != key_use::refused || value.is_null()) continue;
     if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
-    if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop") {
+    if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop" ||
+        key == "residual_dropout" || key == "embedding_dropout") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
       r.fail(key, "is " + describe_json(value) + ": megadsl has no dropout, so training would differ from HF's",
              "set it to 0.0 (verl and Megatron RLHF recipes train without dropout)");
@@ -541,7 +549,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
   const json* mt = r.find(root, "model_type");
-  const std::string types = "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\" or \"phi3\"";
+  const std::string types =
+      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\", \"phi3\" or \"starcoder2\"";
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
@@ -550,11 +559,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                                  [&](const family_defaults& f) { return f.model_type == out.model_type; });
   if (fam == std::end(defaults_table))
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
-           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, OLMo2, Phi-3)");
+           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, OLMo2, Phi-3, StarCoder2)");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
-  const bool gemma = fam->model_type == "gemma";
+  const bool gemma = fam->model_type == "gemma" || fam->model_type == "starcoder2";  // GELU-tanh
   for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
     const json* act = r.find(root, key);
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
@@ -564,6 +573,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's gated MLP uses " +
                       (gemma ? "GELU with the tanh approximation" : "SiLU"),
              gemma ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
+    // StarCoder2's "gelu" is the exact GELU (no legacy rewrite there): refused above only for Gemma's sake.
+    if (fam->model_type == "starcoder2" && a == "gelu")
+      r.fail(key, "is \"gelu\" (the exact GELU); the starcoder2 family's MLP uses the tanh approximation",
+             "use \"gelu_pytorch_tanh\"");
   }
   if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma) {
     if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
@@ -588,7 +601,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  s.rms_eps = r.optional<double>("rms_norm_eps", fam->rms_eps,
+  const bool starcoder2 = fam->model_type == "starcoder2";
+  s.rms_eps = r.optional<double>(starcoder2 ? "norm_epsilon" : "rms_norm_eps", fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
   const rope_read rope = read_rope(r);
   if (rope.theta) s.rope_theta = *rope.theta;
@@ -598,6 +612,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   }
   s.rope = rope.scaling;
   s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
+  s.out_bias = false;
+  if (starcoder2) {
+    s.qkv_bias = s.out_bias = r.optional<bool>("use_bias", true,
+        [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  }
   s.tie_embeddings = r.optional<bool>("tie_word_embeddings", fam->tie_embeddings,
       [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
   s.norm = fam->knobs.norm;
@@ -606,6 +625,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.embed_scale = fam->knobs.embed_scale;
   s.residual = fam->knobs.residual;
   s.hf_storage = fam->knobs.hf_storage;
+  s.mlp = fam->knobs.mlp;
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
   if (out.attention_window != 0 && out.attention_window < s.max_positions.get())
@@ -738,18 +758,20 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                                  [&](const family_defaults& f) { return f.model_type == model_type; });
   if (fam == std::end(defaults_table))
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
-                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, olmo2 and phi3");
+                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, olmo2, phi3 and starcoder2");
   if (s.norm.get() != fam->knobs.norm.get() || s.qk_norm.get() != fam->knobs.qk_norm.get() ||
       s.mlp_activation.get() != fam->knobs.mlp_activation.get() || s.embed_scale.get() != fam->knobs.embed_scale.get() ||
       s.residual.get() != fam->knobs.residual.get() ||
-      s.hf_storage.get() != fam->knobs.hf_storage.get())
+      s.hf_storage.get() != fam->knobs.hf_storage.get() ||
+      s.mlp.get() != fam->knobs.mlp.get())
     throw config_error("megadsl: this model's blocks (norm " + show(s.norm) + ", qk_norm " + show(s.qk_norm) +
                        ", mlp_activation " + show(s.mlp_activation) + ", embed_scale " + show(s.embed_scale) +
                        ") are not those of model_type " + std::string(model_type) +
                        "; no HF config class describes this composition: save it as a distributed checkpoint");
   const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral"
                              : model_type == "qwen3" ? "Qwen3" : model_type == "gemma" ? "Gemma"
-                             : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3" : "Llama";
+                             : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3"
+                             : model_type == "starcoder2" ? "Starcoder2" : "Llama";
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
   j["model_type"] = std::string(model_type);
@@ -761,9 +783,17 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["vocab_size"] = s.vocab.get();
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
-  j["rms_norm_eps"] = s.rms_eps.get();
+  j[model_type == "starcoder2" ? "norm_epsilon" : "rms_norm_eps"] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
-  j["hidden_act"] = model_type == "gemma" ? "gelu_pytorch_tanh" : "silu";
+  j["hidden_act"] = model_type == "gemma" || model_type == "starcoder2" ? "gelu_pytorch_tanh" : "silu";
+  if (model_type == "starcoder2") {
+    if (s.qkv_bias.get() != s.out_bias.get())
+      throw config_error("megadsl: a Starcoder2 config has one use_bias for q/k/v, o_proj and the MLP; this model has "
+                         "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias));
+    j["use_bias"] = s.qkv_bias.get();
+  } else if (s.out_bias.get()) {
+    throw config_error("megadsl: a " + family + " config cannot express o_proj and MLP biases; save it as model_type starcoder2");
+  }
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
   if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "olmo2") {
@@ -779,7 +809,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                        std::to_string(attention_window) + " tokens; save it as model_type mistral");
   if (model_type == "phi3" && s.qkv_bias.get())
     throw config_error("megadsl: a Phi3 config has no q/k/v bias, and this model has one; save it as model_type qwen2");
-  if (model_type == "mistral" || model_type == "phi3") {
+  if (model_type == "mistral" || model_type == "phi3" || model_type == "starcoder2") {
     j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
   } else if (model_type == "qwen2" || model_type == "qwen3") {
     j["use_sliding_window"] = attention_window != 0;

@@ -53,6 +53,13 @@ struct tiny8_phi3 : phi3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads
   static constexpr std::string_view name = "tiny8-phi3";
 };
 
+// StarCoder2's composition: LayerNorms with biases, a plain GELU-tanh MLP with biases, o_proj bias.
+struct tiny8_starcoder2 : starcoder2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                           .vocab = 500, .max_positions = 256, .qkv_bias = true,
+                                           .tie_embeddings = true, .out_bias = true}> {
+  static constexpr std::string_view name = "tiny8-starcoder2";
+};
+
 // A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
 rollout_batch make_rollout(std::int64_t vocab);
 

@@ -37,12 +37,13 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
-// The last six are written by transformers 5 (rope_parameters; Mistral's sliding_window; the
+// The last seven are written by transformers 5 (rope_parameters; Mistral's sliding_window; the
 // qwen3, gemma and olmo2 compositions: per-head q/k norms, (1 + w) norms, scaled embedding, GeGLU,
-// post norms, full-width q/k norms, Phi-3's concatenated qkv_proj / gate_up_proj).
+// post norms, full-width q/k norms, Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's
+// LayerNorms and biased plain MLP).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
-                                        "olmo2-tf5", "phi3-tf5"};
+                                        "olmo2-tf5", "phi3-tf5", "starcoder2-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }

@@ -106,7 +106,7 @@ TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
 }
 
-TEST_CASE("the qwen3, gemma, olmo2 and phi3 compositions: every layout equals one process", "[world4][pipeline][families]") {
+TEST_CASE("the qwen3, gemma, olmo2, phi3 and starcoder2 compositions: every layout equals one process", "[world4][pipeline][families]") {
   check_inference<tiny8_qwen3, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // kv replicated
   check_inference<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
   check_inference<tiny8_qwen3, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
@@ -118,9 +118,11 @@ TEST_CASE("the qwen3, gemma, olmo2 and phi3 compositions: every layout equals on
   check_inference<tiny8_olmo2, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
   check_inference<tiny8_phi3, layout{.tp = 4, .sp = true}, true>(true);
   check_inference<tiny8_phi3, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(false);
+  check_inference<tiny8_starcoder2, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);
+  check_inference<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
 }
 
-TEST_CASE("five PPO steps of the qwen3, gemma, olmo2 and phi3 compositions under tp 2 x pp 2 x dp 2 equal one process",
+TEST_CASE("five PPO steps of the qwen3, gemma, olmo2, phi3 and starcoder2 compositions under tp 2 x pp 2 x dp 2 equal one process",
           "[world8][pipeline][training][families]") {
   REQUIRE(dist().world() == 8);
   check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
@@ -130,6 +132,8 @@ TEST_CASE("five PPO steps of the qwen3, gemma, olmo2 and phi3 compositions under
   check_training<tiny8_olmo2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_olmo2, layout{.tp = 2, .pp = 2}, false>(2);
   check_training<tiny8_phi3, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
+  check_training<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_starcoder2, layout{.tp = 2, .pp = 2}, false>(2);
 }
 
 TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 with its norms over 4 ranks, train like one process", "[world4][training][families]") {

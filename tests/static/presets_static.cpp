@@ -207,6 +207,19 @@ struct olmo2_gqa : megadsl::olmo2<megadsl::shape{.hidden = 512, .layers = 4, .he
                                                  .vocab = 1000, .max_positions = 128}> {};
 static_assert(violates<olmo2_gqa, layout{.tp = 4}>("full_width_qk_norm_needs_kv_heads_per_rank"));
 static_assert(valid_layout<olmo2_gqa, layout{.tp = 2}>);
+// StarCoder2: a plain MLP (fc split over tp with its bias, proj with a bias added after the
+// reduction), LayerNorm biases, an o_proj bias.
+struct sc2 : megadsl::starcoder2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 2048,
+                                                .vocab = 1000, .max_positions = 128, .qkv_bias = true,
+                                                .tie_embeddings = true, .out_bias = true}> {};
+static_assert(megadsl::local_shape<megadsl::causal_lm<sc2, layout{.tp = 4}>>("layers.{layer}.fc.bias") == megadsl::vec(512));
+static_assert(megadsl::local_shape<megadsl::causal_lm<sc2, layout{.tp = 4}>>("layers.{layer}.down.weight") ==
+              megadsl::mat(512, 512));
+static_assert(megadsl::local_shape<megadsl::causal_lm<sc2, layout{.tp = 4}>>("final_norm.bias") == megadsl::vec(512));
+// embed + 4 x (q, k, v, o + biases, fc + bias, proj + bias, 2 LayerNorms) + final LayerNorm.
+static_assert(parameter_count(sc2::shape) ==
+              1000 * 512 + 4 * (512 * 512 * 2 + 2 * 512 * 128 + 512 + 2 * 128 + 512 + 2 * 512 * 2048 + 2048 + 512 + 4 * 512) +
+                  2 * 512);
 // Phi-3: one concatenated HF tensor per fused parameter; the per-rank shard is the same.
 static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::phi3_mini>>()["layers.{layer}.qkv.weight"].row->hf_count == 1);
 static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::phi3_mini>>()["layers.{layer}.qkv.weight"].hf_shapes[0] ==

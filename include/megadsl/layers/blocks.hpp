@@ -32,7 +32,13 @@ namespace megadsl::blocks {
 
 template <norm_kind K = norm_kind::rms>
 struct rms_norm {
+  static_assert(K != norm_kind::layer_norm, "megadsl: LayerNorm is layer_norm<>, not rms_norm<layer_norm>");
   static constexpr norm_kind kind = K;
+};
+
+// LayerNorm with a weight and a bias (StarCoder2, GPT-NeoX).
+struct layer_norm {
+  static constexpr norm_kind kind = norm_kind::layer_norm;
 };
 
 struct attention_knobs {
@@ -51,6 +57,13 @@ template <activation A = activation::silu, tensor_storage S = tensor_storage::se
 struct gated_mlp {
   static constexpr activation act = A;
   static constexpr tensor_storage storage = S;
+};
+
+// proj(act(fc(x) + b_fc)) + b_proj: fc column-parallel with its bias split, proj row-parallel with
+// its bias added after the reduction (StarCoder2's c_fc / c_proj; biases per the shape's out_bias).
+template <activation A = activation::gelu_tanh>
+struct plain_mlp {
+  static constexpr activation act = A;
 };
 
 // Vocab-parallel token embedding.
@@ -127,10 +140,18 @@ template <activation A, tensor_storage S>
 struct mlp_traits<gated_mlp<A, S>> {
   static constexpr activation act = A;
   static constexpr tensor_storage storage = S;
+  static constexpr mlp_kind kind = mlp_kind::gated;
+};
+template <activation A>
+struct mlp_traits<plain_mlp<A>> {
+  static constexpr activation act = A;
+  static constexpr tensor_storage storage = tensor_storage::separate;
+  static constexpr mlp_kind kind = mlp_kind::plain;
 };
 
-template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, norm_kind NFinal>
-struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, rms_norm<NFinal>>> {
+template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, class FinalNorm>
+struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, FinalNorm>> {
+  static constexpr norm_kind NFinal = FinalNorm::kind;
   using attn = sublayer_traits<AttentionSublayer>;
   using mlp = sublayer_traits<MlpSublayer>;
   static constexpr attention_knobs knobs = attention_traits<typename attn::inner>::knobs;
@@ -160,6 +181,7 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, rms
     s.embed_scale = E;
     s.residual = attn::residual;
     s.hf_storage = knobs.storage;
+    s.mlp = mlp_traits<typename mlp::inner>::kind;
     return s;
   }
 };
@@ -176,7 +198,7 @@ constexpr bool knobs_compatible(const shape& s) {
          agrees(s.mlp_activation, c.mlp_activation, untouched.mlp_activation) &&
          agrees(s.embed_scale, c.embed_scale, untouched.embed_scale) &&
          agrees(s.residual, c.residual, untouched.residual) &&
-         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage);
+         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage) && agrees(s.mlp, c.mlp, untouched.mlp);
 }
 
 // The composition a shape's knobs stand for, as an indented tree (`megadsl describe`). Dynamic
@@ -188,14 +210,20 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
   basic_text<1024> t;
   t.add("decoder\n", "  embedding", is(s.embed_scale, embed_scale_kind::sqrt_hidden) ? "  (* sqrt(hidden))" : "", "\n");
   t.add("  block x ", s.layers.is_static() ? s.layers.get() : std::int64_t{-1}, "\n");
-  t.add("    ", knob(s.residual), "  rms_norm<", knob(s.norm), ">  [", post ? "post_attention_layernorm" : "input_layernorm", "]\n");
-  t.add("      attention  q/k/v", is(s.qkv_bias, true) ? " + bias" : "", ", rope");
+  basic_text<64> norm;
+  if (is(s.norm, norm_kind::layer_norm)) norm.add("layer_norm (+ bias)");
+  else norm.add("rms_norm<", knob(s.norm), ">");
+  t.add("    ", knob(s.residual), "  ", norm.view(), "  [", post ? "post_attention_layernorm" : "input_layernorm", "]\n");
+  t.add("      attention  q/k/v", is(s.qkv_bias, true) ? " + bias" : "", is(s.out_bias, true) ? ", o + bias" : "", ", rope");
   if (is(s.qk_norm, qk_norm_kind::per_head)) t.add(", q/k rms_norm per head");
   if (is(s.qk_norm, qk_norm_kind::full_width)) t.add(", q/k rms_norm over the full width");
   t.add(is(s.hf_storage, tensor_storage::concatenated) ? "  [self_attn: qkv_proj]\n" : "  [self_attn]\n");
-  t.add("    ", knob(s.residual), "  rms_norm<", knob(s.norm), ">  [", post ? "post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
-  t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
-  t.add("  rms_norm<", knob(s.norm), ">  [norm]\n");
+  t.add("    ", knob(s.residual), "  ", norm.view(), "  [", post ? "post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
+  if (is(s.mlp, mlp_kind::plain))
+    t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "", "  [mlp: c_fc, c_proj]\n");
+  else
+    t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
+  t.add("  ", norm.view(), "  [norm]\n");
   return t;
 }
 
@@ -238,6 +266,12 @@ using phi3_blocks = blocks::decoder<
     blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::concatenated}>>,
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>>>,
     blocks::rms_norm<>>;
+
+using starcoder2_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    blocks::block<blocks::pre_norm<blocks::layer_norm, blocks::attention<>>,
+                                  blocks::pre_norm<blocks::layer_norm, blocks::plain_mlp<activation::gelu_tanh>>>,
+                    blocks::layer_norm>;
 
 using gemma_blocks = blocks::decoder<
     blocks::embedding<embed_scale_kind::sqrt_hidden>,

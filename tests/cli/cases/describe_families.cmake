@@ -33,3 +33,10 @@ megadsl(describe phi3-mini --tp 4)
 expect_exit(0)
 expect_out("\n  layers\\.{layer}\\.qkv\\.weight +model\\.layers\\.{layer}\\.self_attn\\.qkv_proj\\.weight +fused q/k/v +\\(9216, 3072\\) +\\(9216, 3072\\) +dim 0 +\\(2304, 3072\\) ")
 expect_out("parameters: 3,821,079,552 ")
+
+# StarCoder2 (from a checkpoint transformers wrote): LayerNorms with biases, a plain MLP with biases.
+megadsl(describe ${FIXTURES}/starcoder2-tf5 --tp 2)
+expect_exit(0)
+expect_out("pre_norm  layer_norm \\(\\+ bias\\)  \\[input_layernorm\\]")
+expect_out("plain_mlp<gelu_tanh> \\+ biases  \\[mlp: c_fc, c_proj\\]")
+expect_out("\n  layers\\.{layer}\\.fc\\.bias +model\\.layers\\.{layer}\\.mlp\\.c_fc\\.bias +column +\\(176\\) +\\(176\\) +dim 0 +\\(88\\) ")
