@@ -14,14 +14,14 @@ int cmd_check(const options& o, std::ostream& out, std::ostream& err) {
 }
 
 int cmd_presets(std::ostream& out) {
-  table t({"preset", "parameters", "", "shape", "source"});
+  table t({"preset", "family", "parameters", "", "shape", "source"});
   for (const preset_entry& p : presets) {
     const shape& s = p.s;
     std::string summary = std::to_string(s.layers.get()) + " x h" + std::to_string(s.hidden.get()) + ", " +
                           std::to_string(s.heads.get()) + "/" + std::to_string(s.kv_heads.get()) +
                           " heads, ffn " + std::to_string(s.ffn.get()) + ", vocab " + std::to_string(s.vocab.get());
     if (s.tie_embeddings.get()) summary += ", tied";
-    t.add({std::string(p.name), grouped(p.published_params), short_count(p.published_params), summary,
+    t.add({std::string(p.name), std::string(p.family), grouped(p.published_params), short_count(p.published_params), summary,
            std::string(p.source)});
   }
   t.print(out, "");

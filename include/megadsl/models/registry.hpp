@@ -13,6 +13,7 @@ namespace megadsl {
 
 struct preset_entry {
   std::string_view name;          // "llama3-8b"
+  std::string_view family;        // its composition: "llama", "qwen3", "gemma", ...
   shape s;                        // fully static
   std::int64_t published_params;  // parameter count of the published checkpoint (actor, HF)
   std::string_view source;        // HF repository whose config.json the shape copies
@@ -21,7 +22,7 @@ struct preset_entry {
 namespace detail {
 template <class P>
 constexpr preset_entry entry_of() {
-  return {P::name, P::shape, P::published_params, P::hf_repo};
+  return {P::name, P::family, P::shape, P::published_params, P::hf_repo};
 }
 template <class... P>
 constexpr std::array<preset_entry, sizeof...(P)> entries_of(preset_list<P...>) {
