@@ -7,7 +7,7 @@
 //   template <shape S> struct qwen3 : decoder_family<qwen3_blocks, S> { ... };
 //
 // A composition lowers onto the shape's block knobs (shape.hpp: norm, qk_norm, mlp_activation,
-// embed_scale, residual). The knobs select the blocks' parameter rows (param_table.hpp: each block's
+// embed_scale, residual, hf_storage, mlp). The knobs select the blocks' parameter rows (param_table.hpp: each block's
 // parameters, shard kinds and HF names bound at its slot), the shard plan, the formulas, the HF
 // mapping and config keys, and reach the kernels as run-time enums: a new family is a type alias
 // and compiles no new LibTorch code.
@@ -21,6 +21,9 @@
 //   attention<attention_knobs{.qk_norm = per_head}>  Qwen3: q and k RMSNorm over head_dim, before RoPE
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
+//   layer_norm                        nn.LayerNorm with its bias (StarCoder2)
+//   plain_mlp<gelu_tanh>              c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2)
+//   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
 #pragma once
 
 #include <string_view>
@@ -32,7 +35,7 @@ namespace megadsl::blocks {
 
 template <norm_kind K = norm_kind::rms>
 struct rms_norm {
-  static_assert(K != norm_kind::layer_norm, "megadsl: LayerNorm is layer_norm<>, not rms_norm<layer_norm>");
+  static_assert(K != norm_kind::layer_norm, "megadsl: LayerNorm is blocks::layer_norm, not rms_norm<norm_kind::layer_norm>");
   static constexpr norm_kind kind = K;
 };
 
