@@ -563,20 +563,19 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
-  const bool gemma = fam->model_type == "gemma" || fam->model_type == "starcoder2";  // GELU-tanh
+  // The activation is the family's composition's; Gemma's "gelu" is transformers' legacy spelling of
+  // the tanh approximation (it rewrites it), StarCoder2's is the exact GELU.
+  const bool gemma = fam->model_type == "gemma";
+  const bool tanh = fam->knobs.mlp_activation.get() == activation::gelu_tanh;
   for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
     const json* act = r.find(root, key);
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
     const std::string a = act->is_string() ? act->get<std::string>() : std::string();
-    const bool ok = gemma ? (a == "gelu_pytorch_tanh" || a == "gelu") : a == "silu";
+    const bool ok = tanh ? (a == "gelu_pytorch_tanh" || (gemma && a == "gelu")) : a == "silu";
     if (!ok)
-      r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's gated MLP uses " +
-                      (gemma ? "GELU with the tanh approximation" : "SiLU"),
-             gemma ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
-    // StarCoder2's "gelu" is the exact GELU (no legacy rewrite there): refused above only for Gemma's sake.
-    if (fam->model_type == "starcoder2" && a == "gelu")
-      r.fail(key, "is \"gelu\" (the exact GELU); the starcoder2 family's MLP uses the tanh approximation",
-             "use \"gelu_pytorch_tanh\"");
+      r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's MLP uses " +
+                      (tanh ? "GELU with the tanh approximation" : "SiLU"),
+             tanh ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
   }
   if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma) {
     if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
