@@ -46,10 +46,22 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
     throw checkpoint_error(one_line(m.where() + ": " + manifest_name + " is corrupt: " + what));
   };
   const json j = parse_json_bounded(text, std::size_t{256} << 20, bad);
+  auto integer = [&]<class T = std::int64_t>(const json& v, const std::string& what) {
+    T out{};
+    std::string why;
+    if (!json_as_integer(v, out, why)) bad(what + " " + why);
+    return out;
+  };
+  auto integers = [&](const json& v, const std::string& what) {
+    if (!v.is_array()) bad(what + " is " + v.type_name() + ", not a list of integers");
+    std::vector<std::int64_t> out;
+    for (const json& e : v) out.push_back(integer(e, what));
+    return out;
+  };
   try {
     if (!j.is_object() || j.value("format", std::string()) != dist_checkpoint_format)
       bad("it does not name the format \"" + std::string(dist_checkpoint_format) + "\"");
-    const int version = j.at("version").get<int>();
+    const int version = integer.template operator()<int>(j.at("version"), "\"version\"");
     if (version != dist_checkpoint_version)
       bad("format version " + std::to_string(version) + "; this build reads version " +
           std::to_string(dist_checkpoint_version));
@@ -67,9 +79,9 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
     m.layout = j.value("layout", json::object());
     if (!j.at("training").is_null()) {
       const json& t = j.at("training");
-      m.training = training_state{.steps = t.at("steps").get<std::int64_t>(),
-                                  .samples = t.at("samples").get<std::int64_t>(),
-                                  .adam_step = t.at("adam_step").get<std::int64_t>()};
+      m.training = training_state{.steps = integer(t.at("steps"), "training.steps"),
+                                  .samples = integer(t.at("samples"), "training.samples"),
+                                  .adam_step = integer(t.at("adam_step"), "training.adam_step")};
       m.moments = t.at("moments").get<bool>();
     }
     std::set<std::string> keys, names;
@@ -79,15 +91,15 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
       if (sf.name.empty() || sf.name.find('/') != std::string::npos || sf.name[0] == '.')
         bad("file name \"" + printable(sf.name) + "\" is not a plain file name inside the checkpoint");
       if (!names.insert(sf.name).second) bad("file " + printable(sf.name) + " is listed twice");
-      sf.bytes = f.at("bytes").get<std::uint64_t>();
+      sf.bytes = integer.template operator()<std::uint64_t>(f.at("bytes"), "file " + printable(sf.name) + ": \"bytes\"");
       for (const json& pj : f.at("pieces")) {
         saved_piece p;
         p.key = pj.at("key").get<std::string>();
         p.tensor = pj.at("tensor").get<std::string>();
         p.file = m.files.size();
-        p.global_shape = pj.at("global_shape").get<std::vector<std::int64_t>>();
-        const auto offset = pj.at("global_offset").get<std::vector<std::int64_t>>();
-        const auto shape = pj.at("shape").get<std::vector<std::int64_t>>();
+        p.global_shape = integers(pj.at("global_shape"), "piece " + printable(p.key) + ": \"global_shape\"");
+        const auto offset = integers(pj.at("global_offset"), "piece " + printable(p.key) + ": \"global_offset\"");
+        const auto shape = integers(pj.at("shape"), "piece " + printable(p.key) + ": \"shape\"");
         p.dtype = pj.at("dtype").get<std::string>();
         const std::string sum = pj.at("fnv1a64").get<std::string>();
         const std::size_t rank = p.global_shape.size();

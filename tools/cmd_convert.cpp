@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../src/spec/json_bounded.hpp"
 #include "cli.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/hf_config.hpp"
@@ -74,6 +75,11 @@ shape shape_from_json(const json& j, const std::string& file) {
       for (T r : enum_values<T>)
         if (name_of(r) == t) field = r, found = true;
       if (!found) bad(file + ": model.shape." + name + ": unknown value \"" + printable(t) + "\"");
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      T n{};
+      std::string why;
+      if (!json_as_integer(v, n, why)) bad(file + ": model.shape." + name + " " + why);
+      field = n;
     } else {
       field = v.get<T>();
     }

@@ -280,6 +280,24 @@ TEST_CASE("a damaged distributed checkpoint is a one-line error naming the file 
     CHECK_THAT(e, Contains("metadata.json is corrupt"));
     CHECK(one_line(e));
   }
+  {
+    // A number where an integer belongs (found by fuzz_dist_metadata: nlohmann converted 1.76e86
+    // to a long with undefined behaviour) and a negative offset are refused with their field.
+    const std::string e = load_error(model, groups, damaged("float-bytes", [&](const fs::path& d) {
+      json m = read_json(d / "metadata.json");
+      m["files"][1]["bytes"] = 1.76e86;
+      write_text(d / "metadata.json", m.dump(1));
+    }));
+    CHECK_THAT(e, Contains("metadata.json is corrupt") && Contains("\"bytes\" is number with a fraction or exponent, not an integer"));
+    CHECK(one_line(e));
+    const std::string e2 = load_error(model, groups, damaged("negative-offset", [&](const fs::path& d) {
+      json m = read_json(d / "metadata.json");
+      m["files"][0]["pieces"][0]["global_offset"][0] = -1;
+      write_text(d / "metadata.json", m.dump(1));
+    }));
+    CHECK_THAT(e2, Contains("outside its tensor's shape"));
+    CHECK(one_line(e2));
+  }
   std::string removed;
   {
     const std::string e = load_error(model, groups, damaged("gap", [&](const fs::path& d) {
