@@ -67,15 +67,15 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
           std::to_string(dist_checkpoint_version));
     m.model = j.at("model");
     // Checkpoints written before the shape had block knobs hold Llama-family models.
-    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object())
-      for (const auto& [key, value] : {std::pair{"norm", "rms"}, {"qk_norm", "none"},
-                                       {"mlp_activation", "silu"}, {"embed_scale", "none"},
-                                       {"residual", "pre_norm"}, {"hf_storage", "separate"},
-                                       {"mlp", "gated"}})
+    // Fields added since: their values in every model written before them.
+    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object()) {
+      const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
+                          {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
+                          {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
+                          {"attn_softcap", 0.0}, {"final_softcap", 0.0}};
+      for (const auto& [key, value] : added.items())
         if (!m.model["shape"].contains(key)) m.model["shape"][key] = value;
-    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object() &&
-        !m.model["shape"].contains("out_bias"))
-      m.model["shape"]["out_bias"] = false;
+    }
     m.layout = j.value("layout", json::object());
     if (!j.at("training").is_null()) {
       const json& t = j.at("training");

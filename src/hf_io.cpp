@@ -157,11 +157,10 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     throw checkpoint_error(os.str());
   }
   if (cfg.attention_window != c.options.attention_window)
-    throw checkpoint_error("megadsl: " + cfg.file.string() + " has an attention window of " +
-                           std::to_string(cfg.attention_window) + " tokens (sliding_window) but the model was built with " +
-                           std::to_string(c.options.attention_window) +
-                           "; build it with model_options::attention_window = hf_config::attention_window, so that "
-                           "longer sequences are refused rather than computed without the window");
+    throw checkpoint_error("megadsl: " + cfg.file.string() + " has " + describe(cfg.attention_window) +
+                           " (sliding_window, layer_types) but the model was built with " +
+                           describe(c.options.attention_window) +
+                           "; build it with model_options::attention_window = hf_config::attention_window");
   const hf_checkpoint ck = hf_checkpoint::open(dir);
   const std::int64_t tp_rank = g.tp->rank();
 
@@ -291,12 +290,11 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
 
 // The model_type whose config class describes this model (hf_config_json refuses a mismatch).
 static std::string default_model_type(const runtime_config& c) {
-  if (c.s.embed_scale.get() == embed_scale_kind::sqrt_hidden || c.s.norm.get() == norm_kind::rms_1p) return "gemma";
-  if (c.s.qk_norm.get() == qk_norm_kind::per_head) return "qwen3";
-  if (c.s.mlp.get() == mlp_kind::plain || c.s.norm.get() == norm_kind::layer_norm) return "starcoder2";
-  if (c.s.hf_storage.get() == tensor_storage::concatenated) return "phi3";
-  if (c.s.residual.get() == residual_kind::post_norm || c.s.qk_norm.get() == qk_norm_kind::full_width) return "olmo2";
-  return c.s.qkv_bias.get() ? "qwen2" : c.options.attention_window != 0 ? "mistral" : "llama";
+  const std::string_view t = model_type_for(c.s, c.options.attention_window);
+  if (t.empty())
+    throw checkpoint_error("megadsl: save_hf: this model's composition (" + to_string(c.s) +
+                           ") is that of no HF config class; save it as a distributed checkpoint (save_distributed)");
+  return std::string(t);
 }
 
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,

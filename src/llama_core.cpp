@@ -203,11 +203,6 @@ class llama_core final : public llama_core_base {
 
   micro_input prepare(const batch& b) const {
     micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}};
-    if (const std::int64_t w = cfg_.options.attention_window; w > 0 && in.pk.max_position + 1 > w)
-      throw std::invalid_argument("megadsl: a sequence of " + std::to_string(in.pk.max_position + 1) +
-                                  " tokens is longer than the checkpoint's attention window (sliding_window = " +
-                                  std::to_string(w) + "), which megadsl does not apply; split or truncate "
-                                  "sequences to at most " + std::to_string(w) + " tokens");
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
@@ -280,7 +275,7 @@ class llama_core final : public llama_core_base {
     const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
     at::Tensor x = ch.first_stage ? embed(in.pk.ids) : input;  // (T'/tp or T', h)
     for (std::int64_t i = 0; i < ch.count; ++i)
-      x = decoder_layer(x, layers_[static_cast<std::size_t>(ch.first_layer + i)], in.pk, in.rope);
+      x = decoder_layer(x, ch.first_layer + i, in.pk, in.rope);
     return x;
   }
 
@@ -295,6 +290,8 @@ class llama_core final : public llama_core_base {
       at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
       // Only when the stream has SP padding rows: a narrow's backward zero-fills a full-vocabulary buffer.
       if (logits.size(0) != tokens) logits = logits.narrow(0, 0, tokens);
+      // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
+      if (const double cap = s.final_softcap.get(); cap != 0) logits = at::tanh(logits / cap) * cap;
       if (o.temperature != 1.0) logits = logits / o.temperature;
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       const logprob_entropy le = vocab_parallel_logprob_entropy(
@@ -378,12 +375,14 @@ class llama_core final : public llama_core_base {
     return rms_norm(x, w(weight), cfg_.s.rms_eps.get(), norm_);
   }
 
-  at::Tensor decoder_layer(const at::Tensor& x, const layer_weights& lw, const packed_tokens& pk,
-                           const rope_tables& rope) {
+  // One decoder layer in its residual form: pre_norm x + f(n(x)), post_norm x + n(f(x)), sandwich
+  // x + n'(f(n(x))).
+  at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const packed_tokens& pk, const rope_tables& rope) {
     const shape& s = cfg_.s;
+    const layer_weights& lw = layers_[static_cast<std::size_t>(layer)];
     const std::int64_t tokens = pk.tokens;
-    const bool post = residual_ == residual_kind::post_norm;
-    const at::Tensor h = post ? x : norm(x, lw.attn_norm, lw.attn_norm_bias);
+    const bool pre = residual_ != residual_kind::post_norm, post = residual_ != residual_kind::pre_norm;
+    const at::Tensor h = pre ? norm(x, lw.attn_norm, lw.attn_norm_bias) : x;
     at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
     if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
     const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
@@ -402,13 +401,14 @@ class llama_core final : public llama_core_base {
     q = apply_rope(q, rope);
     k = apply_rope(k, rope);
     const at::Tensor v = qkv_parts[2].squeeze(2);                      // (T, G, d)
-    at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens)
-                            : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq);   // (T, G*Q*d)
+    const attention_math math{attention_scale_, s.attn_softcap.get(), cfg_.options.attention_window.of(layer)};
+    at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens, math)
+                            : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq, math);   // (T, G*Q*d)
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
     at::Tensor attn_out = row(a, lw.o_proj, lw.o_bias);  // (T'/tp or T', h)
     if (post) attn_out = norm(attn_out, lw.attn_post_norm, {});
     const at::Tensor after_attn = x + attn_out;
-    const at::Tensor h2 = post ? after_attn : norm(after_attn, lw.mlp_norm, lw.mlp_norm_bias);
+    const at::Tensor h2 = pre ? norm(after_attn, lw.mlp_norm, lw.mlp_norm_bias) : after_attn;
     at::Tensor mlp_out;
     if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
       const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
@@ -447,6 +447,8 @@ class llama_core final : public llama_core_base {
     const shape& s = cfg_.s;
     const layout& l = cfg_.l;
     qkv_ = qkv_layout(s, l, tp_rank_);
+    // Gemma2 scales the scores by query_pre_attn_scalar^-1/2 (0: the kernels' 1 / sqrt(head_dim)).
+    if (const double q = s.query_pre_attn_scalar.get(); q != 0) attention_scale_ = std::pow(q, -0.5);  // as Python computes it
     layers_.resize(static_cast<std::size_t>(s.layers.get()));
     const bool sp = cfg_.l.sp.get();
     params_.reserve(plans_.count * static_cast<std::size_t>(s.layers.get()));
@@ -531,6 +533,7 @@ class llama_core final : public llama_core_base {
   residual_kind residual_ = residual_kind::pre_norm;
   mlp_kind mlp_ = mlp_kind::gated;
   qkv_rank_layout qkv_{};
+  double attention_scale_ = 0;
   at::Tensor embed_, final_norm_, final_norm_bias_, lm_head_, value_w_, value_b_;
   std::vector<layer_weights> layers_;
   std::vector<named_parameter> params_;

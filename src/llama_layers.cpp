@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <optional>
 
 namespace megadsl {
 
@@ -69,33 +70,68 @@ at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
 
 // Attention goes through LibTorch's fused scaled-dot-product kernels (flash on CUDA and on the
 // CPU, memory-efficient where flash does not apply): no (s, s) score matrix is kept for the backward.
-// Grouped-query heads are passed as they are (enable_gqa): query head g*Q + i reads kv head g.
+// Grouped-query heads are passed as they are (enable_gqa): query head g*Q + i reads kv head g. A
+// soft-cap is not something the fused kernels do: those layers take the explicit path, as HF's
+// eager attention does (HF has no fused path for Gemma2 either).
+
+namespace {
+
+std::optional<double> scale_of(const attention_math& m) {
+  return m.scale != 0 ? std::optional<double>(m.scale) : std::nullopt;
+}
+
+// (s, s) bool: causal, and inside the window when there is one.
+at::Tensor causal_mask(std::int64_t seq, std::int64_t window, const at::TensorOptions& o) {
+  at::Tensor causal = at::ones({seq, seq}, o.dtype(at::kBool)).tril();
+  if (window > 0 && window < seq) causal = causal.triu(1 - window);
+  return causal;
+}
+
+// softmax(cap * tanh(q k^T * scale / cap) masked) v, the softmax in fp32 (HF's eager order).
+// qb: (b, H, s, d), kb, vb: (b, G, s, d), allowed: bool broadcastable to (b, H, s, s).
+at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& vb,
+                              const at::Tensor& allowed, const attention_math& m) {
+  const std::int64_t per_group = qb.size(1) / kb.size(1);
+  const at::Tensor k = per_group == 1 ? kb : kb.repeat_interleave(per_group, 1);
+  const at::Tensor v = per_group == 1 ? vb : vb.repeat_interleave(per_group, 1);
+  const double scale = m.scale != 0 ? m.scale : 1.0 / std::sqrt(static_cast<double>(qb.size(-1)));
+  at::Tensor scores = at::matmul(qb, k.transpose(-1, -2)) * scale;  // (b, H, s, s)
+  if (m.softcap != 0) scores = at::tanh(scores / m.softcap) * m.softcap;
+  scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(qb.scalar_type());
+  return at::matmul(probs, v);  // (b, H, s, d)
+}
+
+}  // namespace
 
 at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq) {
+                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq,
+                            const attention_math& m) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
   const at::Tensor qb = q.reshape({batch, seq, groups * per_group, d}).transpose(1, 2);  // (b, G*Q, s, d)
   const at::Tensor kb = k.view({batch, seq, groups, d}).transpose(1, 2);                  // (b, G, s, d)
   const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
-  // (b, 1, s, s) bool: causal and a real key. A query with no visible key (a left-pad row) gets
-  // zeros from the kernel; its row never reaches a result.
-  const at::Tensor causal = at::ones({seq, seq}, key_mask.options().dtype(at::kBool)).tril();
+  // (b, 1, s, s) bool: causal (within the window) and a real key. A query with no visible key (a
+  // left-pad row) gets zeros or a uniform mix from the kernel; its row never reaches a result.
+  const at::Tensor causal = causal_mask(seq, m.window, key_mask.options());
   const at::Tensor allowed = causal.view({1, 1, seq, seq}) & key_mask.to(at::kBool).view({batch, 1, 1, seq});
-  const at::Tensor out = at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, std::nullopt,
-                                                          /*enable_gqa=*/true);  // (b, G*Q, s, d)
+  const at::Tensor out = m.softcap != 0
+                             ? attention_explicit(qb, kb, vb, allowed, m)
+                             : at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, scale_of(m),
+                                                                /*enable_gqa=*/true);  // (b, G*Q, s, d)
   return out.transpose(1, 2).reshape({batch * seq, groups * per_group * d});
 }
 
 namespace {
 
 // The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream.
-bool varlen_flash_applies(const at::Tensor& q) {
+bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
   return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
-         q.size(-1) % 8 == 0;
+         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0;
 }
 
 at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const std::vector<std::int64_t>& cu_seqlens) {
+                                  const std::vector<std::int64_t>& cu_seqlens, const attention_math& m) {
   const std::int64_t tokens = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
   std::int64_t longest = 0;
   for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
@@ -103,19 +139,19 @@ at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, cons
                                    at::TensorOptions().dtype(at::kInt)).to(q.device());
   const auto out = at::_flash_attention_forward(
       q.reshape({tokens, groups * per_group, d}), k, v, cu, cu, longest, longest, 0.0, /*is_causal=*/true,
-      /*return_debug_mask=*/false, std::nullopt);
+      /*return_debug_mask=*/false, scale_of(m));
   return std::get<0>(out).reshape({tokens, groups * per_group * d});
 }
 
 }  // namespace
 
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::vector<std::int64_t>& cu_seqlens) {
+                            const std::vector<std::int64_t>& cu_seqlens, const attention_math& m) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
-  if (varlen_flash_applies(q)) return attention_varlen_flash(q, k, v, cu_seqlens);
-  // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask at all. The stream is
-  // split once (split_with_sizes: its backward is one concatenation), not narrowed per sequence,
-  // whose backward would add a zero-filled full-size gradient per sequence.
+  if (varlen_flash_applies(q, m)) return attention_varlen_flash(q, k, v, cu_seqlens, m);
+  // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask unless a window cuts
+  // the sequence. The stream is split once (split_with_sizes: its backward is one concatenation),
+  // not narrowed per sequence, whose backward would add a zero-filled full-size gradient per sequence.
   std::vector<std::int64_t> lengths;
   lengths.reserve(cu_seqlens.size());
   for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) lengths.push_back(cu_seqlens[i + 1] - cu_seqlens[i]);
@@ -131,8 +167,15 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     const at::Tensor qs = q_parts[i].reshape({len, groups * per_group, d}).transpose(0, 1).unsqueeze(0);
     const at::Tensor ks = k_parts[i].transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
     const at::Tensor vs = v_parts[i].transpose(0, 1).unsqueeze(0);
-    const at::Tensor out = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true,
-                                                            std::nullopt, /*enable_gqa=*/true);  // (1, H, len, d)
+    at::Tensor out;  // (1, H, len, d)
+    if (m.softcap != 0)
+      out = attention_explicit(qs, ks, vs, causal_mask(len, m.window, q.options()), m);
+    else if (m.window > 0 && m.window < len)
+      out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m.window, q.options()), 0.0, false,
+                                             scale_of(m), /*enable_gqa=*/true);
+    else
+      out = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),
+                                             /*enable_gqa=*/true);
     parts.push_back(out.squeeze(0).transpose(0, 1).reshape({len, groups * per_group * d}));
   }
   if (parts.empty()) return at::zeros({0, groups * per_group * d}, q.options());

@@ -315,7 +315,7 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   model_options mo;
   mo.device = local_device(o.device == "cuda");
   if (o.compute == "bf16") mo.compute_dtype = at::kBFloat16;
-  mo.attention_window = read_hf_config(dir).attention_window;  // longer sequences are refused
+  mo.attention_window = read_hf_config(dir).attention_window;  // applied on its layers
   llama_model<Spec> model(groups, mo, s, o.l);
   bar.start("megadsl run: loading " + dir.string(), {});
   const hf_load_report report = load_hf(model, groups, dir);
@@ -395,14 +395,6 @@ run_plan prepare(const options& o, const job& j, std::ostream& err) {
   check_before_load(p.dir, m.s, o.l, o.head, 4, local_ranks);
   check_output(o.output);
   p.input = read_input(o.input, m.s.vocab.get());
-  // The model refuses it too (on every rank); said here once, before anything starts.
-  const std::int64_t window = read_hf_config(p.dir).attention_window;
-  const std::int64_t longest = p.input.mask.sum(1).max().item<std::int64_t>();
-  if (window > 0 && longest > window)
-    throw input_error("megadsl run: " + o.input + ": a sequence of " + std::to_string(longest) +
-                      " tokens is longer than the checkpoint's attention window (sliding_window = " +
-                      std::to_string(window) + "), which megadsl does not apply; split or truncate sequences to at "
-                      "most " + std::to_string(window) + " tokens");
   return p;
 }
 

@@ -26,7 +26,7 @@ namespace megadsl {
 // ---- parameter counts ----------------------------------------------------------------------------
 
 // One decoder layer as HF stores it: q/k/v/o, optional q/k/v bias and per-head q/k norms,
-// gate/up/down, two RMSNorms.
+// gate/up/down, two norms (four in sandwich form).
 constexpr std::int64_t layer_parameter_count(const shape& s) {
   const std::int64_t h = s.hidden, n = s.heads, g = s.kv_heads, d = effective_head_dim(s);
   const std::int64_t attention = h * n * d + 2 * h * g * d + n * d * h;
@@ -37,7 +37,8 @@ constexpr std::int64_t layer_parameter_count(const shape& s) {
   const std::int64_t ffn = s.ffn.get();
   const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == mlp_kind::plain;
   const std::int64_t mlp = plain ? 2 * h * ffn + (out_bias ? ffn + h : 0) : 3 * h * ffn;
-  const std::int64_t norms = 2 * h * (s.norm.get() == norm_kind::layer_norm ? 2 : 1);  // LayerNorm: + bias
+  const std::int64_t norm_count = s.residual.get() == residual_kind::sandwich ? 4 : 2;  // Gemma2: pre + post
+  const std::int64_t norms = norm_count * h * (s.norm.get() == norm_kind::layer_norm ? 2 : 1);  // LayerNorm: + bias
   return attention + bias + (out_bias ? h : 0) + qk_norm + mlp + norms;
 }
 

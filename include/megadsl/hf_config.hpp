@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "megadsl/shape.hpp"
+#include "megadsl/sliding_window.hpp"
 
 namespace megadsl {
 
@@ -29,16 +30,14 @@ struct hf_config {
   std::string model_type;           // "llama", "mistral" or "qwen2"
   shape s;                          // every field static; HF's defaults where config.json is silent
   std::vector<std::string> notes;   // what was defaulted or is worth knowing (e.g. sliding windows)
-  // The sliding-window attention HF applies (Mistral's `sliding_window`; Qwen2's with
-  // `use_sliding_window` on its sliding layers), 0 = none. megadsl computes full causal attention,
-  // which is the same for sequences no longer than the window; a model built for this checkpoint
-  // takes it as `model_options::attention_window` and refuses longer sequences.
-  std::int64_t attention_window = 0;
+  // The sliding-window attention HF applies and on which layers (sliding_window.hpp); a model
+  // built for this checkpoint takes it as `model_options::attention_window`.
+  sliding_window attention_window;
 };
 
 // The model types whose architecture is megadsl's Llama family.
-inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "phi3",
-                                                             "starcoder2"};
+inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo2",
+                                                             "phi3", "starcoder2"};
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.
 std::string_view hf_key_of(std::string_view field);
@@ -62,11 +61,19 @@ shape resolve(const shape& declared, const shape& from_config, std::string_view 
 
 // The config.json of a fully static shape, as transformers writes it: an actor is
 // `<Family>ForCausalLM`, a critic `<Family>ForTokenClassification` with one label (its value head
-// is `score`). `model_type` is "llama", "mistral" or "qwen2"; qwen2 implies the q/k/v bias. A
-// non-zero `attention_window` is written as Mistral's `sliding_window` or Qwen2's (on every layer);
-// Llama has none, and refuses it.
+// is `score`). `model_type` is one of supported_model_types; qwen2 implies the q/k/v bias. A
+// window is written as the family writes it (`sliding_window`, with `layer_types` where the
+// family has them); a family without windows (llama, gemma, olmo2) refuses one.
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype = "float32", std::int64_t attention_window = 0);
+                           std::string_view torch_dtype = "float32", const sliding_window& window = {});
+
+// The model_type whose config class describes a composition (its knobs) with this window: the
+// family whose knobs these are; among Llama's, qwen2 for a q/k/v bias or a window on some layers,
+// mistral for a window on every layer, else llama. Empty when no config class describes it.
+std::string_view model_type_for(const shape& s, const sliding_window& window = {});
+
+// "a window of 4096 tokens on layers 0, 2, 4, ..." / "no sliding window" (messages).
+std::string describe(const sliding_window& w);
 
 // `shape{.hidden = 4096, .layers = 32, ...}`: every field, `dynamic` where unknown.
 std::string to_string(const shape& s);

@@ -42,6 +42,14 @@ struct gemma : decoder_family<gemma_blocks, S> {
   static constexpr std::string_view name = "gemma";
 };
 
+// Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by
+// query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped, sliding window on alternate layers.
+template <shape S>
+struct gemma2 : decoder_family<gemma2_blocks, S> {
+  static constexpr std::string_view family = "gemma2";
+  static constexpr std::string_view name = "gemma2";
+};
+
 // OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.
 template <shape S>
 struct olmo2 : decoder_family<olmo2_blocks, S> {

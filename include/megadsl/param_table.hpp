@@ -49,8 +49,10 @@ enum class presence : std::int8_t {
   out_bias,            // o_proj bias (out_bias)
   pre_norm_bias,       // LayerNorm's bias, pre_norm residual
   norm_bias,           // LayerNorm's bias (final norm)
-  pre_norms,           // residual pre_norm: norms before the sublayers
-  post_norms,          // residual post_norm: norms after the sublayers
+  pre_norms,           // residual pre_norm or sandwich: norms before the sublayers
+  pre_norm_mlp,        // residual pre_norm: the MLP's norm, at post_attention_layernorm
+  sandwich_mlp,        // residual sandwich: the MLP's pre-norm, at pre_feedforward_layernorm
+  post_norms,          // residual post_norm or sandwich: norms after the sublayers
   actor, critic, critic_bias,
 };
 
@@ -99,7 +101,8 @@ inline constexpr std::array<param_row, 1> embedding{{
 }};
 
 // pre_norm<rms_norm, attention>: the norm at the slot HF calls input_layernorm; post_norm<...>: at
-// post_attention_layernorm (the same HF name means another slot: names are bound at the slot).
+// post_attention_layernorm (the same HF name means another slot: names are bound at the slot);
+// sandwich<...>: both.
 inline constexpr std::array<param_row, 12> attention{{
     {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
      {"model.layers.{layer}.input_layernorm.weight"}, 1, param_role::attn_norm, extent::hidden},
@@ -133,10 +136,12 @@ inline constexpr std::array<param_row, 12> attention{{
 }};
 
 // pre_norm<norm, gated_mlp | plain_mlp>: the norm at the slot HF calls post_attention_layernorm;
-// post_norm<...>: at post_feedforward_layernorm.
-inline constexpr std::array<param_row, 10> mlp{{
-    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
+// post_norm<...>: at post_feedforward_layernorm; sandwich<...>: pre_ and post_feedforward_layernorm.
+inline constexpr std::array<param_row, 11> mlp{{
+    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norm_mlp,
      {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden},
+    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::sandwich_mlp,
+     {"model.layers.{layer}.pre_feedforward_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden},
     {"layers.{layer}.mlp_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
      {"model.layers.{layer}.post_attention_layernorm.bias"}, 1, param_role::mlp_norm_bias, extent::hidden},
     {"layers.{layer}.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::gated_separate,

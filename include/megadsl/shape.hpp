@@ -41,7 +41,7 @@ enum class mlp_kind : std::int8_t { gated, plain };
 // (OLMo2: heads * head_dim for q, kv_heads * head_dim for k; under tp a sum of squares over tp).
 enum class qk_norm_kind : std::int8_t { none, per_head, full_width };
 // Where a decoder layer's norms sit: before each sublayer (Llama), after each sublayer's output
-// before the residual add (OLMo2), or both (Gemma2's sandwich).
+// before the residual add (OLMo2), or both (Gemma2's sandwich: x + post(inner(pre(x)))).
 enum class residual_kind : std::int8_t { pre_norm, post_norm, sandwich };
 // How HF stores the fused projections: q/k/v and gate/up as separate tensors (Llama), or each as
 // one tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj).
@@ -126,6 +126,10 @@ struct shape {
   maybe<tensor_storage> hf_storage = tensor_storage::separate;
   maybe<mlp_kind> mlp = mlp_kind::gated;
   flag out_bias = false;  // biases on o_proj and the MLP's projections (StarCoder2's use_bias)
+  // Attention and head numerics of Gemma2 (0 = off: the Llama behaviour).
+  real query_pre_attn_scalar = 0.0;  // scores scaled by this^-0.5 instead of head_dim^-0.5
+  real attn_softcap = 0.0;           // scores = cap * tanh(scores / cap) before the mask
+  real final_softcap = 0.0;          // logits = cap * tanh(logits / cap) before log-softmax
 };
 
 // Every field dynamic: the form the command-line tool uses for any HF checkpoint.
@@ -137,7 +141,8 @@ inline constexpr shape dynamic_shape = {
              .high_freq_factor = dynamic, .original_max_positions = dynamic},
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
     .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
-    .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic};
+    .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .query_pre_attn_scalar = dynamic,
+    .attn_softcap = dynamic, .final_softcap = dynamic};
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.
 constexpr dim effective_head_dim(const shape& s) {
@@ -154,4 +159,5 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, hi
                         original_max_positions);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
                         max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
-                        mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias);
+                        mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias,
+                        query_pre_attn_scalar, attn_softcap, final_softcap);

@@ -86,8 +86,10 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::out_bias: return s.out_bias.get();
     case presence::pre_norm_bias: return s.norm.get() == norm_kind::layer_norm && s.residual.get() == residual_kind::pre_norm;
     case presence::norm_bias: return s.norm.get() == norm_kind::layer_norm;
-    case presence::pre_norms: return s.residual.get() == residual_kind::pre_norm;
-    case presence::post_norms: return s.residual.get() == residual_kind::post_norm;
+    case presence::pre_norms: return s.residual.get() != residual_kind::post_norm;
+    case presence::pre_norm_mlp: return s.residual.get() == residual_kind::pre_norm;
+    case presence::sandwich_mlp: return s.residual.get() == residual_kind::sandwich;
+    case presence::post_norms: return s.residual.get() != residual_kind::pre_norm;
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;

@@ -57,6 +57,9 @@ constexpr key_name key_names[] = {
     {"hf_storage", "model_type (fused q/k/v and gate/up tensors)"},
     {"mlp", "model_type (gated or plain MLP)"},
     {"out_bias", "use_bias"},
+    {"query_pre_attn_scalar", "query_pre_attn_scalar"},
+    {"attn_softcap", "attn_logit_softcapping"},
+    {"final_softcap", "final_logit_softcapping"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -83,6 +86,7 @@ constexpr family_defaults defaults_table[] = {
     {"qwen2", 32768, 1e-6, 10000.0, true, 0, false, knobs_of_llama},
     {"qwen3", 32768, 1e-6, 10000.0, false, 128, false, blocks::lowering<qwen3_blocks>::apply(shape{})},
     {"gemma", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
+    {"gemma2", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma2_blocks>::apply(shape{})},
     {"olmo2", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
     {"phi3", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
     {"starcoder2", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
@@ -354,7 +358,7 @@ constexpr config_key config_keys[] = {
     {"*", "vocab_size", key_use::read},
     {"*", "head_dim", key_use::read},
     {"*", "max_position_embeddings", key_use::read},
-    {"llama mistral qwen2 qwen3 gemma olmo2 phi3", "rms_norm_eps", key_use::read},
+    {"llama mistral qwen2 qwen3 gemma gemma2 olmo2 phi3", "rms_norm_eps", key_use::read},
     {"starcoder2", "norm_epsilon", key_use::read},     // its LayerNorms' eps
     {"starcoder2", "use_bias", key_use::read},         // q/k/v, o_proj and MLP biases
     {"*", "rope_theta", key_use::read},
@@ -362,21 +366,25 @@ constexpr config_key config_keys[] = {
     {"*", "rope_parameters", key_use::read},
     {"*", "tie_word_embeddings", key_use::read},
     {"*", "hidden_act", key_use::read},                // the family's activation only
-    {"llama qwen3 gemma olmo2", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
+    {"llama qwen3 gemma gemma2 olmo2", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
     {"llama", "mlp_bias", key_use::read},              // only false
-    {"gemma", "hidden_activation", key_use::read},     // 4.x Gemma's name of the activation
-    {"mistral qwen2 qwen3 phi3 starcoder2", "sliding_window", key_use::read},  // the window: longer sequences are refused
+    {"gemma gemma2", "hidden_activation", key_use::read},  // Gemma's name of the activation
+    {"gemma2", "query_pre_attn_scalar", key_use::read},    // the score scale
+    {"gemma2", "attn_logit_softcapping", key_use::read},   // tanh soft-cap of the scores
+    {"gemma2", "final_logit_softcapping", key_use::read},  // tanh soft-cap of the logits
+    {"gemma2", "cache_implementation", key_use::no_effect},  // generation's kv cache
+    {"mistral qwen2 qwen3 gemma2 phi3 starcoder2", "sliding_window", key_use::read},  // applied on the sliding layers
     {"qwen2 qwen3", "use_sliding_window", key_use::read},
     {"qwen2 qwen3", "max_window_layers", key_use::read},
-    {"qwen2 qwen3", "layer_types", key_use::read},
-    {"mistral", "layer_types", key_use::read},
+    {"qwen2 qwen3 gemma2", "layer_types", key_use::read},
+    {"mistral", "layer_types", key_use::no_effect},  // MistralModel slides every layer whatever it says
     // Refused unless neutral (checked in check_keys).
     {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
     {"*", "classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
     {"*", "quantization_config", key_use::refused},    // quantized weights
     {"*", "pruned_heads", key_use::refused},
     {"qwen2", "use_mrope", key_use::refused},          // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
-    {"gemma", "use_bidirectional_attention", key_use::refused},  // non-causal attention
+    {"gemma gemma2", "use_bidirectional_attention", key_use::refused},  // non-causal attention
     {"phi3", "resid_pdrop", key_use::refused},         // dropout
     {"starcoder2", "residual_dropout", key_use::refused},
     {"starcoder2", "embedding_dropout", key_use::refused},
@@ -498,35 +506,41 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
   }
 }
 
-// The attention window HF applies (0: none), as transformers 5 derives it: Mistral's
-// `sliding_window` on every layer; Qwen2's only with `use_sliding_window`, on the layers that
-// `layer_types` marks "sliding_attention" (by default those at index >= `max_window_layers`).
-std::int64_t read_attention_window(const reader& r, std::string_view family, std::int64_t layers) {
+// The attention window HF applies and its layers, as transformers 5 derives them: Mistral's,
+// Phi-3's and StarCoder2's `sliding_window` on every layer; Qwen2's and Qwen3's only with
+// `use_sliding_window`, on the layers from `max_window_layers` on; Gemma2's on alternate layers
+// from the first. An explicit `layer_types` list overrides the family's pattern.
+sliding_window read_attention_window(const reader& r, std::string_view family, std::int64_t layers) {
   const json& root = r.root();
   const json* w = r.find(root, "sliding_window");
-  if (family == "llama" || w == nullptr) return 0;
-  const std::int64_t window = r.integer(*w, "sliding_window", 1);
-  bool sliding_layer = family == "mistral" || family == "phi3";
+  const bool gemma2 = family == "gemma2";
+  if (family == "llama" || family == "gemma" || family == "olmo2" || (w == nullptr && !gemma2)) return {};
+  sliding_window out;
+  out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
+  out.layers.assign(static_cast<std::size_t>(layers), true);
   if (family == "qwen2" || family == "qwen3") {
     const json* use = r.find(root, "use_sliding_window");
-    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return 0;
+    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return {};
     const json* mwl = r.find(root, "max_window_layers");
     const std::int64_t first = mwl ? r.integer(*mwl, "max_window_layers", 0) : 28;
-    sliding_layer = first < layers;
+    for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = i >= first;
   }
-  if (const json* types = r.find(root, "layer_types")) {
+  if (gemma2)
+    for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
+  if (const json* types = r.find(root, "layer_types"); types && family != "mistral") {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
       r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
              "one \"full_attention\" or \"sliding_attention\" per layer");
-    sliding_layer = false;
-    for (const json& t : *types) {
-      if (t == "sliding_attention") sliding_layer = true;
-      else if (t != "full_attention")
+    for (std::size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      if (t != "sliding_attention" && t != "full_attention")
         r.fail("layer_types", "holds " + describe_json(t) + ", a layer type megadsl does not have",
                "use \"full_attention\" or \"sliding_attention\"");
+      out.layers[i] = t == "sliding_attention";
     }
   }
-  return sliding_layer ? window : 0;
+  if (!out.any()) return {};
+  return out;
 }
 
 }  // namespace
@@ -550,7 +564,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 
   const json* mt = r.find(root, "model_type");
   const std::string types =
-      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\", \"phi3\" or \"starcoder2\"";
+      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\"";
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
@@ -559,7 +573,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                                  [&](const family_defaults& f) { return f.model_type == out.model_type; });
   if (fam == std::end(defaults_table))
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
-           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, OLMo2, Phi-3, StarCoder2)");
+           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2)");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
@@ -577,7 +591,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                       (tanh ? "GELU with the tanh approximation" : "SiLU"),
              tanh ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
   }
-  if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma) {
+  if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma ||
+      fam->model_type == "gemma2") {
     if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
       r.fail("attention_bias",
              "is true: HF " + std::string(fam->model_type) + " then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
@@ -618,6 +633,19 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   }
   s.tie_embeddings = r.optional<bool>("tie_word_embeddings", fam->tie_embeddings,
       [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
+  // Gemma2's score scale and soft-caps (null: no cap); 0 = off in every other family.
+  s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
+  if (fam->model_type == "gemma2") {
+    s.query_pre_attn_scalar = r.optional<double>("query_pre_attn_scalar", 256.0,
+        [&](const json& v, std::string_view k) { return r.number(v, k); });
+    auto cap = [&](std::string_view key, double fallback) {
+      const auto it = root.find(std::string(key));
+      if (it != root.end() && it->is_null()) return 0.0;  // None: no soft-cap
+      return r.optional<double>(key, fallback, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    };
+    s.attn_softcap = cap("attn_logit_softcapping", 50.0);
+    s.final_softcap = cap("final_logit_softcapping", 30.0);
+  }
   s.norm = fam->knobs.norm;
   s.qk_norm = fam->knobs.qk_norm;
   s.mlp_activation = fam->knobs.mlp_activation;
@@ -627,10 +655,6 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.mlp = fam->knobs.mlp;
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
-  if (out.attention_window != 0 && out.attention_window < s.max_positions.get())
-    out.notes.push_back("sliding_window = " + std::to_string(out.attention_window) +
-                        ": megadsl computes full causal attention, which equals the window's for sequences "
-                        "of at most " + std::to_string(out.attention_window) + " tokens, and refuses longer ones");
   check_keys(r, fam->model_type, out.notes);
   return out;
 }
@@ -751,13 +775,42 @@ std::string to_string(const shape& s) {
   return out + "}";
 }
 
+std::string_view model_type_for(const shape& s, const sliding_window& window) {
+  auto same_knobs = [&](const shape& k) {
+    return s.norm.get() == k.norm.get() && s.qk_norm.get() == k.qk_norm.get() &&
+           s.mlp_activation.get() == k.mlp_activation.get() && s.embed_scale.get() == k.embed_scale.get() &&
+           s.residual.get() == k.residual.get() && s.hf_storage.get() == k.hf_storage.get() && s.mlp.get() == k.mlp.get();
+  };
+  if (same_knobs(knobs_of_llama)) {
+    if (s.qkv_bias.get() || (window.any() && !window.every_layer())) return "qwen2";
+    return window.any() ? "mistral" : "llama";
+  }
+  for (const family_defaults& f : defaults_table)
+    if (same_knobs(f.knobs)) return f.model_type;
+  return {};
+}
+
+std::string describe(const sliding_window& w) {
+  if (!w.any()) return "no sliding window";
+  std::string out = "a window of " + std::to_string(w.size) + " tokens on ";
+  if (w.layers.empty() || w.every_layer()) return out + "every layer";
+  out += "layers ";
+  int shown = 0;
+  for (std::size_t i = 0; i < w.layers.size(); ++i)
+    if (w.layers[i]) {
+      if (shown == 6) return out + ", ...";
+      out += (shown++ ? ", " : "") + std::to_string(i);
+    }
+  return out;
+}
+
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype, std::int64_t attention_window) {
+                           std::string_view torch_dtype, const sliding_window& window) {
   const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
                                  [&](const family_defaults& f) { return f.model_type == model_type; });
   if (fam == std::end(defaults_table))
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
-                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, olmo2, phi3 and starcoder2");
+                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3 and starcoder2");
   if (s.norm.get() != fam->knobs.norm.get() || s.qk_norm.get() != fam->knobs.qk_norm.get() ||
       s.mlp_activation.get() != fam->knobs.mlp_activation.get() || s.embed_scale.get() != fam->knobs.embed_scale.get() ||
       s.residual.get() != fam->knobs.residual.get() ||
@@ -769,6 +822,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                        "; no HF config class describes this composition: save it as a distributed checkpoint");
   const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral"
                              : model_type == "qwen3" ? "Qwen3" : model_type == "gemma" ? "Gemma"
+                             : model_type == "gemma2" ? "Gemma2"
                              : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3"
                              : model_type == "starcoder2" ? "Starcoder2" : "Llama";
   json j;
@@ -784,7 +838,18 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["max_position_embeddings"] = s.max_positions.get();
   j[model_type == "starcoder2" ? "norm_epsilon" : "rms_norm_eps"] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
-  j["hidden_act"] = model_type == "gemma" || model_type == "starcoder2" ? "gelu_pytorch_tanh" : "silu";
+  j[model_type == "gemma2" ? "hidden_activation" : "hidden_act"] =
+      s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : "silu";
+  if (model_type == "gemma2") {
+    j["query_pre_attn_scalar"] = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
+                                                                      : static_cast<double>(effective_head_dim(s).get());
+    j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
+    j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
+  } else if (s.query_pre_attn_scalar.get() != 0 || s.attn_softcap.get() != 0 || s.final_softcap.get() != 0) {
+    throw config_error("megadsl: a " + family + " config has no score scale or soft-caps, and this model has them "
+                       "(query_pre_attn_scalar " + show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) +
+                       ", final_softcap " + show(s.final_softcap) + "); save it as model_type gemma2");
+  }
   if (model_type == "starcoder2") {
     if (s.qkv_bias.get() != s.out_bias.get())
       throw config_error("megadsl: a Starcoder2 config has one use_bias for q/k/v, o_proj and the MLP; this model has "
@@ -795,7 +860,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   }
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
-  if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "olmo2") {
+  if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "gemma2" ||
+      model_type == "olmo2") {
     if (s.qkv_bias.get())
       throw config_error("megadsl: a " + family + " config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");
     j["attention_bias"] = false;
@@ -803,18 +869,37 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
     throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
   }
-  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2") && attention_window != 0)
+  const bool slides = window.any();
+  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2") && slides)
     throw config_error("megadsl: a " + family + " config has no sliding window, and this model has one of " +
-                       std::to_string(attention_window) + " tokens; save it as model_type mistral");
+                       std::to_string(window.size) + " tokens; save it as model_type mistral");
   if (model_type == "phi3" && s.qkv_bias.get())
     throw config_error("megadsl: a Phi3 config has no q/k/v bias, and this model has one; save it as model_type qwen2");
+  const auto layers = s.layers.get();
+  json types = json::array();
+  std::int64_t first_sliding = layers;
+  for (std::int64_t i = 0; i < layers; ++i) {
+    const bool sliding = window.of(i) != 0;
+    types.push_back(sliding ? "sliding_attention" : "full_attention");
+    if (sliding && first_sliding == layers) first_sliding = i;
+  }
   if (model_type == "mistral" || model_type == "phi3" || model_type == "starcoder2") {
-    j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
+    if (slides && !window.every_layer())
+      throw config_error("megadsl: a " + family + " config slides every layer or none, and this model's window of " +
+                         std::to_string(window.size) + " tokens is on some layers only; save it as model_type qwen2 or gemma2");
+    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
   } else if (model_type == "qwen2" || model_type == "qwen3") {
-    j["use_sliding_window"] = attention_window != 0;
-    j["sliding_window"] = attention_window != 0 ? json(attention_window) : json(nullptr);
-    j["max_window_layers"] = attention_window != 0 ? 0 : s.layers.get();
-    j.erase("layer_types");
+    for (std::int64_t i = first_sliding; i < layers; ++i)
+      if (window.of(i) == 0)
+        throw config_error("megadsl: a " + family + " config slides the layers from max_window_layers on, and this "
+                           "model's window is on other layers; save it as model_type gemma2");
+    j["use_sliding_window"] = slides;
+    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
+    j["max_window_layers"] = first_sliding;
+    j["layer_types"] = types;
+  } else if (model_type == "gemma2") {
+    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
+    j["layer_types"] = types;
   }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {

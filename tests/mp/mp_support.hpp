@@ -41,6 +41,27 @@ struct tiny8_gemma : gemma<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_hea
   static constexpr std::string_view name = "tiny8-gemma";
 };
 
+// Gemma2's composition: sandwich norms, scores scaled by 24^-1/2 and soft-capped at 5, logits
+// soft-capped at 2, a window of 5 tokens on the even layers (the test batches hold up to 12).
+struct tiny8_gemma2 : gemma2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                   .vocab = 500, .max_positions = 256, .tie_embeddings = true,
+                                   .query_pre_attn_scalar = 24.0, .attn_softcap = 5.0, .final_softcap = 2.0}> {
+  static constexpr std::string_view name = "tiny8-gemma2";
+  static constexpr std::int64_t window = 5;
+};
+
+// The options a test model is built with: seeded test weights, and its window when it has one
+// (Gemma2's on alternate layers from the first, as its config class derives them).
+template <class M>
+model_options test_options() {
+  model_options o{.test_init = true};
+  if constexpr (requires { M::window; }) {
+    o.attention_window.size = M::window;
+    for (std::int64_t i = 0; i < M::shape.layers.get(); ++i) o.attention_window.layers.push_back(i % 2 == 0);
+  }
+  return o;
+}
+
 // OLMo2's composition: post norms, full-width q/k norms (their squares summed over tp).
 struct tiny8_olmo2 : olmo2<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_heads = 4, .ffn = 352,
                                  .vocab = 500, .max_positions = 256}> {

@@ -37,13 +37,14 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
-// The last seven are written by transformers 5 (rope_parameters; Mistral's sliding_window; the
-// qwen3, gemma and olmo2 compositions: per-head q/k norms, (1 + w) norms, scaled embedding, GeGLU,
-// post norms, full-width q/k norms, Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's
-// LayerNorms and biased plain MLP).
+// The last eight are written by transformers 5 (rope_parameters; Mistral's sliding window of 5
+// tokens on every layer, shorter than three of the sequences; the qwen3, gemma, gemma2 and olmo2
+// compositions: per-head q/k norms, (1 + w) norms, scaled embedding, GeGLU, sandwich norms with
+// soft-caps, a score scale and a window on alternate layers, post norms, full-width q/k norms;
+// Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's LayerNorms and biased plain MLP).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
-                                        "olmo2-tf5", "phi3-tf5", "starcoder2-tf5"};
+                                        "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -166,30 +167,29 @@ TEST_CASE("a critic loads from an actor checkpoint and reports its new value hea
   CHECK(r.ignored == std::vector<std::string>{"lm_head.weight"});
 }
 
-TEST_CASE("a sliding window: sequences up to it are computed, longer ones refused, and the model must know it",
+TEST_CASE("a sliding window is applied, and a model built without the checkpoint's window is refused at load",
           "[world4][hf]") {
   const fs::path dir = fixtures / "mistral-window-tf5";
   const hf_config cfg = read_hf_config(dir);
-  REQUIRE(cfg.attention_window == 12);
+  REQUIRE(cfg.attention_window.size == 5);
+  REQUIRE(cfg.attention_window.every_layer());
   auto single = parallel_groups::single();
-  // Built without the window, the model would compute long sequences wrongly: refused at load.
+  // Built without the window, the model would compute sequences longer than 5 tokens otherwise.
   llama_model<causal_lm<any_llama>> blind(single, {}, cfg.s);
-  CHECK_THROWS_WITH(load_hf(blind, single, dir), Catch::Contains("attention window of 12 tokens") &&
+  CHECK_THROWS_WITH(load_hf(blind, single, dir), Catch::Contains("a window of 5 tokens on every layer") &&
                                                      Catch::Contains("model_options::attention_window"));
-  llama_model<causal_lm<any_llama>> actor(single, options_for(dir), cfg.s);
-  load_hf(actor, single, dir);
-  const at::Tensor ids = at::randint(1, 300, {2, 13}, at::kLong);
-  at::Tensor mask = at::ones({2, 13}, at::kLong);
-  mask[1][0] = 0;  // row 1: 12 tokens, left-padded
-  CHECK_THROWS_WITH(actor.forward({.input_ids = ids, .attention_mask = mask}),
-                    Catch::Contains("a sequence of 13 tokens is longer than the checkpoint's attention window "
-                                    "(sliding_window = 12)"));
-  CHECK_NOTHROW(actor.forward({.input_ids = ids.narrow(0, 1, 1), .attention_mask = mask.narrow(0, 1, 1)}));
-  // Packed sequences count per sequence, not per row.
-  llama_model<causal_lm<any_llama, layout{.rmpad = true}>> packed(single, options_for(dir), cfg.s);
-  load_hf(packed, single, dir);
-  CHECK_NOTHROW(packed.forward({.input_ids = ids.narrow(0, 1, 1), .attention_mask = mask.narrow(0, 1, 1)}));
-  CHECK_THROWS(packed.forward({.input_ids = ids, .attention_mask = mask}));
+  // Gemma2's window is on alternate layers: layer_types in its config.json.
+  const hf_config g2 = read_hf_config(fixtures / "gemma2-tf5");
+  CHECK(g2.attention_window.size == 5);
+  CHECK(g2.attention_window.layers == std::vector<bool>{true, false});
+  CHECK(g2.s.query_pre_attn_scalar.get() == 24.0);
+  CHECK(g2.s.attn_softcap.get() == 5.0);
+  CHECK(g2.s.final_softcap.get() == 2.0);
+  // A window on every layer is not Gemma2's alternating one.
+  model_options every = options_for(fixtures / "gemma2-tf5");
+  every.attention_window.layers = {true, true};
+  llama_model<causal_lm<any_llama>> wrong(single, every, g2.s);
+  CHECK_THROWS_WITH(load_hf(wrong, single, fixtures / "gemma2-tf5"), Catch::Contains("a window of 5 tokens on layers 0"));
 }
 
 TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tokenizer files and config fields",

@@ -13,7 +13,7 @@ void check_inference(bool left) {
   using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
   INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get()
                << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
-  const model_options opt{.test_init = true};
+  const model_options opt = test_options<M>();
   auto single = parallel_groups::single();
   llama_model<ref_spec> ref(single, opt);
   auto groups = parallel_groups::build(dist(), L);
@@ -35,7 +35,7 @@ void check_training(std::int64_t microbatches, const micro_batch_options* budget
   using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
   INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get()
                << " vpp=" << L.vpp.get() << " microbatches=" << microbatches);
-  const model_options mopt{.test_init = true};
+  const model_options mopt = test_options<M>();
   // Adam divides by sqrt(v) + eps: an element whose gradient is near zero turns fp32
   // summation-order noise (~1e-9 here, different across layouts and GEMM shapes) into an update
   // difference of up to lr * noise / eps. With eps 1e-6 that bound is 1e-7 per step, and at lr 1e-4
@@ -106,7 +106,11 @@ TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
 }
 
-TEST_CASE("the qwen3, gemma, olmo2, phi3 and starcoder2 compositions: every layout equals one process", "[world4][pipeline][families]") {
+TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3 and starcoder2 compositions: every layout equals one process", "[world4][pipeline][families]") {
+  check_inference<tiny8_gemma2, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // windows, soft-caps
+  check_inference<tiny8_gemma2, layout{.tp = 2, .pp = 2}, false>(false);
+  check_inference<tiny8_gemma2, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
+  check_inference<tiny8_gemma2, layout{.tp = 2, .sp = true}, true>(true);
   check_inference<tiny8_qwen3, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // kv replicated
   check_inference<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
   check_inference<tiny8_qwen3, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
@@ -122,9 +126,11 @@ TEST_CASE("the qwen3, gemma, olmo2, phi3 and starcoder2 compositions: every layo
   check_inference<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
 }
 
-TEST_CASE("five PPO steps of the qwen3, gemma, olmo2, phi3 and starcoder2 compositions under tp 2 x pp 2 x dp 2 equal one process",
+TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3 and starcoder2 compositions under tp 2 x pp 2 x dp 2 equal one process",
           "[world8][pipeline][training][families]") {
   REQUIRE(dist().world() == 8);
+  check_training<tiny8_gemma2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_gemma2, layout{.tp = 2, .pp = 2}, false>(2);
   check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2}, false>(2);
   check_training<tiny8_gemma, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);

@@ -153,10 +153,10 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "JSON object");
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
-        "\"qwen2\", \"qwen3\", \"gemma\", \"olmo2\", \"phi3\" or \"starcoder2\": add the model's");
+        "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
-                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"olmo2\", \"phi3\" or \"starcoder2\""));
+                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -231,43 +231,78 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
-        ".hf_storage = separate, .mlp = gated, .out_bias = false}");
+        ".hf_storage = separate, .mlp = gated, .out_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
+        ".final_softcap = 0.0}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
 }
 
 TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][hf_config]") {
+  using megadsl::sliding_window;
   auto window = [](std::string_view type, std::string_view extra) {
     std::string text = edited(minimal, "\"llama\"", "\"" + std::string(type) + "\"");
     if (!extra.empty()) text = edited(text, "}", ", " + std::string(extra) + "}");
     return parse_hf_config(text).attention_window;
   };
-  CHECK(window("mistral", R"("sliding_window": 4096)") == 4096);  // every layer
-  CHECK(window("mistral", R"("sliding_window": null)") == 0);
-  CHECK(window("mistral", "") == 0);
+  const sliding_window none{};
+  auto on = [](std::int64_t size, std::vector<bool> layers) { return sliding_window{size, std::move(layers)}; };
+  CHECK(window("mistral", R"("sliding_window": 4096)") == on(4096, {true, true, true, true}));  // every layer
+  CHECK(window("mistral", R"("sliding_window": 4096)").every_layer());
+  CHECK(window("mistral", R"("sliding_window": null)") == none);
+  CHECK(window("mistral", "") == none);
+  // MistralModel slides every layer whatever layer_types says (transformers warns and ignores it).
+  CHECK(window("mistral", R"("sliding_window": 8, "layer_types": ["full_attention", "full_attention", "full_attention", "sliding_attention"])")
+            .every_layer());
   // Qwen2: only with use_sliding_window, on the layers from max_window_layers on (4 layers here).
-  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": false)") == 0);
-  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 2)") == 4096);
-  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 4)") == 0);
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": false)") == none);
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 2)") ==
+        on(4096, {false, false, true, true}));
+  CHECK(window("qwen2", R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 4)") == none);
   CHECK(window("qwen2", R"("sliding_window": 64, "use_sliding_window": true, "max_window_layers": 4,
-      "layer_types": ["full_attention", "full_attention", "full_attention", "sliding_attention"])") == 64);
+      "layer_types": ["full_attention", "full_attention", "full_attention", "sliding_attention"])") ==
+        on(64, {false, false, false, true}));
+  // Gemma2: alternate layers from the first, unless layer_types says otherwise; 4096 by default.
+  const std::string gemma2_keys = R"("hidden_activation": "gelu_pytorch_tanh")";
+  CHECK(window("gemma2", gemma2_keys) == on(4096, {true, false, true, false}));
+  CHECK(window("gemma2", gemma2_keys + R"(, "sliding_window": 7, "layer_types": ["full_attention", "full_attention", "sliding_attention", "sliding_attention"])") ==
+        on(7, {false, false, true, true}));
   // LlamaConfig has no window: transformers ignores the key, and so does megadsl (with a note).
   const auto llama = parse_hf_config(edited(minimal, "}", R"(, "sliding_window": 16})"));
-  CHECK(llama.attention_window == 0);
+  CHECK(llama.attention_window == none);
   CHECK_THAT(llama.notes.back(), Catch::Contains("unknown to transformers' llama config") && Catch::Contains("sliding_window"));
-  CHECK(error_of(edited(edited(minimal, "\"llama\"", "\"mistral\""), "}", R"(, "sliding_window": 8, "layer_types": ["chunked_attention", "full_attention", "full_attention", "full_attention"]})"))
+  CHECK(error_of(edited(edited(minimal, "\"llama\"", "\"qwen2\""), "}", R"(, "sliding_window": 8, "use_sliding_window": true, "layer_types": ["chunked_attention", "full_attention", "full_attention", "full_attention"]})"))
             .starts_with("megadsl: models/x/config.json: layer_types: holds \"chunked_attention\" (a string), a layer "
                          "type megadsl does not have"));
-  // hf_config_json writes the window back in each family's own keys, and Llama refuses one.
+  // hf_config_json writes the window back in each family's own keys; Llama refuses one, Mistral one
+  // on some layers only.
   const auto mistral = parse_hf_config(edited(minimal, "\"llama\"", "\"mistral\""));
-  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", 32)).attention_window == 32);
-  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", 0)).attention_window == 0);
+  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", {32})).attention_window == on(32, {}));
+  CHECK(parse_hf_config(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", {})).attention_window == none);
   shape with_bias = mistral.s;
   with_bias.qkv_bias = true;
-  CHECK(parse_hf_config(megadsl::hf_config_json(with_bias, "qwen2", false, "float32", 32)).attention_window == 32);
-  CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "llama", false, "float32", 32),
+  const sliding_window upper = on(32, {false, true, true, true});
+  CHECK(parse_hf_config(megadsl::hf_config_json(with_bias, "qwen2", false, "float32", upper)).attention_window == upper);
+  CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "llama", false, "float32", {32}),
                     Catch::Contains("save it as model_type mistral"));
+  CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", upper),
+                    Catch::Contains("on some layers only"));
+  CHECK(megadsl::model_type_for(mistral.s, upper) == "qwen2");
+  CHECK(megadsl::model_type_for(mistral.s, on(32, {})) == "mistral");
+  CHECK(megadsl::model_type_for(mistral.s) == "llama");
+  // Gemma2 round-trips its window, score scale and soft-caps.
+  const auto gemma2 = parse_hf_config(edited(edited(minimal, "\"llama\"", "\"gemma2\""), "}", ", " + gemma2_keys + "}"));
+  CHECK(gemma2.s.query_pre_attn_scalar.get() == 256.0);
+  CHECK(gemma2.s.attn_softcap.get() == 50.0);
+  CHECK(gemma2.s.final_softcap.get() == 30.0);
+  const auto back = parse_hf_config(megadsl::hf_config_json(gemma2.s, "gemma2", false, "float32", gemma2.attention_window));
+  CHECK(back.attention_window == gemma2.attention_window);
+  CHECK(megadsl::mismatches(back.s, gemma2.s).empty());
+  CHECK(megadsl::model_type_for(gemma2.s) == "gemma2");
+  // null soft-caps are no soft-caps (transformers' None).
+  CHECK(parse_hf_config(edited(edited(minimal, "\"llama\"", "\"gemma2\""), "}", ", " + gemma2_keys +
+                               R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null})")).s.final_softcap.get() == 0.0);
+  CHECK_THROWS_WITH(megadsl::hf_config_json(gemma2.s, "gemma", false), Catch::Contains("not those of model_type gemma"));
 }
 
 TEST_CASE("every key is read, refused unless neutral, or known to change nothing; unknown keys are named",

@@ -17,6 +17,7 @@
 //   rms_norm<rms_1p>   GemmaRMSNorm: the same in fp32 * (1 + w.float()), then cast
 //   rms_norm<rms_wmul> Olmo2RMSNorm: (w * x.float() * rsqrt(...)).to(dtype)
 //   post_norm<N, X>    OLMo2: x + N(X(x)); pre_norm<N, X>: x + X(N(x))
+//   sandwich<N, X>     Gemma2: x + N'(X(N(x))), each norm with its own weight
 //   attention<attention_knobs{.qk_norm = full_width}>  OLMo2: q and k RMSNorm over the whole projection, before RoPE
 //   attention<attention_knobs{.qk_norm = per_head}>  Qwen3: q and k RMSNorm over head_dim, before RoPE
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
@@ -83,6 +84,11 @@ struct pre_norm {};
 template <class Norm, class Inner>
 struct post_norm {};
 
+// x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
+// post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP).
+template <class Norm, class Inner>
+struct sandwich {};
+
 // One decoder layer: the attention sublayer, then the MLP sublayer.
 template <class AttentionSublayer, class MlpSublayer>
 struct block {};
@@ -112,7 +118,7 @@ struct invalid_composition {
 // A sublayer's residual form, norm kind and inner block.
 template <class Sublayer>
 struct sublayer_traits {
-  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner> or post_norm<Norm, Inner>");
+  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner>, post_norm<Norm, Inner> or sandwich<Norm, Inner>");
 };
 template <class Norm, class Inner>
 struct sublayer_traits<pre_norm<Norm, Inner>> {
@@ -123,6 +129,12 @@ struct sublayer_traits<pre_norm<Norm, Inner>> {
 template <class Norm, class Inner>
 struct sublayer_traits<post_norm<Norm, Inner>> {
   static constexpr residual_kind residual = residual_kind::post_norm;
+  static constexpr norm_kind norm = Norm::kind;
+  using inner = Inner;
+};
+template <class Norm, class Inner>
+struct sublayer_traits<sandwich<Norm, Inner>> {
+  static constexpr residual_kind residual = residual_kind::sandwich;
   static constexpr norm_kind norm = Norm::kind;
   using inner = Inner;
 };
@@ -168,7 +180,10 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
             "rms_norm<...> in every slot");
     else if (attn::residual != mlp::residual)
       t.add("residuals_agree: the attention sublayer is ", name_of(attn::residual), ", the MLP sublayer ",
-            name_of(mlp::residual), "; wrap both in the same form (pre_norm or post_norm)");
+            name_of(mlp::residual), "; wrap both in the same form (pre_norm, post_norm or sandwich)");
+    else if (NFinal == norm_kind::layer_norm && attn::residual != residual_kind::pre_norm)
+      t.add("layer_norm_is_pre_norm: LayerNorm's biases are bound at the pre-norm slots only, and this "
+            "composition is ", name_of(attn::residual), "; use rms_norm<...> or pre_norm");
     else if (knobs.storage != mlp_traits<typename mlp::inner>::storage)
       t.add("storage_agrees: q/k/v are stored ", name_of(knobs.storage), " and gate/up ",
             name_of(mlp_traits<typename mlp::inner>::storage), "; HF checkpoints fuse both or neither: give "
@@ -210,23 +225,29 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
   auto knob = [](const auto& v) -> std::string_view { return v.is_static() ? name_of(v.get()) : "?"; };
   auto is = [](const auto& v, auto value) { return v.is_static() && v.get() == value; };
   const bool post = is(s.residual, residual_kind::post_norm);
+  const bool sandwiched = is(s.residual, residual_kind::sandwich);
   basic_text<1024> t;
   t.add("decoder\n", "  embedding", is(s.embed_scale, embed_scale_kind::sqrt_hidden) ? "  (* sqrt(hidden))" : "", "\n");
   t.add("  block x ", s.layers.is_static() ? s.layers.get() : std::int64_t{-1}, "\n");
   basic_text<64> norm;
   if (is(s.norm, norm_kind::layer_norm)) norm.add("layer_norm (+ bias)");
   else norm.add("rms_norm<", knob(s.norm), ">");
-  t.add("    ", knob(s.residual), "  ", norm.view(), "  [", post ? "post_attention_layernorm" : "input_layernorm", "]\n");
+  t.add("    ", knob(s.residual), "  ", norm.view(), "  [",
+        post ? "post_attention_layernorm" : sandwiched ? "input_layernorm, post_attention_layernorm" : "input_layernorm", "]\n");
   t.add("      attention  q/k/v", is(s.qkv_bias, true) ? " + bias" : "", is(s.out_bias, true) ? ", o + bias" : "", ", rope");
   if (is(s.qk_norm, qk_norm_kind::per_head)) t.add(", q/k rms_norm per head");
   if (is(s.qk_norm, qk_norm_kind::full_width)) t.add(", q/k rms_norm over the full width");
+  if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
+  if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
   t.add(is(s.hf_storage, tensor_storage::concatenated) ? "  [self_attn: qkv_proj]\n" : "  [self_attn]\n");
-  t.add("    ", knob(s.residual), "  ", norm.view(), "  [", post ? "post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
+  t.add("    ", knob(s.residual), "  ", norm.view(), "  [",
+        post ? "post_feedforward_layernorm" : sandwiched ? "pre_feedforward_layernorm, post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
   if (is(s.mlp, mlp_kind::plain))
     t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "", "  [mlp: c_fc, c_proj]\n");
   else
     t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
   t.add("  ", norm.view(), "  [norm]\n");
+  if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.add("  lm head: tanh soft-cap of the logits\n");
   return t;
 }
 
@@ -275,6 +296,15 @@ using starcoder2_blocks =
                     blocks::block<blocks::pre_norm<blocks::layer_norm, blocks::attention<>>,
                                   blocks::pre_norm<blocks::layer_norm, blocks::plain_mlp<activation::gelu_tanh>>>,
                     blocks::layer_norm>;
+
+// Gemma2: Gemma's blocks in sandwich form; its score scale and soft-caps are numbers of the shape
+// (query_pre_attn_scalar, attn_softcap, final_softcap, read from config.json), and its alternate
+// sliding layers come with the checkpoint's window (model_options::attention_window).
+using gemma2_blocks = blocks::decoder<
+    blocks::embedding<embed_scale_kind::sqrt_hidden>,
+    blocks::block<blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
+                  blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
+    blocks::rms_norm<norm_kind::rms_1p>>;
 
 using gemma_blocks = blocks::decoder<
     blocks::embedding<embed_scale_kind::sqrt_hidden>,

@@ -31,15 +31,23 @@ rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& pos
 // x: (T, ..., d); rotate-half RoPE with per-token tables.
 at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t);
 
+// What a layer's attention computes beyond causal softmax(q k^T / sqrt(d)) v (run-time knobs).
+struct attention_math {
+  double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
+  double softcap = 0;       // scores = cap * tanh(scores / cap) before the mask (Gemma2); 0: none
+  std::int64_t window = 0;  // key j is visible to query i only when i - j < window; 0: no window
+};
+
 // Grouped-query attention over local heads.
 //   q: (T, G, Q, d), k, v: (T, G, d); G local kv groups, Q query heads per group. Output (T, G*Q*d).
 // Padded path: T = b*s, causal within each row and keys masked by `key_mask` (b, s).
 at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq);
+                            const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq,
+                            const attention_math& m = {});
 // Remove-padding path: T = nnz packed tokens, sequences delimited by `cu_seqlens` (n+1 offsets);
 // causal inside each sequence, never across; cost sum(s_i^2), no nnz x nnz mask.
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::vector<std::int64_t>& cu_seqlens);
+                            const std::vector<std::int64_t>& cu_seqlens, const attention_math& m = {});
 
 // The gated MLP's middle on a fused [gate ; up] projection output (T, 2f) -> (T, f):
 // silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).

@@ -23,6 +23,7 @@
 #include "megadsl/model.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/shard_plan.hpp"
+#include "megadsl/sliding_window.hpp"
 
 namespace megadsl {
 
@@ -39,11 +40,10 @@ struct model_options {
   std::optional<at::ScalarType> compute_dtype;
   // Where the parameters and activations live. CUDA tensors use NCCL groups, CPU tensors Gloo.
   at::Device device = at::kCPU;
-  // The checkpoint's sliding attention window (hf_config::attention_window), 0 = none. megadsl
-  // attends over the whole sequence, which equals windowed attention up to `attention_window`
-  // tokens; a longer sequence is refused. load_hf refuses a model whose window differs from its
-  // config.json's.
-  std::int64_t attention_window = 0;
+  // The checkpoint's sliding attention window and its layers (hf_config::attention_window),
+  // applied in the padded and the remove-padding path. load_hf refuses a model whose window
+  // differs from its config.json's.
+  sliding_window attention_window;
   // LibTorch's deterministic algorithms (process-wide), and cuBLAS's fixed workspace on CUDA.
   // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
   // warns and runs it anyway.
