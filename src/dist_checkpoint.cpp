@@ -116,7 +116,7 @@ std::int64_t layer_of(const named_parameter& p) {
 
 // The HF tensor behind slot `slot` of a parameter; a tied lm_head's copy is the embedding.
 std::string source_name(const param_plan& p, int slot, std::int64_t layer) {
-  if (p.tied) return "model.embed_tokens.weight";
+  if (p.tied) return std::string(p.tied_source);
   return with_layer(p.row->hf[static_cast<std::size_t>(slot)], layer);
 }
 

@@ -72,7 +72,8 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
       const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
                           {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
                           {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
-                          {"attn_softcap", 0.0}, {"final_softcap", 0.0}};
+                          {"attn_softcap", 0.0}, {"final_softcap", 0.0},
+                          {"rotary_fraction", 1.0}, {"names", "llama"}};
       for (const auto& [key, value] : added.items())
         if (!m.model["shape"].contains(key)) m.model["shape"][key] = value;
     }

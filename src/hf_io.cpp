@@ -29,7 +29,7 @@ namespace {
 // The HF names a parameter row reads for one layer.
 std::vector<std::string> hf_names(const param_plan& p, std::int64_t layer) {
   std::vector<std::string> out;
-  if (p.tied) return {"model.embed_tokens.weight"};
+  if (p.tied) return {std::string(p.tied_source)};
   for (int i = 0; i < p.row->hf_count; ++i) out.push_back(with_layer(p.row->hf[static_cast<std::size_t>(i)], layer));
   return out;
 }
@@ -119,8 +119,9 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
     }
   }
   std::int64_t last = -1;
+  const std::string layers_prefix = s.names.get() == name_scheme::gpt_neox ? "gpt_neox.layers." : "model.layers.";
   for (const std::string& n : ck.names())
-    if (n.rfind("model.layers.", 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + 13));
+    if (n.rfind(layers_prefix, 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + layers_prefix.size()));
   if (last >= 0 && last + 1 != s.layers.get())
     throw checkpoint_error("megadsl: " + config + ": num_hidden_layers is " + std::to_string(s.layers.get()) +
                            ", but the weights hold layers 0.." + std::to_string(last) +
@@ -170,7 +171,8 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   for (const std::string& n : ck.names()) {
     if (expected.count(n) != 0) continue;
     const bool head = n.rfind("lm_head.", 0) == 0 || n.rfind("score.", 0) == 0 || n.rfind("v_head.", 0) == 0 ||
-                      n.rfind("value_head.", 0) == 0 || n.rfind("reward_head.", 0) == 0;
+                      n.rfind("value_head.", 0) == 0 || n.rfind("reward_head.", 0) == 0 ||
+                      n.rfind("embed_out.", 0) == 0 || n.rfind("classifier.", 0) == 0;
     if (head) report.ignored.push_back(n);
     else if (n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
   }
@@ -278,7 +280,9 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
   for (auto it = mine.begin(); it != mine.end(); ++it) base[it.key()] = it.value();
   if (base.contains("dtype")) base["dtype"] = mine.at("torch_dtype");
   // transformers 5's form of RoPE, when the source had it, must say what megadsl wrote.
-  if (base.contains("rope_parameters")) {
+  if (mine.contains("rope_parameters")) {
+    base["rope_parameters"] = mine.at("rope_parameters");  // the family writes its own (GPT-NeoX)
+  } else if (base.contains("rope_parameters")) {
     nlohmann::json rp = mine.at("rope_scaling").is_object() ? mine.at("rope_scaling") : nlohmann::json{{"rope_type", "default"}};
     rp["rope_theta"] = mine.at("rope_theta");
     base["rope_parameters"] = rp;

@@ -376,12 +376,13 @@ class llama_core final : public llama_core_base {
   }
 
   // One decoder layer in its residual form: pre_norm x + f(n(x)), post_norm x + n(f(x)), sandwich
-  // x + n'(f(n(x))).
+  // x + n'(f(n(x))), parallel x + attn(n1(x)) + mlp(n2(x)).
   at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const packed_tokens& pk, const rope_tables& rope) {
     const shape& s = cfg_.s;
     const layer_weights& lw = layers_[static_cast<std::size_t>(layer)];
     const std::int64_t tokens = pk.tokens;
-    const bool pre = residual_ != residual_kind::post_norm, post = residual_ != residual_kind::pre_norm;
+    const bool pre = residual_ != residual_kind::post_norm;
+    const bool post = residual_ == residual_kind::post_norm || residual_ == residual_kind::sandwich;
     const at::Tensor h = pre ? norm(x, lw.attn_norm, lw.attn_norm_bias) : x;
     at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
     if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
@@ -407,16 +408,20 @@ class llama_core final : public llama_core_base {
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
     at::Tensor attn_out = row(a, lw.o_proj, lw.o_bias);  // (T'/tp or T', h)
     if (post) attn_out = norm(attn_out, lw.attn_post_norm, {});
-    const at::Tensor after_attn = x + attn_out;
-    const at::Tensor h2 = pre ? norm(after_attn, lw.mlp_norm, lw.mlp_norm_bias) : after_attn;
+    // Parallel residual (GPT-NeoX): the MLP reads the layer's input, not the attention's sum.
+    const bool side_by_side = residual_ == residual_kind::parallel;
+    const at::Tensor after_attn = side_by_side ? attn_out : x + attn_out;
+    const at::Tensor mlp_in = side_by_side ? x : after_attn;
+    const at::Tensor h2 = pre ? norm(mlp_in, lw.mlp_norm, lw.mlp_norm_bias) : mlp_in;
     at::Tensor mlp_out;
     if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
       const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
-      mlp_out = row(act_ == activation::gelu_tanh ? at::gelu(up, "tanh") : at::silu(up), lw.down, lw.down_bias);
+      mlp_out = row(activate(up, act_), lw.down, lw.down_bias);
     } else {
       mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
     }
     if (post) mlp_out = norm(mlp_out, lw.mlp_post_norm, {});
+    if (side_by_side) return mlp_out + attn_out + x;  // HF's order of the sums
     return after_attn + mlp_out;
   }
 
@@ -465,7 +470,7 @@ class llama_core final : public llama_core_base {
         std::vector<at::Tensor> hf;
         for (int i = 0; i < row.hf_count; ++i) {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
-          const std::string_view source = p.tied ? std::string_view("model.embed_tokens.weight") : row.hf[static_cast<std::size_t>(i)];
+          const std::string_view source = p.tied ? p.tied_source : row.hf[static_cast<std::size_t>(i)];
           hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
                                  norm_ == norm_kind::rms_1p));
         }

@@ -25,7 +25,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, n
 }
 
 at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
-  const std::int64_t d = effective_head_dim(s);
+  // Partial rotary (GPT-NeoX): the frequencies of the rotated dimensions only.
+  const std::int64_t d = rotary_dim(effective_head_dim(s).get(), s.rotary_fraction.get());
   double base = s.rope_theta;
   const rope_scaling& r = s.rope;
   const rope_type type = r.type;
@@ -59,6 +60,11 @@ rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& pos
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
+  const std::int64_t rotated_dims = t.cos.size(-1);
+  if (rotated_dims < x.size(-1)) {  // partial rotary: the first dims rotate, the rest pass through
+    const auto parts = x.split_with_sizes({rotated_dims, x.size(-1) - rotated_dims}, -1);
+    return at::cat({apply_rope(parts[0], t), parts[1]}, -1);
+  }
   const std::int64_t half = x.size(-1) / 2;
   std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);
   view.front() = x.size(0);
@@ -182,10 +188,18 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   return at::cat(parts, 0);
 }
 
+at::Tensor activate(const at::Tensor& x, activation act) {
+  switch (act) {
+    case activation::gelu_tanh: return at::gelu(x, "tanh");
+    case activation::gelu: return at::gelu(x);  // exact (erf)
+    case activation::silu: break;
+  }
+  return at::silu(x);
+}
+
 at::Tensor gated_activation(const at::Tensor& gate_up, activation act) {
   const auto halves = gate_up.chunk(2, -1);
-  if (act == activation::gelu_tanh) return at::gelu(halves[0], "tanh") * halves[1];
-  return at::silu(halves[0]) * halves[1];
+  return activate(halves[0], act) * halves[1];
 }
 
 }  // namespace megadsl

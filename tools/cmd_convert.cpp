@@ -94,7 +94,8 @@ shape shape_from_json(const json& j, const std::string& file) {
           read(hana::at_key(v, rkey), j.at(name).at(rname), name + "." + rname);
         });
       } else if (!j.contains(name) && (std::is_enum_v<std::decay_t<decltype(v.get())>> || name == "out_bias" ||
-                                       name == "query_pre_attn_scalar" || name.ends_with("softcap"))) {
+                                       name == "query_pre_attn_scalar" || name.ends_with("softcap") ||
+                                       name == "rotary_fraction")) {
         v = hana::at_key(shape{}, key);  // written before the knob existed: the Llama family's
       } else {
         read(v, j.at(name), name);

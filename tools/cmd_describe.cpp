@@ -39,7 +39,7 @@ std::string where_of(const param_plan& p, const shape& s, const layout& l) {
 }
 
 std::string hf_names_of(const param_plan& p) {
-  if (p.tied) return "model.embed_tokens.weight (tied)";
+  if (p.tied) return std::string(p.tied_source) + " (tied)";
   std::string names;
   for (int i = 0; i < p.row->hf_count; ++i) names += (i ? "\n" : "") + std::string(p.row->hf[static_cast<std::size_t>(i)]);
   if (p.row->when == presence::critic || p.row->when == presence::critic_bias) names += " (*)";

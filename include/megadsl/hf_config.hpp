@@ -37,7 +37,7 @@ struct hf_config {
 
 // The model types whose architecture is megadsl's Llama family.
 inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo2",
-                                                             "phi3", "starcoder2"};
+                                                             "phi3", "starcoder2", "gpt_neox"};
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.
 std::string_view hf_key_of(std::string_view field);

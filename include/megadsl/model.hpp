@@ -72,6 +72,15 @@ struct starcoder2 : decoder_family<starcoder2_blocks, S> {
   static constexpr std::string_view name = "starcoder2";
 };
 
+// GPT-NeoX (Pythia): LayerNorms with biases, q/k/v interleaved per head (query_key_value), RoPE on
+// part of each head (rotary_fraction), attention and MLP side by side on the layer's input, an
+// exact-GELU plain MLP, biases everywhere; HF names gpt_neox.*, embed_out, classifier.
+template <shape S>
+struct gpt_neox : decoder_family<gpt_neox_blocks, S> {
+  static constexpr std::string_view family = "gpt_neox";
+  static constexpr std::string_view name = "gpt_neox";
+};
+
 // Any decoder of the vocabulary: every knob dynamic, filled from a config.json's model_type (the
 // command-line tool and the Python module use it with `dynamic_shape`).
 template <shape S>

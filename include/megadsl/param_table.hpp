@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/shape.hpp"
+
 namespace megadsl {
 
 enum class shard_kind : std::int8_t {
@@ -75,6 +77,7 @@ enum class extent : std::int8_t {
   attn_width,  // row-parallel input heads * head_dim (o_proj)
   ffn,         // row-parallel input intermediate_size (down)
   ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
+  qkv_rows,    // column-parallel output (heads + 2 kv_heads) * head_dim, q/k/v interleaved per head
   none,        // the shape follows from the kind alone
 };
 
@@ -88,6 +91,8 @@ struct param_row {
   param_role role;
   extent size = extent::none;
   bool concatenated = false;  // the slots are rows of the one HF tensor `hf[0]`, in slot order
+  name_scheme names = name_scheme::llama;  // the checkpoints whose names `hf` are (a row exists in
+                                           // a model only under its own scheme)
 };
 
 // Each block of the vocabulary (layers/blocks.hpp) declares its parameters here: megadsl name,
@@ -95,15 +100,17 @@ struct param_row {
 // whose presence its shape switches on (shard_plan.hpp), in this order.
 namespace block_params {
 
-inline constexpr std::array<param_row, 1> embedding{{
+inline constexpr std::array<param_row, 2> embedding{{
     {"embed.weight", shard_kind::vocab, placement::first_stage, presence::always,
      {"model.embed_tokens.weight"}, 1, param_role::embed},
+    {"embed.weight", shard_kind::vocab, placement::first_stage, presence::always,
+     {"gpt_neox.embed_in.weight"}, 1, param_role::embed, extent::none, false, name_scheme::gpt_neox},
 }};
 
 // pre_norm<rms_norm, attention>: the norm at the slot HF calls input_layernorm; post_norm<...>: at
 // post_attention_layernorm (the same HF name means another slot: names are bound at the slot);
 // sandwich<...>: both.
-inline constexpr std::array<param_row, 12> attention{{
+inline constexpr std::array<param_row, 18> attention{{
     {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
      {"model.layers.{layer}.input_layernorm.weight"}, 1, param_role::attn_norm, extent::hidden},
     {"layers.{layer}.attn_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
@@ -133,11 +140,25 @@ inline constexpr std::array<param_row, 12> attention{{
      {"model.layers.{layer}.self_attn.o_proj.bias"}, 1, param_role::o_bias, extent::hidden},
     {"layers.{layer}.attn_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
      {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::attn_post_norm, extent::hidden},
+    // GPT-NeoX: query_key_value holds [q_h; k_h; v_h] per head (kv_heads == heads), so each tp
+    // rank's heads are one contiguous block of its rows: a column split of the HF tensor.
+    {"layers.{layer}.attn_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norms,
+     {"gpt_neox.layers.{layer}.input_layernorm.weight"}, 1, param_role::attn_norm, extent::hidden, false, name_scheme::gpt_neox},
+    {"layers.{layer}.attn_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
+     {"gpt_neox.layers.{layer}.input_layernorm.bias"}, 1, param_role::attn_norm_bias, extent::hidden, false, name_scheme::gpt_neox},
+    {"layers.{layer}.qkv.weight", shard_kind::column, placement::layer, presence::always,
+     {"gpt_neox.layers.{layer}.attention.query_key_value.weight"}, 1, param_role::qkv, extent::qkv_rows, false, name_scheme::gpt_neox},
+    {"layers.{layer}.qkv.bias", shard_kind::column, placement::layer, presence::qkv_bias,
+     {"gpt_neox.layers.{layer}.attention.query_key_value.bias"}, 1, param_role::qkv_bias, extent::qkv_rows, false, name_scheme::gpt_neox},
+    {"layers.{layer}.o_proj.weight", shard_kind::row, placement::layer, presence::always,
+     {"gpt_neox.layers.{layer}.attention.dense.weight"}, 1, param_role::o_proj, extent::attn_width, false, name_scheme::gpt_neox},
+    {"layers.{layer}.o_proj.bias", shard_kind::replicated, placement::layer, presence::out_bias,
+     {"gpt_neox.layers.{layer}.attention.dense.bias"}, 1, param_role::o_bias, extent::hidden, false, name_scheme::gpt_neox},
 }};
 
 // pre_norm<norm, gated_mlp | plain_mlp>: the norm at the slot HF calls post_attention_layernorm;
 // post_norm<...>: at post_feedforward_layernorm; sandwich<...>: pre_ and post_feedforward_layernorm.
-inline constexpr std::array<param_row, 11> mlp{{
+inline constexpr std::array<param_row, 17> mlp{{
     {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norm_mlp,
      {"model.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden},
     {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::sandwich_mlp,
@@ -162,26 +183,50 @@ inline constexpr std::array<param_row, 11> mlp{{
      {"model.layers.{layer}.mlp.c_proj.bias"}, 1, param_role::down_bias, extent::hidden},
     {"layers.{layer}.mlp_post_norm.weight", shard_kind::replicated, placement::layer, presence::post_norms,
      {"model.layers.{layer}.post_feedforward_layernorm.weight"}, 1, param_role::mlp_post_norm, extent::hidden},
+    // GPT-NeoX: the MLP's norm, and dense_h_to_4h / dense_4h_to_h with their biases.
+    {"layers.{layer}.mlp_norm.weight", shard_kind::replicated, placement::layer, presence::pre_norm_mlp,
+     {"gpt_neox.layers.{layer}.post_attention_layernorm.weight"}, 1, param_role::mlp_norm, extent::hidden, false, name_scheme::gpt_neox},
+    {"layers.{layer}.mlp_norm.bias", shard_kind::replicated, placement::layer, presence::pre_norm_bias,
+     {"gpt_neox.layers.{layer}.post_attention_layernorm.bias"}, 1, param_role::mlp_norm_bias, extent::hidden, false, name_scheme::gpt_neox},
+    {"layers.{layer}.fc.weight", shard_kind::column, placement::layer, presence::plain,
+     {"gpt_neox.layers.{layer}.mlp.dense_h_to_4h.weight"}, 1, param_role::fc, extent::ffn_rows, false, name_scheme::gpt_neox},
+    {"layers.{layer}.fc.bias", shard_kind::column, placement::layer, presence::plain_bias,
+     {"gpt_neox.layers.{layer}.mlp.dense_h_to_4h.bias"}, 1, param_role::fc_bias, extent::ffn_rows, false, name_scheme::gpt_neox},
+    {"layers.{layer}.down.weight", shard_kind::row, placement::layer, presence::plain,
+     {"gpt_neox.layers.{layer}.mlp.dense_4h_to_h.weight"}, 1, param_role::down, extent::ffn, false, name_scheme::gpt_neox},
+    {"layers.{layer}.down.bias", shard_kind::replicated, placement::layer, presence::plain_bias,
+     {"gpt_neox.layers.{layer}.mlp.dense_4h_to_h.bias"}, 1, param_role::down_bias, extent::hidden, false, name_scheme::gpt_neox},
 }};
 
-inline constexpr std::array<param_row, 2> final_norm{{
+inline constexpr std::array<param_row, 4> final_norm{{
     {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
      {"model.norm.weight"}, 1, param_role::final_norm, extent::hidden},
     {"final_norm.bias", shard_kind::replicated, placement::last_stage, presence::norm_bias,
      {"model.norm.bias"}, 1, param_role::final_norm_bias, extent::hidden},
+    {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
+     {"gpt_neox.final_layer_norm.weight"}, 1, param_role::final_norm, extent::hidden, false, name_scheme::gpt_neox},
+    {"final_norm.bias", shard_kind::replicated, placement::last_stage, presence::norm_bias,
+     {"gpt_neox.final_layer_norm.bias"}, 1, param_role::final_norm_bias, extent::hidden, false, name_scheme::gpt_neox},
 }};
 
 // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
-inline constexpr std::array<param_row, 1> lm_head{{
+inline constexpr std::array<param_row, 2> lm_head{{
     {"lm_head.weight", shard_kind::vocab, placement::last_stage, presence::actor,
      {"lm_head.weight"}, 1, param_role::lm_head},
+    {"lm_head.weight", shard_kind::vocab, placement::last_stage, presence::actor,
+     {"embed_out.weight"}, 1, param_role::lm_head, extent::none, false, name_scheme::gpt_neox},
 }};
 
-inline constexpr std::array<param_row, 2> value_head{{
+// GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
+inline constexpr std::array<param_row, 4> value_head{{
     {"value_head.weight", shard_kind::replicated, placement::last_stage, presence::critic,
      {"score.weight"}, 1, param_role::value_weight},
     {"value_head.bias", shard_kind::replicated, placement::last_stage, presence::critic_bias,
      {"score.bias"}, 1, param_role::value_bias},
+    {"value_head.weight", shard_kind::replicated, placement::last_stage, presence::critic,
+     {"classifier.weight"}, 1, param_role::value_weight, extent::none, false, name_scheme::gpt_neox},
+    {"value_head.bias", shard_kind::replicated, placement::last_stage, presence::critic_bias,
+     {"classifier.bias"}, 1, param_role::value_bias, extent::none, false, name_scheme::gpt_neox},
 }};
 
 }  // namespace block_params
@@ -209,7 +254,14 @@ static_assert([] {
 
 // Names a critic accepts for its value head when loading (DESIGN §7), in order of preference.
 // `lm_head.weight` counts only with shape (1, h).
-inline constexpr std::array<std::string_view, 5> value_head_sources{
-    {"score", "v_head", "value_head", "reward_head", "lm_head"}};
+inline constexpr std::array<std::string_view, 6> value_head_sources{
+    {"score", "classifier", "v_head", "value_head", "reward_head", "lm_head"}};
+
+// The HF name of the embedding under a name scheme (a tied lm_head's source).
+constexpr std::string_view embedding_hf_name(name_scheme n) {
+  for (const param_row& r : block_params::embedding)
+    if (r.names == n) return r.hf[0];
+  return block_params::embedding[0].hf[0];
+}
 
 }  // namespace megadsl

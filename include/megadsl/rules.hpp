@@ -32,11 +32,13 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 19> rule_table{{
+inline constexpr std::array<rule_info, 21> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
     {"concatenated_qkv_has_no_bias", "HF's concatenated q/k/v storage (Phi-3) comes without a q/k/v bias"},
+    {"interleaved_qkv_needs_kv_heads_equal_heads", "q/k/v interleaved per head (GPT-NeoX) needs kv_heads == heads"},
+    {"rotary_dim_even", "the rotated share of each head (head_dim * rotary_fraction) is even and positive"},
     {"heads_divisible_by_tp", "num_heads % tp == 0"},
     {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
     {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
@@ -183,6 +185,18 @@ constexpr void check_shape(const shape& s, violations& out) {
     out.add("concatenated_qkv_has_no_bias")
         .add("qkv_bias = true with q/k/v stored concatenated (qkv_proj), which has no bias tensor in HF; "
              "use separate storage (attention<>) or qkv_bias = false");
+  if (s.hf_storage.is_static() && s.hf_storage.get() == tensor_storage::interleaved && known(s.heads, s.kv_heads) &&
+      s.heads.get() != s.kv_heads.get())
+    out.add("interleaved_qkv_needs_kv_heads_equal_heads")
+        .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
+             ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
+  if (const dim hd = effective_head_dim(s); hd.is_static() && hd.get() > 0 && s.rotary_fraction.is_static()) {
+    const std::int64_t r = rotary_dim(hd.get(), s.rotary_fraction.get());
+    if (s.rotary_fraction.get() <= 0 || s.rotary_fraction.get() > 1 || r < 2 || r % 2 != 0)
+      out.add("rotary_dim_even")
+          .add("head_dim ", hd.get(), " * rotary_fraction ", s.rotary_fraction.get(), " rotates ", r,
+               " dimensions; RoPE rotates pairs: use a fraction in (0, 1] that gives an even count >= 2");
+  }
   const auto& r = s.rope;
   if (r.type.is_static() && r.type.get() != rope_type::none) {
     if (r.factor.is_static() && r.factor.get() < 1.0)

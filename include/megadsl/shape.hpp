@@ -41,13 +41,19 @@ enum class mlp_kind : std::int8_t { gated, plain };
 // (OLMo2: heads * head_dim for q, kv_heads * head_dim for k; under tp a sum of squares over tp).
 enum class qk_norm_kind : std::int8_t { none, per_head, full_width };
 // Where a decoder layer's norms sit: before each sublayer (Llama), after each sublayer's output
-// before the residual add (OLMo2), or both (Gemma2's sandwich: x + post(inner(pre(x)))).
-enum class residual_kind : std::int8_t { pre_norm, post_norm, sandwich };
-// How HF stores the fused projections: q/k/v and gate/up as separate tensors (Llama), or each as
-// one tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj).
-enum class tensor_storage : std::int8_t { separate, concatenated };
-// The gated MLP's activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
-enum class activation : std::int8_t { silu, gelu_tanh };
+// before the residual add (OLMo2), or both (Gemma2's sandwich: x + post(inner(pre(x)))); or the
+// two sublayers side by side on the same input, x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX).
+enum class residual_kind : std::int8_t { pre_norm, post_norm, sandwich, parallel };
+// How HF stores the fused projections: q/k/v and gate/up as separate tensors (Llama), each as one
+// tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj), or q/k/v
+// as one tensor interleaved per head ([q_0; k_0; v_0; q_1; ...], NeoX's query_key_value).
+enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
+// The MLP's activation: SiLU (SwiGLU), GELU with the tanh approximation (GeGLU, StarCoder2), or
+// the exact (erf) GELU (GPT-NeoX).
+enum class activation : std::int8_t { silu, gelu_tanh, gelu };
+// The HF tensor names a family's checkpoints use: Llama's (model.layers.N.self_attn.q_proj, ...)
+// or GPT-NeoX's (gpt_neox.layers.N.attention.query_key_value, embed_out, ...).
+enum class name_scheme : std::int8_t { llama, gpt_neox };
 // The embedding's output scale: none, or sqrt(hidden) rounded to the activations' dtype (Gemma).
 enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
 
@@ -59,12 +65,16 @@ constexpr std::string_view name_of(qk_norm_kind k) {
   return k == qk_norm_kind::none ? "none" : k == qk_norm_kind::per_head ? "per_head" : "full_width";
 }
 constexpr std::string_view name_of(tensor_storage t) {
-  return t == tensor_storage::separate ? "separate" : "concatenated";
+  return t == tensor_storage::separate ? "separate" : t == tensor_storage::concatenated ? "concatenated" : "interleaved";
 }
 constexpr std::string_view name_of(residual_kind r) {
-  return r == residual_kind::pre_norm ? "pre_norm" : r == residual_kind::post_norm ? "post_norm" : "sandwich";
+  return r == residual_kind::pre_norm ? "pre_norm" : r == residual_kind::post_norm ? "post_norm"
+         : r == residual_kind::sandwich ? "sandwich" : "parallel";
 }
-constexpr std::string_view name_of(activation a) { return a == activation::silu ? "silu" : "gelu_tanh"; }
+constexpr std::string_view name_of(activation a) {
+  return a == activation::silu ? "silu" : a == activation::gelu_tanh ? "gelu_tanh" : "gelu";
+}
+constexpr std::string_view name_of(name_scheme n) { return n == name_scheme::llama ? "llama" : "gpt_neox"; }
 constexpr std::string_view name_of(embed_scale_kind e) {
   return e == embed_scale_kind::none ? "none" : "sqrt_hidden";
 }
@@ -84,12 +94,15 @@ template <>
 inline constexpr auto enum_values<qk_norm_kind> =
     std::array{qk_norm_kind::none, qk_norm_kind::per_head, qk_norm_kind::full_width};
 template <>
-inline constexpr auto enum_values<tensor_storage> = std::array{tensor_storage::separate, tensor_storage::concatenated};
+inline constexpr auto enum_values<tensor_storage> =
+    std::array{tensor_storage::separate, tensor_storage::concatenated, tensor_storage::interleaved};
 template <>
 inline constexpr auto enum_values<residual_kind> =
-    std::array{residual_kind::pre_norm, residual_kind::post_norm, residual_kind::sandwich};
+    std::array{residual_kind::pre_norm, residual_kind::post_norm, residual_kind::sandwich, residual_kind::parallel};
 template <>
-inline constexpr auto enum_values<activation> = std::array{activation::silu, activation::gelu_tanh};
+inline constexpr auto enum_values<activation> = std::array{activation::silu, activation::gelu_tanh, activation::gelu};
+template <>
+inline constexpr auto enum_values<name_scheme> = std::array{name_scheme::llama, name_scheme::gpt_neox};
 template <>
 inline constexpr auto enum_values<embed_scale_kind> =
     std::array{embed_scale_kind::none, embed_scale_kind::sqrt_hidden};
@@ -130,6 +143,10 @@ struct shape {
   real query_pre_attn_scalar = 0.0;  // scores scaled by this^-0.5 instead of head_dim^-0.5
   real attn_softcap = 0.0;           // scores = cap * tanh(scores / cap) before the mask
   real final_softcap = 0.0;          // logits = cap * tanh(logits / cap) before log-softmax
+  // The share of each head's dimensions RoPE rotates (the first head_dim * this, rounded down);
+  // the rest pass through (GPT-NeoX's rotary_pct, HF's partial_rotary_factor).
+  real rotary_fraction = 1.0;
+  maybe<name_scheme> names = name_scheme::llama;  // set by the family's composition
 };
 
 // Every field dynamic: the form the command-line tool uses for any HF checkpoint.
@@ -142,7 +159,12 @@ inline constexpr shape dynamic_shape = {
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
     .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
     .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .query_pre_attn_scalar = dynamic,
-    .attn_softcap = dynamic, .final_softcap = dynamic};
+    .attn_softcap = dynamic, .final_softcap = dynamic, .rotary_fraction = dynamic, .names = dynamic};
+
+// The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
+constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
+  return static_cast<std::int64_t>(static_cast<double>(head_dim) * fraction);
+}
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.
 constexpr dim effective_head_dim(const shape& s) {
@@ -160,4 +182,4 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, hi
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
                         max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
                         mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias,
-                        query_pre_attn_scalar, attn_softcap, final_softcap);
+                        query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, names);

@@ -70,6 +70,7 @@ constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64
 }
 
 constexpr bool present(const param_row& row, const shape& s, head_info h) {
+  if (row.names != s.names.get()) return false;
   switch (row.when) {
     case presence::always: return true;
     case presence::qkv_bias: return s.qkv_bias.get();
@@ -84,12 +85,14 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::plain: return s.mlp.get() == mlp_kind::plain;
     case presence::plain_bias: return s.mlp.get() == mlp_kind::plain && s.out_bias.get();
     case presence::out_bias: return s.out_bias.get();
-    case presence::pre_norm_bias: return s.norm.get() == norm_kind::layer_norm && s.residual.get() == residual_kind::pre_norm;
+    case presence::pre_norm_bias:
+      return s.norm.get() == norm_kind::layer_norm &&
+             (s.residual.get() == residual_kind::pre_norm || s.residual.get() == residual_kind::parallel);
     case presence::norm_bias: return s.norm.get() == norm_kind::layer_norm;
     case presence::pre_norms: return s.residual.get() != residual_kind::post_norm;
-    case presence::pre_norm_mlp: return s.residual.get() == residual_kind::pre_norm;
+    case presence::pre_norm_mlp: return s.residual.get() == residual_kind::pre_norm || s.residual.get() == residual_kind::parallel;
     case presence::sandwich_mlp: return s.residual.get() == residual_kind::sandwich;
-    case presence::post_norms: return s.residual.get() != residual_kind::pre_norm;
+    case presence::post_norms: return s.residual.get() == residual_kind::post_norm || s.residual.get() == residual_kind::sandwich;
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;
@@ -104,6 +107,7 @@ struct param_plan {
   dims global{};                    // all tp shards side by side (padded vocab, replicated kv)
   int split_dim = -1;               // tp split dimension of `global`, -1 when replicated
   bool tied = false;                // lm_head that shares the embedding weight
+  std::string_view tied_source;     // then: the embedding's HF name, its source
 };
 
 constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
@@ -119,6 +123,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       p.global = mat(vpad, h);
       p.split_dim = 0;
       p.tied = row.role == param_role::lm_head && s.tie_embeddings.get();
+      if (p.tied) p.tied_source = embedding_hf_name(s.names.get());
       break;
     case shard_kind::replicated:
       if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
@@ -151,10 +156,13 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       break;
     }
     case shard_kind::column: {
-      if (row.size == extent::ffn_rows) {  // a plain MLP's fc weight (ffn, h) and bias (ffn)
-        const bool bias = row.role == param_role::fc_bias;
-        p.hf_shapes[0] = p.global = bias ? vec(ffn) : mat(ffn, h);
-        p.local = bias ? vec(ffn / tp) : mat(ffn / tp, h);
+      // A plain MLP's fc weight (ffn, h) and bias (ffn); NeoX's query_key_value ((heads + 2 kv) d, h)
+      // and its bias, whose rows are grouped per head, so each rank's heads are contiguous.
+      if (row.size == extent::ffn_rows || row.size == extent::qkv_rows) {
+        const std::int64_t rows = row.size == extent::ffn_rows ? ffn : (heads + 2 * kv) * hd;
+        const bool bias = row.role == param_role::fc_bias || row.role == param_role::qkv_bias;
+        p.hf_shapes[0] = p.global = bias ? vec(rows) : mat(rows, h);
+        p.local = bias ? vec(rows / tp) : mat(rows / tp, h);
         p.split_dim = 0;
         break;
       }

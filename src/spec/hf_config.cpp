@@ -60,6 +60,8 @@ constexpr key_name key_names[] = {
     {"query_pre_attn_scalar", "query_pre_attn_scalar"},
     {"attn_softcap", "attn_logit_softcapping"},
     {"final_softcap", "final_logit_softcapping"},
+    {"rotary_fraction", "rope_parameters.partial_rotary_factor / rotary_pct"},
+    {"names", "model_type (its tensor names)"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -90,6 +92,7 @@ constexpr family_defaults defaults_table[] = {
     {"olmo2", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
     {"phi3", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
     {"starcoder2", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
+    {"gpt_neox", 2048, 1e-5, 10000.0, true, 0, false, blocks::lowering<gpt_neox_blocks>::apply(shape{})},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -212,12 +215,18 @@ class reader {
 
 // One RoPE description: transformers 4.x's "rope_scaling" object ({"rope_type" or "type", scaling
 // fields}) or 5.x's "rope_parameters" (the same, plus "rope_theta"). `where` names it in errors.
-rope_scaling read_rope_object(const reader& r, const json& v, const std::string& where) {
+rope_scaling read_rope_object(const reader& r, const json& v, const std::string& where,
+                              std::optional<double>* partial = nullptr) {
   rope_scaling out;  // type none
-  // transformers 5 keeps Phi-3's / NeoX's partial rotary fraction here; megadsl rotates every dim.
-  if (const json* f = r.find(v, "partial_rotary_factor"); f && !(f->is_number() && f->get<double>() == 1.0))
-    r.fail(where + ".partial_rotary_factor", "is " + describe_json(*f) + ": megadsl's attention rotates the whole head",
-           "this checkpoint (partial rotary embeddings) is not supported yet");
+  // transformers 5 keeps Phi-3's / NeoX's partial rotary fraction here (parse_hf_config decides
+  // which families honour it).
+  if (const json* f = r.find(v, "partial_rotary_factor")) {
+    const double fraction = r.number(*f, where + ".partial_rotary_factor");
+    if (partial != nullptr) *partial = fraction;
+    else if (fraction != 1.0)
+      r.fail(where + ".partial_rotary_factor", "is " + describe_json(*f) + " in " + where + ", which transformers reads whole",
+             "move it to rope_parameters");
+  }
   const json* t = r.find(v, "rope_type");
   std::string type_key = where + ".rope_type";
   if (!t) {
@@ -273,6 +282,7 @@ bool same_rope(const rope_scaling& a, const rope_scaling& b) {
 struct rope_read {
   rope_scaling scaling;
   std::optional<double> theta;  // from rope_parameters.rope_theta (5.x) or the top-level rope_theta (4.x)
+  std::optional<double> partial;  // rope_parameters.partial_rotary_factor
 };
 
 // Both generations of config.json: 5.x's rope_parameters and 4.x's rope_scaling + rope_theta. A
@@ -291,7 +301,7 @@ rope_read read_rope(const reader& r) {
   if (!params->is_object())
     r.fail("rope_parameters", "expected an object, got " + describe_json(*params),
            "transformers 5 writes {\"rope_type\": ..., \"rope_theta\": ...}");
-  const rope_scaling scaling = read_rope_object(r, *params, "rope_parameters");
+  const rope_scaling scaling = read_rope_object(r, *params, "rope_parameters", &out.partial);
   if (legacy && legacy->is_object() && !same_rope(scaling, out.scaling))
     r.fail("rope_parameters", "disagrees with rope_scaling (" + std::string(name_of(scaling.type.get())) + " vs " +
                                   std::string(name_of(out.scaling.type.get())) + " or their factors)",
@@ -360,6 +370,13 @@ constexpr config_key config_keys[] = {
     {"*", "max_position_embeddings", key_use::read},
     {"llama mistral qwen2 qwen3 gemma gemma2 olmo2 phi3", "rms_norm_eps", key_use::read},
     {"starcoder2", "norm_epsilon", key_use::read},     // its LayerNorms' eps
+    {"gpt_neox", "layer_norm_eps", key_use::read},     // its LayerNorms' eps
+    {"gpt_neox", "rotary_pct", key_use::read},         // 4.x's partial_rotary_factor
+    {"gpt_neox", "rotary_emb_base", key_use::read},    // 4.x's rope_theta
+    {"gpt_neox", "use_parallel_residual", key_use::read},  // only true (the family's composition)
+    {"gpt_neox", "attention_bias", key_use::read},     // only true (q/k/v and dense biases)
+    {"gpt_neox", "hidden_dropout", key_use::refused},
+    {"gpt_neox", "classifier_dropout", key_use::no_effect},  // noted: the value head has no dropout (verl sets 0)
     {"starcoder2", "use_bias", key_use::read},         // q/k/v, o_proj and MLP biases
     {"*", "rope_theta", key_use::read},
     {"*", "rope_scaling", key_use::read},
@@ -389,7 +406,7 @@ constexpr config_key config_keys[] = {
     {"starcoder2", "residual_dropout", key_use::refused},
     {"starcoder2", "embedding_dropout", key_use::refused},
     {"phi3", "embd_pdrop", key_use::refused},
-    {"phi3", "partial_rotary_factor", key_use::refused},  // 4.x's place for it; checked with rope_parameters
+    {"phi3", "partial_rotary_factor", key_use::read},  // 4.x's place for it
     {"phi3", "original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
     // No effect on the numbers.
     {"llama", "pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
@@ -488,7 +505,7 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
     if (k->use != key_use::refused || value.is_null()) continue;
     if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
     if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop" ||
-        key == "residual_dropout" || key == "embedding_dropout") {
+        key == "residual_dropout" || key == "embedding_dropout" || key == "hidden_dropout") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
       r.fail(key, "is " + describe_json(value) + ": megadsl has no dropout, so training would differ from HF's",
              "set it to 0.0 (verl and Megatron RLHF recipes train without dropout)");
@@ -564,7 +581,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 
   const json* mt = r.find(root, "model_type");
   const std::string types =
-      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\"";
+      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\"";
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
@@ -573,23 +590,37 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                                  [&](const family_defaults& f) { return f.model_type == out.model_type; });
   if (fam == std::end(defaults_table))
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
-           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2)");
+           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2, GPT-NeoX/Pythia)");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
   // The activation is the family's composition's; Gemma's "gelu" is transformers' legacy spelling of
   // the tanh approximation (it rewrites it), StarCoder2's is the exact GELU.
   const bool gemma = fam->model_type == "gemma";
-  const bool tanh = fam->knobs.mlp_activation.get() == activation::gelu_tanh;
+  const activation family_act = fam->knobs.mlp_activation.get();
+  const bool tanh = family_act == activation::gelu_tanh;
   for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
     const json* act = r.find(root, key);
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
     const std::string a = act->is_string() ? act->get<std::string>() : std::string();
-    const bool ok = tanh ? (a == "gelu_pytorch_tanh" || (gemma && a == "gelu")) : a == "silu";
+    const bool ok = tanh ? (a == "gelu_pytorch_tanh" || (gemma && a == "gelu"))
+                    : family_act == activation::gelu ? a == "gelu" : a == "silu";
+    const std::string_view want = tanh ? "\"gelu_pytorch_tanh\"" : family_act == activation::gelu ? "\"gelu\"" : "\"silu\"";
     if (!ok)
       r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's MLP uses " +
-                      (tanh ? "GELU with the tanh approximation" : "SiLU"),
-             tanh ? "use \"gelu_pytorch_tanh\"" : "only \"silu\" is supported");
+                      (tanh ? "GELU with the tanh approximation" : family_act == activation::gelu ? "the exact GELU" : "SiLU"),
+             "only " + std::string(want) + " is supported");
+  }
+  if (fam->model_type == "gpt_neox") {
+    for (std::string_view key : {std::string_view("use_parallel_residual"), std::string_view("attention_bias")})
+      if (const json* b = r.find(root, key); b && !r.boolean(*b, key))
+        r.fail(key, "is false; the gpt_neox composition has " +
+                        std::string(key == "attention_bias" ? "biases on query_key_value and dense (beside the MLP's)"
+                                                            : "attention and MLP side by side (parallel residual)"),
+               "this checkpoint is not supported yet; Pythia and GPT-NeoX checkpoints have it true");
+    if (const json* d = r.find(root, "classifier_dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
+      out.notes.push_back("classifier_dropout = " + printable(d->dump()) +
+                          ": megadsl's value head has no dropout (verl's critics set it to 0)");
   }
   if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma ||
       fam->model_type == "gemma2") {
@@ -615,10 +646,31 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  const bool starcoder2 = fam->model_type == "starcoder2";
-  s.rms_eps = r.optional<double>(starcoder2 ? "norm_epsilon" : "rms_norm_eps", fam->rms_eps,
+  const bool starcoder2 = fam->model_type == "starcoder2", neox = fam->model_type == "gpt_neox";
+  s.rms_eps = r.optional<double>(starcoder2 ? "norm_epsilon" : neox ? "layer_norm_eps" : "rms_norm_eps", fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
-  const rope_read rope = read_rope(r);
+  rope_read rope = read_rope(r);
+  // 4.x NeoX configs name the theta rotary_emb_base and the rotated share rotary_pct (0.25 by
+  // default); Phi-3's 4.x configs keep partial_rotary_factor at the top level.
+  auto agree_with = [&](std::optional<double>& slot, std::string_view key, std::string_view what) {
+    const json* v = r.find(root, key);
+    if (v == nullptr) return;
+    const double x = r.number(*v, key);
+    if (slot && !close(*slot, x))
+      r.fail(key, "is " + show(x) + " but rope_parameters says " + show(*slot), "keep one " + std::string(what));
+    slot = x;
+  };
+  if (neox) {
+    agree_with(rope.theta, "rotary_emb_base", "theta");
+    agree_with(rope.partial, "rotary_pct", "partial rotary share");
+    if (!rope.partial) rope.partial = 0.25;  // GPTNeoXConfig's default
+  }
+  if (fam->model_type == "phi3") agree_with(rope.partial, "partial_rotary_factor", "partial rotary share");
+  s.rotary_fraction = rope.partial.value_or(1.0);
+  if (!neox && fam->model_type != "phi3" && s.rotary_fraction.get() != 1.0)
+    r.fail("rope_parameters.partial_rotary_factor", "is " + show(s.rotary_fraction.get()) + ": transformers' " +
+               std::string(fam->model_type) + " attention rotates the whole head and ignores it",
+           "remove it (the " + std::string(fam->model_type) + " checkpoints transformers writes do not have it)");
   if (rope.theta) s.rope_theta = *rope.theta;
   else {
     s.rope_theta = fam->rope_theta;
@@ -626,7 +678,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   }
   s.rope = rope.scaling;
   s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
-  s.out_bias = false;
+  s.out_bias = neox;  // NeoX: dense and MLP biases (attention_bias false was refused above)
   if (starcoder2) {
     s.qkv_bias = s.out_bias = r.optional<bool>("use_bias", true,
         [&](const json& v, std::string_view k) { return r.boolean(v, k); });
@@ -653,6 +705,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.residual = fam->knobs.residual;
   s.hf_storage = fam->knobs.hf_storage;
   s.mlp = fam->knobs.mlp;
+  s.names = fam->knobs.names;
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
   check_keys(r, fam->model_type, out.notes);
@@ -779,7 +832,8 @@ std::string_view model_type_for(const shape& s, const sliding_window& window) {
   auto same_knobs = [&](const shape& k) {
     return s.norm.get() == k.norm.get() && s.qk_norm.get() == k.qk_norm.get() &&
            s.mlp_activation.get() == k.mlp_activation.get() && s.embed_scale.get() == k.embed_scale.get() &&
-           s.residual.get() == k.residual.get() && s.hf_storage.get() == k.hf_storage.get() && s.mlp.get() == k.mlp.get();
+           s.residual.get() == k.residual.get() && s.hf_storage.get() == k.hf_storage.get() && s.mlp.get() == k.mlp.get() &&
+           s.names.get() == k.names.get();
   };
   if (same_knobs(knobs_of_llama)) {
     if (s.qkv_bias.get() || (window.any() && !window.every_layer())) return "qwen2";
@@ -810,12 +864,12 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                                  [&](const family_defaults& f) { return f.model_type == model_type; });
   if (fam == std::end(defaults_table))
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
-                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3 and starcoder2");
+                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox");
   if (s.norm.get() != fam->knobs.norm.get() || s.qk_norm.get() != fam->knobs.qk_norm.get() ||
       s.mlp_activation.get() != fam->knobs.mlp_activation.get() || s.embed_scale.get() != fam->knobs.embed_scale.get() ||
       s.residual.get() != fam->knobs.residual.get() ||
       s.hf_storage.get() != fam->knobs.hf_storage.get() ||
-      s.mlp.get() != fam->knobs.mlp.get())
+      s.mlp.get() != fam->knobs.mlp.get() || s.names.get() != fam->knobs.names.get())
     throw config_error("megadsl: this model's blocks (norm " + show(s.norm) + ", qk_norm " + show(s.qk_norm) +
                        ", mlp_activation " + show(s.mlp_activation) + ", embed_scale " + show(s.embed_scale) +
                        ") are not those of model_type " + std::string(model_type) +
@@ -824,7 +878,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                              : model_type == "qwen3" ? "Qwen3" : model_type == "gemma" ? "Gemma"
                              : model_type == "gemma2" ? "Gemma2"
                              : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3"
-                             : model_type == "starcoder2" ? "Starcoder2" : "Llama";
+                             : model_type == "starcoder2" ? "Starcoder2" : model_type == "gpt_neox" ? "GPTNeoX" : "Llama";
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
   j["model_type"] = std::string(model_type);
@@ -836,10 +890,31 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["vocab_size"] = s.vocab.get();
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
-  j[model_type == "starcoder2" ? "norm_epsilon" : "rms_norm_eps"] = s.rms_eps.get();
+  j[model_type == "starcoder2" ? "norm_epsilon" : model_type == "gpt_neox" ? "layer_norm_eps" : "rms_norm_eps"] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
   j[model_type == "gemma2" ? "hidden_activation" : "hidden_act"] =
-      s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : "silu";
+      s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : s.mlp_activation.get() == activation::gelu ? "gelu" : "silu";
+  if (s.rotary_fraction.get() != 1.0 && model_type != "gpt_neox" && model_type != "phi3")
+    throw config_error("megadsl: a " + family + " config rotates the whole head, and this model rotates " +
+                       show(s.rotary_fraction) + " of it; save it as model_type phi3 or gpt_neox");
+  if (model_type == "gpt_neox") {
+    if (!s.qkv_bias.get() || !s.out_bias.get())
+      throw config_error("megadsl: a GPTNeoX config has q/k/v, dense and MLP biases, and this model lacks some "
+                         "(qkv_bias " + show(s.qkv_bias) + ", out_bias " + show(s.out_bias) + ")");
+    if (s.rope.type.get() != rope_type::none)
+      throw config_error("megadsl: megadsl writes a GPTNeoX config with plain RoPE only, and this model's is scaled (" +
+                         show(s.rope.type) + "); save it as a distributed checkpoint");
+    j["use_parallel_residual"] = true;
+    j["attention_bias"] = true;
+    j["rotary_pct"] = s.rotary_fraction.get();       // 4.x's keys; 5.x reads rope_parameters
+    j["rotary_emb_base"] = s.rope_theta.get();
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", s.rope_theta.get()},
+                            {"partial_rotary_factor", s.rotary_fraction.get()}};
+    j.erase("num_key_value_heads");
+    j.erase("head_dim");
+  } else if (model_type == "phi3" && s.rotary_fraction.get() != 1.0) {
+    j["partial_rotary_factor"] = s.rotary_fraction.get();
+  }
   if (model_type == "gemma2") {
     j["query_pre_attn_scalar"] = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
                                                                       : static_cast<double>(effective_head_dim(s).get());
@@ -855,7 +930,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       throw config_error("megadsl: a Starcoder2 config has one use_bias for q/k/v, o_proj and the MLP; this model has "
                          "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias));
     j["use_bias"] = s.qkv_bias.get();
-  } else if (s.out_bias.get()) {
+  } else if (s.out_bias.get() && model_type != "gpt_neox") {
     throw config_error("megadsl: a " + family + " config cannot express o_proj and MLP biases; save it as model_type starcoder2");
   }
   j["tie_word_embeddings"] = s.tie_embeddings.get();

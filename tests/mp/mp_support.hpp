@@ -50,6 +50,14 @@ struct tiny8_gemma2 : gemma2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_h
   static constexpr std::int64_t window = 5;
 };
 
+// GPT-NeoX's composition: q/k/v interleaved per head, RoPE on 8 of each head's 32 dims, attention
+// and MLP side by side, exact GELU, biases everywhere, LayerNorms.
+struct tiny8_neox : gpt_neox<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352,
+                                   .vocab = 500, .max_positions = 256, .qkv_bias = true, .out_bias = true,
+                                   .rotary_fraction = 0.25}> {
+  static constexpr std::string_view name = "tiny8-neox";
+};
+
 // The options a test model is built with: seeded test weights, and its window when it has one
 // (Gemma2's on alternate layers from the first, as its config class derives them).
 template <class M>

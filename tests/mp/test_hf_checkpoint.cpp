@@ -37,14 +37,16 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
-// The last eight are written by transformers 5 (rope_parameters; Mistral's sliding window of 5
+// The last nine are written by transformers 5 (rope_parameters; Mistral's sliding window of 5
 // tokens on every layer, shorter than three of the sequences; the qwen3, gemma, gemma2 and olmo2
 // compositions: per-head q/k norms, (1 + w) norms, scaled embedding, GeGLU, sandwich norms with
 // soft-caps, a score scale and a window on alternate layers, post norms, full-width q/k norms;
-// Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's LayerNorms and biased plain MLP).
+// Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's LayerNorms and biased plain MLP;
+// GPT-NeoX's names, per-head interleaved query_key_value, partial rotary, parallel residual, exact
+// GELU and `classifier` value head).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
-                                        "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5"};
+                                        "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -78,7 +80,9 @@ void check_fixture(const std::string& name) {
   llama_model<value_model<any_llama, L>> critic(groups, options_for(dir), s);
   load_hf(actor, groups, dir);
   const hf_load_report r = load_hf(critic, groups, dir / "critic");
-  CHECK(r.notes.front() == "value head loaded from score.*");
+  // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
+  const std::string head = s.names.get() == name_scheme::gpt_neox ? "classifier" : "score";
+  CHECK(r.notes.front() == "value head loaded from " + head + ".*");
   const safetensors_file ref = safetensors_file::open(dir / "reference.safetensors");
   for (std::string side : {"left", "right"}) {
     const at::Tensor ids = ref.read(side + ".input_ids"), mask = ref.read(side + ".attention_mask");

@@ -106,7 +106,10 @@ TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training
   check_training<tiny8_tied, layout{.tp = 2, .pp = 2}, false>(1);
 }
 
-TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3 and starcoder2 compositions: every layout equals one process", "[world4][pipeline][families]") {
+TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compositions: every layout equals one process", "[world4][pipeline][families]") {
+  check_inference<tiny8_neox, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // parallel residual
+  check_inference<tiny8_neox, layout{.tp = 2, .pp = 2}, false>(false);
+  check_inference<tiny8_neox, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
   check_inference<tiny8_gemma2, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // windows, soft-caps
   check_inference<tiny8_gemma2, layout{.tp = 2, .pp = 2}, false>(false);
   check_inference<tiny8_gemma2, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
@@ -126,9 +129,11 @@ TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3 and starcoder2 compositions: ev
   check_inference<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
 }
 
-TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3 and starcoder2 compositions under tp 2 x pp 2 x dp 2 equal one process",
+TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compositions under tp 2 x pp 2 x dp 2 equal one process",
           "[world8][pipeline][training][families]") {
   REQUIRE(dist().world() == 8);
+  check_training<tiny8_neox, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_neox, layout{.tp = 2, .pp = 2}, false>(2);
   check_training<tiny8_gemma2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_gemma2, layout{.tp = 2, .pp = 2}, false>(2);
   check_training<tiny8_qwen3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);

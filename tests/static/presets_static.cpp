@@ -41,8 +41,11 @@ static_assert(parameter_count(megadsl::qwen3_0_6b::shape) == 596'049'920);
 static_assert(parameter_count(megadsl::qwen3_8b::shape) == 8'190'735'360);
 static_assert(parameter_count(megadsl::gemma_2b::shape) == 2'506'172'416);
 static_assert(parameter_count(megadsl::gemma_7b::shape) == 8'537'680'896);
+static_assert(parameter_count(megadsl::gemma2_9b::shape) == 9'241'705'984);  // = HF index total_size / 2
 static_assert(parameter_count(megadsl::olmo2_7b::shape) == 7'298'617'344);
 static_assert(parameter_count(megadsl::phi3_mini::shape) == 3'821'079'552);
+static_assert(parameter_count(megadsl::starcoder2_7b::shape) == 7'173'923'840);
+static_assert(parameter_count(megadsl::pythia_1_4b::shape) == 1'414'647'808);  // Pythia paper, table 1
 static_assert(parameter_count(megadsl::tiny_llama::shape) == 3'283'200);
 static_assert(parameter_count(megadsl::tiny_qwen::shape) == 3'028'736);
 static_assert(parameter_count(megadsl::tiny_llama3::shape) == 3'027'200);
@@ -192,6 +195,16 @@ static_assert(megadsl::gemma_7b::shape.mlp_activation.get() == megadsl::activati
 static_assert(megadsl::gemma_7b::shape.embed_scale.get() == megadsl::embed_scale_kind::sqrt_hidden);
 static_assert(megadsl::llama3_8b::shape.qk_norm.get() == megadsl::qk_norm_kind::none);
 static_assert(megadsl::qwen3_8b::family == "qwen3" && megadsl::gemma_7b::family == "gemma");
+// Gemma2: sandwich norms (four per layer), Gemma's knobs otherwise.
+static_assert(megadsl::gemma2_9b::shape.residual.get() == megadsl::residual_kind::sandwich);
+static_assert(megadsl::gemma2_9b::shape.norm.get() == megadsl::norm_kind::rms_1p);
+// GPT-NeoX: query_key_value is a column split (its rows grouped per head), under NeoX's names.
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::pythia_1_4b, layout{.tp = 4}>>("layers.{layer}.qkv.weight") ==
+              megadsl::mat(3 * 2048 / 4, 2048));
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::pythia_1_4b>>()["lm_head.weight"].row->hf[0] == "embed_out.weight");
+static_assert(megadsl::pythia_1_4b::shape.residual.get() == megadsl::residual_kind::parallel);
+static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::gemma2_9b>>().count ==
+              megadsl::plan_params<megadsl::causal_lm<megadsl::gemma_7b>>().count + 2);
 // Qwen3's q/k norms: one head_dim vector per layer each, whole on every tp rank.
 static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::qwen3_8b, layout{.tp = 8}>>(
                   "layers.{layer}.q_norm.weight") == megadsl::vec(128));

@@ -153,7 +153,7 @@ TEST_CASE("activation bytes follow Korthikanti et al. Table 2", "[formulas][acti
 
 TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas", "[formulas][memory]") {
   // An accounting independent of the shard plan: summing every (tp, pp) rank's elements gives the HF
-  // count, plus padded vocab rows, plus the replicated norms (and value head) on every tp rank,
+  // count, plus padded vocab rows, plus the replicated norms, output biases (and value head) on every tp rank,
   // plus kv heads replicated when kv_heads < tp, plus a tied lm_head's copy when pp > 1.
   megadsl::for_each_preset([](auto p) {
     using P = typename decltype(p)::type;
@@ -174,7 +174,13 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           expected += (vp - v) * h * vocab_tables;
           if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
           const std::int64_t qk_norms = s.qk_norm.get() == megadsl::qk_norm_kind::per_head ? 2 * d : 0;  // full width: split
-          const std::int64_t replicated = (2 * L + 1) * h + L * qk_norms + (actor ? 0 : h + 1);
+          // Norm weights (and LayerNorm biases): two per layer, four in sandwich form; o_proj's and
+          // a plain MLP's output biases are added after the reduction, so replicated too.
+          const std::int64_t per_norm = s.norm.get() == megadsl::norm_kind::layer_norm ? 2 : 1;
+          const std::int64_t norms = (s.residual.get() == megadsl::residual_kind::sandwich ? 4 : 2) * per_norm;
+          const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == megadsl::mlp_kind::plain;
+          const std::int64_t biases = (out_bias ? 1 : 0) + (out_bias && plain ? 1 : 0);
+          const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + L * qk_norms + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

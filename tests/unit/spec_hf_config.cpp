@@ -153,10 +153,10 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "JSON object");
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
-        "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\": add the model's");
+        "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
-                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\" or \"starcoder2\""));
+                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -232,7 +232,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
         ".hf_storage = separate, .mlp = gated, .out_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
-        ".final_softcap = 0.0}");
+        ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));

@@ -7,7 +7,9 @@
 //   template <shape S> struct qwen3 : decoder_family<qwen3_blocks, S> { ... };
 //
 // A composition lowers onto the shape's block knobs (shape.hpp: norm, qk_norm, mlp_activation,
-// embed_scale, residual, hf_storage, mlp). The knobs select the blocks' parameter rows (param_table.hpp: each block's
+// embed_scale, residual, hf_storage, mlp, names). Numbers a checkpoint's config.json carries stay
+// shape fields beside them (query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction),
+// and the sliding window with its layers is a run-time option (sliding_window.hpp). The knobs select the blocks' parameter rows (param_table.hpp: each block's
 // parameters, shard kinds and HF names bound at its slot), the shard plan, the formulas, the HF
 // mapping and config keys, and reach the kernels as run-time enums: a new family is a type alias
 // and compiles no new LibTorch code.
@@ -18,12 +20,15 @@
 //   rms_norm<rms_wmul> Olmo2RMSNorm: (w * x.float() * rsqrt(...)).to(dtype)
 //   post_norm<N, X>    OLMo2: x + N(X(x)); pre_norm<N, X>: x + X(N(x))
 //   sandwich<N, X>     Gemma2: x + N'(X(N(x))), each norm with its own weight
+//   parallel<N, X>     GPT-NeoX: both sublayers on the block's input, x + attn(N1(x)) + mlp(N2(x))
+//   attention_knobs{.storage = interleaved}  NeoX's query_key_value: [q_h; k_h; v_h] per head
 //   attention<attention_knobs{.qk_norm = full_width}>  OLMo2: q and k RMSNorm over the whole projection, before RoPE
 //   attention<attention_knobs{.qk_norm = per_head}>  Qwen3: q and k RMSNorm over head_dim, before RoPE
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
 //   layer_norm                        nn.LayerNorm with its bias (StarCoder2)
-//   plain_mlp<gelu_tanh>              c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2)
+//   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
+//   decoder<E, B, N, name_scheme::gpt_neox>  the HF names of GPT-NeoX checkpoints (gpt_neox.*, embed_out)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
 #pragma once
 
@@ -89,13 +94,19 @@ struct post_norm {};
 template <class Norm, class Inner>
 struct sandwich {};
 
+// Both sublayers read the block's input, their outputs added to it together:
+// x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX's use_parallel_residual). Wrap both sublayers in it.
+template <class Norm, class Inner>
+struct parallel {};
+
 // One decoder layer: the attention sublayer, then the MLP sublayer.
 template <class AttentionSublayer, class MlpSublayer>
 struct block {};
 
 // Embedding, `layers` copies of the block (looped at run time, one type), the final norm; the
-// head (LM or value) comes from the model type (causal_lm / value_model).
-template <class Embedding, class Block, class FinalNorm>
+// head (LM or value) comes from the model type (causal_lm / value_model). `Names`: the HF tensor
+// names its checkpoints use.
+template <class Embedding, class Block, class FinalNorm, name_scheme Names = name_scheme::llama>
 struct decoder {};
 
 // ---- lowering: a composition onto the shape's knobs --------------------------------------------
@@ -118,7 +129,7 @@ struct invalid_composition {
 // A sublayer's residual form, norm kind and inner block.
 template <class Sublayer>
 struct sublayer_traits {
-  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner>, post_norm<Norm, Inner> or sandwich<Norm, Inner>");
+  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner>, post_norm<Norm, Inner>, sandwich<Norm, Inner> or parallel<Norm, Inner>");
 };
 template <class Norm, class Inner>
 struct sublayer_traits<pre_norm<Norm, Inner>> {
@@ -135,6 +146,12 @@ struct sublayer_traits<post_norm<Norm, Inner>> {
 template <class Norm, class Inner>
 struct sublayer_traits<sandwich<Norm, Inner>> {
   static constexpr residual_kind residual = residual_kind::sandwich;
+  static constexpr norm_kind norm = Norm::kind;
+  using inner = Inner;
+};
+template <class Norm, class Inner>
+struct sublayer_traits<parallel<Norm, Inner>> {
+  static constexpr residual_kind residual = residual_kind::parallel;
   static constexpr norm_kind norm = Norm::kind;
   using inner = Inner;
 };
@@ -164,8 +181,8 @@ struct mlp_traits<plain_mlp<A>> {
   static constexpr mlp_kind kind = mlp_kind::plain;
 };
 
-template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, class FinalNorm>
-struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, FinalNorm>> {
+template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, class FinalNorm, name_scheme Names>
+struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, FinalNorm, Names>> {
   static constexpr norm_kind NFinal = FinalNorm::kind;
   using attn = sublayer_traits<AttentionSublayer>;
   using mlp = sublayer_traits<MlpSublayer>;
@@ -180,11 +197,19 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
             "rms_norm<...> in every slot");
     else if (attn::residual != mlp::residual)
       t.add("residuals_agree: the attention sublayer is ", name_of(attn::residual), ", the MLP sublayer ",
-            name_of(mlp::residual), "; wrap both in the same form (pre_norm, post_norm or sandwich)");
-    else if (NFinal == norm_kind::layer_norm && attn::residual != residual_kind::pre_norm)
+            name_of(mlp::residual), "; wrap both in the same form (pre_norm, post_norm, sandwich or parallel)");
+    else if (NFinal == norm_kind::layer_norm && attn::residual != residual_kind::pre_norm &&
+             attn::residual != residual_kind::parallel)
       t.add("layer_norm_is_pre_norm: LayerNorm's biases are bound at the pre-norm slots only, and this "
-            "composition is ", name_of(attn::residual), "; use rms_norm<...> or pre_norm");
-    else if (knobs.storage != mlp_traits<typename mlp::inner>::storage)
+            "composition is ", name_of(attn::residual), "; use rms_norm<...>, pre_norm or parallel");
+    else if ((knobs.storage == tensor_storage::interleaved) != (Names == name_scheme::gpt_neox))
+      t.add("interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only (and "
+            "they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox");
+    else if (knobs.storage == tensor_storage::interleaved && mlp_traits<typename mlp::inner>::kind == mlp_kind::gated)
+      t.add("interleaved_qkv_has_plain_mlp: q/k/v interleaved per head is GPT-NeoX's storage, whose MLP is "
+            "plain_mlp<...>; HF has no gated MLP stored beside it");
+    else if (mlp_traits<typename mlp::inner>::kind == mlp_kind::gated &&
+             knobs.storage != mlp_traits<typename mlp::inner>::storage)
       t.add("storage_agrees: q/k/v are stored ", name_of(knobs.storage), " and gate/up ",
             name_of(mlp_traits<typename mlp::inner>::storage), "; HF checkpoints fuse both or neither: give "
             "attention and gated_mlp the same storage");
@@ -200,6 +225,7 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
     s.residual = attn::residual;
     s.hf_storage = knobs.storage;
     s.mlp = mlp_traits<typename mlp::inner>::kind;
+    s.names = Names;
     return s;
   }
 };
@@ -216,7 +242,8 @@ constexpr bool knobs_compatible(const shape& s) {
          agrees(s.mlp_activation, c.mlp_activation, untouched.mlp_activation) &&
          agrees(s.embed_scale, c.embed_scale, untouched.embed_scale) &&
          agrees(s.residual, c.residual, untouched.residual) &&
-         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage) && agrees(s.mlp, c.mlp, untouched.mlp);
+         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage) && agrees(s.mlp, c.mlp, untouched.mlp) &&
+         agrees(s.names, c.names, untouched.names);
 }
 
 // The composition a shape's knobs stand for, as an indented tree (`megadsl describe`). Dynamic
@@ -226,6 +253,7 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
   auto is = [](const auto& v, auto value) { return v.is_static() && v.get() == value; };
   const bool post = is(s.residual, residual_kind::post_norm);
   const bool sandwiched = is(s.residual, residual_kind::sandwich);
+  const bool neox = is(s.names, name_scheme::gpt_neox);
   basic_text<1024> t;
   t.add("decoder\n", "  embedding", is(s.embed_scale, embed_scale_kind::sqrt_hidden) ? "  (* sqrt(hidden))" : "", "\n");
   t.add("  block x ", s.layers.is_static() ? s.layers.get() : std::int64_t{-1}, "\n");
@@ -239,11 +267,15 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
   if (is(s.qk_norm, qk_norm_kind::full_width)) t.add(", q/k rms_norm over the full width");
   if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
   if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
-  t.add(is(s.hf_storage, tensor_storage::concatenated) ? "  [self_attn: qkv_proj]\n" : "  [self_attn]\n");
+  if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
+  t.add(is(s.hf_storage, tensor_storage::concatenated)  ? "  [self_attn: qkv_proj]\n"
+        : is(s.hf_storage, tensor_storage::interleaved) ? "  [attention: query_key_value, per head]\n"
+                                                        : "  [self_attn]\n");
   t.add("    ", knob(s.residual), "  ", norm.view(), "  [",
         post ? "post_feedforward_layernorm" : sandwiched ? "pre_feedforward_layernorm, post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
   if (is(s.mlp, mlp_kind::plain))
-    t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "", "  [mlp: c_fc, c_proj]\n");
+    t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "",
+          neox ? "  [mlp: dense_h_to_4h, dense_4h_to_h]\n" : "  [mlp: c_fc, c_proj]\n");
   else
     t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
   t.add("  ", norm.view(), "  [norm]\n");
@@ -305,6 +337,15 @@ using gemma2_blocks = blocks::decoder<
     blocks::block<blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
                   blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
     blocks::rms_norm<norm_kind::rms_1p>>;
+
+// GPT-NeoX (Pythia): LayerNorms, q/k/v interleaved per head in one tensor, attention and MLP side
+// by side on the block's input, exact GELU; its HF names (gpt_neox.*, embed_out). Its partial
+// rotary share is a number of the shape (rotary_fraction, config.json's partial_rotary_factor).
+using gpt_neox_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::parallel<blocks::layer_norm, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::interleaved}>>,
+                  blocks::parallel<blocks::layer_norm, blocks::plain_mlp<activation::gelu>>>,
+    blocks::layer_norm, name_scheme::gpt_neox>;
 
 using gemma_blocks = blocks::decoder<
     blocks::embedding<embed_scale_kind::sqrt_hidden>,

@@ -28,7 +28,8 @@ struct rope_tables {
 };
 rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape& s);
 
-// x: (T, ..., d); rotate-half RoPE with per-token tables.
+// x: (T, ..., d); rotate-half RoPE with per-token tables (T, r): the first r of the d dimensions
+// rotate, the rest pass through (r < d: partial rotary).
 at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t);
 
 // What a layer's attention computes beyond causal softmax(q k^T / sqrt(d)) v (run-time knobs).
@@ -48,6 +49,9 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
 // causal inside each sequence, never across; cost sum(s_i^2), no nnz x nnz mask.
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<std::int64_t>& cu_seqlens, const attention_math& m = {});
+
+// The MLP's activation: SiLU, GELU-tanh or the exact GELU.
+at::Tensor activate(const at::Tensor& x, activation act);
 
 // The gated MLP's middle on a fused [gate ; up] projection output (T, 2f) -> (T, f):
 // silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).

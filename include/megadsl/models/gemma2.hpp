@@ -1,0 +1,25 @@
+// Gemma 2 as strong preset types: the gemma2 composition (Gemma's blocks in sandwich form, scores
+// scaled by query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped), head_dim 256, a 256k
+// vocabulary, embeddings tied. The sliding window (4096 tokens on alternate layers) comes with the
+// checkpoint's config.json as model_options::attention_window.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// 16 query heads, 8 kv heads of 256; four norms per layer.
+struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_heads = 8, .ffn = 14336,
+                                .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,
+                                .rope_theta = 10000.0, .tie_embeddings = true, .query_pre_attn_scalar = 256.0,
+                                .attn_softcap = 50.0, .final_softcap = 30.0}> {
+  static constexpr std::string_view name = "gemma-2-9b";
+  static constexpr std::string_view hf_repo = "google/gemma-2-9b";
+  static constexpr std::int64_t published_params = 9'241'705'984;
+};
+
+}  // namespace megadsl

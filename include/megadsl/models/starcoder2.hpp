@@ -1,0 +1,24 @@
+// StarCoder2 as strong preset types: the starcoder2 composition (LayerNorms with biases, a plain
+// GELU-tanh MLP, biases on q/k/v, o_proj and the MLP from config.json's use_bias), tied embeddings.
+// The sliding window (4096 tokens on every layer) comes with the checkpoint's config.json.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// 36 query heads, 4 kv heads of 128.
+struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 36, .kv_heads = 4, .ffn = 18432,
+                                        .vocab = 49152, .max_positions = 16384, .rms_eps = 1e-5,
+                                        .rope_theta = 1000000.0, .qkv_bias = true, .tie_embeddings = true,
+                                        .out_bias = true}> {
+  static constexpr std::string_view name = "starcoder2-7b";
+  static constexpr std::string_view hf_repo = "bigcode/starcoder2-7b";
+  static constexpr std::int64_t published_params = 7'173'923'840;
+};
+
+}  // namespace megadsl
