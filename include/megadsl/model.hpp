@@ -4,12 +4,17 @@
 //   using actor  = megadsl::causal_lm<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
 //   using critic = megadsl::value_model<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
 //
-// Naming an invalid combination fails to compile at that line; the first line of the diagnostic
-// is `In instantiation of 'struct megadsl::invalid_layout<{"<rule>: <values>; valid ...: ..."}>'`.
+// Naming an invalid combination fails to compile at that line. The diagnostic names the first
+// violated rule with its values, `megadsl::violated_rule<megadsl::rule_id::heads_divisible_by_tp, 32, 3>`
+// (on GCC and clang), then `megadsl::invalid_layout<{"<rule>: <values>; valid ...: ..."}>` with
+// every violated rule's message (readable text on GCC).
 // `valid_layout<M, L>` asks the same question without failing (for negative tests and dispatch).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <string_view>
+#include <utility>
 
 #include "megadsl/heads.hpp"
 #include "megadsl/layers/blocks.hpp"
@@ -117,10 +122,26 @@ struct invalid_layout {
   using type = void;
 };
 
+// The first violated rule by name, with the values it compares: what clang prints readably in its
+// first lines (it prints invalid_layout's text as character codes; GCC prints both readably).
+template <rule_id Rule, std::int64_t... Values>
+struct violated_rule {
+  static constexpr bool holds = Rule == rule_id::none;
+  static_assert(holds, "megadsl: invalid layout: the rule named above (rule_id::<name>, then the values it "
+                       "compares) is violated; its message with the valid alternatives follows");
+  using type = void;
+};
+
 namespace detail {
+template <rule_id Rule, std::array<std::int64_t, 4> Values, std::size_t... I>
+violated_rule<Rule, Values[I]...> name_rule(std::index_sequence<I...>);
+
 template <Model M, layout L, auto H>
 struct checked {
   static constexpr violations found = check(M::shape, L);
+  static constexpr violation first = found.ok() ? violation{} : found.items[0];
+  using names_the_first_rule = typename decltype(name_rule<first.id, first.values>(
+      std::make_index_sequence<static_cast<std::size_t>(first.value_count)>{}))::type;
   using fails_here_if_invalid = typename invalid_layout<found.ok() ? message{} : found.joined()>::type;
   using type = model_spec<M, L, H>;
 };

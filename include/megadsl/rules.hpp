@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <utility>
 #include <cstdint>
 #include <stdexcept>
@@ -56,9 +57,47 @@ inline constexpr std::array<rule_info, 21> rule_table{{
     {"rmpad_needs_no_cp", "remove-padding with cp > 1 is not implemented"},
 }};
 
+// The rules as an enum in rule_table's order (a diagnostic prints an enum value by its name, where
+// clang prints a text template argument as character codes). `none`: no violation.
+enum class rule_id : std::int8_t {
+  none,
+  positive_sizes,
+  head_dim_consistent,
+  heads_divisible_by_kv_heads,
+  concatenated_qkv_has_no_bias,
+  interleaved_qkv_needs_kv_heads_equal_heads,
+  rotary_dim_even,
+  heads_divisible_by_tp,
+  kv_heads_fit_tp,
+  ffn_divisible_by_tp,
+  full_width_qk_norm_needs_kv_heads_per_rank,
+  sp_needs_tp,
+  vpp_needs_pp,
+  layers_fit_stages,
+  stage_counts_need_pp,
+  reserved_degrees,
+  vocab_pad_multiple_positive,
+  rope_scaling_valid,
+  world_fits_layout,
+  global_batch_divisible,
+  interleaved_microbatches,
+  rmpad_needs_no_cp,
+};
+static_assert(static_cast<std::size_t>(rule_id::rmpad_needs_no_cp) == rule_table.size(),
+              "megadsl: rule_id lists rule_table's rules in its order");
+
+constexpr rule_id rule_id_of(std::string_view name) {
+  for (std::size_t i = 0; i < rule_table.size(); ++i)
+    if (rule_table[i].name == name) return static_cast<rule_id>(i + 1);
+  return rule_id::none;
+}
+
 struct violation {
   std::string_view rule;
   text message;
+  rule_id id = rule_id::none;
+  std::array<std::int64_t, 4> values{};  // the values the rule compares, for the named diagnostic
+  int value_count = 0;
 };
 
 struct violations {
@@ -67,9 +106,13 @@ struct violations {
   int count = 0;
 
   [[nodiscard]] constexpr bool ok() const { return count == 0; }
-  constexpr text& add(std::string_view rule) {
+  constexpr text& add(std::string_view rule, std::initializer_list<std::int64_t> values = {}) {
     auto& v = items[static_cast<std::size_t>(count < capacity ? count++ : capacity - 1)];
     v.rule = rule;
+    v.id = rule_id_of(rule);
+    v.value_count = 0;
+    for (std::int64_t x : values)
+      if (v.value_count < 4) v.values[static_cast<std::size_t>(v.value_count++)] = x;
     v.message = text{};
     v.message.add(rule, ": ");
     return v.message;
@@ -154,7 +197,7 @@ constexpr void check_positive(const shape& s, const layout& l, violations& out) 
                         {"vpp", l.vpp},          {"cp", l.cp},        {"ep", l.ep}};
   for (const auto& [name, value] : items)
     if (value.is_static() && value.get() <= 0)
-      out.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
+      out.add("positive_sizes", {value.get()}).add(name, " = ", value.get(), " must be positive");
   if (s.head_dim.is_static() && s.head_dim.get() < 0)
     out.add("positive_sizes").add("head_dim = ", s.head_dim.get(), " must be positive (or 0 for hidden / heads)");
   if (l.first_stage_layers.is_static() && l.first_stage_layers.get() < 0)
@@ -168,14 +211,14 @@ constexpr bool positive(const auto&... v) { return ((v.is_static() && v.get() > 
 constexpr void check_shape(const shape& s, violations& out) {
   if (s.head_dim.is_static() && s.head_dim.get() == 0 && positive(s.hidden, s.heads) &&
       s.hidden.get() % s.heads.get() != 0) {
-    out.add("head_dim_consistent")
+    out.add("head_dim_consistent", {s.hidden.get(), s.heads.get()})
         .add("hidden = ", s.hidden.get(), " is not divisible by num_heads = ", s.heads.get(),
              "; give head_dim explicitly or use num_heads in: ");
     list_values(out.items[static_cast<std::size_t>(out.count - 1)].message, s.hidden.get(),
                 [&](std::int64_t h) { return s.hidden.get() % h == 0 && h <= 256; });
   }
   if (positive(s.heads, s.kv_heads) && s.heads.get() % s.kv_heads.get() != 0) {
-    text& m = out.add("heads_divisible_by_kv_heads");
+    text& m = out.add("heads_divisible_by_kv_heads", {s.heads.get(), s.kv_heads.get()});
     m.add("num_heads = ", s.heads.get(), " is not divisible by num_key_value_heads = ",
           s.kv_heads.get(), "; valid kv_heads: ");
     list_values(m, s.heads.get(), [&](std::int64_t k) { return s.heads.get() % k == 0; });
@@ -187,7 +230,7 @@ constexpr void check_shape(const shape& s, violations& out) {
              "use separate storage (attention<>) or qkv_bias = false");
   if (s.hf_storage.is_static() && s.hf_storage.get() == tensor_storage::interleaved && known(s.heads, s.kv_heads) &&
       s.heads.get() != s.kv_heads.get())
-    out.add("interleaved_qkv_needs_kv_heads_equal_heads")
+    out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
         .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
              ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
   if (const dim hd = effective_head_dim(s); hd.is_static() && hd.get() > 0 && s.rotary_fraction.is_static()) {
@@ -217,13 +260,13 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
   if (!positive(l.tp)) return;
   const std::int64_t tp = l.tp.get();
   if (positive(s.heads) && s.heads.get() % tp != 0) {
-    text& m = out.add("heads_divisible_by_tp");
+    text& m = out.add("heads_divisible_by_tp", {s.heads.get(), tp});
     m.add("num_heads = ", s.heads.get(), " is not divisible by tp = ", tp, "; valid tp: ");
     list_values(m, s.heads.get(), [&](std::int64_t t) { return s.heads.get() % t == 0; });
   }
   if (positive(s.kv_heads) && s.kv_heads.get() % tp != 0 && tp % s.kv_heads.get() != 0) {
     const std::int64_t kv = s.kv_heads.get();
-    text& m = out.add("kv_heads_fit_tp");
+    text& m = out.add("kv_heads_fit_tp", {kv, tp});
     m.add("num_key_value_heads = ", kv, " is neither a multiple nor a divisor of tp = ", tp,
           "; valid tp: ");
     const std::int64_t limit = positive(s.heads) ? s.heads.get() : kv * 8;
@@ -234,32 +277,32 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
   if (s.qk_norm.is_static() && s.qk_norm.get() == qk_norm_kind::full_width && positive(s.kv_heads) &&
       s.kv_heads.get() < tp) {
     const std::int64_t kv = s.kv_heads.get();
-    text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank");
+    text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank", {kv, tp});
     m.add("the k norm spans all ", kv, " kv heads, and tp = ", tp,
           " would replicate them (kv_heads < tp), which this norm's tp split does not support; valid tp: ");
     list_values(m, kv, [&](std::int64_t t) { return kv % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0); });
   }
   if (positive(s.ffn) && s.ffn.get() % tp != 0) {
-    text& m = out.add("ffn_divisible_by_tp");
+    text& m = out.add("ffn_divisible_by_tp", {s.ffn.get(), tp});
     m.add("ffn = ", s.ffn.get(), " is not divisible by tp = ", tp, "; valid tp: ");
     list_values(m, positive(s.heads) ? s.heads.get() : 64, [&](std::int64_t t) {
       return s.ffn.get() % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0);
     });
   }
   if (l.sp.is_static() && l.sp.get() && tp == 1)
-    out.add("sp_needs_tp").add("sequence parallelism needs tp > 1 (got tp = 1); set tp >= 2 or sp = false");
+    out.add("sp_needs_tp", {tp}).add("sequence parallelism needs tp > 1 (got tp = 1); set tp >= 2 or sp = false");
 }
 
 constexpr void check_pipeline(const shape& s, const layout& l, violations& out) {
   if (!positive(l.pp, l.vpp)) return;
   const std::int64_t pp = l.pp.get(), vpp = l.vpp.get();
   if (vpp > 1 && pp == 1)
-    out.add("vpp_needs_pp").add("vpp = ", vpp, " virtual chunks need pp > 1 (got pp = 1); set pp >= 2 or vpp = 1");
+    out.add("vpp_needs_pp", {vpp, pp}).add("vpp = ", vpp, " virtual chunks need pp > 1 (got pp = 1); set pp >= 2 or vpp = 1");
   if (!known(l.first_stage_layers, l.last_stage_layers)) return;
   const std::int64_t first = l.first_stage_layers.get(), last = l.last_stage_layers.get();
   if (first < 0 || last < 0) return;
   if (pp == 1 && (first > 0 || last > 0)) {
-    out.add("stage_counts_need_pp")
+    out.add("stage_counts_need_pp", {first, last})
         .add("first_stage_layers = ", first, " and last_stage_layers = ", last,
              " need pp > 1 (got pp = 1); set pp >= 2 or leave them at 0");
     return;
@@ -271,7 +314,7 @@ constexpr void check_pipeline(const shape& s, const layout& l, violations& out) 
   const bool chunks_ok = split.ok && split.first % vpp == 0 && split.last % vpp == 0 &&
                          (pp <= 2 || split.middle % vpp == 0);
   if (chunks_ok) return;
-  text& m = out.add("layers_fit_stages");
+  text& m = out.add("layers_fit_stages", {s.layers.is_static() ? s.layers.get() : -1, pp, vpp});
   if (even) {
     m.add("num_layers = ", layers, " is not divisible by pp * vpp = ", pp, " * ", vpp, " = ",
           pp * vpp, "; valid pp", vpp > 1 ? " (with this vpp)" : "", ": ");
@@ -286,7 +329,7 @@ constexpr void check_pipeline(const shape& s, const layout& l, violations& out) 
 
 constexpr void check_reserved(const layout& l, violations& out) {
   if ((l.cp.is_static() && l.cp.get() != 1) || (l.ep.is_static() && l.ep.get() != 1))
-    out.add("reserved_degrees")
+    out.add("reserved_degrees", {l.cp.is_static() ? l.cp.get() : 1, l.ep.is_static() ? l.ep.get() : 1})
         .add("cp = ", l.cp.is_static() ? l.cp.get() : 1, " and ep = ", l.ep.is_static() ? l.ep.get() : 1,
              " are reserved: context and expert parallelism are not implemented yet; use cp = 1 and ep = 1");
   if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
@@ -301,11 +344,11 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
                                                     {"number of microbatches", f.microbatches}};
   for (const auto& [name, value] : facts)
     if (value.is_static() && value.get() <= 0)
-      out.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
+      out.add("positive_sizes", {value.get()}).add(name, " = ", value.get(), " must be positive");
   if (positive(f.world, l.tp, l.pp, l.cp)) {
     const std::int64_t model = l.tp.get() * l.pp.get() * l.cp.get(), w = f.world.get();
     if (w % model != 0) {
-      text& m = out.add("world_fits_layout");
+      text& m = out.add("world_fits_layout", {w, model});
       m.add("world size ", w, " is not divisible by tp * pp * cp = ", model,
             "; valid world sizes are multiples of ", model, ", or with this world size use tp * pp * cp in: ");
       list_values(m, w, [&](std::int64_t t) { return w % t == 0; });
@@ -329,7 +372,7 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
   if (positive(l.pp, l.vpp, f.microbatches) && l.vpp.get() > 1 &&
       f.microbatches.get() % l.pp.get() != 0) {
     const std::int64_t m = f.microbatches.get(), pp = l.pp.get();
-    text& msg = out.add("interleaved_microbatches");
+    text& msg = out.add("interleaved_microbatches", {m, pp});
     msg.add("number of microbatches ", m, " is not divisible by pp = ", pp, " with the interleaved schedule; use ");
     if (m / pp > 0) msg.add((m / pp) * pp, " or ");
     msg.add((m / pp + 1) * pp, " microbatches");

@@ -1,8 +1,12 @@
 # Compiles SOURCE and passes only if compilation fails with every `// expect: <regex>` line of
 # the source matched in the compiler's output (Eigen-style: the message, not merely a failure).
-file(STRINGS ${SOURCE} expect_lines REGEX "^// expect: ")
+# TAG (default `expect`) picks the lines: `expect-clang` for what clang must print.
+if(NOT TAG)
+  set(TAG expect)
+endif()
+file(STRINGS ${SOURCE} expect_lines REGEX "^// ${TAG}: ")
 if(NOT expect_lines)
-  message(FATAL_ERROR "${SOURCE} has no '// expect: <regex>' line")
+  message(FATAL_ERROR "${SOURCE} has no '// ${TAG}: <regex>' line")
 endif()
 set(include_flags "")
 foreach(dir ${INCLUDES})
@@ -15,7 +19,7 @@ if(rc EQUAL 0)
   message(FATAL_ERROR "${SOURCE} compiled, but it must be rejected")
 endif()
 foreach(line ${expect_lines})
-  string(REGEX REPLACE "^// expect: " "" pattern "${line}")
+  string(REGEX REPLACE "^// ${TAG}: " "" pattern "${line}")
   if(NOT log MATCHES "${pattern}")
     message(FATAL_ERROR "${SOURCE} failed to compile, but without the expected message\n  expected: ${pattern}\n  compiler said:\n${log}")
   endif()

@@ -119,10 +119,44 @@ struct lowering {
                 "gated_mlp<...>>>, rms_norm<...>> (or post_norm; layers/blocks.hpp)");
 };
 
-// Carries a violated composition rule in its name, so clang and GCC print it in the first lines.
-template <basic_text<256> Rule>
-struct invalid_composition {
-  static_assert(Rule.size == 0, "megadsl: invalid composition; the rule is in the 'invalid_composition<...>' line above");
+// The composition rules, one named type each, carrying the values they compare: GCC and clang
+// both print `megadsl::blocks::residuals_agree<megadsl::residual_kind::pre_norm,
+// megadsl::residual_kind::post_norm>` in the first lines of the diagnostic, then the rule's text.
+template <norm_kind Attention, norm_kind Mlp, norm_kind Final>
+struct norms_agree {
+  static constexpr bool holds = Attention == Mlp && Mlp == Final;
+  static_assert(holds, "megadsl: norms_agree: the attention, MLP and final norms (the values above) differ; the kernels "
+                "take one norm kind per model: use the same rms_norm<...> or layer_norm in every slot");
+  static constexpr bool ok = true;
+};
+template <residual_kind Attention, residual_kind Mlp>
+struct residuals_agree {
+  static constexpr bool holds = Attention == Mlp;
+  static_assert(holds, "megadsl: residuals_agree: the attention and MLP sublayers (the values above) have different forms; "
+                "wrap both in the same one (pre_norm, post_norm, sandwich or parallel)");
+  static constexpr bool ok = true;
+};
+template <norm_kind Norm, residual_kind Residual>
+struct layer_norm_is_pre_norm {
+  static constexpr bool holds = Norm != norm_kind::layer_norm || Residual == residual_kind::pre_norm || Residual == residual_kind::parallel;
+  static_assert(holds, "megadsl: layer_norm_is_pre_norm: LayerNorm's biases are bound at the pre-norm slots only; use "
+                "rms_norm<...>, or pre_norm / parallel sublayers");
+  static constexpr bool ok = true;
+};
+template <tensor_storage Storage, name_scheme Names>
+struct interleaved_qkv_is_neox {
+  static constexpr bool holds = (Storage == tensor_storage::interleaved) == (Names == name_scheme::gpt_neox);
+  static_assert(holds, "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
+                "(and they store nothing else); give attention that storage exactly when the decoder has "
+                "name_scheme::gpt_neox");
+  static constexpr bool ok = true;
+};
+template <tensor_storage Attention, tensor_storage Mlp, mlp_kind Kind>
+struct storage_agrees {
+  static constexpr bool holds = Kind == mlp_kind::plain || Attention == Mlp;
+  static_assert(holds, "megadsl: storage_agrees: q/k/v and gate/up are stored differently (the values above); HF "
+                "checkpoints fuse both or neither: give attention and gated_mlp the same storage (a gated MLP "
+                "has no interleaved form)");
   static constexpr bool ok = true;
 };
 
@@ -189,33 +223,11 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
   static constexpr attention_knobs knobs = attention_traits<typename attn::inner>::knobs;
   static constexpr activation act = mlp_traits<typename mlp::inner>::act;
 
-  static constexpr basic_text<256> rule = [] {
-    basic_text<256> t;
-    if (attn::norm != mlp::norm || mlp::norm != NFinal)
-      t.add("norms_agree: the attention norm is ", name_of(attn::norm), ", the MLP norm ", name_of(mlp::norm),
-            ", the final norm ", name_of(NFinal), "; the kernels take one norm kind per model: use the same "
-            "rms_norm<...> in every slot");
-    else if (attn::residual != mlp::residual)
-      t.add("residuals_agree: the attention sublayer is ", name_of(attn::residual), ", the MLP sublayer ",
-            name_of(mlp::residual), "; wrap both in the same form (pre_norm, post_norm, sandwich or parallel)");
-    else if (NFinal == norm_kind::layer_norm && attn::residual != residual_kind::pre_norm &&
-             attn::residual != residual_kind::parallel)
-      t.add("layer_norm_is_pre_norm: LayerNorm's biases are bound at the pre-norm slots only, and this "
-            "composition is ", name_of(attn::residual), "; use rms_norm<...>, pre_norm or parallel");
-    else if ((knobs.storage == tensor_storage::interleaved) != (Names == name_scheme::gpt_neox))
-      t.add("interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only (and "
-            "they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox");
-    else if (knobs.storage == tensor_storage::interleaved && mlp_traits<typename mlp::inner>::kind == mlp_kind::gated)
-      t.add("interleaved_qkv_has_plain_mlp: q/k/v interleaved per head is GPT-NeoX's storage, whose MLP is "
-            "plain_mlp<...>; HF has no gated MLP stored beside it");
-    else if (mlp_traits<typename mlp::inner>::kind == mlp_kind::gated &&
-             knobs.storage != mlp_traits<typename mlp::inner>::storage)
-      t.add("storage_agrees: q/k/v are stored ", name_of(knobs.storage), " and gate/up ",
-            name_of(mlp_traits<typename mlp::inner>::storage), "; HF checkpoints fuse both or neither: give "
-            "attention and gated_mlp the same storage");
-    return t;
-  }();
-  static_assert(invalid_composition<rule>::ok);
+  static_assert(norms_agree<attn::norm, mlp::norm, NFinal>::ok &&
+                residuals_agree<attn::residual, mlp::residual>::ok &&
+                layer_norm_is_pre_norm<NFinal, attn::residual>::ok &&
+                interleaved_qkv_is_neox<knobs.storage, Names>::ok &&
+                storage_agrees<knobs.storage, mlp_traits<typename mlp::inner>::storage, mlp_traits<typename mlp::inner>::kind>::ok);
 
   static constexpr shape apply(shape s) {
     s.norm = NFinal;
