@@ -1,6 +1,7 @@
 // HF config.json -> megadsl::shape (hf_config.hpp): the published configs read into the presets'
 // shapes, HF's defaults, the errors (file, field, fix), resolve() against a declared model, and
 // to_string().
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -303,6 +304,38 @@ TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][h
   CHECK(parse_hf_config(edited(edited(minimal, "\"llama\"", "\"gemma2\""), "}", ", " + gemma2_keys +
                                R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null})")).s.final_softcap.get() == 0.0);
   CHECK_THROWS_WITH(megadsl::hf_config_json(gemma2.s, "gemma", false), Catch::Contains("not those of model_type gemma"));
+}
+
+TEST_CASE("GPT-NeoX configs in both generations: rotary_pct / rotary_emb_base (4.x) and rope_parameters (5.x)",
+          "[spec][hf_config]") {
+  const std::string neox = edited(edited(minimal, "\"llama\"", "\"gpt_neox\""), "}", R"(, "hidden_act": "gelu"})");
+  // 4.x keys, and GPTNeoXConfig's default share (0.25) when neither generation names it.
+  const auto old = parse_hf_config(edited(neox, "}", R"(, "rotary_pct": 0.5, "rotary_emb_base": 5000.0})"));
+  CHECK(old.s.rotary_fraction.get() == 0.5);
+  CHECK(old.s.rope_theta.get() == 5000.0);
+  CHECK(old.s.names.get() == megadsl::name_scheme::gpt_neox);
+  CHECK(old.s.residual.get() == megadsl::residual_kind::parallel);
+  CHECK(old.s.kv_heads.get() == old.s.heads.get());
+  CHECK((old.s.qkv_bias.get() && old.s.out_bias.get()));
+  CHECK(parse_hf_config(neox).s.rotary_fraction.get() == 0.25);
+  const auto v5 = parse_hf_config(edited(neox, "}", R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}})"));
+  CHECK(v5.s.rotary_fraction.get() == 0.25);
+  // The two generations must agree; what the composition cannot do is refused with its reason.
+  CHECK_THAT(error_of(edited(neox, "}", R"(, "rotary_pct": 0.5, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}})")),
+             Catch::Contains("rotary_pct: is 0.5 but rope_parameters says 0.25"));
+  CHECK_THAT(error_of(edited(neox, "}", R"(, "use_parallel_residual": false})")),
+             Catch::Contains("use_parallel_residual: is false"));
+  CHECK_THAT(error_of(edited(edited(minimal, "\"llama\"", "\"gpt_neox\""), "}", R"(, "hidden_act": "gelu_new"})")),
+             Catch::Contains("the exact GELU"));
+  CHECK_THAT(error_of(edited(minimal, "}", R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})")),
+             Catch::Contains("attention rotates the whole head"));
+  // classifier_dropout (0.1 by default in GPTNeoXConfig) is noted: the value head has no dropout.
+  const auto noted = parse_hf_config(edited(neox, "}", R"(, "classifier_dropout": 0.1})"));
+  CHECK(std::any_of(noted.notes.begin(), noted.notes.end(), [](const std::string& n) { return n.find("classifier_dropout") != std::string::npos; }));
+  // Written back as transformers 5 reads it.
+  const auto back = parse_hf_config(megadsl::hf_config_json(old.s, "gpt_neox", true));
+  CHECK(megadsl::mismatches(back.s, old.s).empty());
+  CHECK(megadsl::model_type_for(old.s) == "gpt_neox");
 }
 
 TEST_CASE("every key is read, refused unless neutral, or known to change nothing; unknown keys are named",
