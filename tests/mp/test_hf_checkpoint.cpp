@@ -74,7 +74,7 @@ void check_fixture(const std::string& name) {
   const shape s = read_hf_config(dir).s;
   // A layout this checkpoint cannot take (e.g. tp 4 with 2 kv heads is fine, 4 heads / tp 8 not).
   if (!check(s, L).ok()) return;
-  INFO(name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
+  INFO(name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   auto groups = parallel_groups::build(dist(), L);
   llama_model<causal_lm<any_llama, L>> actor(groups, options_for(dir), s);
   llama_model<value_model<any_llama, L>> critic(groups, options_for(dir), s);
@@ -108,6 +108,9 @@ constexpr layout parity_layouts[] = {
     {.pp = 2},
     {.tp = 2, .pp = 2},
     {.tp = 2, .pp = 2, .sp = true, .rmpad = true},
+    // One layer per virtual chunk: the 4-layer fixtures (transformers 5's families) only.
+    {.pp = 2, .vpp = 2},
+    {.tp = 2, .pp = 2, .vpp = 2, .sp = true, .rmpad = true},
 };
 
 template <std::size_t... I>
@@ -185,13 +188,15 @@ TEST_CASE("a sliding window is applied, and a model built without the checkpoint
   // Gemma2's window is on alternate layers: layer_types in its config.json.
   const hf_config g2 = read_hf_config(fixtures / "gemma2-tf5");
   CHECK(g2.attention_window.size == 5);
-  CHECK(g2.attention_window.layers == std::vector<bool>{true, false});
+  CHECK(g2.attention_window.layers == std::vector<bool>{true, false, true, false});
+  // Its four layers take pp 2 x vpp 2, which the parity layouts above include.
+  CHECK(check(g2.s, layout{.tp = 2, .pp = 2, .vpp = 2}).ok());
   CHECK(g2.s.query_pre_attn_scalar.get() == 24.0);
   CHECK(g2.s.attn_softcap.get() == 5.0);
   CHECK(g2.s.final_softcap.get() == 2.0);
   // A window on every layer is not Gemma2's alternating one.
   model_options every = options_for(fixtures / "gemma2-tf5");
-  every.attention_window.layers = {true, true};
+  every.attention_window.layers = {true, true, true, true};
   llama_model<causal_lm<any_llama>> wrong(single, every, g2.s);
   CHECK_THROWS_WITH(load_hf(wrong, single, fixtures / "gemma2-tf5"), Catch::Contains("a window of 5 tokens on layers 0"));
 }
