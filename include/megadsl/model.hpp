@@ -1,5 +1,6 @@
 // Model types: a family shape, then a layout and a head make an actor or a critic.
 //
+//   #include "megadsl/models/llama.hpp"   // a family: its composition, alias and presets
 //   struct my_model : megadsl::llama<megadsl::shape{...}> { static constexpr auto name = "my-model"; };
 //   using actor  = megadsl::causal_lm<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
 //   using critic = megadsl::value_model<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
@@ -25,66 +26,6 @@
 namespace megadsl {
 
 using message = basic_text<1024>;
-
-// The Llama family (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5: RMSNorm, RoPE, GQA, SwiGLU).
-template <shape S>
-struct llama : decoder_family<llama_blocks, S> {
-  static constexpr std::string_view family = "llama";
-  static constexpr std::string_view name = "llama";
-};
-
-// Qwen3: Llama with per-head q/k RMSNorm before RoPE (and no q/k/v bias by default).
-template <shape S>
-struct qwen3 : decoder_family<qwen3_blocks, S> {
-  static constexpr std::string_view family = "qwen3";
-  static constexpr std::string_view name = "qwen3";
-};
-
-// Gemma: (1 + w) RMSNorm, embedding scaled by sqrt(hidden), GELU-tanh gated MLP, tied embeddings.
-template <shape S>
-struct gemma : decoder_family<gemma_blocks, S> {
-  static constexpr std::string_view family = "gemma";
-  static constexpr std::string_view name = "gemma";
-};
-
-// Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by
-// query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped, sliding window on alternate layers.
-template <shape S>
-struct gemma2 : decoder_family<gemma2_blocks, S> {
-  static constexpr std::string_view family = "gemma2";
-  static constexpr std::string_view name = "gemma2";
-};
-
-// OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.
-template <shape S>
-struct olmo2 : decoder_family<olmo2_blocks, S> {
-  static constexpr std::string_view family = "olmo2";
-  static constexpr std::string_view name = "olmo2";
-};
-
-// Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
-template <shape S>
-struct phi3 : decoder_family<phi3_blocks, S> {
-  static constexpr std::string_view family = "phi3";
-  static constexpr std::string_view name = "phi3";
-};
-
-// StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
-// and the MLP per the shape (config.json's use_bias), tied embeddings by default.
-template <shape S>
-struct starcoder2 : decoder_family<starcoder2_blocks, S> {
-  static constexpr std::string_view family = "starcoder2";
-  static constexpr std::string_view name = "starcoder2";
-};
-
-// GPT-NeoX (Pythia): LayerNorms with biases, q/k/v interleaved per head (query_key_value), RoPE on
-// part of each head (rotary_fraction), attention and MLP side by side on the layer's input, an
-// exact-GELU plain MLP, biases everywhere; HF names gpt_neox.*, embed_out, classifier.
-template <shape S>
-struct gpt_neox : decoder_family<gpt_neox_blocks, S> {
-  static constexpr std::string_view family = "gpt_neox";
-  static constexpr std::string_view name = "gpt_neox";
-};
 
 // Any decoder of the vocabulary: every knob dynamic, filled from a config.json's model_type (the
 // command-line tool and the Python module use it with `dynamic_shape`).

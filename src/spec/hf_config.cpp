@@ -8,6 +8,7 @@
 #include "json_bounded.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/layers/blocks.hpp"
+#include "megadsl/models/presets.hpp"  // every family's composition
 
 #include <boost/hana/at_key.hpp>
 #include <boost/hana/for_each.hpp>

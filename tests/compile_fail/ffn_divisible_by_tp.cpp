@@ -1,5 +1,5 @@
 // Heads and kv heads split over tp = 16, the MLP width 1000 does not.
-#include "megadsl/model.hpp"
+#include "megadsl/models/llama.hpp"
 
 struct odd_ffn : megadsl::llama<megadsl::shape{.hidden = 2048, .layers = 4, .heads = 32, .kv_heads = 8,
                                                .ffn = 1000, .vocab = 32000, .max_positions = 4096}> {};

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "megadsl/models/tiny.hpp"
+#include "megadsl/models/presets.hpp"  // every family (tiny and the real models)
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/llama_model.hpp"
 #include "megadsl/runtime/shard_io.hpp"

@@ -310,59 +310,6 @@ struct decoder_family {
   static constexpr megadsl::shape shape = blocks::lowering<Composition>::apply(S);
 };
 
-// The compositions of the families in models/ (one line each).
-using llama_blocks =
-    blocks::decoder<blocks::embedding<>,
-                    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
-                                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
-                    blocks::rms_norm<>>;
-
-using qwen3_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
-    blocks::rms_norm<>>;
-
-using olmo2_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::full_width}>>,
-                  blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::gated_mlp<activation::silu>>>,
-    blocks::rms_norm<norm_kind::rms_wmul>>;
-
-using phi3_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::concatenated}>>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>>>,
-    blocks::rms_norm<>>;
-
-using starcoder2_blocks =
-    blocks::decoder<blocks::embedding<>,
-                    blocks::block<blocks::pre_norm<blocks::layer_norm, blocks::attention<>>,
-                                  blocks::pre_norm<blocks::layer_norm, blocks::plain_mlp<activation::gelu_tanh>>>,
-                    blocks::layer_norm>;
-
-// Gemma2: Gemma's blocks in sandwich form; its score scale and soft-caps are numbers of the shape
-// (query_pre_attn_scalar, attn_softcap, final_softcap, read from config.json), and its alternate
-// sliding layers come with the checkpoint's window (model_options::attention_window).
-using gemma2_blocks = blocks::decoder<
-    blocks::embedding<embed_scale_kind::sqrt_hidden>,
-    blocks::block<blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
-                  blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
-    blocks::rms_norm<norm_kind::rms_1p>>;
-
-// GPT-NeoX (Pythia): LayerNorms, q/k/v interleaved per head in one tensor, attention and MLP side
-// by side on the block's input, exact GELU; its HF names (gpt_neox.*, embed_out). Its partial
-// rotary share is a number of the shape (rotary_fraction, config.json's partial_rotary_factor).
-using gpt_neox_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::parallel<blocks::layer_norm, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::interleaved}>>,
-                  blocks::parallel<blocks::layer_norm, blocks::plain_mlp<activation::gelu>>>,
-    blocks::layer_norm, name_scheme::gpt_neox>;
-
-using gemma_blocks = blocks::decoder<
-    blocks::embedding<embed_scale_kind::sqrt_hidden>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
-                  blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
-    blocks::rms_norm<norm_kind::rms_1p>>;
+// The families' compositions live with their presets, one header each (models/<family>.hpp).
 
 }  // namespace megadsl

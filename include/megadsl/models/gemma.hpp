@@ -10,6 +10,19 @@
 
 namespace megadsl {
 
+using gemma_blocks = blocks::decoder<
+    blocks::embedding<embed_scale_kind::sqrt_hidden>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
+                  blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
+    blocks::rms_norm<norm_kind::rms_1p>>;
+
+// Gemma: (1 + w) RMSNorm, embedding scaled by sqrt(hidden), GELU-tanh gated MLP, tied embeddings.
+template <shape S>
+struct gemma : decoder_family<gemma_blocks, S> {
+  static constexpr std::string_view family = "gemma";
+  static constexpr std::string_view name = "gemma";
+};
+
 // Multi-query attention (1 kv head): tp > 1 replicates it.
 struct gemma_2b : gemma<shape{.hidden = 2048, .layers = 18, .heads = 8, .kv_heads = 1, .ffn = 16384,
                               .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,

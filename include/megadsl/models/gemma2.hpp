@@ -12,6 +12,23 @@
 
 namespace megadsl {
 
+// Gemma2: Gemma's blocks in sandwich form; its score scale and soft-caps are numbers of the shape
+// (query_pre_attn_scalar, attn_softcap, final_softcap, read from config.json), and its alternate
+// sliding layers come with the checkpoint's window (model_options::attention_window).
+using gemma2_blocks = blocks::decoder<
+    blocks::embedding<embed_scale_kind::sqrt_hidden>,
+    blocks::block<blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::attention<>>,
+                  blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
+    blocks::rms_norm<norm_kind::rms_1p>>;
+
+// Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by
+// query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped, sliding window on alternate layers.
+template <shape S>
+struct gemma2 : decoder_family<gemma2_blocks, S> {
+  static constexpr std::string_view family = "gemma2";
+  static constexpr std::string_view name = "gemma2";
+};
+
 // 16 query heads, 8 kv heads of 256; four norms per layer.
 struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_heads = 8, .ffn = 14336,
                                 .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,

@@ -16,6 +16,21 @@
 
 namespace megadsl {
 
+// The Llama composition: RMSNorm pre-norms, RoPE, GQA (q/k/v bias per the shape), SwiGLU.
+using llama_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
+                                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+                    blocks::rms_norm<>>;
+
+// The Llama family (Llama 2/3/3.1/3.2, TinyLlama); Mistral and Qwen2 are the same composition
+// under their own names (models/mistral.hpp, models/qwen.hpp).
+template <shape S>
+struct llama : decoder_family<llama_blocks, S> {
+  static constexpr std::string_view family = "llama";
+  static constexpr std::string_view name = "llama";
+};
+
 // ---- Llama 2: MHA for 7B/13B, GQA (8 kv heads) for 70B; 4k context, theta 1e4 ----
 // rms_norm_eps is 1e-5 in the repositories' current config.json (early uploads said 1e-6).
 

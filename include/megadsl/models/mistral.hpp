@@ -7,12 +7,19 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/model.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
 
-struct mistral_7b : llama<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,
+// Mistral: the Llama composition (its sliding window comes with the checkpoint's config.json).
+template <shape S>
+struct mistral : decoder_family<llama_blocks, S> {
+  static constexpr std::string_view family = "mistral";
+  static constexpr std::string_view name = "mistral";
+};
+
+struct mistral_7b : mistral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,
                                 .ffn = 14336, .vocab = 32000, .max_positions = 32768,
                                 .rms_eps = 1e-5, .rope_theta = 10000.0}> {
   static constexpr std::string_view name = "mistral-7b";

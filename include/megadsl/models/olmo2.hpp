@@ -10,6 +10,19 @@
 
 namespace megadsl {
 
+using olmo2_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::full_width}>>,
+                  blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::gated_mlp<activation::silu>>>,
+    blocks::rms_norm<norm_kind::rms_wmul>>;
+
+// OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.
+template <shape S>
+struct olmo2 : decoder_family<olmo2_blocks, S> {
+  static constexpr std::string_view family = "olmo2";
+  static constexpr std::string_view name = "olmo2";
+};
+
 struct olmo2_7b : olmo2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 11008,
                               .vocab = 100352, .max_positions = 4096, .rms_eps = 1e-6,
                               .rope_theta = 500000.0}> {

@@ -10,6 +10,19 @@
 
 namespace megadsl {
 
+using phi3_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::concatenated}>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>>>,
+    blocks::rms_norm<>>;
+
+// Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
+template <shape S>
+struct phi3 : decoder_family<phi3_blocks, S> {
+  static constexpr std::string_view family = "phi3";
+  static constexpr std::string_view name = "phi3";
+};
+
 // The 4k-context model (its config.json's sliding_window 2047 becomes model_options::attention_window
 // when loaded from the checkpoint; the 128k variants' longrope scaling is refused).
 struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 8192,

@@ -8,13 +8,20 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/model.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
 
+// Qwen2 / Qwen2.5: the Llama composition with a bias on q/k/v (the shape's qkv_bias).
+template <shape S>
+struct qwen2 : decoder_family<llama_blocks, S> {
+  static constexpr std::string_view family = "qwen2";
+  static constexpr std::string_view name = "qwen2";
+};
+
 // Embeddings tied; vocab 151936 is a multiple of 128 (and not of 256).
-struct qwen2_5_0_5b : llama<shape{.hidden = 896, .layers = 24, .heads = 14, .kv_heads = 2,
+struct qwen2_5_0_5b : qwen2<shape{.hidden = 896, .layers = 24, .heads = 14, .kv_heads = 2,
                                   .ffn = 4864, .vocab = 151936, .max_positions = 32768,
                                   .rms_eps = 1e-6, .rope_theta = 1000000.0, .qkv_bias = true,
                                   .tie_embeddings = true}> {
@@ -23,7 +30,7 @@ struct qwen2_5_0_5b : llama<shape{.hidden = 896, .layers = 24, .heads = 14, .kv_
   static constexpr std::int64_t published_params = 494'032'768;
 };
 
-struct qwen2_5_7b : llama<shape{.hidden = 3584, .layers = 28, .heads = 28, .kv_heads = 4,
+struct qwen2_5_7b : qwen2<shape{.hidden = 3584, .layers = 28, .heads = 28, .kv_heads = 4,
                                 .ffn = 18944, .vocab = 152064, .max_positions = 131072,
                                 .rms_eps = 1e-6, .rope_theta = 1000000.0, .qkv_bias = true}> {
   static constexpr std::string_view name = "qwen2.5-7b";
@@ -32,7 +39,7 @@ struct qwen2_5_7b : llama<shape{.hidden = 3584, .layers = 28, .heads = 28, .kv_h
 };
 
 // The base model's config.json has rms_norm_eps 1e-5 (the Instruct model's has 1e-6).
-struct qwen2_5_72b : llama<shape{.hidden = 8192, .layers = 80, .heads = 64, .kv_heads = 8,
+struct qwen2_5_72b : qwen2<shape{.hidden = 8192, .layers = 80, .heads = 64, .kv_heads = 8,
                                  .ffn = 29568, .vocab = 152064, .max_positions = 131072,
                                  .rms_eps = 1e-5, .rope_theta = 1000000.0, .qkv_bias = true}> {
   static constexpr std::string_view name = "qwen2.5-72b";

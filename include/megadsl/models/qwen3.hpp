@@ -10,6 +10,19 @@
 
 namespace megadsl {
 
+using qwen3_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+    blocks::rms_norm<>>;
+
+// Qwen3: Llama with per-head q/k RMSNorm before RoPE (and no q/k/v bias by default).
+template <shape S>
+struct qwen3 : decoder_family<qwen3_blocks, S> {
+  static constexpr std::string_view family = "qwen3";
+  static constexpr std::string_view name = "qwen3";
+};
+
 // Embeddings tied; 16 q heads of 128 = 2048 > hidden 1024 (head_dim is not hidden / heads).
 struct qwen3_0_6b : qwen3<shape{.hidden = 1024, .layers = 28, .heads = 16, .kv_heads = 8, .ffn = 3072,
                                 .vocab = 151936, .head_dim = 128, .max_positions = 40960, .rms_eps = 1e-6,

@@ -11,6 +11,20 @@
 
 namespace megadsl {
 
+using starcoder2_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    blocks::block<blocks::pre_norm<blocks::layer_norm, blocks::attention<>>,
+                                  blocks::pre_norm<blocks::layer_norm, blocks::plain_mlp<activation::gelu_tanh>>>,
+                    blocks::layer_norm>;
+
+// StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
+// and the MLP per the shape (config.json's use_bias), tied embeddings by default.
+template <shape S>
+struct starcoder2 : decoder_family<starcoder2_blocks, S> {
+  static constexpr std::string_view family = "starcoder2";
+  static constexpr std::string_view name = "starcoder2";
+};
+
 // 36 query heads, 4 kv heads of 128.
 struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 36, .kv_heads = 4, .ffn = 18432,
                                         .vocab = 49152, .max_positions = 16384, .rms_eps = 1e-5,

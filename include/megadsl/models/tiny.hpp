@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/model.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
