@@ -1,6 +1,7 @@
 // Distributed checkpoints (include/megadsl/runtime/dist_checkpoint.hpp): pieces of HF tensors
 // with global offsets, written by their main replicas; any layout reads them back.
 #include "megadsl/runtime/dist_checkpoint.hpp"
+#include "megadsl/reflection.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

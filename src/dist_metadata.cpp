@@ -39,6 +39,18 @@ std::string shape_text(const std::vector<std::int64_t>& v) {
   return s + ")";
 }
 
+void fill_fields_added_later(json& shape) {
+  // Checkpoints written before the shape had block knobs hold Llama-family models: each field
+  // added since, with its value in every model written before it (shape{}'s default).
+  static const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
+                             {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
+                             {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
+                             {"attn_softcap", 0.0}, {"final_softcap", 0.0},
+                             {"rotary_fraction", 1.0}, {"names", "llama"}};
+  for (const auto& [key, value] : added.items())
+    if (!shape.contains(key)) shape[key] = value;
+}
+
 manifest parse_manifest(std::string_view text, const fs::path& dir) {
   manifest m;
   m.dir = dir;
@@ -66,17 +78,8 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
       bad("format version " + std::to_string(version) + "; this build reads version " +
           std::to_string(dist_checkpoint_version));
     m.model = j.at("model");
-    // Checkpoints written before the shape had block knobs hold Llama-family models.
-    // Fields added since: their values in every model written before them.
-    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object()) {
-      const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
-                          {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
-                          {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
-                          {"attn_softcap", 0.0}, {"final_softcap", 0.0},
-                          {"rotary_fraction", 1.0}, {"names", "llama"}};
-      for (const auto& [key, value] : added.items())
-        if (!m.model["shape"].contains(key)) m.model["shape"][key] = value;
-    }
+    if (m.model.is_object() && m.model.contains("shape") && m.model["shape"].is_object())
+      fill_fields_added_later(m.model["shape"]);
     m.layout = j.value("layout", json::object());
     if (!j.at("training").is_null()) {
       const json& t = j.at("training");

@@ -67,6 +67,11 @@ struct manifest {
 
 // metadata.json's text -> the manifest; every problem is a one-line checkpoint_error. Names from
 // the file are escaped (printable) before they reach a message.
+// metadata.json's model.shape with the fields added to `shape` after format version 1 was first
+// written, where missing, set to their value in every model saved before them. One list, used by
+// parse_manifest and by `megadsl convert`.
+void fill_fields_added_later(nlohmann::json& shape);
+
 manifest parse_manifest(std::string_view text, const std::filesystem::path& dir);
 
 }  // namespace megadsl::dist_metadata

@@ -1,3 +1,4 @@
+#include "megadsl/require_valid.hpp"
 #include "megadsl/parallel/distributed.hpp"
 
 #include <ATen/DeviceAccelerator.h>

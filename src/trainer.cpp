@@ -1,3 +1,4 @@
+#include "megadsl/require_valid.hpp"
 #include "megadsl/runtime/trainer.hpp"
 
 #include <ATen/ATen.h>

@@ -14,15 +14,17 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../src/dist_metadata.hpp"
 #include "../src/spec/json_bounded.hpp"
 #include "cli.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/hf_config.hpp"
+#include "megadsl/reflection.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl::cli {
 
@@ -93,10 +95,6 @@ shape shape_from_json(const json& j, const std::string& file) {
           const std::string rname = hana::to<char const*>(rkey);
           read(hana::at_key(v, rkey), j.at(name).at(rname), name + "." + rname);
         });
-      } else if (!j.contains(name) && (std::is_enum_v<std::decay_t<decltype(v.get())>> || name == "out_bias" ||
-                                       name == "query_pre_attn_scalar" || name.ends_with("softcap") ||
-                                       name == "rotary_fraction")) {
-        v = hana::at_key(shape{}, key);  // written before the knob existed: the Llama family's
       } else {
         read(v, j.at(name), name);
       }
@@ -130,6 +128,7 @@ source read_source(const options& o) {
           std::string(dist_checkpoint_format) + "\")");
     if (!j.contains("model") || !j["model"].contains("shape"))
       bad(file + ": model.shape is missing");
+    if (j["model"]["shape"].is_object()) dist_metadata::fill_fields_added_later(j["model"]["shape"]);
     src.s = shape_from_json(j["model"]["shape"], file);
     const std::string head = j["model"].value("head", std::string("actor"));
     src.head.actor = head != "critic";
@@ -240,7 +239,7 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
     mo.attention_window = read_hf_config(p.src.dir).attention_window;
     check_before_load(p.src.dir, p.src.s, o.l, p.src.head, at::elementSize(mo.dtype), local_world_size());
   }
-  llama_model<Spec> model(groups, mo, p.src.s, o.l);
+  parallel_model<Spec> model(groups, mo, p.src.s, o.l);
   progress bar(err, speak);
   bar.start("megadsl convert: loading " + std::string(name_of(p.src.kind)) + " " + p.src.dir.string() + " (" +
                 std::to_string(p.src.tensors) + (p.src.kind == format::hf ? " tensors, " : " pieces, ") +

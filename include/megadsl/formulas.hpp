@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 
 #include "megadsl/layout.hpp"
 #include "megadsl/shape.hpp"
@@ -25,31 +24,33 @@ namespace megadsl {
 
 // ---- parameter counts ----------------------------------------------------------------------------
 
-// One decoder layer as HF stores it: q/k/v/o, optional q/k/v bias and per-head q/k norms,
-// gate/up/down, two norms (four in sandwich form).
-constexpr std::int64_t layer_parameter_count(const shape& s) {
-  const std::int64_t h = s.hidden, n = s.heads, g = s.kv_heads, d = effective_head_dim(s);
-  const std::int64_t attention = h * n * d + 2 * h * g * d + n * d * h;
-  const std::int64_t bias = s.qkv_bias.get() ? n * d + 2 * g * d : 0;
-  const std::int64_t qk_norm = s.qk_norm.get() == qk_norm_kind::per_head     ? 2 * d
-                               : s.qk_norm.get() == qk_norm_kind::full_width ? (n + g) * d
-                                                                              : 0;
-  const std::int64_t ffn = s.ffn.get();
-  const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == mlp_kind::plain;
-  const std::int64_t mlp = plain ? 2 * h * ffn + (out_bias ? ffn + h : 0) : 3 * h * ffn;
-  const std::int64_t norm_count = s.residual.get() == residual_kind::sandwich ? 4 : 2;  // Gemma2: pre + post
-  const std::int64_t norms = norm_count * h * (s.norm.get() == norm_kind::layer_norm ? 2 : 1);  // LayerNorm: + bias
-  return attention + bias + (out_bias ? h : 0) + qk_norm + mlp + norms;
+// A parameter's elements as HF stores it (true vocab; a fused row counts each of its sources).
+constexpr std::int64_t hf_elements(const param_plan& p) {
+  std::int64_t n = 0;
+  for (const dims& d : p.hf_shapes) n += d.numel();
+  return n;
 }
 
-// The HF parameter count: embedding (true vocab), layers, final norm, and the head: lm_head unless
-// tied for the actor, the value head `h -> 1` (+ bias) for the critic.
+// One decoder layer as HF stores it: the composition's per-layer rows (param_table.hpp), so q/k/v
+// and o with their biases and q/k norms, the MLP in its form, and two or four norms with their
+// biases are each counted by the block that declares them.
+constexpr std::int64_t layer_parameter_count(const shape& s) {
+  std::int64_t n = 0;
+  for_each_param(s, layout{}, head_info{}, [&](const param_plan& p) {
+    if (p.row->where == placement::layer) n += hf_elements(p);
+  });
+  return n;
+}
+
+// The HF parameter count, summed over the composition's rows: embedding (true vocab), layers,
+// final norm, and the head: lm_head unless tied for the actor, the value head `h -> 1` (+ bias)
+// for the critic.
 constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
-  const std::int64_t h = s.hidden, v = s.vocab;
-  const std::int64_t out = head.actor ? (s.tie_embeddings.get() ? 0 : v * h)
-                                      : h + (head.value_bias ? 1 : 0);
-  const std::int64_t final_norm = s.norm.get() == norm_kind::layer_norm ? 2 * h : h;
-  return v * h + s.layers.get() * layer_parameter_count(s) + final_norm + out;
+  std::int64_t n = 0;
+  for_each_param(s, layout{}, head, [&](const param_plan& p) {
+    if (!p.tied) n += hf_elements(p) * (p.row->where == placement::layer ? s.layers.get() : 1);  // tied: the embedding, counted once
+  });
+  return n;
 }
 
 // ---- training memory per rank ----------------------------------------------------------------------
@@ -161,7 +162,9 @@ constexpr double activation_bytes_first_stage(const shape& s, const layout& l, s
 // published convention. All are exact integers held in doubles.
 //   megatron_non_causal  Megatron-LM num_floating_point_operations (2024):
 //                        12 s L h^2 [(1 + g/n + s/h)(n d / h) + (ffn/h)(3/2) + V'/(2 L h)] per s
-//                        tokens, V' the padded vocab (so it depends on tp through the padding)
+//                        tokens, V' the padded vocab (so it depends on tp through the padding);
+//                        its dense part is derived from the composition's matrices (a plain
+//                        MLP's ffn factor is 1, not 3/2: Megatron's non-gated case)
 //   megatron_causal      the same with s/(2h): current Megatron-LM / Megatron-Bridge
 //   torchtitan           6 N + 12 L n d s, N = parameters without the token embedding (true vocab;
 //                        with tied embeddings that also drops the lm_head, as torchtitan's
@@ -177,10 +180,21 @@ struct flops_per_token {
 namespace detail {
 // Megatron's per-token FLOPs without the attention-score term, and that term's coefficient unit
 // (L n d: the score FLOPs per token are 12 s L n d non-causal, half that causal).
+// 6 FLOPs per token (forward 2, backward 4) for each weight element that multiplies every
+// token's activations: the composition's matrices but the embedding lookup, so a gated MLP adds
+// 18 h ffn per layer and a plain one 12 h ffn; the LM head counts the padded vocab (Megatron's V').
+constexpr bool multiplies_tokens(param_role r) {
+  return r == param_role::qkv || r == param_role::o_proj || r == param_role::gate_up || r == param_role::fc ||
+         r == param_role::down || r == param_role::lm_head;
+}
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
-  const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
-                     d = effective_head_dim(s);
-  return 12 * L * (h * n * d + h * g * d) + 18 * L * h * s.ffn.get() + 6 * h * padded_vocab(s, l);
+  std::int64_t per_layer = 0, head = 0;
+  for_each_param(s, l, head_info{}, [&](const param_plan& p) {
+    if (!multiplies_tokens(p.row->role)) return;
+    if (p.row->role == param_role::lm_head) head = p.global.numel();  // (V', h), tied or not
+    else if (p.hf_shapes[0].rank == 2) per_layer += hf_elements(p);   // weights, not biases
+  });
+  return 6 * (s.layers.get() * per_layer + head);
 }
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
@@ -210,7 +224,8 @@ constexpr flops_per_token training_flops_per_token(const shape& s, const layout&
 // verl's FLOPs for a batch of sequences (remove-padding: each sequence's own length), forward +
 // backward: 6 N_verl sum(s_i) + c d n L sum(s_i^2), c = 6 (current verl) or 12 (before #4959).
 // verl reports this / dt / 1e12 as TFLOP/s.
-constexpr double verl_flops(const shape& s, std::span<const std::int64_t> seqlens,
+template <class Seqlens>  // any range of std::int64_t
+constexpr double verl_flops(const shape& s, const Seqlens& seqlens,
                             int attention_coefficient = 6) {
   double tokens = 0, squares = 0;
   for (const std::int64_t n : seqlens) {
@@ -224,8 +239,8 @@ constexpr double verl_flops(const shape& s, std::span<const std::int64_t> seqlen
 // Megatron's FLOPs for a packed batch (THD: attention over each sequence only), forward + backward:
 // T x dense per token + sum(s_i^2) x (6 causal | 12 non-causal) x L n d. For one sequence of
 // length s this is s x training_flops_per_token(...).megatron_(non_)causal.
-constexpr double megatron_flops(const shape& s, const layout& l,
-                                std::span<const std::int64_t> seqlens, bool causal) {
+template <class Seqlens>  // any range of std::int64_t
+constexpr double megatron_flops(const shape& s, const layout& l, const Seqlens& seqlens, bool causal) {
   double tokens = 0, squares = 0;
   for (const std::int64_t n : seqlens) {
     tokens += static_cast<double>(n);

@@ -5,8 +5,6 @@
 // Context and expert parallelism are reserved at 1 until implemented (rule `reserved_degrees`).
 #pragma once
 
-#include <boost/hana/adapt_struct.hpp>
-
 #include "megadsl/static_value.hpp"
 
 namespace megadsl {
@@ -33,6 +31,3 @@ inline constexpr layout dynamic_layout = {
 constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
 
 }  // namespace megadsl
-
-BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
-                        rmpad, vocab_pad_multiple, cp, ep);

@@ -73,13 +73,18 @@ struct violated_rule {
   using type = void;
 };
 
+// The rules a static model and layout violate, evaluated once per pair however often they are
+// asked about (a model's declaration, valid_layout, violates and the tests share it).
+template <Model M, layout L>
+inline constexpr violations violations_of = check(M::shape, L);
+
 namespace detail {
 template <rule_id Rule, std::array<std::int64_t, 4> Values, std::size_t... I>
 violated_rule<Rule, Values[I]...> name_rule(std::index_sequence<I...>);
 
 template <Model M, layout L, auto H>
 struct checked {
-  static constexpr violations found = check(M::shape, L);
+  static constexpr const violations& found = violations_of<M, L>;
   static constexpr violation first = found.ok() ? violation{} : found.items[0];
   using names_the_first_rule = typename decltype(name_rule<first.id, first.values>(
       std::make_index_sequence<static_cast<std::size_t>(first.value_count)>{}))::type;
@@ -96,12 +101,12 @@ using value_model = typename detail::checked<M, L, H>::type;
 
 // True when every rule whose inputs are static holds.
 template <class M, layout L>
-concept valid_layout = Model<M> && check(M::shape, L).ok();
+concept valid_layout = Model<M> && violations_of<M, L>.ok();
 
 // True when `rule` is among the violated ones (precise negative tests).
 template <Model M, layout L>
 constexpr bool violates(std::string_view rule) {
-  return check(M::shape, L).has(rule);
+  return violations_of<M, L>.has(rule);
 }
 
 template <class T>

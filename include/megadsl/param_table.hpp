@@ -6,7 +6,6 @@
 // order: qkv = [q, k, v], gate_up = [gate, up].
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string_view>
@@ -236,7 +235,10 @@ template <std::size_t... N>
 constexpr auto concat_rows(const std::array<param_row, N>&... parts) {
   std::array<param_row, (N + ...)> out{};
   std::size_t i = 0;
-  ((std::copy(parts.begin(), parts.end(), out.begin() + static_cast<std::ptrdiff_t>(i)), i += N), ...);
+  auto append = [&](const auto& part) {
+    for (const param_row& r : part) out[i++] = r;
+  };
+  (append(parts), ...);
   return out;
 }
 }  // namespace detail

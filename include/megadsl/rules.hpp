@@ -9,8 +9,6 @@
 #include <initializer_list>
 #include <utility>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <string_view>
 
 #include "megadsl/layout.hpp"
@@ -113,7 +111,7 @@ struct violations {
     v.value_count = 0;
     for (std::int64_t x : values)
       if (v.value_count < 4) v.values[static_cast<std::size_t>(v.value_count++)] = x;
-    v.message = text{};
+    v.message.size = 0;  // a fresh slot (data is zero from construction; only size is read)
     v.message.add(rule, ": ");
     return v.message;
   }
@@ -394,12 +392,6 @@ constexpr violations check(const shape& s, const layout& l, const run_facts& f =
   detail::check_reserved(l, out);
   detail::check_run(l, f, out);
   return out;
-}
-
-// The run-time twin of the static check: throws std::invalid_argument with the same text.
-inline void require_valid(const shape& s, const layout& l, const run_facts& f = {}) {
-  const violations v = check(s, l, f);
-  if (!v.ok()) throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
 }
 
 }  // namespace megadsl

@@ -6,8 +6,6 @@
 // for the rest. `head_dim = 0` means hidden / heads (HF's default when config.json has no head_dim).
 #pragma once
 
-#include <boost/hana/adapt_struct.hpp>
-
 #include <array>
 #include <cstdint>
 #include <string_view>
@@ -175,11 +173,3 @@ constexpr dim effective_head_dim(const shape& s) {
 }
 
 }  // namespace megadsl
-
-// Field names and order are read through Hana (config.json mapping, field-by-field diffs, printing).
-BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, high_freq_factor,
-                        original_max_positions);
-BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
-                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
-                        mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias,
-                        query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, names);

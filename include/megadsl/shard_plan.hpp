@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <string_view>
 
 #include "megadsl/heads.hpp"
@@ -177,6 +178,11 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
   return p;
 }
 
+// Thrown by param_list's lookup for a name the model does not have.
+struct no_such_parameter final : std::exception {
+  [[nodiscard]] const char* what() const noexcept override { return "megadsl: no such parameter"; }
+};
+
 // Every parameter row of a model, in table order (layer rows once, with `{layer}`).
 struct param_list {
   std::array<param_plan, decoder_params.size()> items{};
@@ -186,14 +192,20 @@ struct param_list {
   [[nodiscard]] constexpr const param_plan& operator[](std::string_view name) const {
     for (std::size_t i = 0; i < count; ++i)
       if (items[i].row->name == name) return items[i];
-    throw std::out_of_range("megadsl: no such parameter");
+    throw no_such_parameter{};
   }
 };
 
+// f(plan) for each row the model has, in table order (no list built: cheaper in constant evaluation).
+template <class F>
+constexpr void for_each_param(const shape& s, const layout& l, head_info h, F&& f) {
+  for (const param_row& row : decoder_params)
+    if (present(row, s, h)) f(plan_of(row, s, l));
+}
+
 constexpr param_list plan_params(const shape& s, const layout& l, head_info h) {
   param_list out;
-  for (const param_row& row : decoder_params)
-    if (present(row, s, h)) out.items[out.count++] = plan_of(row, s, l);
+  for_each_param(s, l, h, [&](const param_plan& p) { out.items[out.count++] = p; });
   return out;
 }
 
@@ -213,7 +225,7 @@ constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info
                                       std::int64_t pp_rank) {
   std::int64_t total = 0;
   const std::int64_t last = l.pp.get() - 1;
-  for (const param_plan& p : plan_params(s, l, h)) {
+  for_each_param(s, l, h, [&](const param_plan& p) {
     switch (p.row->where) {
       case placement::first_stage:
         if (pp_rank == 0) total += p.local.numel();
@@ -226,7 +238,7 @@ constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info
         if (pp_rank == last && !(p.tied && pp_rank == 0)) total += p.local.numel();
         break;
     }
-  }
+  });
   return total;
 }
 

@@ -11,6 +11,7 @@
 #include "megadsl/models/presets.hpp"
 #include "megadsl/param_table.hpp"
 #include "megadsl/rank_grid.hpp"
+#include "megadsl/require_valid.hpp"
 #include "megadsl/rules.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/shard_plan.hpp"

@@ -3,13 +3,21 @@
 // Like CuTe's Int<N>/int or Eigen's Dynamic: every dimension and degree of a model or layout is a
 // `maybe<T>` that is either known in the type (`.hidden = 4096`) or `dynamic` (read at run time).
 // Reading a dynamic value where a static one is required is a compile error in constant
-// evaluation and a `std::logic_error` at run time.
+// evaluation and a `megadsl::unresolved_value` (a std::exception) at run time.
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
+#include <exception>
 
 namespace megadsl {
+
+// Thrown when a dynamic value is read before config.json or the command line filled it in. Not a
+// std::logic_error: <stdexcept> would bring <string> into every spec-only translation unit.
+struct unresolved_value final : std::exception {
+  [[nodiscard]] const char* what() const noexcept override {
+    return "megadsl: a dynamic value was read before it was resolved";
+  }
+};
 
 struct dynamic_t {
   explicit constexpr dynamic_t(int) {}
@@ -29,7 +37,7 @@ struct maybe {
   [[nodiscard]] constexpr bool is_static() const { return known; }
   [[nodiscard]] constexpr bool is_dynamic() const { return !known; }
   [[nodiscard]] constexpr T get() const {
-    if (!known) throw std::logic_error("megadsl: a dynamic value was read before it was resolved");
+    if (!known) throw unresolved_value{};
     return value;
   }
   constexpr operator T() const { return get(); }  // NOLINT: reads like a plain value

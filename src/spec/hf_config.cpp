@@ -4,6 +4,7 @@
 // config.json leaves out takes the default of its model_type's config class, and every such
 // default is recorded in `notes` so that nothing is filled in silently.
 #include "megadsl/hf_config.hpp"
+#include "megadsl/reflection.hpp"
 
 #include "json_bounded.hpp"
 #include "megadsl/io/printable.hpp"
@@ -74,6 +75,9 @@ constexpr key_name key_names[] = {
 // class defaults for the keys a config.json may leave out.
 struct family_defaults {
   std::string_view model_type;
+  std::string_view hf_class;       // transformers' class prefix: <hf_class>ForCausalLM
+  std::string_view eps_key;        // the norms' epsilon
+  std::string_view activation_key; // the MLP's activation
   std::int64_t max_positions;
   double rms_eps;
   double rope_theta;
@@ -84,16 +88,16 @@ struct family_defaults {
 };
 constexpr shape knobs_of_llama = blocks::lowering<llama_blocks>::apply(shape{});
 constexpr family_defaults defaults_table[] = {
-    {"llama", 2048, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
-    {"mistral", 4096 * 32, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
-    {"qwen2", 32768, 1e-6, 10000.0, true, 0, false, knobs_of_llama},
-    {"qwen3", 32768, 1e-6, 10000.0, false, 128, false, blocks::lowering<qwen3_blocks>::apply(shape{})},
-    {"gemma", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
-    {"gemma2", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma2_blocks>::apply(shape{})},
-    {"olmo2", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
-    {"phi3", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
-    {"starcoder2", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
-    {"gpt_neox", 2048, 1e-5, 10000.0, true, 0, false, blocks::lowering<gpt_neox_blocks>::apply(shape{})},
+    {"llama", "Llama", "rms_norm_eps", "hidden_act", 2048, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
+    {"mistral", "Mistral", "rms_norm_eps", "hidden_act", 4096 * 32, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
+    {"qwen2", "Qwen2", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, true, 0, false, knobs_of_llama},
+    {"qwen3", "Qwen3", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, false, 128, false, blocks::lowering<qwen3_blocks>::apply(shape{})},
+    {"gemma", "Gemma", "rms_norm_eps", "hidden_act", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
+    {"gemma2", "Gemma2", "rms_norm_eps", "hidden_activation", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma2_blocks>::apply(shape{})},
+    {"olmo2", "Olmo2", "rms_norm_eps", "hidden_act", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
+    {"phi3", "Phi3", "rms_norm_eps", "hidden_act", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
+    {"starcoder2", "Starcoder2", "norm_epsilon", "hidden_act", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
+    {"gpt_neox", "GPTNeoX", "layer_norm_eps", "hidden_act", 2048, 1e-5, 10000.0, true, 0, false, blocks::lowering<gpt_neox_blocks>::apply(shape{})},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -648,7 +652,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   const bool starcoder2 = fam->model_type == "starcoder2", neox = fam->model_type == "gpt_neox";
-  s.rms_eps = r.optional<double>(starcoder2 ? "norm_epsilon" : neox ? "layer_norm_eps" : "rms_norm_eps", fam->rms_eps,
+  s.rms_eps = r.optional<double>(fam->eps_key, fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
   rope_read rope = read_rope(r);
   // 4.x NeoX configs name the theta rotary_emb_base and the rotated share rotary_pct (0.25 by
@@ -699,14 +703,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     s.attn_softcap = cap("attn_logit_softcapping", 50.0);
     s.final_softcap = cap("final_logit_softcapping", 30.0);
   }
-  s.norm = fam->knobs.norm;
-  s.qk_norm = fam->knobs.qk_norm;
-  s.mlp_activation = fam->knobs.mlp_activation;
-  s.embed_scale = fam->knobs.embed_scale;
-  s.residual = fam->knobs.residual;
-  s.hf_storage = fam->knobs.hf_storage;
-  s.mlp = fam->knobs.mlp;
-  s.names = fam->knobs.names;
+  blocks::copy_knobs(s, fam->knobs);
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
   check_keys(r, fam->model_type, out.notes);
@@ -830,18 +827,12 @@ std::string to_string(const shape& s) {
 }
 
 std::string_view model_type_for(const shape& s, const sliding_window& window) {
-  auto same_knobs = [&](const shape& k) {
-    return s.norm.get() == k.norm.get() && s.qk_norm.get() == k.qk_norm.get() &&
-           s.mlp_activation.get() == k.mlp_activation.get() && s.embed_scale.get() == k.embed_scale.get() &&
-           s.residual.get() == k.residual.get() && s.hf_storage.get() == k.hf_storage.get() && s.mlp.get() == k.mlp.get() &&
-           s.names.get() == k.names.get();
-  };
-  if (same_knobs(knobs_of_llama)) {
+  if (blocks::same_knobs(s, knobs_of_llama)) {
     if (s.qkv_bias.get() || (window.any() && !window.every_layer())) return "qwen2";
     return window.any() ? "mistral" : "llama";
   }
   for (const family_defaults& f : defaults_table)
-    if (same_knobs(f.knobs)) return f.model_type;
+    if (blocks::same_knobs(s, f.knobs)) return f.model_type;
   return {};
 }
 
@@ -866,20 +857,17 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   if (fam == std::end(defaults_table))
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
                        "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox");
-  if (s.norm.get() != fam->knobs.norm.get() || s.qk_norm.get() != fam->knobs.qk_norm.get() ||
-      s.mlp_activation.get() != fam->knobs.mlp_activation.get() || s.embed_scale.get() != fam->knobs.embed_scale.get() ||
-      s.residual.get() != fam->knobs.residual.get() ||
-      s.hf_storage.get() != fam->knobs.hf_storage.get() ||
-      s.mlp.get() != fam->knobs.mlp.get() || s.names.get() != fam->knobs.names.get())
-    throw config_error("megadsl: this model's blocks (norm " + show(s.norm) + ", qk_norm " + show(s.qk_norm) +
-                       ", mlp_activation " + show(s.mlp_activation) + ", embed_scale " + show(s.embed_scale) +
-                       ") are not those of model_type " + std::string(model_type) +
-                       "; no HF config class describes this composition: save it as a distributed checkpoint");
-  const std::string family = model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral"
-                             : model_type == "qwen3" ? "Qwen3" : model_type == "gemma" ? "Gemma"
-                             : model_type == "gemma2" ? "Gemma2"
-                             : model_type == "olmo2" ? "Olmo2" : model_type == "phi3" ? "Phi3"
-                             : model_type == "starcoder2" ? "Starcoder2" : model_type == "gpt_neox" ? "GPTNeoX" : "Llama";
+  if (!blocks::same_knobs(s, fam->knobs)) {
+    std::string differ;  // every knob that is not the family's, with both values
+    blocks::every_knob([&](std::string_view name, const auto& mine, const auto& theirs) {
+      if (mine.get() != theirs.get())
+        differ += (differ.empty() ? "" : ", ") + std::string(name) + " " + show(mine) + " (" + std::string(model_type) + ": " + show(theirs) + ")";
+      return true;
+    }, s, fam->knobs);
+    throw config_error("megadsl: this model's blocks are not those of model_type " + std::string(model_type) + ": " +
+                       differ + "; no HF config class describes this composition: save it as a distributed checkpoint");
+  }
+  const std::string family(fam->hf_class);
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
   j["model_type"] = std::string(model_type);
@@ -891,9 +879,9 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["vocab_size"] = s.vocab.get();
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
-  j[model_type == "starcoder2" ? "norm_epsilon" : model_type == "gpt_neox" ? "layer_norm_eps" : "rms_norm_eps"] = s.rms_eps.get();
+  j[std::string(fam->eps_key)] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
-  j[model_type == "gemma2" ? "hidden_activation" : "hidden_act"] =
+  j[std::string(fam->activation_key)] =
       s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : s.mlp_activation.get() == activation::gelu ? "gelu" : "silu";
   if (s.rotary_fraction.get() != 1.0 && model_type != "gpt_neox" && model_type != "phi3")
     throw config_error("megadsl: a " + family + " config rotates the whole head, and this model rotates " +

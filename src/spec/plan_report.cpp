@@ -1,4 +1,5 @@
 // `megadsl plan` output. All figures come from formulas.hpp; this file only lays them out.
+#include "megadsl/require_valid.hpp"
 #include "megadsl/plan_report.hpp"
 
 #include <algorithm>

@@ -100,6 +100,13 @@ static_assert(training_flops_per_token(l3, layout{.tp = 8}, 4096).megatron_non_c
 // Llama-2-7B, s = 4096: 46.08 GF (NeMo 24.07's 776e12 / 16847 = 46.06).
 static_assert(training_flops_per_token(l2, layout{}, 4096).megatron_non_causal == 46'084'915'200.0);
 
+// A plain MLP (StarCoder2-7B: c_fc and c_proj, no gate) multiplies 2 h ffn weights per token, not
+// 3 h ffn: its dense term is 12 L (h n d + h g d) + 12 L h ffn + 6 h V', written out here.
+static_assert(training_flops_per_token(megadsl::starcoder2_7b::shape, layout{}, 4096).megatron_non_causal ==
+              12.0 * 32 * (4608 * 36 * 128 + 4608 * 4 * 128) + 12.0 * 32 * 4608 * 18432 + 6.0 * 4608 * 49152 +
+                  12.0 * 4096 * 32 * 36 * 128);
+static_assert(training_flops_per_token(megadsl::starcoder2_7b::shape, layout{}, 4096).megatron_causal == 46'657'437'696.0);
+
 // verl oracle (verl-semantics.md §6), Llama-2-7B, dt = 1 s: 149.226491215872 and 536.372695793664 TFLOP.
 constexpr std::array<std::int64_t, 3> mixed{512, 1024, 2048};
 constexpr std::array<std::int64_t, 3> full{4096, 4096, 4096};

@@ -18,7 +18,7 @@ using megadsl::violates;
 // Rejected by `rule` and by nothing else.
 template <class M, layout L>
 constexpr bool violates_only(std::string_view rule) {
-  const auto v = megadsl::check(M::shape, L);
+  const auto& v = megadsl::violations_of<M, L>;
   return v.count == 1 && v.has(rule);
 }
 

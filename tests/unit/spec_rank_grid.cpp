@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "megadsl/require_valid.hpp"
 #include "megadsl/rank_grid.hpp"
 
 namespace {
@@ -238,7 +239,7 @@ TEST_CASE("rank grid from a layout: dp is what the world leaves", "[rank_grid]")
         rank_grid{.tp = 2, .cp = 2, .dp = 2, .pp = 2});
   CHECK(rank_grid::from(layout{}, 1) == rank_grid{});
   // A dynamic degree must be resolved first.
-  CHECK_THROWS_AS(rank_grid::from(megadsl::dynamic_layout, 8), std::logic_error);
+  CHECK_THROWS_AS(rank_grid::from(megadsl::dynamic_layout, 8), megadsl::unresolved_value);
 }
 
 TEST_CASE("rank grid from a layout: world_fits_layout", "[rank_grid]") {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/require_valid.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/models/presets.hpp"
 #include "megadsl/rules.hpp"

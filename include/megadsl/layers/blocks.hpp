@@ -242,20 +242,35 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
   }
 };
 
+// The shape's block knobs, the fields a composition sets (`lowering::apply` above), in one list:
+// `holds(name, s.knob...)` for each knob of the shapes given, true when it holds for all. Every
+// comparison, copy or listing of knobs goes through here.
+template <class F, class... Shapes>
+constexpr bool every_knob(F&& holds, Shapes&&... s) {
+  return holds("norm", s.norm...) && holds("qk_norm", s.qk_norm...) &&
+         holds("mlp_activation", s.mlp_activation...) && holds("embed_scale", s.embed_scale...) &&
+         holds("residual", s.residual...) && holds("hf_storage", s.hf_storage...) && holds("mlp", s.mlp...) &&
+         holds("names", s.names...);
+}
+
+// Equal knobs (both static): the same composition.
+constexpr bool same_knobs(const shape& a, const shape& b) {
+  return every_knob([](std::string_view, const auto& x, const auto& y) { return x.get() == y.get(); }, a, b);
+}
+
+// `to` with `from`'s knobs (a family's composition applied to a shape read from config.json).
+constexpr void copy_knobs(shape& to, const shape& from) {
+  every_knob([](std::string_view, auto& t, const auto& f) { t = f; return true; }, to, from);
+}
+
 // True when each of `s`'s knobs is left alone (its default or dynamic) or is the composition's:
 // the family sets them.
 template <class Composition>
 constexpr bool knobs_compatible(const shape& s) {
-  const shape c = lowering<Composition>::apply(s), untouched{};
-  auto agrees = [](const auto& declared, const auto& composed, const auto& fallback) {
-    return declared.is_dynamic() || declared.get() == composed.get() || declared.get() == fallback.get();
-  };
-  return agrees(s.norm, c.norm, untouched.norm) && agrees(s.qk_norm, c.qk_norm, untouched.qk_norm) &&
-         agrees(s.mlp_activation, c.mlp_activation, untouched.mlp_activation) &&
-         agrees(s.embed_scale, c.embed_scale, untouched.embed_scale) &&
-         agrees(s.residual, c.residual, untouched.residual) &&
-         agrees(s.hf_storage, c.hf_storage, untouched.hf_storage) && agrees(s.mlp, c.mlp, untouched.mlp) &&
-         agrees(s.names, c.names, untouched.names);
+  const shape composed = lowering<Composition>::apply(s), untouched{};
+  return every_knob([](std::string_view, const auto& declared, const auto& c, const auto& fallback) {
+    return declared.is_dynamic() || declared.get() == c.get() || declared.get() == fallback.get();
+  }, s, composed, untouched);
 }
 
 // The composition a shape's knobs stand for, as an indented tree (`megadsl describe`). Dynamic
