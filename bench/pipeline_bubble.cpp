@@ -37,7 +37,7 @@ std::vector<md::batch> microbatches(std::int64_t m) {
 template <md::layout L>
 void measure(md::distributed& dist, std::int64_t m, int iters) {
   auto groups = md::parallel_groups::build(dist, L);
-  md::llama_model<md::causal_lm<tiny8, L>> model(groups);
+  md::parallel_model<md::causal_lm<tiny8, L>> model(groups);
   const auto mbs = microbatches(m);
   const md::loss_function loss = [](const md::model_output& o, std::int64_t) { return -o.log_probs.sum() / 1000.0; };
   model.forward_backward(mbs, loss);  // warm-up

@@ -38,7 +38,7 @@ md::batch half_padded() {
 template <md::layout L>
 measured run(md::distributed& dist, int iters) {
   auto groups = md::parallel_groups::build(dist, L);
-  md::llama_model<md::causal_lm<model, L>> m(groups);
+  md::parallel_model<md::causal_lm<model, L>> m(groups);
   const md::batch b = half_padded();
   const double tokens = b.attention_mask.sum().item<double>();
   m.forward(b).log_probs.sum().backward();  // warm-up

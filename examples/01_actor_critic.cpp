@@ -23,8 +23,8 @@ using critic = md::value_model<model, layout>;
 int main(int argc, char** argv) {
   return md::run_ranks(argc, argv, 4, [](md::distributed& dist) {
     auto groups = md::parallel_groups::build(dist, layout);
-    md::llama_model<actor> policy(groups);
-    md::llama_model<critic> value(groups);
+    md::parallel_model<actor> policy(groups);
+    md::parallel_model<critic> value(groups);
 
     // Two prompts+responses, left-padded as rollouts are (0 = padding).
     const at::Tensor ids = at::tensor({0L, 0L, 0L, 17L, 250L, 31L, 999L, 4L,  //
@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
 
     // The same model on one process: the layout must not change a number.
     auto single = md::parallel_groups::single();
-    md::llama_model<md::causal_lm<model>> policy1(single);
-    md::llama_model<md::value_model<model>> value1(single);
+    md::parallel_model<md::causal_lm<model>> policy1(single);
+    md::parallel_model<md::value_model<model>> value1(single);
     const double lp_diff = (policy1.forward(batch).log_probs - a.log_probs).abs().max().item<double>();
     const double v_diff = (value1.forward(batch).values - c.values).abs().max().item<double>();
 

@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
   return md::run_ranks(argc, argv, 4, [&](md::distributed& dist) {
     const options o = parse(argc, argv);
     auto groups = md::parallel_groups::build(dist, o.layout);
-    md::llama_model<actor> policy(groups, {}, model::shape, o.layout);
-    md::llama_model<critic> value(groups, {}, model::shape, o.layout);
+    md::parallel_model<actor> policy(groups, {}, model::shape, o.layout);
+    md::parallel_model<critic> value(groups, {}, model::shape, o.layout);
 
     // Megatron's scheduler: linear warmup over the first step, cosine decay to 10% over the run.
     md::optimizer_param_scheduler schedule(md::lr_schedule_config{

@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
     auto groups = md::parallel_groups::build(dist, layout);
     // test_init: random norm weights too, so that the q/k norms matter.
     const md::model_options options{.test_init = true};
-    md::llama_model<actor> policy(groups, options);
-    md::llama_model<critic> value(groups, options);
+    md::parallel_model<actor> policy(groups, options);
+    md::parallel_model<critic> value(groups, options);
 
     const at::Tensor ids = at::tensor({0L, 0L, 0L, 17L, 250L, 31L, 999L, 4L,  //
                                        5L, 6L, 7L, 8L, 9L, 10L, 11L, 12L}).view({2, 8});
@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
     const md::model_output c = value.forward(batch);
 
     auto single = md::parallel_groups::single();
-    md::llama_model<md::causal_lm<tiny_qk_gelu>> policy1(single, options);
-    md::llama_model<md::value_model<tiny_qk_gelu>> value1(single, options);
+    md::parallel_model<md::causal_lm<tiny_qk_gelu>> policy1(single, options);
+    md::parallel_model<md::value_model<tiny_qk_gelu>> value1(single, options);
     const double lp_diff = (policy1.forward(batch).log_probs - a.log_probs).abs().max().item<double>();
     const double v_diff = (value1.forward(batch).values - c.values).abs().max().item<double>();
 

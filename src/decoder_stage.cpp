@@ -1,5 +1,8 @@
-// The per-rank Llama forward, once with tensor parallelism and once without (explicitly
-// instantiated below). Activations are token-major (T, h); under SP each rank holds T/tp rows.
+// This rank's stage of any decoder composition, once with tensor parallelism and once without
+// (explicitly instantiated below): its parameters, its chunks of layers and the head. The block
+// knobs arrive as run-time enums, so a new family adds no instantiation. The pipeline executor
+// (runtime/pipeline_executor.hpp) runs its chunks in the layout's schedule. Activations are
+// token-major (T, h); under SP each rank holds T/tp rows.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,13 +12,14 @@
 #include <stdexcept>
 #include <string>
 
-#include "megadsl/layers/llama_layers.hpp"
+#include "megadsl/require_valid.hpp"
+#include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
+#include "megadsl/runtime/pipeline_executor.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/shard_io.hpp"
-#include "megadsl/schedule.hpp"
 
 namespace megadsl::detail {
 namespace {
@@ -53,21 +57,12 @@ struct chunk_info {
   bool last_stage = false;   // holds the final norm and the head
 };
 
-// The compute steps (F/B of a micro-batch on a chunk) of this rank's schedule, in Megatron's order
-// (schedule.hpp, tested against the reference tables). Point-to-point transfers are issued by
-// the executor itself: asynchronous sends and tagged receives, so only the compute order matters.
-std::vector<pipeline_op> compute_steps(std::int64_t pp, std::int64_t rank, std::int64_t m, std::int64_t vpp) {
-  std::vector<pipeline_op> out;
-  for (const pipeline_op& op : schedule_ops(select_schedule(pp, vpp), pp, rank, m, vpp))
-    if (op.is_compute()) out.push_back(op);
-  return out;
-}
-
 template <bool Tp>
-class llama_core final : public llama_core_base {
+class decoder_stage final : public model_core, public pipeline_stage {
  public:
-  llama_core(const runtime_config& c, parallel_groups& g)
-      : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), device_(c.options.device),
+  decoder_stage(const runtime_config& c, parallel_groups& g)
+      : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), executor_(*g.pp, c.l.vpp.get()),
+        device_(c.options.device),
         compute_(c.options.compute()), norm_(c.s.norm.get()), act_(c.s.mlp_activation.get()),
         qk_norm_(c.s.qk_norm.get()), residual_(c.s.residual.get()), mlp_(c.s.mlp.get()) {
     if (c.options.deterministic) {
@@ -100,66 +95,47 @@ class llama_core final : public llama_core_base {
   std::vector<named_parameter>& parameters() override { return params_; }
 
   model_output forward(const batch& b, const forward_options& o) override {
-    const micro_input in = prepare(b);
-    if (pp_size_ == 1) {
-      const at::Tensor hidden = run_chunk(0, in, {});
-      return head(hidden, in, o);
+    if (pp_size_ == 1) {  // with the autograd graph
+      const micro_input in = prepare(b);
+      return head(run_chunk(0, in, {}), in, o);
     }
     // Inference through the stages in order; the last stage broadcasts its outputs.
     c10::NoGradGuard no_grad;
+    inputs_ = {prepare(b)};
     model_output out;
-    for (std::int64_t c = 0; c < static_cast<std::int64_t>(chunks_.size()); ++c) {
-      at::Tensor input;
-      if (!chunks_[static_cast<std::size_t>(c)].first_stage) input = receive(in, c, 0, /*forward=*/true);
-      const at::Tensor hidden = run_chunk(c, in, input);
-      if (chunks_[static_cast<std::size_t>(c)].last_stage) out = head(hidden, in, o);
-      else sends_.push_back(send(hidden, c, 0, /*forward=*/true));
-    }
-    wait_sends();
-    return broadcast_outputs(out, in, o);
+    executor_.forward(*this, 0, [&](const at::Tensor& hidden) { out = head(hidden, inputs_[0], o); });
+    out = broadcast_outputs(out, inputs_[0], o);
+    inputs_.clear();
+    return out;
   }
 
   double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                           const forward_options& o) override {
     const auto m = static_cast<std::int64_t>(microbatches.size());
     if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
-    const std::int64_t vpp = cfg_.l.vpp.get();
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
-    std::vector<micro_input> inputs;
-    inputs.reserve(microbatches.size());
-    for (const batch& b : microbatches) inputs.push_back(prepare(b));
-    // Per (microbatch, chunk): the chunk's input (a leaf when received) and its output.
-    std::vector<at::Tensor> chunk_in(static_cast<std::size_t>(m * vpp)), chunk_out(static_cast<std::size_t>(m * vpp));
-    at::Tensor total_loss = at::zeros({1}, at::kDouble);
-    for (const pipeline_op& st : compute_steps(pp_size_, pp_rank_, m, vpp)) {
-      const auto slot = static_cast<std::size_t>(st.microbatch * vpp + st.chunk);
-      const chunk_info& ch = chunks_[static_cast<std::size_t>(st.chunk)];
-      const micro_input& in = inputs[static_cast<std::size_t>(st.microbatch)];
-      if (st.kind == op_kind::forward) {
-        if (!ch.first_stage) chunk_in[slot] = receive(in, st.chunk, st.microbatch, true).requires_grad_(true);
-        at::Tensor hidden = run_chunk(st.chunk, in, chunk_in[slot]);
-        if (ch.last_stage) {
-          const at::Tensor l = loss(head(hidden, in, o), st.microbatch);
-          total_loss += l.detach().to(at::kCPU, at::kDouble).reshape({1});
-          chunk_out[slot] = l;
-        } else {
-          sends_.push_back(send(hidden, st.chunk, st.microbatch, true));
-          chunk_out[slot] = hidden;
-        }
-      } else {
-        if (ch.last_stage) {
-          chunk_out[slot].backward();
-        } else {
-          chunk_out[slot].backward(receive(in, st.chunk, st.microbatch, false));
-        }
-        if (!ch.first_stage) sends_.push_back(send(chunk_in[slot].grad(), st.chunk, st.microbatch, false));
-        chunk_in[slot] = chunk_out[slot] = at::Tensor();  // free the micro-batch's activations
-      }
-    }
-    wait_sends();
-    // The loss lives on the last stage: share it with the pipeline.
-    groups_->pp->broadcast(total_loss, static_cast<int>(pp_size_ - 1));
-    return total_loss.item<double>();
+    inputs_.clear();
+    inputs_.reserve(microbatches.size());
+    for (const batch& b : microbatches) inputs_.push_back(prepare(b));
+    const double total = executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
+      return loss(head(hidden, inputs_[static_cast<std::size_t>(mb)], o), mb);
+    });
+    inputs_.clear();
+    return total;
+  }
+
+  // ---- pipeline_stage: what the executor runs ----
+  std::int64_t chunk_count() const override { return static_cast<std::int64_t>(chunks_.size()); }
+  bool is_first(std::int64_t chunk) const override { return chunks_[static_cast<std::size_t>(chunk)].first_stage; }
+  bool is_last(std::int64_t chunk) const override { return chunks_[static_cast<std::size_t>(chunk)].last_stage; }
+  at::Tensor forward(std::int64_t chunk, std::int64_t mb, const at::Tensor& input) override {
+    return run_chunk(chunk, inputs_[static_cast<std::size_t>(mb)], input);
+  }
+  // Hidden states between stages: (T'/tp, h) under SP, else (T', h).
+  at::Tensor activation_buffer(std::int64_t mb) const override {
+    const micro_input& in = inputs_[static_cast<std::size_t>(mb)];
+    const std::int64_t rows = sp_ ? in.pk.ids.size(0) / tp_size_ : in.pk.ids.size(0);
+    return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(compute_).device(device_));
   }
 
   void finalize_grads() override {
@@ -212,41 +188,6 @@ class llama_core final : public llama_core_base {
   // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).
   at::Tensor w(const at::Tensor& p) const {
     return p.defined() && p.scalar_type() != compute_ ? p.to(compute_) : p;
-  }
-
-  // Hidden states between stages: (T'/tp, h) under SP, else (T', h).
-  at::Tensor hidden_buffer(const micro_input& in) const {
-    const std::int64_t rows = sp_ ? in.pk.ids.size(0) / tp_size_ : in.pk.ids.size(0);
-    return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(compute_).device(device_));
-  }
-
-  // Point-to-point tags: one per (micro-batch, global stage, direction).
-  int tag(std::int64_t chunk, std::int64_t microbatch, bool forward) const {
-    const std::int64_t stage = chunk * pp_size_ + pp_rank_;
-    const std::int64_t stages = pp_size_ * cfg_.l.vpp.get();
-    return static_cast<int>((microbatch * stages + stage) * 2 + (forward ? 0 : 1));
-  }
-
-  // Forward: from the previous global stage; backward: from the next.
-  at::Tensor receive(const micro_input& in, std::int64_t chunk, std::int64_t microbatch, bool forward) {
-    at::Tensor buf = hidden_buffer(in);
-    const std::int64_t peer = forward ? (pp_rank_ - 1 + pp_size_) % pp_size_ : (pp_rank_ + 1) % pp_size_;
-    // The sender tagged with its own stage: the neighbour's.
-    const std::int64_t sender_chunk = forward ? (pp_rank_ == 0 ? chunk - 1 : chunk) : (pp_rank_ == pp_size_ - 1 ? chunk + 1 : chunk);
-    const std::int64_t sender_stage = sender_chunk * pp_size_ + peer;
-    const std::int64_t stages = pp_size_ * cfg_.l.vpp.get();
-    groups_->pp->recv(buf, static_cast<int>(peer), static_cast<int>((microbatch * stages + sender_stage) * 2 + (forward ? 0 : 1)));
-    return buf;
-  }
-
-  comm_group::pending_send send(const at::Tensor& t, std::int64_t chunk, std::int64_t microbatch, bool forward) {
-    const std::int64_t peer = forward ? (pp_rank_ + 1) % pp_size_ : (pp_rank_ - 1 + pp_size_) % pp_size_;
-    return groups_->pp->send(t.detach(), static_cast<int>(peer), tag(chunk, microbatch, forward));
-  }
-
-  void wait_sends() {
-    for (auto& s : sends_) s.wait();
-    sends_.clear();
   }
 
   // Outputs of the last stage, broadcast over the pipeline (inference with pp > 1).
@@ -525,7 +466,8 @@ class llama_core final : public llama_core_base {
   parallel_groups* groups_ = nullptr;
   std::int64_t pp_size_ = 1, pp_rank_ = 0;
   std::vector<chunk_info> chunks_;
-  std::vector<comm_group::pending_send> sends_;
+  pipeline_executor executor_;
+  std::vector<micro_input> inputs_;  // the micro-batches the executor is running
   named_parameter* tied_end_ = nullptr;  // this rank's end of a tied embedding across stages
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
@@ -547,10 +489,10 @@ class llama_core final : public llama_core_base {
 }  // namespace
 
 template <bool TensorParallel>
-std::unique_ptr<llama_core_base> make_llama_core(const runtime_config& c, parallel_groups& g) {
-  return std::make_unique<llama_core<TensorParallel>>(c, g);
+std::unique_ptr<model_core> make_model_core(const runtime_config& c, parallel_groups& g) {
+  return std::make_unique<decoder_stage<TensorParallel>>(c, g);
 }
-template std::unique_ptr<llama_core_base> make_llama_core<true>(const runtime_config&, parallel_groups&);
-template std::unique_ptr<llama_core_base> make_llama_core<false>(const runtime_config&, parallel_groups&);
+template std::unique_ptr<model_core> make_model_core<true>(const runtime_config&, parallel_groups&);
+template std::unique_ptr<model_core> make_model_core<false>(const runtime_config&, parallel_groups&);
 
 }  // namespace megadsl::detail

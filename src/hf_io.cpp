@@ -147,6 +147,22 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   }
 }
 
+namespace {
+
+// Buffers that older exports saved beside the parameters and that transformers 5 does not read:
+// RoPE's inverse frequencies, and GPT-NeoX's causal mask and its fill value (Pythia's checkpoints
+// hold `attention.bias`, a lower-triangular (1, 1, P, P) bool, and `attention.masked_bias`). The
+// mask they held is always the causal one every attention here applies, so they change nothing.
+bool is_stale_buffer(std::string_view n) {
+  const auto ends_with = [&](std::string_view suffix) {
+    return n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix;
+  };
+  if (ends_with(".rotary_emb.inv_freq")) return true;
+  return n.rfind("gpt_neox.layers.", 0) == 0 && (ends_with(".attention.bias") || ends_with(".attention.masked_bias"));
+}
+
+}  // namespace
+
 hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
                        const parallel_groups& g, const std::filesystem::path& dir) {
   hf_load_report report;
@@ -165,7 +181,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   const hf_checkpoint ck = hf_checkpoint::open(dir);
   const std::int64_t tp_rank = g.tp->rank();
 
-  // Unexpected tensors: not this model's, not another head's, not a rotary cache.
+  // Unexpected tensors: not this model's, not another head's, not a stale buffer.
   const std::set<std::string> expected = expected_names(c);
   std::vector<std::string> unexpected;
   for (const std::string& n : ck.names()) {
@@ -173,8 +189,8 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     const bool head = n.rfind("lm_head.", 0) == 0 || n.rfind("score.", 0) == 0 || n.rfind("v_head.", 0) == 0 ||
                       n.rfind("value_head.", 0) == 0 || n.rfind("reward_head.", 0) == 0 ||
                       n.rfind("embed_out.", 0) == 0 || n.rfind("classifier.", 0) == 0;
-    if (head) report.ignored.push_back(n);
-    else if (n.find("rotary_emb.inv_freq") == std::string::npos) unexpected.push_back(n);
+    if (head || is_stale_buffer(n)) report.ignored.push_back(n);
+    else unexpected.push_back(n);
   }
   if (!unexpected.empty()) {
     std::ostringstream os;

@@ -1,4 +1,4 @@
-#include "megadsl/layers/llama_layers.hpp"
+#include "megadsl/layers/kernels.hpp"
 
 #include <ATen/ATen.h>
 

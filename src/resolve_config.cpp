@@ -8,7 +8,9 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/require_valid.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
+#include "megadsl/reflection.hpp"
 
 namespace megadsl::detail {
 namespace {

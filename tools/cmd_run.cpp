@@ -38,7 +38,7 @@
 #include "megadsl/models/registry.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl::cli {
 
@@ -316,7 +316,7 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   mo.device = local_device(o.device == "cuda");
   if (o.compute == "bf16") mo.compute_dtype = at::kBFloat16;
   mo.attention_window = read_hf_config(dir).attention_window;  // applied on its layers
-  llama_model<Spec> model(groups, mo, s, o.l);
+  parallel_model<Spec> model(groups, mo, s, o.l);
   bar.start("megadsl run: loading " + dir.string(), {});
   const hf_load_report report = load_hf(model, groups, dir);
   bar.finish();

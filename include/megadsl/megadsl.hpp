@@ -8,5 +8,5 @@
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/parallel/launcher.hpp"
 #include "megadsl/parallel/mappings.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/shard_io.hpp"

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "megadsl/require_valid.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
@@ -26,7 +27,7 @@ class model_of final : public dynamic_model {
  public:
   model_of(std::shared_ptr<distributed> world, const shape& s, const hf_model_options& o)
       : dynamic_model(std::move(world), o.l),
-        model_(std::make_unique<llama_model<Spec>>(*groups_, o.options, s, o.l)) {
+        model_(std::make_unique<parallel_model<Spec>>(*groups_, o.options, s, o.l)) {
     config_ = model_->config();
   }
   ~model_of() override { model_.reset(); }
@@ -38,7 +39,7 @@ class model_of final : public dynamic_model {
   std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
-    llama_model<Spec>& m = live();
+    parallel_model<Spec>& m = live();
     return std::make_unique<trainer>(
         [&m](const std::vector<batch>& mbs, const loss_function& loss) { return m.forward_backward(mbs, loss); },
         m.parameters(), [&m] { m.finalize_grads(); }, [&m] { return m.grad_norm(); }, *groups_, Spec::is_actor, opt,
@@ -49,11 +50,11 @@ class model_of final : public dynamic_model {
   void free_model() override { model_.reset(); }
 
  private:
-  llama_model<Spec>& live() {
+  parallel_model<Spec>& live() {
     if (!model_) throw_closed();
     return *model_;
   }
-  std::unique_ptr<llama_model<Spec>> model_;
+  std::unique_ptr<parallel_model<Spec>> model_;
 };
 
 std::mutex registry_mutex;

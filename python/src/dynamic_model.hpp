@@ -1,5 +1,5 @@
 // A model whose shape comes from an HF config.json and whose layout is chosen at run time: the
-// `llama_model<causal_lm<any_llama, dynamic_layout>>` (or value_model) that `megadsl run` and
+// `parallel_model<causal_lm<any_llama, dynamic_layout>>` (or value_model) that `megadsl run` and
 // `convert` build, behind one interface, with the process groups and the job it runs in. No
 // Python here; model_bindings.cpp wraps it.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/trainer.hpp"
 
 namespace megadsl::python {
@@ -64,7 +64,7 @@ class dynamic_model {
 
  protected:
   dynamic_model(std::shared_ptr<distributed> world, const layout& l);
-  virtual void free_model() = 0;  // the llama_model, before its groups
+  virtual void free_model() = 0;  // the model, before its groups
   [[noreturn]] static void throw_closed();
 
   std::shared_ptr<distributed> world_;  // outlives the groups, which outlive the model

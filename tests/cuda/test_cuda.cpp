@@ -23,8 +23,8 @@ template <layout L>
 void check_cuda_equals_cpu(bool left_padding) {
   INFO("tp=1 rmpad=" << L.rmpad.get() << (left_padding ? " left" : " right"));
   auto single = parallel_groups::single();
-  llama_model<causal_lm<tiny_llama, L>> cpu(single, on(at::kCPU));
-  llama_model<causal_lm<tiny_llama, L>> gpu(single, on(local_device(true)));
+  parallel_model<causal_lm<tiny_llama, L>> cpu(single, on(at::kCPU));
+  parallel_model<causal_lm<tiny_llama, L>> gpu(single, on(local_device(true)));
   const padded_batch pb = make_batch(tiny_llama::shape.vocab, left_padding);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
   const model_output c = cpu.forward(b), g = gpu.forward(b);
@@ -52,9 +52,9 @@ TEST_CASE("fp32 on CUDA equals fp32 on the CPU: outputs and every gradient", "[c
 TEST_CASE("bf16 on CUDA: varlen flash (rmpad) and SDPA (padded) agree, and stay near fp32", "[cuda]") {
   const at::Device device = local_device(true);
   auto single = parallel_groups::single();
-  llama_model<causal_lm<tiny_llama, layout{}>> padded(single, on(device, at::kBFloat16));
-  llama_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, on(device, at::kBFloat16));
-  llama_model<causal_lm<tiny_llama, layout{}>> fp32(single, on(at::kCPU));
+  parallel_model<causal_lm<tiny_llama, layout{}>> padded(single, on(device, at::kBFloat16));
+  parallel_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, on(device, at::kBFloat16));
+  parallel_model<causal_lm<tiny_llama, layout{}>> fp32(single, on(at::kCPU));
   const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
   const model_output p = padded.forward(b), r = packed.forward(b), f = fp32.forward(b);
@@ -76,7 +76,7 @@ TEST_CASE("an HF checkpoint on CUDA matches transformers", "[cuda]") {
   const std::filesystem::path dir = std::filesystem::path(MEGADSL_FIXTURES) / "llama-gqa";
   const shape s = read_hf_config(dir).s;
   auto single = parallel_groups::single();
-  llama_model<causal_lm<any_llama, dynamic_layout>> model(single, {.device = local_device(true)}, s, layout{.rmpad = true});
+  parallel_model<causal_lm<any_llama, dynamic_layout>> model(single, {.device = local_device(true)}, s, layout{.rmpad = true});
   load_hf(model, single, dir);
   const safetensors_file ref = safetensors_file::open(dir / "reference.safetensors");
   const at::Tensor ids = ref.read("left.input_ids", at::kLong), mask = ref.read("left.attention_mask", at::kLong);
@@ -86,8 +86,8 @@ TEST_CASE("an HF checkpoint on CUDA matches transformers", "[cuda]") {
 
 TEST_CASE("a PPO step on CUDA (rollout on the CPU) equals one on the CPU", "[cuda]") {
   auto single = parallel_groups::single();
-  llama_model<causal_lm<tiny8>> cpu(single, on(at::kCPU));
-  llama_model<causal_lm<tiny8>> gpu(single, on(local_device(true)));
+  parallel_model<causal_lm<tiny8>> cpu(single, on(at::kCPU));
+  parallel_model<causal_lm<tiny8>> gpu(single, on(local_device(true)));
   const optimizer_config opt{.lr = 1e-4, .eps = 1e-6};
   trainer tc = make_trainer(cpu, single, opt, {.entropy_coeff = 0.01});
   trainer tg = make_trainer(gpu, single, opt, {.entropy_coeff = 0.01});
@@ -104,9 +104,9 @@ TEST_CASE("tp 2 over NCCL equals one GPU", "[nccl]") {
   constexpr layout L{.tp = 2, .sp = true, .rmpad = true};
   const at::Device device = local_device(true);
   auto single = parallel_groups::single();
-  llama_model<causal_lm<tiny_llama>> ref(single, on(device));
+  parallel_model<causal_lm<tiny_llama>> ref(single, on(device));
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<causal_lm<tiny_llama, L>> model(groups, on(device));
+  parallel_model<causal_lm<tiny_llama, L>> model(groups, on(device));
   const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
   const model_output r = ref.forward(b), o = model.forward(b);

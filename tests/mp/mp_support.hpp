@@ -10,7 +10,7 @@
 
 #include "megadsl/models/presets.hpp"  // every family (tiny and the real models)
 #include "megadsl/parallel/distributed.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "megadsl/runtime/trainer.hpp"
 

@@ -28,9 +28,9 @@ void check_bf16(bool left_padding) {
   const model_options fp32{.test_init = true};
   const model_options bf16{.test_init = true, .compute_dtype = at::kBFloat16};
   auto single = parallel_groups::single();
-  llama_model<ref_spec> ref32(single, fp32), ref16(single, bf16);
+  parallel_model<ref_spec> ref32(single, fp32), ref16(single, bf16);
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<spec> model(groups, bf16);
+  parallel_model<spec> model(groups, bf16);
 
   const padded_batch pb = make_batch(M::shape.vocab, left_padding);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
@@ -77,7 +77,7 @@ TEST_CASE("bf16 over fp32 parameters: every layout within bf16 tolerance of one 
 TEST_CASE("bf16 PPO steps: the parameters stay fp32 and train", "[world4][bf16][training]") {
   const model_options bf16{.test_init = true, .compute_dtype = at::kBFloat16};
   auto groups = parallel_groups::build(dist(), layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true});
-  llama_model<causal_lm<tiny8, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>> model(groups, bf16);
+  parallel_model<causal_lm<tiny8, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>> model(groups, bf16);
   trainer t = make_trainer(model, groups, {.lr = 1e-3}, {.entropy_coeff = 0.01});
   const rollout_batch rb = make_rollout(tiny8::shape.vocab);
   const at::Tensor before = model.parameters().front().tensor.detach().clone();

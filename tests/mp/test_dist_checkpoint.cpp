@@ -94,7 +94,7 @@ void check_load(const fs::path& dir, const reference& ref) {
   INFO(M::name << (Actor ? " actor" : " critic") << " loaded at tp=" << L.tp.get() << " pp=" << L.pp.get()
                << " vpp=" << L.vpp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<spec_of<M, L, Actor>> model(groups, {.seed = 99, .test_init = true});  // other weights
+  parallel_model<spec_of<M, L, Actor>> model(groups, {.seed = 99, .test_init = true});  // other weights
   trainer t = make_trainer(model, groups, train_config(), loss_config);
   load_distributed(model, groups, dir, &t);
 
@@ -133,7 +133,7 @@ void check_load(const fs::path& dir, const reference& ref) {
 template <class M, bool Actor, layout S, layout... Loads>
 void check_reshard(const fs::path& root) {
   auto groups = parallel_groups::build(dist(), S);
-  llama_model<spec_of<M, S, Actor>> model(groups, {.test_init = true});
+  parallel_model<spec_of<M, S, Actor>> model(groups, {.test_init = true});
   trainer t = make_trainer(model, groups, train_config(), loss_config);
   const rollout_batch rb = make_rollout(M::shape.vocab);
   t.step(rb, microbatches);
@@ -213,11 +213,11 @@ TEST_CASE("a damaged distributed checkpoint is a one-line error naming the file 
   const fs::path root = shared_root(world, "damaged");
   const fs::path good = root / "good";
   {
-    llama_model<causal_lm<tiny8, tp2_pp2>> model(saver, {.test_init = true});
+    parallel_model<causal_lm<tiny8, tp2_pp2>> model(saver, {.test_init = true});
     save_distributed(model, saver, good);
   }
   auto groups = parallel_groups::build(dist(), tp1_pp4);
-  llama_model<causal_lm<tiny8, tp1_pp4>> model(groups, {.seed = 5, .test_init = true});
+  parallel_model<causal_lm<tiny8, tp1_pp4>> model(groups, {.seed = 5, .test_init = true});
   REQUIRE(load_error(model, groups, good) == "(no error)");
   const auto before = all_hf(model.parameters(), model.config(), groups);
 
@@ -327,11 +327,11 @@ TEST_CASE("a damaged distributed checkpoint is a one-line error naming the file 
   }
   {
     auto small_groups = parallel_groups::build(dist(), tp1_pp4);
-    llama_model<causal_lm<tiny4, tp1_pp4>> small(small_groups, {.test_init = true});
+    parallel_model<causal_lm<tiny4, tp1_pp4>> small(small_groups, {.test_init = true});
     const std::string e = load_error(small, small_groups, good);
     CHECK_THAT(e, Contains("holds another model") && Contains("shape.layers: checkpoint 8, this model 4"));
     CHECK(one_line(e));
-    llama_model<value_model<tiny8, tp1_pp4>> critic(small_groups, {.test_init = true});
+    parallel_model<value_model<tiny8, tp1_pp4>> critic(small_groups, {.test_init = true});
     CHECK_THAT(load_error(critic, small_groups, good), Contains("head: checkpoint \"actor\", this model \"critic\""));
     // metadata.json edited to say 4 layers while the pieces hold 8: the two must agree.
     const std::string e4 = load_error(small, small_groups, damaged("fewer-layers", [](const fs::path& d) {
@@ -368,7 +368,7 @@ TEST_CASE("saving a distributed checkpoint is all-or-nothing and leaves no tempo
   const fs::path dir = root / "ckpt";
   using spec = causal_lm<tiny8, tp2_pp2>;
 
-  llama_model<spec> a(groups, {.seed = 1, .test_init = true});
+  parallel_model<spec> a(groups, {.seed = 1, .test_init = true});
   save_distributed(a, groups, dir);
   world.barrier();
   CHECK(leftovers(root).empty());
@@ -378,7 +378,7 @@ TEST_CASE("saving a distributed checkpoint is all-or-nothing and leaves no tempo
                                        "rank_2.safetensors", "rank_3.safetensors"});
 
   // Saving over a checkpoint replaces it whole.
-  llama_model<spec> b(groups, {.seed = 2, .test_init = true});
+  parallel_model<spec> b(groups, {.seed = 2, .test_init = true});
   trainer tb = make_trainer(b, groups, train_config(), loss_config);
   tb.step(make_rollout(tiny8::shape.vocab), microbatches);
   save_distributed(b, groups, dir, &tb);
@@ -386,7 +386,7 @@ TEST_CASE("saving a distributed checkpoint is all-or-nothing and leaves no tempo
   CHECK(leftovers(root).empty());
   const auto want = all_hf(b.parameters(), b.config(), groups);
   auto check_holds_b = [&] {
-    llama_model<spec> c(groups, {.seed = 3, .test_init = true});
+    parallel_model<spec> c(groups, {.seed = 3, .test_init = true});
     load_distributed(c, groups, dir);
     const auto got = all_hf(c.parameters(), c.config(), groups);
     for (const auto& [name, value] : want) CHECK(at::equal(got.at(name), value));

@@ -72,12 +72,21 @@ template <layout L>
 void check_fixture(const std::string& name) {
   const fs::path dir = fixtures / name;
   const shape s = read_hf_config(dir).s;
-  // A layout this checkpoint cannot take (e.g. tp 4 with 2 kv heads is fine, 4 heads / tp 8 not).
-  if (!check(s, L).ok()) return;
+  // A layout this checkpoint cannot take is skipped, for one of two reasons only: the 2-layer
+  // fixtures have too few layers for pp 2 x vpp 2, and OLMo2's full-width k norm with 2 kv heads
+  // cannot split over tp 4. Anything else is a failure, not a skip.
+  if (const violations v = check(s, L); !v.ok()) {
+    for (int i = 0; i < v.count; ++i) {
+      const std::string_view rule = v.items[static_cast<std::size_t>(i)].rule;
+      INFO(name << " skips tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << ": " << rule);
+      CHECK((rule == "layers_fit_stages" || rule == "full_width_qk_norm_needs_kv_heads_per_rank"));
+    }
+    return;
+  }
   INFO(name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<causal_lm<any_llama, L>> actor(groups, options_for(dir), s);
-  llama_model<value_model<any_llama, L>> critic(groups, options_for(dir), s);
+  parallel_model<causal_lm<any_llama, L>> actor(groups, options_for(dir), s);
+  parallel_model<value_model<any_llama, L>> critic(groups, options_for(dir), s);
   load_hf(actor, groups, dir);
   const hf_load_report r = load_hf(critic, groups, dir / "critic");
   // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
@@ -149,11 +158,11 @@ TEST_CASE("HF -> (tp 2, pp 2) -> HF is bit-exact, actor and critic", "[world4][h
       const fs::path source = actor_side ? dir : dir / "critic";
       const fs::path saved = shared_scratch(std::string("roundtrip-") + name + (actor_side ? "-actor" : "-critic"));
       if (actor_side) {
-        llama_model<causal_lm<any_llama, l>> m(groups, options_for(dir), s);
+        parallel_model<causal_lm<any_llama, l>> m(groups, options_for(dir), s);
         load_hf(m, groups, source);
         save_hf(m, groups, saved);
       } else {
-        llama_model<value_model<any_llama, l>> m(groups, options_for(dir), s);
+        parallel_model<value_model<any_llama, l>> m(groups, options_for(dir), s);
         load_hf(m, groups, source);
         save_hf(m, groups, saved);
       }
@@ -167,7 +176,7 @@ TEST_CASE("HF -> (tp 2, pp 2) -> HF is bit-exact, actor and critic", "[world4][h
 TEST_CASE("a critic loads from an actor checkpoint and reports its new value head", "[world4][hf]") {
   const fs::path dir = fixtures / "llama-gqa";
   auto single = parallel_groups::single();
-  llama_model<value_model<any_llama>> critic(single, {}, read_hf_config(dir).s);
+  parallel_model<value_model<any_llama>> critic(single, {}, read_hf_config(dir).s);
   const hf_load_report r = load_hf(critic, single, dir);
   REQUIRE(r.notes.size() == 1);
   CHECK_THAT(r.notes[0], Catch::Contains("value head initialised"));
@@ -182,7 +191,7 @@ TEST_CASE("a sliding window is applied, and a model built without the checkpoint
   REQUIRE(cfg.attention_window.every_layer());
   auto single = parallel_groups::single();
   // Built without the window, the model would compute sequences longer than 5 tokens otherwise.
-  llama_model<causal_lm<any_llama>> blind(single, {}, cfg.s);
+  parallel_model<causal_lm<any_llama>> blind(single, {}, cfg.s);
   CHECK_THROWS_WITH(load_hf(blind, single, dir), Catch::Contains("a window of 5 tokens on every layer") &&
                                                      Catch::Contains("model_options::attention_window"));
   // Gemma2's window is on alternate layers: layer_types in its config.json.
@@ -197,7 +206,7 @@ TEST_CASE("a sliding window is applied, and a model built without the checkpoint
   // A window on every layer is not Gemma2's alternating one.
   model_options every = options_for(fixtures / "gemma2-tf5");
   every.attention_window.layers = {true, true, true, true};
-  llama_model<causal_lm<any_llama>> wrong(single, every, g2.s);
+  parallel_model<causal_lm<any_llama>> wrong(single, every, g2.s);
   CHECK_THROWS_WITH(load_hf(wrong, single, fixtures / "gemma2-tf5"), Catch::Contains("a window of 5 tokens on layers 0"));
 }
 
@@ -205,7 +214,7 @@ TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tok
           "[world4][hf]") {
   const fs::path src = fixtures / "llama-gqa";
   auto single = parallel_groups::single();
-  llama_model<causal_lm<any_llama>> actor(single, {}, read_hf_config(src).s);
+  parallel_model<causal_lm<any_llama>> actor(single, {}, read_hf_config(src).s);
   load_hf(actor, single, src);
   auto names_in = [](const fs::path& d) {
     std::set<std::string> out;
@@ -273,6 +282,52 @@ TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tok
   CHECK(read_hf_config(carried).s.hidden.get() == 64);
 }
 
+// Pythia's checkpoints on the Hub carry buffers of older transformers: the causal mask
+// (`attention.bias`), its fill value (`attention.masked_bias`) and RoPE's inverse frequencies.
+// transformers 5 does not read them; neither does megadsl, and it says so in the report.
+TEST_CASE("stale buffers in a GPT-NeoX checkpoint are ignored and reported, the outputs unchanged", "[world4][hf]") {
+  const fs::path src = fixtures / "gpt-neox-tf5";
+  auto single = parallel_groups::single();
+  const shape s = read_hf_config(src).s;
+  const fs::path d = scratch("pythia-buffers");
+  fs::create_directories(d);
+  fs::copy_file(src / "config.json", d / "config.json");
+  const safetensors_file f = safetensors_file::open(src / "model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> ts;
+  for (const auto& t : f.tensors()) ts.emplace_back(t.name, f.read(t.name));
+  const std::int64_t positions = s.max_positions.get();
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+    const std::string p = "gpt_neox.layers." + std::to_string(i) + ".attention.";
+    ts.emplace_back(p + "bias", at::ones({1, 1, positions, positions}, at::kBool).tril());
+    ts.emplace_back(p + "masked_bias", at::scalar_tensor(-1e9));
+    ts.emplace_back(p + "rotary_emb.inv_freq", at::ones({4}));
+  }
+  write_safetensors(d / "model.safetensors", ts, {{"format", "pt"}});
+
+  parallel_model<causal_lm<any_llama>> stale(single, options_for(src), s), clean(single, options_for(src), s);
+  const hf_load_report r = load_hf(stale, single, d);
+  load_hf(clean, single, src);
+  CHECK(static_cast<std::int64_t>(r.ignored.size()) == 3 * s.layers.get());
+  CHECK(std::find(r.ignored.begin(), r.ignored.end(), "gpt_neox.layers.1.attention.masked_bias") != r.ignored.end());
+  const safetensors_file ref = safetensors_file::open(src / "reference.safetensors");
+  const batch b{.input_ids = ref.read("left.input_ids"), .attention_mask = ref.read("left.attention_mask")};
+  CHECK(at::equal(stale.forward(b).log_probs, clean.forward(b).log_probs));
+
+  // The same names under another family's scheme are not buffers of that family: unexpected.
+  const fs::path llama = fixtures / "llama-gqa";
+  const fs::path odd = scratch("llama-attention-bias");
+  fs::create_directories(odd);
+  fs::copy_file(llama / "config.json", odd / "config.json");
+  const safetensors_file lf = safetensors_file::open(llama / "model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> lts;
+  for (const auto& t : lf.tensors()) lts.emplace_back(t.name, lf.read(t.name));
+  lts.emplace_back("model.layers.0.attention.bias", at::ones({1, 1, 4, 4}, at::kBool));
+  write_safetensors(odd / "model.safetensors", lts, {{"format", "pt"}});
+  parallel_model<causal_lm<any_llama>> llama_actor(single, {}, read_hf_config(llama).s);
+  CHECK_THROWS_WITH(load_hf(llama_actor, single, odd),
+                    Catch::Contains("unexpected tensor") && Catch::Contains("model.layers.0.attention.bias"));
+}
+
 TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor", "[world4][hf]") {
   const fs::path src = fixtures / "llama-gqa";
   auto single = parallel_groups::single();
@@ -288,7 +343,7 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
     write_safetensors(d / "model.safetensors", ts, {{"format", "pt"}});
     return d;
   };
-  llama_model<causal_lm<any_llama>> actor(single, {}, s);
+  parallel_model<causal_lm<any_llama>> actor(single, {}, s);
 
   const fs::path missing = with("missing", [](const fs::path&, auto& ts) {
     ts.erase(std::find_if(ts.begin(), ts.end(), [](auto& t) { return t.first == "model.layers.1.mlp.up_proj.weight"; }));
@@ -311,7 +366,7 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
                         Catch::Contains("tensor model.layers.0.self_attn.o_proj.weight has shape [64, 60], but config.json implies [64, 64]"));
 
   // config.json that disagrees with a declared (static) model type.
-  llama_model<causal_lm<declared>> fixed(single);
+  parallel_model<causal_lm<declared>> fixed(single);
   CHECK_THROWS_WITH(load_hf(fixed, single, src),
                     Catch::Contains("config.json disagrees with the model") &&
                         Catch::Contains("ffn (intermediate_size): declared 200, ") && Catch::Contains("config.json has 176"));

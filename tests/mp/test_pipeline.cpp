@@ -15,9 +15,9 @@ void check_inference(bool left) {
                << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   const model_options opt = test_options<M>();
   auto single = parallel_groups::single();
-  llama_model<ref_spec> ref(single, opt);
+  parallel_model<ref_spec> ref(single, opt);
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<spec> model(groups, opt);
+  parallel_model<spec> model(groups, opt);
   const padded_batch pb = make_batch(M::shape.vocab, left);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
   const model_output r = ref.forward(b), o = model.forward(b);
@@ -46,10 +46,10 @@ void check_training(std::int64_t microbatches, const micro_batch_options* budget
   const rollout_batch rb = make_rollout(M::shape.vocab);
 
   auto single = parallel_groups::single();
-  llama_model<ref_spec> ref(single, mopt);
+  parallel_model<ref_spec> ref(single, mopt);
   trainer ref_trainer = make_trainer(ref, single, opt, acfg);
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<spec> model(groups, mopt);
+  parallel_model<spec> model(groups, mopt);
   trainer t = make_trainer(model, groups, opt, acfg);
 
   for (int step = 0; step < 5; ++step) {
@@ -71,7 +71,7 @@ void check_training(std::int64_t microbatches, const micro_batch_options* budget
   }
   // The parameters moved (the comparison is not between untouched initial values).
   const auto initial = [&] {
-    llama_model<ref_spec> fresh(single, mopt);
+    parallel_model<ref_spec> fresh(single, mopt);
     return gather_hf_tensors(fresh.parameters(), fresh.config(), nullptr, false);
   }();
   double moved = 0;
@@ -168,7 +168,7 @@ TEST_CASE("dynamic batching (dp balanced by Karmarkar-Karp, a token budget) trai
 TEST_CASE("log-probs do not depend on how the batch is split into micro-batches", "[world4][pipeline]") {
   auto single = parallel_groups::single();
   const model_options opt{.test_init = true};
-  llama_model<causal_lm<tiny8, layout{.rmpad = true}>> model(single, opt);
+  parallel_model<causal_lm<tiny8, layout{.rmpad = true}>> model(single, opt);
   const rollout_batch rb = make_rollout(tiny8::shape.vocab);
   const model_output whole = model.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask});
   for (std::int64_t parts : {2, 4, 8}) {

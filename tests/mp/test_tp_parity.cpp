@@ -51,9 +51,9 @@ void check_against_reference(bool left_padding) {
   INFO(M::name << (Actor ? " actor " : " critic ") << describe(L) << (left_padding ? " left-padded" : " right-padded"));
   const model_options opt{.test_init = true};
   auto single = parallel_groups::single();
-  llama_model<ref_spec> ref(single, opt);
+  parallel_model<ref_spec> ref(single, opt);
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<spec> model(groups, opt);
+  parallel_model<spec> model(groups, opt);
 
   const padded_batch pb = make_batch(M::shape.vocab, left_padding);
   const model_output r = ref.forward({.input_ids = pb.ids, .attention_mask = pb.mask});
@@ -105,10 +105,10 @@ TEST_CASE("llama3 rope scaling under tp", "[world4][parity]") {
 TEST_CASE("padded and remove-padding paths agree within 1e-6", "[world4][parity]") {
   auto single = parallel_groups::single();
   const model_options opt{.test_init = true};
-  llama_model<causal_lm<tiny_llama>> padded(single, opt);
-  llama_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, opt);
-  llama_model<value_model<tiny_llama>> padded_critic(single, opt);
-  llama_model<value_model<tiny_llama, layout{.rmpad = true}>> packed_critic(single, opt);
+  parallel_model<causal_lm<tiny_llama>> padded(single, opt);
+  parallel_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, opt);
+  parallel_model<value_model<tiny_llama>> padded_critic(single, opt);
+  parallel_model<value_model<tiny_llama, layout{.rmpad = true}>> packed_critic(single, opt);
   for (bool left : {true, false}) {
     INFO((left ? "left" : "right") << "-padded");
     const padded_batch pb = make_batch(tiny_llama::shape.vocab, left);
@@ -121,12 +121,12 @@ TEST_CASE("padded and remove-padding paths agree within 1e-6", "[world4][parity]
 }
 
 TEST_CASE("a static tp = 1 model issues no collective; a tp = 2 model does", "[world4][collectives]") {
-  static_assert(!llama_model<causal_lm<tiny_llama>>::tensor_parallel);
-  static_assert(llama_model<causal_lm<tiny_llama, layout{.tp = 2}>>::tensor_parallel);
+  static_assert(!parallel_model<causal_lm<tiny_llama>>::tensor_parallel);
+  static_assert(parallel_model<causal_lm<tiny_llama, layout{.tp = 2}>>::tensor_parallel);
   auto single = parallel_groups::single();
-  llama_model<causal_lm<tiny_llama>> alone(single);
+  parallel_model<causal_lm<tiny_llama>> alone(single);
   auto groups = parallel_groups::build(dist(), layout{.tp = 2});
-  llama_model<causal_lm<tiny_llama, layout{.tp = 2, .sp = true}>> sharded(groups);
+  parallel_model<causal_lm<tiny_llama, layout{.tp = 2, .sp = true}>> sharded(groups);
   const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
 
@@ -145,7 +145,7 @@ TEST_CASE("a static tp = 1 model issues no collective; a tp = 2 model does", "[w
 template <layout L>
 double measured_step_bytes(const batch& b) {
   auto groups = parallel_groups::build(dist(), L);
-  llama_model<causal_lm<tiny_llama, L>> model(groups);
+  parallel_model<causal_lm<tiny_llama, L>> model(groups);
   global_comm_stats().reset();
   model.forward(b).log_probs.sum().backward();
   model.finalize_grads();

@@ -1,5 +1,5 @@
 // Per-rank math of the Llama family: each function sees local tensors and issues no collective.
-// The model (runtime/llama_model.hpp) composes them with the mappings of parallel/mappings.hpp.
+// The model (runtime/parallel_model.hpp) composes them with the mappings of parallel/mappings.hpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "megadsl/io/checkpoint_error.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/trainer.hpp"
 
 namespace megadsl {
@@ -62,7 +62,7 @@ struct dist_load_options {
 };
 
 // Collective over every rank of `groups` (its `world` group). `params` are this rank's parameters
-// (llama_model::parameters()), `config` the model's resolved configuration.
+// (parallel_model::parameters()), `config` the model's resolved configuration.
 void save_distributed(const std::vector<named_parameter>& params, const runtime_config& config,
                       const parallel_groups& groups, const std::filesystem::path& dir,
                       const checkpoint_extras& extras = {});
@@ -77,7 +77,7 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
 
 // A model and, optionally, its trainer.
 template <ModelSpec Spec>
-void save_distributed(llama_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
+void save_distributed(parallel_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
                       const trainer* t = nullptr) {
   checkpoint_extras extras;
   if (t != nullptr) extras.training = t->export_state();
@@ -86,7 +86,7 @@ void save_distributed(llama_model<Spec>& model, const parallel_groups& groups, c
 
 // With a trainer, the checkpoint must hold a training state, which the trainer continues from.
 template <ModelSpec Spec>
-void load_distributed(llama_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
+void load_distributed(parallel_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
                       trainer* t = nullptr) {
   checkpoint_extras extras =
       load_distributed(model.parameters(), model.config(), groups, dir, {.training_state = t != nullptr});

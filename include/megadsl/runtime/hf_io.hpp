@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
 
 struct hf_load_report {
   std::vector<std::string> notes;    // e.g. "value head initialised: ..."
-  std::vector<std::string> ignored;  // checkpoint tensors this model does not use (another head)
+  std::vector<std::string> ignored;  // checkpoint tensors this model does not use (another head's, stale buffers)
 };
 
 hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
@@ -46,11 +46,11 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
              const std::filesystem::path& carry_from = {});
 
 template <class Spec>
-hf_load_report load_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {
+hf_load_report load_hf(parallel_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {
   return load_hf(model.parameters(), model.config(), g, dir);
 }
 template <class Spec>
-void save_hf(llama_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir,
+void save_hf(parallel_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir,
              at::ScalarType dtype = at::kFloat, std::string model_type = "", const std::filesystem::path& carry_from = {}) {
   save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type), carry_from);
 }

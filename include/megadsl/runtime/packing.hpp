@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
 

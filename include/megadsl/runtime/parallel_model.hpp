@@ -2,12 +2,14 @@
 // this rank's shards, and runs forward and backward over the layout's process groups.
 //
 //   megadsl::parallel_groups groups = megadsl::parallel_groups::build(dist, actor::layout);
-//   megadsl::llama_model<actor> model(groups);
+//   megadsl::parallel_model<actor> model(groups);
 //   auto out = model.forward({.input_ids = ids, .attention_mask = mask});   // out.log_probs (b, s)
 //
-// The heavy code lives in two explicit instantiations of one core (src/llama_core.cpp): with
+// One runtime for every family: the composition's knobs reach the stage as run-time enums. The
+// heavy code lives in two explicit instantiations of one stage (src/decoder_stage.cpp): with
 // tensor parallelism, and without it. A static tp of 1 selects the second, which contains no
-// collective at all (DESIGN §10).
+// collective at all (DESIGN §10). The pipeline schedule and the transfers between stages are the
+// executor's (runtime/pipeline_executor.hpp), not the model's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -93,9 +95,9 @@ struct runtime_config {
 
 namespace detail {
 
-class llama_core_base {
+class model_core {
  public:
-  virtual ~llama_core_base() = default;
+  virtual ~model_core() = default;
   virtual model_output forward(const batch& b, const forward_options& o) = 0;
   virtual double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                                   const forward_options& o) = 0;
@@ -106,9 +108,9 @@ class llama_core_base {
 };
 
 template <bool TensorParallel>
-std::unique_ptr<llama_core_base> make_llama_core(const runtime_config& c, parallel_groups& g);
-extern template std::unique_ptr<llama_core_base> make_llama_core<true>(const runtime_config&, parallel_groups&);
-extern template std::unique_ptr<llama_core_base> make_llama_core<false>(const runtime_config&, parallel_groups&);
+std::unique_ptr<model_core> make_model_core(const runtime_config& c, parallel_groups& g);
+extern template std::unique_ptr<model_core> make_model_core<true>(const runtime_config&, parallel_groups&);
+extern template std::unique_ptr<model_core> make_model_core<false>(const runtime_config&, parallel_groups&);
 
 // Static fields of `declared` must equal `actual`'s; dynamic ones take `actual`'s. Throws
 // std::invalid_argument listing every disagreeing field, then the violated rules.
@@ -119,15 +121,15 @@ runtime_config resolve_config(const shape& declared_shape, const layout& declare
 }  // namespace detail
 
 template <ModelSpec Spec>
-class llama_model {
+class parallel_model {
  public:
   // Compiled in only when the type allows tp > 1.
   static constexpr bool tensor_parallel = !tp_is_static_one(Spec::layout);
 
   // For a static model; `actual_*` fill the dynamic fields (e.g. from config.json / CLI flags).
-  explicit llama_model(parallel_groups& groups, const model_options& options = {},
+  explicit parallel_model(parallel_groups& groups, const model_options& options = {},
                        const shape& actual_shape = Spec::shape, const layout& actual_layout = Spec::layout)
-      : core_(detail::make_llama_core<tensor_parallel>(
+      : core_(detail::make_model_core<tensor_parallel>(
             detail::resolve_config(Spec::shape, Spec::layout, actual_shape, actual_layout,
                                    head_of<Spec::head>(), options),
             groups)) {}
@@ -157,7 +159,7 @@ class llama_model {
   const runtime_config& config() const { return core_->config(); }
 
  private:
-  std::unique_ptr<detail::llama_core_base> core_;
+  std::unique_ptr<detail::model_core> core_;
 };
 
 }  // namespace megadsl

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "megadsl/batching.hpp"
-#include "megadsl/runtime/llama_model.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
 
@@ -84,7 +84,7 @@ class trainer_impl;
 
 class trainer {
  public:
-  // `model` is an llama_model<Spec>'s core view; use make_trainer below.
+  // `model` is a parallel_model<Spec>'s core view; use make_trainer below.
   trainer(std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward,
           std::vector<named_parameter>& params, std::function<void()> finalize,
           std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
@@ -114,7 +114,7 @@ class trainer {
 };
 
 template <ModelSpec Spec>
-trainer make_trainer(llama_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
+trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
                      const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
   return trainer(
       [&model](const std::vector<batch>& mbs, const loss_function& loss) { return model.forward_backward(mbs, loss); },
