@@ -139,6 +139,31 @@ at::Tensor comm_group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   return dim == 0 ? out : out.movedim(0, dim).contiguous();
 }
 
+at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_rows,
+                                  const std::vector<std::int64_t>& recv_rows) const {
+  const auto n = static_cast<std::size_t>(size());
+  TORCH_CHECK(send_rows.size() == n && recv_rows.size() == n, "megadsl: all_to_all over ", name_, " needs one count per rank (",
+              n, "), got ", send_rows.size(), " to send and ", recv_rows.size(), " to receive");
+  std::int64_t sent = 0, received = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    sent += send_rows[i];
+    received += recv_rows[i];
+  }
+  TORCH_CHECK(sent == t.size(0), "megadsl: all_to_all over ", name_, ": the counts send ", sent, " rows of ", t.size(0));
+  if (size() == 1) return t;
+  at::Tensor in = t.contiguous();
+  std::vector<std::int64_t> shape = in.sizes().vec();
+  shape[0] = received;
+  at::Tensor out = at::empty(shape, in.options());
+  const std::int64_t row_bytes = in.numel() == 0 ? 0 : in.numel() / std::max<std::int64_t>(in.size(0), 1) * in.element_size();
+  c10d::AllToAllOptions o;
+  o.timeout = timeout_;
+  std::vector<std::int64_t> out_splits = recv_rows, in_splits = send_rows;
+  run("all_to_all", in, (sent - send_rows[static_cast<std::size_t>(index_)]) * row_bytes,
+      [&](auto& g) { return g.all_to_all_single(out, in, out_splits, in_splits, o); });
+  return out;
+}
+
 void comm_group::broadcast(at::Tensor& t, int root_index) const {
   if (size() == 1) return;
   std::vector<at::Tensor> ts{t};

@@ -87,7 +87,27 @@ struct reduce_scatter_sp_fn : torch::autograd::Function<reduce_scatter_sp_fn> {
   }
 };
 
+struct all_to_all_fn : torch::autograd::Function<all_to_all_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, std::vector<std::int64_t> send,
+                            std::vector<std::int64_t> recv, const comm_group* g) {
+    keep_group(ctx, *g);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return g->all_to_all(x, send, recv);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const std::vector<std::int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<std::int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    return {group_of(ctx).all_to_all(grad[0], recv, send), {}, {}, {}};
+  }
+};
+
 }  // namespace
+
+at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>& send_rows,
+                           const std::vector<std::int64_t>& recv_rows, const comm_group& g) {
+  return g.size() == 1 ? x : all_to_all_fn::apply(x, send_rows, recv_rows, &g);
+}
 
 at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp) {
   return tp.size() == 1 ? x : copy_to_fn::apply(x, &tp);

@@ -20,14 +20,18 @@ struct layout {
   dim vocab_pad_multiple = 128;  // vocab padded to a multiple of this times tp (Megatron's rule)
   dim cp = 1;                  // context parallel: reserved
   dim ep = 1;                  // expert parallel: reserved
+  dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
 };
 
 // A layout with every degree and switch known only at run time (command-line tool).
 inline constexpr layout dynamic_layout = {
     .tp = dynamic, .pp = dynamic, .vpp = dynamic, .first_stage_layers = dynamic,
     .last_stage_layers = dynamic, .sp = dynamic, .rmpad = dynamic,
-    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic};
+    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic, .etp = dynamic};
 
 constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
+
+// The expert tensor-parallel degree: etp, or tp when etp is 0 (Megatron's default).
+constexpr std::int64_t expert_tp(const layout& l) { return l.etp.get() == 0 ? l.tp.get() : l.etp.get(); }
 
 }  // namespace megadsl

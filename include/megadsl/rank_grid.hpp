@@ -9,8 +9,9 @@
 //
 // Megatron's default order "tp-cp-ep-dp-pp" (leftmost token has the smallest stride, DESIGN
 // decision 3): tp = r % TP, cp = (r/TP) % CP, dp = (r/(TP*CP)) % DP, pp = r/(TP*CP*DP). EP has
-// size 1 in the decoder grid (Megatron forbids ep > 1 together with cp > 1 in one generator; the
-// expert grid is a separate generator, not implemented), so it is left out of the dimensions.
+// size 1 in the decoder grid (Megatron forbids ep > 1 together with cp > 1 in one generator), so it
+// is left out of the dimensions. Experts live on a second grid over the same ranks, `expert_grid`
+// below: etp x ep x edp x pp in the order tp-ep-dp-pp.
 //
 // Groups follow Megatron's generate_masked_orthogonal_rank_groups: the group of kind S holds the
 // ranks equal on every coordinate outside S; members are listed with the lowest-stride masked dim
@@ -214,6 +215,25 @@ struct rank_grid {
     return out;
   }
 
+  // ---- groups by the dims that vary inside them (the expert grid reads the same arithmetic) --------
+
+  // The group of `rank` whose members differ only on the dims of `masked`, lowest-stride masked dim
+  // fastest; every such group, lowest-stride unmasked dim fastest; `rank`'s index in its group.
+  [[nodiscard]] constexpr rank_list masked_group(dim_mask masked, std::int64_t rank) const {
+    return members(masked, positions(masked, coords(rank)).group);
+  }
+  [[nodiscard]] constexpr std::vector<rank_list> masked_groups(dim_mask masked) const {
+    std::vector<rank_list> out;
+    const std::int64_t n = masked_product(masked, false);
+    out.reserve(static_cast<std::size_t>(n));
+    for (std::int64_t g = 0; g < n; ++g) out.push_back(members(masked, g));
+    return out;
+  }
+  [[nodiscard]] constexpr std::int64_t masked_rank(dim_mask masked, std::int64_t rank) const {
+    return positions(masked, coords(rank)).member;
+  }
+  [[nodiscard]] constexpr std::int64_t masked_size(dim_mask masked) const { return masked_product(masked, true); }
+
   // ---- named groups -----------------------------------------------------------------------------
 
   [[nodiscard]] constexpr rank_list tp_group(std::int64_t r) const {
@@ -336,9 +356,14 @@ struct rank_grid {
       if (k == group_kind::embedding && pp > 1) out.push_back(rank_at(info.masked, g, pp - 1));
       return out;
     }
-    const std::int64_t n = masked_product(info.masked, true);
+    return members(info.masked, g);
+  }
+
+  [[nodiscard]] constexpr rank_list members(dim_mask masked, std::int64_t g) const {
+    rank_list out;
+    const std::int64_t n = masked_product(masked, true);
     out.reserve(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) out.push_back(rank_at(info.masked, g, i));
+    for (std::int64_t i = 0; i < n; ++i) out.push_back(rank_at(masked, g, i));
     return out;
   }
 };
@@ -361,6 +386,120 @@ constexpr rank_grid rank_grid::from(const layout& l, std::int64_t world) {
     throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
   const std::int64_t model = l.tp.get() * l.pp.get() * l.cp.get();
   return {.tp = l.tp.get(), .cp = l.cp.get(), .dp = world / model, .pp = l.pp.get()};
+}
+
+// ---- the expert grid (mixture of experts) -------------------------------------------------------
+
+// Megatron's second rank generator over the same ranks, for expert parameters and token dispatch:
+// expert tensor parallel (etp, by default tp) x expert parallel (ep) x expert data parallel (edp)
+// x pp, in the order tp-ep-dp-pp (cp is 1 in it):
+//   etp = r % ETP, ep = (r / ETP) % EP, edp = (r / (ETP EP)) % EDP, pp = r / (ETP EP EDP),
+// EDP = world / (ETP EP PP). Its pp groups are the decoder grid's (both put pp last, with the same
+// product below it).
+enum class expert_group_kind : std::uint8_t {
+  ep,         // the experts of one layer, split over it: all-to-all token dispatch
+  etp,        // one expert's tensor-parallel shards
+  etp_ep,     // Megatron's expert tp-ep group (the allgather dispatcher's domain)
+  etp_ep_pp,  // Megatron's expert model-parallel group
+  edp,        // the copies of one expert shard: its gradients are reduced here
+};
+
+struct expert_group_kind_info {
+  expert_group_kind kind;
+  std::string_view name;    // as the API and the CLI spell it
+  std::string_view tokens;  // Megatron's token string on the expert generator
+  dim_mask masked;          // over the expert grid's dims, stored in the decoder grid's slots:
+                            // etp in tp's, ep in cp's, edp in dp's
+};
+
+inline constexpr std::array<expert_group_kind_info, 5> expert_group_kind_table = [] {
+  using enum grid_dim;
+  using k = expert_group_kind;
+  return std::array<expert_group_kind_info, 5>{{
+      {k::ep, "ep", "ep", mask_of(cp)},
+      {k::etp, "etp", "tp", mask_of(tp)},
+      {k::etp_ep, "etp_ep", "tp-ep", mask_of(tp, cp)},
+      {k::etp_ep_pp, "etp_ep_pp", "tp-ep-pp", mask_of(tp, cp, pp)},
+      {k::edp, "edp", "dp", mask_of(dp)},
+  }};
+}();
+
+constexpr const expert_group_kind_info& info_of(expert_group_kind k) {
+  return expert_group_kind_table[static_cast<std::size_t>(k)];
+}
+constexpr std::string_view name_of(expert_group_kind k) { return info_of(k).name; }
+
+static_assert([] {
+  for (std::size_t i = 0; i < expert_group_kind_table.size(); ++i)
+    if (static_cast<std::size_t>(expert_group_kind_table[i].kind) != i) return false;
+  return true;
+}(), "expert_group_kind_table rows must follow the order of enum expert_group_kind");
+
+struct expert_coords {
+  std::int64_t etp = 0, ep = 0, edp = 0, pp = 0;
+  constexpr bool operator==(const expert_coords&) const = default;
+};
+
+struct expert_grid {
+  std::int64_t etp = 1, ep = 1, edp = 1, pp = 1;  // world = etp * ep * edp * pp
+
+  // The expert grid a layout gets on `world` ranks: etp = the layout's etp (0: its tp),
+  // edp = world / (etp * ep * pp). Throws std::invalid_argument with rule
+  // expert_grid_fits_world's message when the world is not a multiple of etp * ep * pp.
+  static constexpr expert_grid from(const layout& l, std::int64_t world);
+
+  [[nodiscard]] constexpr std::int64_t world() const { return etp * ep * edp * pp; }
+  [[nodiscard]] constexpr expert_coords coords(std::int64_t rank) const {
+    const rank_coords c = grid().coords(rank);
+    return {c.tp, c.cp, c.dp, c.pp};
+  }
+  [[nodiscard]] constexpr std::int64_t group_size(expert_group_kind k) const {
+    return grid().masked_size(info_of(k).masked);
+  }
+  [[nodiscard]] constexpr rank_list group(expert_group_kind k, std::int64_t rank) const {
+    return grid().masked_group(info_of(k).masked, rank);
+  }
+  [[nodiscard]] constexpr std::int64_t rank_in_group(expert_group_kind k, std::int64_t rank) const {
+    return grid().masked_rank(info_of(k).masked, rank);
+  }
+  [[nodiscard]] constexpr std::vector<rank_list> all_groups(expert_group_kind k) const {
+    return grid().masked_groups(info_of(k).masked);
+  }
+  [[nodiscard]] constexpr rank_list ep_group(std::int64_t r) const { return group(expert_group_kind::ep, r); }
+  [[nodiscard]] constexpr rank_list etp_group(std::int64_t r) const { return group(expert_group_kind::etp, r); }
+  [[nodiscard]] constexpr rank_list edp_group(std::int64_t r) const { return group(expert_group_kind::edp, r); }
+  // The pipeline group, the same as the decoder grid's (Megatron asserts it).
+  [[nodiscard]] constexpr rank_list pp_group(std::int64_t r) const {
+    return grid().masked_group(mask_of(grid_dim::pp), r);
+  }
+
+  constexpr bool operator==(const expert_grid&) const = default;
+
+ private:
+  // The same arithmetic as the decoder grid's, with etp, ep, edp in tp's, cp's and dp's slots.
+  [[nodiscard]] constexpr rank_grid grid() const { return {.tp = etp, .cp = ep, .dp = edp, .pp = pp}; }
+};
+
+constexpr expert_grid expert_grid::from(const layout& l, std::int64_t world) {
+  struct item {
+    std::string_view name;
+    dim value;
+  };
+  const item items[] = {{"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"world", world}};
+  violations v;
+  for (const auto& [name, value] : items)
+    if (value.get() <= 0) v.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
+  if (l.etp.get() < 0) v.add("positive_sizes").add("etp = ", l.etp.get(), " must be positive (or 0 for etp = tp)");
+  if (v.ok()) detail::check_expert_grid(l, run_facts{.world = world}, v);
+  if (!v.ok()) throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
+  const std::int64_t etp = expert_tp(l);
+  return {.etp = etp, .ep = l.ep.get(), .edp = world / (etp * l.ep.get() * l.pp.get()), .pp = l.pp.get()};
+}
+
+// "etp 2 x ep 2 x edp 2 x pp 2 = 16 ranks (order tp-ep-dp-pp, etp fastest)"
+inline std::string to_string(const expert_grid& g) {
+  return "etp " + std::to_string(g.etp) + " x ep " + std::to_string(g.ep) + " x edp " + std::to_string(g.edp) +
+         " x pp " + std::to_string(g.pp) + " = " + std::to_string(g.world()) + " ranks (order tp-ep-dp-pp, etp fastest)";
 }
 
 // ---- printing (run time) ------------------------------------------------------------------------

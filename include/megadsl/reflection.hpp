@@ -16,4 +16,4 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vo
                         mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias,
                         query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, names);
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
-                        rmpad, vocab_pad_multiple, cp, ep);
+                        rmpad, vocab_pad_multiple, cp, ep, etp);

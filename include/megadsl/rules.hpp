@@ -31,7 +31,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 21> rule_table{{
+inline constexpr std::array<rule_info, 23> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -53,6 +53,8 @@ inline constexpr std::array<rule_info, 21> rule_table{{
     {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
     {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
     {"rmpad_needs_no_cp", "remove-padding with cp > 1 is not implemented"},
+    {"etp_divides_tp", "the expert tensor-parallel degree etp divides tp (0: etp = tp)"},
+    {"expert_grid_fits_world", "world % (etp * ep * pp) == 0: the expert grid's data-parallel size is whole"},
 }};
 
 // The rules as an enum in rule_table's order (a diagnostic prints an enum value by its name, where
@@ -80,8 +82,10 @@ enum class rule_id : std::int8_t {
   global_batch_divisible,
   interleaved_microbatches,
   rmpad_needs_no_cp,
+  etp_divides_tp,
+  expert_grid_fits_world,
 };
-static_assert(static_cast<std::size_t>(rule_id::rmpad_needs_no_cp) == rule_table.size(),
+static_assert(static_cast<std::size_t>(rule_id::expert_grid_fits_world) == rule_table.size(),
               "megadsl: rule_id lists rule_table's rules in its order");
 
 constexpr rule_id rule_id_of(std::string_view name) {
@@ -330,9 +334,30 @@ constexpr void check_reserved(const layout& l, violations& out) {
     out.add("reserved_degrees", {l.cp.is_static() ? l.cp.get() : 1, l.ep.is_static() ? l.ep.get() : 1})
         .add("cp = ", l.cp.is_static() ? l.cp.get() : 1, " and ep = ", l.ep.is_static() ? l.ep.get() : 1,
              " are reserved: context and expert parallelism are not implemented yet; use cp = 1 and ep = 1");
+  if (l.etp.is_static() && l.etp.get() < 0)
+    out.add("positive_sizes", {l.etp.get()}).add("etp = ", l.etp.get(), " must be positive (or 0 for etp = tp)");
+  else if (l.etp.is_static() && l.etp.get() > 0 && positive(l.tp) && l.tp.get() % l.etp.get() != 0) {
+    const std::int64_t etp = l.etp.get(), tp = l.tp.get();
+    text& m = out.add("etp_divides_tp", {etp, tp});
+    m.add("etp = ", etp, " does not divide tp = ", tp, " (an expert's shards are split over at most the attention's); valid etp: ");
+    list_values(m, tp, [&](std::int64_t t) { return tp % t == 0; });
+  }
   if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
     out.add("vocab_pad_multiple_positive")
         .add("vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " must be >= 1 (Megatron's default is 128)");
+}
+
+// The expert grid (rank_grid.hpp's expert_grid) over the world: etp * ep * pp ranks per expert
+// data-parallel replica.
+constexpr void check_expert_grid(const layout& l, const run_facts& f, violations& out) {
+  if (!positive(f.world, l.tp, l.pp, l.ep) || !l.etp.is_static() || l.etp.get() < 0) return;
+  const std::int64_t etp = l.etp.get() == 0 ? l.tp.get() : l.etp.get();
+  const std::int64_t grid = etp * l.ep.get() * l.pp.get(), w = f.world.get();
+  if (w % grid == 0) return;
+  text& m = out.add("expert_grid_fits_world", {w, grid});
+  m.add("world size ", w, " is not divisible by etp * ep * pp = ", etp, " * ", l.ep.get(), " * ", l.pp.get(), " = ", grid,
+        "; valid world sizes are multiples of ", grid, ", or with this world size use etp * ep * pp in: ");
+  list_values(m, w, [&](std::int64_t t) { return w % t == 0; });
 }
 
 constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
@@ -377,6 +402,9 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
   }
   if (l.rmpad.is_static() && l.rmpad.get() && l.cp.is_static() && l.cp.get() > 1)
     out.add("rmpad_needs_no_cp").add("remove-padding with cp > 1 is not implemented; use cp = 1");
+  // The expert grid only when the decoder grid fits: otherwise world_fits_layout said it already.
+  if (!positive(f.world, l.tp, l.pp, l.cp) || f.world.get() % (l.tp.get() * l.pp.get() * l.cp.get()) == 0)
+    check_expert_grid(l, f, out);
 }
 
 }  // namespace detail

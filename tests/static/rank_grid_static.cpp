@@ -152,3 +152,30 @@ constexpr bool rank_accepted = requires {
 static_assert(rank_accepted<15> && !rank_accepted<16> && !rank_accepted<-1>);
 
 }  // namespace
+
+// ---- the expert grid: etp = r%ETP, ep = (r/ETP)%EP, edp = (r/(ETP EP))%EDP, pp = r/(ETP EP EDP) ----
+using megadsl::expert_grid;
+using megadsl::expert_group_kind;
+
+// The reference's TP2 CP2 DP2 PP2 example with ETP2 EP2: EP folds over CP x DP, EDP = 16 / 8 = 2.
+constexpr expert_grid e2222 = expert_grid::from(layout{.tp = 2, .pp = 2, .cp = 2, .ep = 2}, 16);
+static_assert(e2222 == expert_grid{.etp = 2, .ep = 2, .edp = 2, .pp = 2});
+static_assert(groups_are(e2222.all_groups(expert_group_kind::ep),
+              {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+static_assert(groups_are(e2222.all_groups(expert_group_kind::edp),
+              {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+static_assert(groups_are(e2222.all_groups(expert_group_kind::etp_ep),
+              {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}));
+static_assert(groups_are(e2222.all_groups(expert_group_kind::etp_ep_pp),
+              {{0, 1, 2, 3, 8, 9, 10, 11}, {4, 5, 6, 7, 12, 13, 14, 15}}));
+// Its pp groups are the decoder grid's, as Megatron asserts.
+static_assert(e2222.pp_group(6) == g2222.pp_group(6));
+static_assert(e2222.coords(6) == megadsl::expert_coords{.etp = 0, .ep = 1, .edp = 1, .pp = 0});
+static_assert(e2222.rank_in_group(expert_group_kind::etp_ep, 6) == 2);  // etp0 + ETP * ep1
+
+// etp defaults to tp; etp 1 under tp 4 puts four experts' ranks side by side: EP [0..3] at ep 4.
+static_assert(expert_grid::from(layout{.tp = 4, .ep = 4}, 16) == expert_grid{.etp = 4, .ep = 4, .edp = 1, .pp = 1});
+constexpr expert_grid e_etp1 = expert_grid::from(layout{.tp = 4, .ep = 4, .etp = 1}, 16);
+static_assert(e_etp1 == expert_grid{.etp = 1, .ep = 4, .edp = 4, .pp = 1});
+static_assert(e_etp1.ep_group(5) == ranks{4, 5, 6, 7} && e_etp1.edp_group(5) == ranks{1, 5, 9, 13});
+

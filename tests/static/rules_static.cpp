@@ -171,4 +171,15 @@ static_assert(violates<llama3_8b, layout{.tp = dynamic, .pp = 3}>("layers_fit_st
 static_assert(!violates<llama3_8b, layout{.tp = dynamic, .sp = true}>("sp_needs_tp"));
 static_assert(valid_layout<llama3_8b, megadsl::dynamic_layout>);
 
+// ---- the expert grid's rules: etp divides tp; the world holds whole expert grids ----
+static_assert(violation_count<llama3_8b, layout{.tp = 4, .etp = 8}>() == 1 && violates<llama3_8b, layout{.tp = 4, .etp = 8}>("etp_divides_tp"));
+static_assert(violation_count<llama3_8b, layout{.tp = 4, .etp = 3}>() == 1 && violates<llama3_8b, layout{.tp = 4, .etp = 3}>("etp_divides_tp"));
+static_assert(first_message<llama3_8b, layout{.tp = 4, .etp = 8}>() ==
+              "etp_divides_tp: etp = 8 does not divide tp = 4 (an expert's shards are split over at most the attention's); "
+              "valid etp: 1, 2, 4");
+static_assert(valid_layout<llama3_8b, layout{.tp = 4, .etp = 2}>);
+static_assert(megadsl::check(llama3_8b::shape, layout{.tp = 2, .pp = 2, .etp = 1}, run_facts{.world = 8}).ok());
+static_assert(megadsl::check(llama3_8b::shape, layout{.pp = 2, .ep = 2}, run_facts{.world = 6}).has("expert_grid_fits_world"));
+
 }  // namespace
+

@@ -288,3 +288,80 @@ TEST_CASE("rank grid printing", "[rank_grid]") {
   CHECK(megadsl::format_ranks({}) == "[]");
   CHECK(megadsl::format_ranks({0, 1, 2, 3, 4, 5}, 4) == "[0, 1, 2, ..., 5] (6 ranks)");
 }
+
+// ---- the expert grid (megatron-core-semantics.md §1: the expert generator, order tp-ep-dp-pp) ----
+
+TEST_CASE("expert grid matches a brute-force reference over a sweep of sizes", "[rank_grid][experts]") {
+  using megadsl::expert_grid;
+  using megadsl::expert_group_kind;
+  struct kind {
+    expert_group_kind k;
+    std::array<bool, 4> varies;  // etp, ep, edp, pp: Megatron's tokens on the expert generator
+  };
+  const kind kinds[] = {{expert_group_kind::ep, {false, true, false, false}},       // "ep"
+                        {expert_group_kind::etp, {true, false, false, false}},      // "tp"
+                        {expert_group_kind::etp_ep, {true, true, false, false}},    // "tp-ep"
+                        {expert_group_kind::etp_ep_pp, {true, true, false, true}},  // "tp-ep-pp"
+                        {expert_group_kind::edp, {false, false, true, false}}};     // "dp"
+  const std::int64_t degrees[] = {1, 2, 3, 4};
+  int grids = 0;
+  for (std::int64_t etp : degrees)
+    for (std::int64_t ep : degrees)
+      for (std::int64_t edp : degrees)
+        for (std::int64_t pp : degrees) {
+          const expert_grid g{.etp = etp, .ep = ep, .edp = edp, .pp = pp};
+          const std::int64_t world = etp * ep * edp * pp;
+          INFO("etp " << etp << " ep " << ep << " edp " << edp << " pp " << pp);
+          auto coords = [&](std::int64_t r) {
+            return std::array<std::int64_t, 4>{r % etp, (r / etp) % ep, (r / (etp * ep)) % edp, r / (etp * ep * edp)};
+          };
+          const std::array<std::int64_t, 4> size{etp, ep, edp, pp};
+          for (std::int64_t r = 0; r < world; ++r) {
+            const auto c = coords(r);
+            REQUIRE(g.coords(r) == megadsl::expert_coords{c[0], c[1], c[2], c[3]});
+          }
+          for (const kind& k : kinds) {
+            std::map<std::array<std::int64_t, 4>, ranks> buckets;
+            for (std::int64_t r = 0; r < world; ++r) {
+              auto key = coords(r);
+              for (std::size_t d = 0; d < 4; ++d)
+                if (k.varies[d]) key[d] = -1;
+              buckets[key].push_back(r);
+            }
+            groups want;
+            for (auto& [key, members] : buckets) want.push_back(members);
+            std::sort(want.begin(), want.end(), [](const ranks& a, const ranks& b) { return a.front() < b.front(); });
+            REQUIRE(g.all_groups(k.k) == want);
+            for (std::int64_t r = 0; r < world; ++r) {
+              const auto c = coords(r);
+              std::int64_t in_group = 0, scale = 1;
+              for (std::size_t d = 0; d < 4; ++d)
+                if (k.varies[d]) {
+                  in_group += c[d] * scale;
+                  scale *= size[d];
+                }
+              REQUIRE(g.rank_in_group(k.k, r) == in_group);
+              REQUIRE(g.group(k.k, r)[static_cast<std::size_t>(in_group)] == r);
+              REQUIRE(static_cast<std::int64_t>(g.group(k.k, r).size()) == g.group_size(k.k));
+            }
+          }
+          // The pp groups are the decoder grid's over the same ranks (Megatron asserts it).
+          const rank_grid decoder{.tp = etp, .dp = ep * edp, .pp = pp};
+          for (std::int64_t r = 0; r < world; ++r) REQUIRE(g.pp_group(r) == decoder.pp_group(r));
+          ++grids;
+        }
+  CHECK(grids == 256);
+}
+
+TEST_CASE("expert grid from a layout: etp defaults to tp, and the world must hold whole grids", "[rank_grid][experts]") {
+  using megadsl::expert_grid;
+  CHECK(expert_grid::from(layout{.tp = 2, .pp = 2, .ep = 2}, 16) == expert_grid{.etp = 2, .ep = 2, .edp = 2, .pp = 2});
+  CHECK(expert_grid::from(layout{.tp = 4, .ep = 2, .etp = 1}, 8) == expert_grid{.etp = 1, .ep = 2, .edp = 4, .pp = 1});
+  CHECK_THROWS_WITH(expert_grid::from(layout{.tp = 2, .pp = 2, .ep = 2}, 12),
+                    "megadsl: invalid layout: expert_grid_fits_world: world size 12 is not divisible by etp * ep * pp = "
+                    "2 * 2 * 2 = 8; valid world sizes are multiples of 8, or with this world size use etp * ep * pp in: "
+                    "1, 2, 3, 4, 6, 12");
+  CHECK_THROWS_WITH(expert_grid::from(layout{.ep = 0}, 8), Catch::Contains("positive_sizes: ep = 0 must be positive"));
+  CHECK(megadsl::to_string(expert_grid{.etp = 2, .ep = 2, .edp = 2, .pp = 2}) ==
+        "etp 2 x ep 2 x edp 2 x pp 2 = 16 ranks (order tp-ep-dp-pp, etp fastest)");
+}

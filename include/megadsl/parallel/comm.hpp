@@ -62,6 +62,11 @@ class comm_group {
   // Sums over ranks and keeps this rank's `dim` chunk (size divisible by the group size).
   [[nodiscard]] at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) const;
   void broadcast(at::Tensor& t, int root_index) const;
+  // Rows of `t` (dim 0) to every rank: the first send_rows[0] to group rank 0, the next
+  // send_rows[1] to rank 1, ...; returns what the others sent here, recv_rows[i] rows from rank i
+  // in rank order (uneven splits; both sides must agree on the counts).
+  [[nodiscard]] at::Tensor all_to_all(const at::Tensor& t, const std::vector<std::int64_t>& send_rows,
+                                      const std::vector<std::int64_t>& recv_rows) const;
   void barrier() const;
 
   // Point to point inside the group (pipeline stages). `send` returns at once; the returned

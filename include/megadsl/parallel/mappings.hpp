@@ -10,9 +10,13 @@
 //   scatter_to_sp           split dim 0                 all-gather dim 0
 //   gather_from_sp          all-gather dim 0            reduce-scatter dim 0 (split if !tp_grad)
 //   reduce_scatter_to_sp    reduce-scatter dim 0        all-gather dim 0
+//   all_to_all_rows         rows to each rank (uneven)  the same with the counts swapped
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "megadsl/parallel/comm.hpp"
 
@@ -24,5 +28,8 @@ at::Tensor gather_from_tp_last(const at::Tensor& x, const comm_group& tp);
 at::Tensor scatter_to_sp(const at::Tensor& x, const comm_group& tp);
 at::Tensor gather_from_sp(const at::Tensor& x, const comm_group& tp, bool tensor_parallel_output_grad = true);
 at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const comm_group& tp);
+// Expert-parallel token dispatch: send_rows[i] rows of x to rank i of `g`, recv_rows[i] from it.
+at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>& send_rows,
+                           const std::vector<std::int64_t>& recv_rows, const comm_group& g);
 
 }  // namespace megadsl

@@ -1,0 +1,48 @@
+// The mixture-of-experts MLP of one rank: HF's router and the experts, with the experts of a layer
+// split over the expert-parallel group and tokens dispatched to them by all-to-all (Megatron's
+// alltoall dispatcher at etp = 1). Activations are token-major (T, h); nothing here knows a
+// family: the families (Mixtral, Qwen2-MoE, Qwen3-MoE) differ in names, the shared expert and
+// whether the top-k weights are renormalised.
+//
+//   const routing r = route(at::linear(x, router_weight), /*top_k=*/2, /*renormalise=*/true);
+//   const at::Tensor y = moe_experts(x, r, mine, activation::silu, groups_ep);   // (T, h)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "megadsl/parallel/comm.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Which experts each token goes to, and with which weights: indices (T, k) int64, weights (T, k)
+// fp32 (HF keeps routing weights in fp32 until they scale the experts' outputs).
+struct routing {
+  at::Tensor indices;
+  at::Tensor weights;
+};
+
+// HF's router (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock): softmax
+// over every expert in fp32, the top k, and with `renormalise` (Mixtral always; Qwen's
+// norm_topk_prob) the k weights divided by their sum. logits: (T, E).
+routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise);
+
+// The experts this rank holds: experts [first, first + gate_up.size(0)) of the layer's `experts`.
+struct local_experts {
+  std::int64_t experts = 0;  // in the layer (every rank of the ep group holds experts / ep)
+  std::int64_t first = 0;    // ep_rank * experts / ep
+  at::Tensor gate_up;        // (experts / ep, 2 f, h): per expert [gate; up] rows
+  at::Tensor down;           // (experts / ep, h, f)
+};
+
+// sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h). The (token,
+// slot) assignments are sorted by expert, sent to the ranks that hold their experts (all_to_all
+// over `ep`; nullptr or a group of one: every expert is here), run through each expert's gated MLP,
+// sent back and summed per token. Differentiable in x, in the routing weights and in the experts'
+// weights; the expert-parallel backward is the same all-to-all with the counts swapped.
+at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
+                       const comm_group* ep);
+
+}  // namespace megadsl

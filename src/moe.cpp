@@ -1,0 +1,106 @@
+#include "megadsl/layers/moe.hpp"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+#include <vector>
+
+#include "megadsl/layers/kernels.hpp"
+#include "megadsl/parallel/mappings.hpp"
+
+namespace megadsl {
+
+routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise) {
+  TORCH_CHECK(top_k >= 1 && top_k <= logits.size(-1), "megadsl: route: top_k = ", top_k, " of ", logits.size(-1),
+              " experts");
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // (T, E) fp32
+  auto [weights, indices] = at::topk(probs, top_k, -1);          // (T, k) each, largest first
+  if (renormalise) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {indices, weights};
+}
+
+namespace {
+
+std::vector<std::int64_t> to_vector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
+}
+
+at::Tensor index_tensor(const std::vector<std::int64_t>& v, const at::Device& device) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+}  // namespace
+
+at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
+                       const comm_group* ep) {
+  const std::int64_t tokens = x.size(0), k = r.indices.size(1), hidden = x.size(1), experts = e.experts;
+  const std::int64_t ranks = ep != nullptr ? ep->size() : 1, per_rank = experts / ranks;
+  TORCH_CHECK(experts % ranks == 0 && e.gate_up.size(0) == per_rank && e.down.size(0) == per_rank,
+              "megadsl: moe_experts: ", experts, " experts over ep = ", ranks, " ranks, and this rank holds ",
+              e.gate_up.size(0));
+  TORCH_CHECK(r.indices.size(0) == tokens, "megadsl: moe_experts: routing for ", r.indices.size(0), " tokens, ", tokens,
+              " given");
+
+  // The assignments sorted by expert (stable: each expert's rows keep the token order).
+  const at::Tensor flat = r.indices.reshape({-1});                    // (T k)
+  const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);     // (T k): assignment ids by expert
+  const at::Tensor rows = x.index_select(0, at::floor_divide(order, k));  // (T k, h) by expert
+
+  // Rows per expert decide the splits: sent to each rank, and received from each rank for each of
+  // this rank's experts (the counts go first, in their own all-to-all).
+  const at::Tensor counts = at::bincount(flat, {}, experts).to(at::kLong);  // (E)
+  std::vector<std::int64_t> send(static_cast<std::size_t>(ranks), 0), recv(static_cast<std::size_t>(ranks), 0);
+  const std::vector<std::int64_t> mine = to_vector(counts);
+  for (std::int64_t i = 0; i < experts; ++i) send[static_cast<std::size_t>(i / per_rank)] += mine[static_cast<std::size_t>(i)];
+  std::vector<std::int64_t> from;  // (ranks, per_rank): rows from each source for each local expert
+  if (ranks > 1) {
+    const std::vector<std::int64_t> block(static_cast<std::size_t>(ranks), per_rank);
+    from = to_vector(ep->all_to_all(counts.to(at::kCPU), block, block));
+  } else {
+    from = mine;
+  }
+  for (std::int64_t s = 0; s < ranks; ++s)
+    for (std::int64_t j = 0; j < per_rank; ++j)
+      recv[static_cast<std::size_t>(s)] += from[static_cast<std::size_t>(s * per_rank + j)];
+
+  const at::Tensor arrived = ranks > 1 ? all_to_all_rows(rows, send, recv, *ep) : rows;  // by source, then expert
+
+  // Regroup by local expert: expert j's rows from source 0, then from source 1, ...
+  std::vector<std::int64_t> source_start(static_cast<std::size_t>(ranks), 0);
+  for (std::int64_t s = 1; s < ranks; ++s)
+    source_start[static_cast<std::size_t>(s)] = source_start[static_cast<std::size_t>(s - 1)] + recv[static_cast<std::size_t>(s - 1)];
+  std::vector<std::int64_t> grouped_ids, expert_rows(static_cast<std::size_t>(per_rank), 0);
+  grouped_ids.reserve(static_cast<std::size_t>(arrived.size(0)));
+  for (std::int64_t j = 0; j < per_rank; ++j)
+    for (std::int64_t s = 0; s < ranks; ++s) {
+      std::int64_t start = source_start[static_cast<std::size_t>(s)];
+      for (std::int64_t i = 0; i < j; ++i) start += from[static_cast<std::size_t>(s * per_rank + i)];
+      const std::int64_t n = from[static_cast<std::size_t>(s * per_rank + j)];
+      for (std::int64_t row = 0; row < n; ++row) grouped_ids.push_back(start + row);
+      expert_rows[static_cast<std::size_t>(j)] += n;
+    }
+  const at::Tensor grouped_index = index_tensor(grouped_ids, x.device());
+  const at::Tensor grouped = arrived.index_select(0, grouped_index);  // (R, h) by local expert
+
+  // Each local expert's gated MLP on its rows.
+  std::vector<at::Tensor> outputs;
+  std::int64_t offset = 0;
+  for (std::int64_t j = 0; j < per_rank; ++j) {
+    const std::int64_t n = expert_rows[static_cast<std::size_t>(j)];
+    const at::Tensor seg = grouped.narrow(0, offset, n);                              // (n, h)
+    const at::Tensor gate_up = at::linear(seg, e.gate_up[j].to(x.scalar_type()));    // (n, 2 f)
+    outputs.push_back(at::linear(gated_activation(gate_up, act), e.down[j].to(x.scalar_type())));  // (n, h)
+    offset += n;
+  }
+  const at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);    // (R, h)
+
+  // Back to arrival order, back to the sources, back to the assignments' order.
+  const at::Tensor returned_here = computed.index_select(0, at::argsort(grouped_index));
+  const at::Tensor returned = ranks > 1 ? all_to_all_rows(returned_here, recv, send, *ep) : returned_here;  // (T k, h) by expert
+  const at::Tensor per_assignment = returned.index_select(0, at::argsort(order));  // (T k, h) as (t, slot)
+  const at::Tensor w = r.weights.reshape({tokens * k, 1}).to(x.scalar_type());
+  return (per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
+}
+
+}  // namespace megadsl
