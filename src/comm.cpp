@@ -150,12 +150,17 @@ at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::in
     received += recv_rows[i];
   }
   TORCH_CHECK(sent == t.size(0), "megadsl: all_to_all over ", name_, ": the counts send ", sent, " rows of ", t.size(0));
-  if (size() == 1) return t;
+  if (size() == 1) {
+    TORCH_CHECK(received == sent, "megadsl: all_to_all over a group of one receives what it sends (", sent, " rows), not ",
+                received);
+    return t;
+  }
   at::Tensor in = t.contiguous();
   std::vector<std::int64_t> shape = in.sizes().vec();
   shape[0] = received;
   at::Tensor out = at::empty(shape, in.options());
-  const std::int64_t row_bytes = in.numel() == 0 ? 0 : in.numel() / std::max<std::int64_t>(in.size(0), 1) * in.element_size();
+  std::int64_t row_bytes = in.element_size();
+  for (std::int64_t d = 1; d < in.dim(); ++d) row_bytes *= in.size(d);
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
   std::vector<std::int64_t> out_splits = recv_rows, in_splits = send_rows;

@@ -101,12 +101,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
     }
     // Inference through the stages in order; the last stage broadcasts its outputs.
     c10::NoGradGuard no_grad;
+    const running_inputs running(inputs_);
     inputs_ = {prepare(b)};
     model_output out;
     executor_.forward(*this, 0, [&](const at::Tensor& hidden) { out = head(hidden, inputs_[0], o); });
-    out = broadcast_outputs(out, inputs_[0], o);
-    inputs_.clear();
-    return out;
+    return broadcast_outputs(out, inputs_[0], o);
   }
 
   double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
@@ -114,14 +113,12 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const auto m = static_cast<std::int64_t>(microbatches.size());
     if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
-    inputs_.clear();
+    const running_inputs running(inputs_);
     inputs_.reserve(microbatches.size());
     for (const batch& b : microbatches) inputs_.push_back(prepare(b));
-    const double total = executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
+    return executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
       return loss(head(hidden, inputs_[static_cast<std::size_t>(mb)], o), mb);
     });
-    inputs_.clear();
-    return total;
   }
 
   // ---- pipeline_stage: what the executor runs ----
@@ -175,6 +172,16 @@ class decoder_stage final : public model_core, public pipeline_stage {
   struct micro_input {
     packed_tokens pk;
     rope_tables rope;
+  };
+
+  // The micro-batches of one run of the executor, emptied when it ends, by return or by exception.
+  // (A loss callback must not call forward() on the same model: the run owns inputs_.)
+  struct running_inputs {
+    std::vector<micro_input>& inputs;
+    explicit running_inputs(std::vector<micro_input>& v) : inputs(v) { inputs.clear(); }
+    ~running_inputs() { inputs.clear(); }
+    running_inputs(const running_inputs&) = delete;
+    running_inputs& operator=(const running_inputs&) = delete;
   };
 
   micro_input prepare(const batch& b) const {

@@ -35,17 +35,27 @@ at::Tensor index_tensor(const std::vector<std::int64_t>& v, const at::Device& de
 at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
                        const comm_group* ep) {
   const std::int64_t tokens = x.size(0), k = r.indices.size(1), hidden = x.size(1), experts = e.experts;
-  const std::int64_t ranks = ep != nullptr ? ep->size() : 1, per_rank = experts / ranks;
-  TORCH_CHECK(experts % ranks == 0 && e.gate_up.size(0) == per_rank && e.down.size(0) == per_rank,
-              "megadsl: moe_experts: ", experts, " experts over ep = ", ranks, " ranks, and this rank holds ",
-              e.gate_up.size(0));
+  const std::int64_t ranks = ep != nullptr ? ep->size() : 1, ep_rank = ep != nullptr ? ep->rank() : 0;
+  TORCH_CHECK(experts > 0 && experts % ranks == 0, "megadsl: moe_experts: ", experts, " experts do not split over ep = ",
+              ranks, " ranks");
+  const std::int64_t per_rank = experts / ranks;
+  TORCH_CHECK(e.gate_up.size(0) == per_rank && e.down.size(0) == per_rank && e.first == ep_rank * per_rank,
+              "megadsl: moe_experts: ep rank ", ep_rank, " holds experts [", ep_rank * per_rank, ", ",
+              (ep_rank + 1) * per_rank, "), and was given ", e.gate_up.size(0), " from ", e.first);
   TORCH_CHECK(r.indices.size(0) == tokens, "megadsl: moe_experts: routing for ", r.indices.size(0), " tokens, ", tokens,
               " given");
+  if (r.indices.numel() > 0) {
+    const std::int64_t low = r.indices.min().item<std::int64_t>(), high = r.indices.max().item<std::int64_t>();
+    TORCH_CHECK(low >= 0 && high < experts, "megadsl: moe_experts: the routing names expert ", low < 0 ? low : high,
+                "; the layer has experts 0 to ", experts - 1, " (a routing recorded for another model?)");
+  }
 
   // The assignments sorted by expert (stable: each expert's rows keep the token order).
   const at::Tensor flat = r.indices.reshape({-1});                    // (T k)
   const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);     // (T k): assignment ids by expert
-  const at::Tensor rows = x.index_select(0, at::floor_divide(order, k));  // (T k, h) by expert
+  // Each token once per slot, then permuted: a gather without repeated indices, so its backward is
+  // a scatter without collisions (deterministic on CUDA too).
+  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, hidden}).reshape({tokens * k, hidden}).index_select(0, order);
 
   // Rows per expert decide the splits: sent to each rank, and received from each rank for each of
   // this rank's experts (the counts go first, in their own all-to-all).

@@ -27,10 +27,15 @@ pipeline_executor::pipeline_executor(const comm_group& pp, std::int64_t vpp)
   if (vpp < 1) throw std::invalid_argument("megadsl: pipeline_executor: vpp = " + std::to_string(vpp) + " must be >= 1");
 }
 
-double pipeline_executor::forward_backward(pipeline_stage& stage, std::int64_t microbatches, const loss_of& loss) {
+void pipeline_executor::require_chunks(const pipeline_stage& stage) const {
   if (stage.chunk_count() != vpp_)
     throw std::invalid_argument("megadsl: pipeline_executor: the stage has " + std::to_string(stage.chunk_count()) +
                                 " chunks but the executor runs vpp = " + std::to_string(vpp_));
+}
+
+double pipeline_executor::forward_backward(pipeline_stage& stage, std::int64_t microbatches, const loss_of& loss) {
+  require_chunks(stage);
+  const pending_sends_dropped on_exit(sends_);
   // Per (micro-batch, chunk): the chunk's input (a leaf when received) and its output, or on the
   // last stage the loss.
   const auto slots = static_cast<std::size_t>(microbatches * vpp_);
@@ -65,6 +70,8 @@ double pipeline_executor::forward_backward(pipeline_stage& stage, std::int64_t m
 
 void pipeline_executor::forward(pipeline_stage& stage, std::int64_t mb,
                                 const std::function<void(const at::Tensor&)>& at_end) {
+  require_chunks(stage);
+  const pending_sends_dropped on_exit(sends_);
   for (std::int64_t c = 0; c < stage.chunk_count(); ++c) {
     at::Tensor input;
     if (!stage.is_first(c)) input = receive(stage, c, mb, true);

@@ -36,9 +36,8 @@ constexpr std::int64_t hf_elements(const param_plan& p) {
 // biases are each counted by the block that declares them.
 constexpr std::int64_t layer_parameter_count(const shape& s) {
   std::int64_t n = 0;
-  for_each_param(s, layout{}, head_info{}, [&](const param_plan& p) {
-    if (p.row->where == placement::layer) n += hf_elements(p);
-  });
+  for (const param_row& row : decoder_params)
+    if (row.where == placement::layer && present(row, s, head_info{})) n += hf_elements(plan_of(row, s, layout{}));
   return n;
 }
 
@@ -178,29 +177,33 @@ struct flops_per_token {
 };
 
 namespace detail {
-// Megatron's per-token FLOPs without the attention-score term, and that term's coefficient unit
-// (L n d: the score FLOPs per token are 12 s L n d non-causal, half that causal).
-// 6 FLOPs per token (forward 2, backward 4) for each weight element that multiplies every
-// token's activations: the composition's matrices but the embedding lookup, so a gated MLP adds
-// 18 h ffn per layer and a plain one 12 h ffn; the LM head counts the padded vocab (Megatron's V').
+// The roles whose weights multiply every token's activations: the composition's matrices but the
+// embedding lookup.
 constexpr bool multiplies_tokens(param_role r) {
   return r == param_role::qkv || r == param_role::o_proj || r == param_role::gate_up || r == param_role::fc ||
          r == param_role::down || r == param_role::lm_head;
 }
+// Megatron's per-token FLOPs without the attention-score term: 6 (forward 2, backward 4) per
+// element of those weights, so a gated MLP adds 18 h ffn per layer and a plain one 12 h ffn, and
+// the LM head counts the padded vocab (Megatron's V').
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
   std::int64_t per_layer = 0, head = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
     if (!multiplies_tokens(p.row->role)) return;
     if (p.row->role == param_role::lm_head) head = p.global.numel();  // (V', h), tied or not
-    else if (p.hf_shapes[0].rank == 2) per_layer += hf_elements(p);   // weights, not biases
+    else per_layer += hf_elements(p);  // the roles are weights; biases have roles of their own
   });
   return 6 * (s.layers.get() * per_layer + head);
 }
+// verl's own count (_estimate_qwen2_flops), gated MLP included whatever the composition: it is
+// verl's convention, reproduced as verl reports it.
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
                      d = effective_head_dim(s);
   return L * (h * (n * d + 2 * g * d + n * d) + 3 * h * s.ffn.get()) + 2 * s.vocab.get() * h;
 }
+// The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
+// half that causal.
 constexpr std::int64_t attention_unit(const shape& s) {
   return s.layers.get() * s.heads.get() * effective_head_dim(s);
 }

@@ -490,6 +490,7 @@ constexpr expert_grid expert_grid::from(const layout& l, std::int64_t world) {
   for (const auto& [name, value] : items)
     if (value.get() <= 0) v.add("positive_sizes").add(name, " = ", value.get(), " must be positive");
   if (l.etp.get() < 0) v.add("positive_sizes").add("etp = ", l.etp.get(), " must be positive (or 0 for etp = tp)");
+  if (v.ok()) detail::check_expert_tp(l, v);
   if (v.ok()) detail::check_expert_grid(l, run_facts{.world = world}, v);
   if (!v.ok()) throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
   const std::int64_t etp = expert_tp(l);

@@ -42,6 +42,7 @@ inline constexpr std::array<rule_info, 23> rule_table{{
     {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
     {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
     {"full_width_qk_norm_needs_kv_heads_per_rank", "a full-width q/k norm (OLMo2) needs kv_heads >= tp (no kv replication)"},
+    {"etp_divides_tp", "the expert tensor-parallel degree etp divides tp (0: etp = tp): expert shards nest in the tp group"},
     {"sp_needs_tp", "sequence parallelism needs tp > 1"},
     {"vpp_needs_pp", "virtual pipeline chunks (vpp > 1) need pp > 1"},
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
@@ -53,7 +54,6 @@ inline constexpr std::array<rule_info, 23> rule_table{{
     {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
     {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
     {"rmpad_needs_no_cp", "remove-padding with cp > 1 is not implemented"},
-    {"etp_divides_tp", "the expert tensor-parallel degree etp divides tp (0: etp = tp)"},
     {"expert_grid_fits_world", "world % (etp * ep * pp) == 0: the expert grid's data-parallel size is whole"},
 }};
 
@@ -71,6 +71,7 @@ enum class rule_id : std::int8_t {
   kv_heads_fit_tp,
   ffn_divisible_by_tp,
   full_width_qk_norm_needs_kv_heads_per_rank,
+  etp_divides_tp,
   sp_needs_tp,
   vpp_needs_pp,
   layers_fit_stages,
@@ -82,7 +83,6 @@ enum class rule_id : std::int8_t {
   global_batch_divisible,
   interleaved_microbatches,
   rmpad_needs_no_cp,
-  etp_divides_tp,
   expert_grid_fits_world,
 };
 static_assert(static_cast<std::size_t>(rule_id::expert_grid_fits_world) == rule_table.size(),
@@ -202,6 +202,8 @@ constexpr void check_positive(const shape& s, const layout& l, violations& out) 
       out.add("positive_sizes", {value.get()}).add(name, " = ", value.get(), " must be positive");
   if (s.head_dim.is_static() && s.head_dim.get() < 0)
     out.add("positive_sizes").add("head_dim = ", s.head_dim.get(), " must be positive (or 0 for hidden / heads)");
+  if (l.etp.is_static() && l.etp.get() < 0)
+    out.add("positive_sizes", {l.etp.get()}).add("etp = ", l.etp.get(), " must be positive (or 0 for etp = tp)");
   if (l.first_stage_layers.is_static() && l.first_stage_layers.get() < 0)
     out.add("positive_sizes").add("first_stage_layers = ", l.first_stage_layers.get(), " must be >= 0 (0: even split)");
   if (l.last_stage_layers.is_static() && l.last_stage_layers.get() < 0)
@@ -258,6 +260,16 @@ constexpr void check_shape(const shape& s, violations& out) {
   }
 }
 
+// Stricter than Megatron (which needs only the expert grid to fit the world): an expert's shards
+// nest inside the attention's tp group, which the dispatcher's gather over etp relies on.
+constexpr void check_expert_tp(const layout& l, violations& out) {
+  if (!l.etp.is_static() || l.etp.get() <= 0 || !positive(l.tp) || l.tp.get() % l.etp.get() == 0) return;
+  const std::int64_t etp = l.etp.get(), tp = l.tp.get();
+  text& m = out.add("etp_divides_tp", {etp, tp});
+  m.add("etp = ", etp, " does not divide tp = ", tp, " (an expert's shards are split over at most the attention's); valid etp: ");
+  list_values(m, tp, [&](std::int64_t t) { return tp % t == 0; });
+}
+
 constexpr void check_tensor_parallel(const shape& s, const layout& l, violations& out) {
   if (!positive(l.tp)) return;
   const std::int64_t tp = l.tp.get();
@@ -291,6 +303,7 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
       return s.ffn.get() % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0);
     });
   }
+  check_expert_tp(l, out);
   if (l.sp.is_static() && l.sp.get() && tp == 1)
     out.add("sp_needs_tp", {tp}).add("sequence parallelism needs tp > 1 (got tp = 1); set tp >= 2 or sp = false");
 }
@@ -334,14 +347,6 @@ constexpr void check_reserved(const layout& l, violations& out) {
     out.add("reserved_degrees", {l.cp.is_static() ? l.cp.get() : 1, l.ep.is_static() ? l.ep.get() : 1})
         .add("cp = ", l.cp.is_static() ? l.cp.get() : 1, " and ep = ", l.ep.is_static() ? l.ep.get() : 1,
              " are reserved: context and expert parallelism are not implemented yet; use cp = 1 and ep = 1");
-  if (l.etp.is_static() && l.etp.get() < 0)
-    out.add("positive_sizes", {l.etp.get()}).add("etp = ", l.etp.get(), " must be positive (or 0 for etp = tp)");
-  else if (l.etp.is_static() && l.etp.get() > 0 && positive(l.tp) && l.tp.get() % l.etp.get() != 0) {
-    const std::int64_t etp = l.etp.get(), tp = l.tp.get();
-    text& m = out.add("etp_divides_tp", {etp, tp});
-    m.add("etp = ", etp, " does not divide tp = ", tp, " (an expert's shards are split over at most the attention's); valid etp: ");
-    list_values(m, tp, [&](std::int64_t t) { return tp % t == 0; });
-  }
   if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
     out.add("vocab_pad_multiple_positive")
         .add("vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " must be >= 1 (Megatron's default is 128)");

@@ -113,12 +113,12 @@ struct param_plan {
 
 constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
   const std::int64_t h = s.hidden, tp = l.tp, hd = effective_head_dim(s);
-  const std::int64_t heads = s.heads, kv = s.kv_heads, ffn = s.ffn, vocab = s.vocab;
-  const std::int64_t vpad = padded_vocab(s, l);
+  const std::int64_t heads = s.heads, kv = s.kv_heads, ffn = s.ffn;
   param_plan p;
   p.row = &row;
   switch (row.kind) {
-    case shard_kind::vocab:
+    case shard_kind::vocab: {  // the vocabulary is read only here: a layer's rows do not need it
+      const std::int64_t vocab = s.vocab, vpad = padded_vocab(s, l);
       p.hf_shapes[0] = mat(vocab, h);
       p.local = mat(vpad / tp, h);
       p.global = mat(vpad, h);
@@ -126,6 +126,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       p.tied = row.role == param_role::lm_head && s.tie_embeddings.get();
       if (p.tied) p.tied_source = embedding_hf_name(s.names.get());
       break;
+    }
     case shard_kind::replicated:
       if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
       else if (row.role == param_role::value_bias) p.hf_shapes[0] = p.local = p.global = vec(1);

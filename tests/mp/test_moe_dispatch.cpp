@@ -40,7 +40,7 @@ at::Tensor naive_experts(const at::Tensor& x, const routing& r, const at::Tensor
     }
     out.push_back(acc);
   }
-  return at::stack(out);
+  return out.empty() ? x * 0.0 : at::stack(out);  // no token: (0, h), still in the graph
 }
 
 // One forward and backward of the layer on this rank's tokens, with the experts [first, first + n)
@@ -84,8 +84,9 @@ void check_against_one_process(std::int64_t ep, bool replay) {
   const std::int64_t rank = dist().rank();
   expert_groups g = make_expert_groups(ep);
   const std::int64_t per_rank = experts / ep, first = g.grid.coords(rank).ep * per_rank;
-  // Every rank its own, unevenly many tokens (rank 3 has 13, rank 0 has 7).
-  const std::int64_t count = 7 + 2 * rank;
+  // Every rank its own, unevenly many tokens (rank 3 has 13, rank 0 has 7; none with the replay,
+  // so one rank of each ep group only receives).
+  const std::int64_t count = replay && rank == 0 ? 0 : 7 + 2 * rank;
   const at::Tensor tokens = seeded({count, hidden}, 100 + static_cast<std::uint64_t>(rank), 1.0);
   const at::Tensor seen = seeded({count, hidden}, 200 + static_cast<std::uint64_t>(rank), 1.0);
   // A replayed routing that leaves experts 5, 6, 7 without a token.
@@ -130,7 +131,7 @@ TEST_CASE("MoE experts split over ep 1, 2, 4 with all-to-all dispatch equal ever
   for (const std::int64_t ep : {1, 2, 4}) check_against_one_process(ep, /*replay=*/false);
 }
 
-TEST_CASE("MoE dispatch follows a replayed routing, with experts that no token reaches", "[world4][moe]") {
+TEST_CASE("MoE dispatch follows a replayed routing, with experts and a rank that no token reaches", "[world4][moe]") {
   REQUIRE(dist().world() == 4);
   for (const std::int64_t ep : {2, 4}) check_against_one_process(ep, /*replay=*/true);
 }
@@ -143,6 +144,10 @@ TEST_CASE("the router: softmax in fp32, top-k, renormalised or not (HF's order)"
   CHECK(at::allclose(plain.weights, p.narrow(1, 0, 2)));
   CHECK(at::allclose(norm.weights, p.narrow(1, 0, 2) / p.narrow(1, 0, 2).sum()));
   CHECK(norm.weights.scalar_type() == at::kFloat);
+  // A routing that names an expert the layer does not have is refused, naming it.
+  const routing bad{at::tensor({0, 9}, at::kLong).view({1, 2}), at::ones({1, 2})};
+  const local_experts all{.experts = 8, .first = 0, .gate_up = at::zeros({8, 2 * ffn, hidden}), .down = at::zeros({8, hidden, ffn})};
+  CHECK_THROWS_WITH(moe_experts(at::zeros({1, hidden}), bad, all, activation::silu, nullptr), Catch::Contains("names expert 9"));
 }
 
 }  // namespace megadsl::test

@@ -29,7 +29,8 @@ struct routing {
 // norm_topk_prob) the k weights divided by their sum. logits: (T, E).
 routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise);
 
-// The experts this rank holds: experts [first, first + gate_up.size(0)) of the layer's `experts`.
+// The experts this rank holds: experts [first, first + gate_up.size(0)) of the layer's `experts`,
+// which must be ep_rank * experts / ep onward (checked).
 struct local_experts {
   std::int64_t experts = 0;  // in the layer (every rank of the ep group holds experts / ep)
   std::int64_t first = 0;    // ep_rank * experts / ep

@@ -60,6 +60,16 @@ class pipeline_executor {
   at::Tensor receive(const pipeline_stage& stage, std::int64_t chunk, std::int64_t mb, bool forward);
   void send(const at::Tensor& t, std::int64_t chunk, std::int64_t mb, bool forward);
   void wait_sends();
+  void require_chunks(const pipeline_stage& stage) const;
+  // A run that ends by an exception leaves no send behind for the next run to wait on (the job
+  // is failing: comm_group has told every rank).
+  struct pending_sends_dropped {
+    std::vector<comm_group::pending_send>& sends;
+    explicit pending_sends_dropped(std::vector<comm_group::pending_send>& s) : sends(s) {}
+    ~pending_sends_dropped() { sends.clear(); }
+    pending_sends_dropped(const pending_sends_dropped&) = delete;
+    pending_sends_dropped& operator=(const pending_sends_dropped&) = delete;
+  };
 
   const comm_group* pp_;
   std::int64_t pp_size_, pp_rank_, vpp_;
