@@ -64,6 +64,21 @@ fs::path scratch(const std::string& what) {
   return p;
 }
 
+// A copy of the checkpoint in `src` (its config.json and tensors) in scratch(what), with
+// edit(dir, tensors) applied to the tensors before they are written.
+template <class Edit>
+fs::path edited_copy(const fs::path& src, const std::string& what, Edit edit) {
+  const fs::path d = scratch(what);
+  fs::create_directories(d);
+  fs::copy_file(src / "config.json", d / "config.json");
+  const safetensors_file f = safetensors_file::open(src / "model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> ts;
+  for (const auto& t : f.tensors()) ts.emplace_back(t.name, f.read(t.name));
+  edit(d, ts);
+  write_safetensors(d / "model.safetensors", ts, {{"format", "pt"}});
+  return d;
+}
+
 double masked_diff(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
   return ((a.to(at::kDouble) - b.to(at::kDouble)) * mask.to(at::kDouble)).abs().max().item<double>();
 }
@@ -289,20 +304,15 @@ TEST_CASE("stale buffers in a GPT-NeoX checkpoint are ignored and reported, the 
   const fs::path src = fixtures / "gpt-neox-tf5";
   auto single = parallel_groups::single();
   const shape s = read_hf_config(src).s;
-  const fs::path d = scratch("pythia-buffers");
-  fs::create_directories(d);
-  fs::copy_file(src / "config.json", d / "config.json");
-  const safetensors_file f = safetensors_file::open(src / "model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> ts;
-  for (const auto& t : f.tensors()) ts.emplace_back(t.name, f.read(t.name));
-  const std::int64_t positions = s.max_positions.get();
-  for (std::int64_t i = 0; i < s.layers.get(); ++i) {
-    const std::string p = "gpt_neox.layers." + std::to_string(i) + ".attention.";
-    ts.emplace_back(p + "bias", at::ones({1, 1, positions, positions}, at::kBool).tril());
-    ts.emplace_back(p + "masked_bias", at::scalar_tensor(-1e9));
-    ts.emplace_back(p + "rotary_emb.inv_freq", at::ones({4}));
-  }
-  write_safetensors(d / "model.safetensors", ts, {{"format", "pt"}});
+  const fs::path d = edited_copy(src, "pythia-buffers", [&](const fs::path&, auto& ts) {
+    const std::int64_t positions = s.max_positions.get();
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+      const std::string p = "gpt_neox.layers." + std::to_string(i) + ".attention.";
+      ts.emplace_back(p + "bias", at::ones({1, 1, positions, positions}, at::kBool).tril());
+      ts.emplace_back(p + "masked_bias", at::scalar_tensor(-1e9));
+      ts.emplace_back(p + "rotary_emb.inv_freq", at::ones({4}));
+    }
+  });
 
   parallel_model<causal_lm<any_llama>> stale(single, options_for(src), s), clean(single, options_for(src), s);
   const hf_load_report r = load_hf(stale, single, d);
@@ -315,14 +325,9 @@ TEST_CASE("stale buffers in a GPT-NeoX checkpoint are ignored and reported, the 
 
   // The same names under another family's scheme are not buffers of that family: unexpected.
   const fs::path llama = fixtures / "llama-gqa";
-  const fs::path odd = scratch("llama-attention-bias");
-  fs::create_directories(odd);
-  fs::copy_file(llama / "config.json", odd / "config.json");
-  const safetensors_file lf = safetensors_file::open(llama / "model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> lts;
-  for (const auto& t : lf.tensors()) lts.emplace_back(t.name, lf.read(t.name));
-  lts.emplace_back("model.layers.0.attention.bias", at::ones({1, 1, 4, 4}, at::kBool));
-  write_safetensors(odd / "model.safetensors", lts, {{"format", "pt"}});
+  const fs::path odd = edited_copy(llama, "llama-attention-bias", [](const fs::path&, auto& ts) {
+    ts.emplace_back("model.layers.0.attention.bias", at::ones({1, 1, 4, 4}, at::kBool));
+  });
   parallel_model<causal_lm<any_llama>> llama_actor(single, {}, read_hf_config(llama).s);
   CHECK_THROWS_WITH(load_hf(llama_actor, single, odd),
                     Catch::Contains("unexpected tensor") && Catch::Contains("model.layers.0.attention.bias"));
@@ -332,17 +337,7 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
   const fs::path src = fixtures / "llama-gqa";
   auto single = parallel_groups::single();
   const shape s = read_hf_config(src).s;
-  auto with = [&](const std::string& what, auto edit) {
-    const fs::path d = scratch(what);
-    fs::create_directories(d);
-    fs::copy_file(src / "config.json", d / "config.json");
-    const safetensors_file f = safetensors_file::open(src / "model.safetensors");
-    std::vector<std::pair<std::string, at::Tensor>> ts;
-    for (const auto& t : f.tensors()) ts.emplace_back(t.name, f.read(t.name));
-    edit(d, ts);
-    write_safetensors(d / "model.safetensors", ts, {{"format", "pt"}});
-    return d;
-  };
+  auto with = [&](const std::string& what, auto edit) { return edited_copy(src, what, edit); };
   parallel_model<causal_lm<any_llama>> actor(single, {}, s);
 
   const fs::path missing = with("missing", [](const fs::path&, auto& ts) {
