@@ -14,6 +14,7 @@
 
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/moe.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
@@ -48,6 +49,10 @@ at::Tensor init_full(std::string_view hf_name, const dims& d, const model_option
 struct layer_weights {
   at::Tensor attn_norm, attn_norm_bias, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, attn_post_norm;
   at::Tensor mlp_norm, mlp_norm_bias, gate_up, fc, fc_bias, down, down_bias, mlp_post_norm;
+  // A mixture of experts: the router, this rank's experts (local index: expert - first), the
+  // shared expert and its gate.
+  at::Tensor router, shared_gate_up, shared_down, shared_gate;
+  std::vector<at::Tensor> expert_gate_up, expert_down;
 };
 
 // One virtual pipeline chunk of this rank: global stage chunk * pp + pp_rank.
@@ -87,6 +92,20 @@ class decoder_stage final : public model_core, public pipeline_stage {
         throw std::invalid_argument("megadsl: the tp group has " + std::to_string(tp_size_) +
                                     " ranks but the layout says tp = " + std::to_string(c.l.tp.get()));
       sp_ = c.l.sp.get();
+    }
+    if (mlp_ == mlp_kind::moe) {
+      const std::int64_t ep = c.l.ep.get();
+      if (expert_tp(c.l) != c.l.tp.get())
+        throw std::invalid_argument("megadsl: etp = " + std::to_string(expert_tp(c.l)) + " with tp = " +
+                                    std::to_string(c.l.tp.get()) + ": experts split over fewer ranks than the attention "
+                                    "are not implemented yet; use etp = 0 (etp = tp, Megatron's default)");
+      if (ep > 1 && (g.ep == nullptr || g.ep->size() != ep || g.edp == nullptr))
+        throw std::invalid_argument("megadsl: the layout has ep = " + std::to_string(ep) +
+                                    " but the groups have no ep group of that size; build them with "
+                                    "parallel_groups::build(dist, layout) for this layout");
+      ep_ = ep > 1 ? g.ep.get() : nullptr;
+      experts_per_rank_ = c.s.experts.get() / ep;
+      first_expert_ = (ep > 1 ? g.ep->rank() : 0) * experts_per_rank_;
     }
     build_parameters();
   }
@@ -139,7 +158,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
     for (auto& p : params_) {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       at::Tensor g = p.tensor.grad();
-      groups_->dp->all_reduce(g);
+      // An expert's replicas are the expert-data-parallel group's: the ep group's ranks hold
+      // other experts, and their tokens' gradients arrived through the all-to-all.
+      const bool expert = p.plan->row->where == placement::expert;
+      (expert && groups_->edp != nullptr ? *groups_->edp : *groups_->dp).all_reduce(g);
       if constexpr (Tp) {
         if (p.tp_partial_grad) tp_->all_reduce(g);
         if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
@@ -154,7 +176,12 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   double grad_norm() override {
     at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    at::Tensor expert_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     for (auto& p : params_) {
+      if (p.plan->row->where == placement::expert) {  // other experts on the other ep ranks
+        if (p.tensor.grad().defined()) expert_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+        continue;
+      }
       if (!p.tensor.grad().defined()) continue;
       at::Tensor g = p.tensor.grad().to(at::kDouble);
       if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_ && !owns_kv()) {
@@ -163,6 +190,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
       }
       if (p.counted_in_norm || p.plan->row->kind == shard_kind::fused_qkv) sq += g.pow(2).sum();
     }
+    if (ep_ != nullptr) ep_->all_reduce(expert_sq);
+    sq += expert_sq;
     if constexpr (Tp) tp_->all_reduce(sq);
     groups_->pp->all_reduce(sq);
     return std::sqrt(sq.item<double>());  // one device sync per step
@@ -365,12 +394,38 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
       const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
       mlp_out = row(activate(up, act_), lw.down, lw.down_bias);
+    } else if (mlp_ == mlp_kind::moe) {
+      mlp_out = mixture(h2, lw, tokens);
     } else {
       mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
     }
     if (post) mlp_out = norm(mlp_out, lw.mlp_post_norm, {});
     if (side_by_side) return mlp_out + attn_out + x;  // HF's order of the sums
     return after_attn + mlp_out;
+  }
+
+  // The mixture of experts on the MLP's input (T'/tp or T', h): the whole stream on every tp rank
+  // (gathered under SP), its real tokens routed by the replicated router (the same routing on
+  // every tp rank), sent to their experts over the ep group, each expert this tp rank's shard of
+  // it; the shared expert's shard scaled by its gate. Partial sums over tp until the reduction.
+  at::Tensor mixture(const at::Tensor& h2, const layer_weights& lw, std::int64_t tokens) {
+    const shape& s = cfg_.s;
+    at::Tensor full = h2;                                                   // (T', h)
+    if constexpr (Tp) full = sp_ ? gather_from_sp(h2, *tp_) : copy_to_tp(h2, *tp_);
+    const std::int64_t stream = full.size(0);
+    const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
+    const routing r = route(at::linear(x, w(lw.router)), s.top_k.get(), s.norm_topk.get());  // (T, k) each
+    std::vector<at::Tensor> gate_up, down;
+    for (const at::Tensor& t : lw.expert_gate_up) gate_up.push_back(w(t));
+    for (const at::Tensor& t : lw.expert_down) down.push_back(w(t));
+    at::Tensor y = moe_experts(x, r, {s.experts.get(), first_expert_, std::move(gate_up), std::move(down)}, act_, ep_);  // (T, h)
+    if (lw.shared_gate.defined()) {  // + sigmoid(gate(x)) * shared(x), HF's Qwen2-MoE
+      const at::Tensor shared = at::linear(gated_activation(at::linear(x, w(lw.shared_gate_up)), act_), w(lw.shared_down));
+      y = y + at::sigmoid(at::linear(x, w(lw.shared_gate))) * shared;
+    }
+    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
+    if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
+    return y;
   }
 
   // RMSNorm over a width split across tp ranks (this rank's heads): the fp32 sum of squares is
@@ -384,10 +439,14 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return apply_norm_weight(normed, weight, norm_, x.scalar_type());
   }
 
-  bool holds(const param_row& row, std::int64_t layer) const {
+  bool holds(const param_row& row, param_instance inst) const {
+    const std::int64_t layer = inst.layer;
     switch (row.where) {
       case placement::first_stage: return chunks_.front().first_stage;
       case placement::last_stage: return chunks_.back().last_stage;
+      case placement::expert:
+        if (inst.expert < first_expert_ || inst.expert >= first_expert_ + experts_per_rank_) return false;
+        [[fallthrough]];
       case placement::layer:
         for (const chunk_info& c : chunks_)
           if (layer >= c.first_layer && layer < c.first_layer + c.count) return true;
@@ -407,31 +466,34 @@ class decoder_stage final : public model_core, public pipeline_stage {
     params_.reserve(plans_.count * static_cast<std::size_t>(s.layers.get()));
     for (const param_plan& p : plans_) {
       const param_row& row = *p.row;
-      const std::int64_t count = row.where == placement::layer ? s.layers.get() : 1;
-      for (std::int64_t layer = 0; layer < count; ++layer) {
-        if (!holds(row, layer)) continue;
+      const std::int64_t count = instances(row, s);
+      for (std::int64_t i_th = 0; i_th < count; ++i_th) {
+        const param_instance inst = instance_of(row, s, i_th);
+        if (!holds(row, inst)) continue;
         // A tied lm_head sharing a rank with the embedding is the very same tensor (pp = 1).
         if (p.tied && chunks_.front().first_stage) {
-          bind_parameter(row.role, layer, embed_);
+          bind_parameter(row.role, inst, embed_);
           continue;
         }
         std::vector<at::Tensor> hf;
         for (int i = 0; i < row.hf_count; ++i) {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
           const std::string_view source = p.tied ? p.tied_source : row.hf[static_cast<std::size_t>(i)];
-          hf.push_back(init_full(with_layer(source, layer), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
+          hf.push_back(init_full(with_instance(source, inst), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
                                  norm_ == norm_kind::rms_1p));
         }
         at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);
-        bind_parameter(row.role, layer, t);
+        bind_parameter(row.role, inst, t);
         // Each element once in the gradient norm: tp-sharded on every rank, replicated on tp rank 0.
         const bool counted = !p.tied && (p.split_dim >= 0 || tp_rank_ == 0);
         // Gradients that are partial per tp rank (summed over tp by finalize_grads): replicated
         // weights applied to SP shards, and per-head q/k norms (replicated), which each rank
         // applies to its own heads. Full-width q/k norms are split with the heads: not partial.
+        // The router and the shared expert's gate weigh outputs that are partial sums over tp.
         const bool qk_norm = row.role == param_role::q_norm || row.role == param_role::k_norm;
-        const bool partial = row.kind == shard_kind::replicated && (sp || (qk_norm && tp_size_ > 1));
-        params_.push_back({with_layer(row.name, layer), t, &p, partial, counted});
+        const bool weighs_partials = row.role == param_role::router || row.role == param_role::shared_gate;
+        const bool partial = row.kind == shard_kind::replicated && (sp || ((qk_norm || weighs_partials) && tp_size_ > 1));
+        params_.push_back({with_instance(row.name, inst), t, &p, partial, counted, inst});
       }
     }
     // With pp > 1 a tied actor keeps the embedding on the first stage and a copy on the last.
@@ -439,9 +501,19 @@ class decoder_stage final : public model_core, public pipeline_stage {
       for (auto& p : params_)
         if (p.plan->tied || p.plan->row->role == param_role::embed) tied_end_ = &p;
   }
-  void bind_parameter(param_role role, std::int64_t layer, const at::Tensor& t) {
-    auto& w = layers_[static_cast<std::size_t>(layer)];
+  void bind_parameter(param_role role, param_instance inst, const at::Tensor& t) {
+    auto& w = layers_[static_cast<std::size_t>(inst.layer)];
+    auto expert_slot = [&](std::vector<at::Tensor>& v) -> at::Tensor& {
+      v.resize(static_cast<std::size_t>(experts_per_rank_));
+      return v[static_cast<std::size_t>(inst.expert - first_expert_)];
+    };
     switch (role) {
+      case param_role::router: w.router = t; break;
+      case param_role::expert_gate_up: expert_slot(w.expert_gate_up) = t; break;
+      case param_role::expert_down: expert_slot(w.expert_down) = t; break;
+      case param_role::shared_gate_up: w.shared_gate_up = t; break;
+      case param_role::shared_down: w.shared_down = t; break;
+      case param_role::shared_gate: w.shared_gate = t; break;
       case param_role::embed: embed_ = t; break;
       case param_role::attn_norm: w.attn_norm = t; break;
       case param_role::qkv: w.qkv = t; break;
@@ -486,6 +558,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
   qk_norm_kind qk_norm_ = qk_norm_kind::none;
   residual_kind residual_ = residual_kind::pre_norm;
   mlp_kind mlp_ = mlp_kind::gated;
+  const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
+  std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
   qkv_rank_layout qkv_{};
   double attention_scale_ = 0;
   at::Tensor embed_, final_norm_, final_norm_bias_, lm_head_, value_w_, value_b_;

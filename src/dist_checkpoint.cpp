@@ -109,17 +109,17 @@ std::string piece_key(const std::string& tensor, const box& global) {
 
 // ---- parameters and their HF names ---------------------------------------------------------------
 
-std::int64_t layer_of(const named_parameter& p) {
-  if (p.plan->row->where != placement::layer) return 0;
-  const auto first = p.name.find('.') + 1, last = p.name.find('.', first);
-  return std::stoll(p.name.substr(first, last - first));  // "layers.3.qkv.weight"
+// The HF tensor behind slot `slot` of a parameter; a tied lm_head's copy is the embedding.
+std::string source_name(const param_plan& p, int slot, param_instance at) {
+  if (p.tied) return std::string(p.tied_source);
+  return with_instance(p.row->hf[static_cast<std::size_t>(slot)], at);
 }
 
-// The HF tensor behind slot `slot` of a parameter; a tied lm_head's copy is the embedding.
-std::string source_name(const param_plan& p, int slot, std::int64_t layer) {
-  if (p.tied) return std::string(p.tied_source);
-  return with_layer(p.row->hf[static_cast<std::size_t>(slot)], layer);
-}
+// Which ranks write: the main replica of each dense parameter is dp rank 0's; an expert's, with
+// ep > 1, is its expert-data-parallel rank 0's: dp ranks 0 .. ep - 1, each holding other experts
+// (the expert grid's dp rank is ep rank + ep * edp rank).
+bool writes_dense(const rank_coords& rc) { return rc.dp == 0 && rc.cp == 0; }
+bool writes_experts(const rank_coords& rc, const layout& l) { return rc.dp < l.ep.get() && rc.cp == 0; }
 
 struct needed_tensor {
   std::string name;
@@ -131,10 +131,9 @@ std::vector<needed_tensor> model_tensors(const runtime_config& c) {
   std::vector<needed_tensor> out;
   for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
     if (p.tied) continue;
-    const std::int64_t count = p.row->where == placement::layer ? c.s.layers.get() : 1;
-    for (std::int64_t layer = 0; layer < count; ++layer)
+    for (std::int64_t k = 0; k < instances(*p.row, c.s); ++k)
       for (int i = 0; i < p.row->hf_count; ++i)
-        out.push_back({source_name(p, i, layer), p.hf_shapes[static_cast<std::size_t>(i)]});
+        out.push_back({source_name(p, i, instance_of(*p.row, c.s, k)), p.hf_shapes[static_cast<std::size_t>(i)]});
   }
   return out;
 }
@@ -237,8 +236,9 @@ bool is_checkpoint(const fs::path& dir) {
 
 // This rank's pieces: values, and AdamW's moments when `training` holds them.
 std::vector<std::pair<std::string, at::Tensor>> main_pieces(const std::vector<named_parameter>& params,
-                                                            const runtime_config& c, std::int64_t tp_rank,
+                                                            const runtime_config& c, const rank_coords& me,
                                                             const training_state* training, json& described) {
+  const std::int64_t tp_rank = me.tp;
   const bool moments = training != nullptr && !training->exp_avg.empty();
   if (moments && (training->exp_avg.size() != params.size() || training->exp_avg_sq.size() != params.size()))
     throw std::invalid_argument("megadsl: save_distributed: the training state has " +
@@ -248,6 +248,7 @@ std::vector<std::pair<std::string, at::Tensor>> main_pieces(const std::vector<na
   for (std::size_t i = 0; i < params.size(); ++i) {
     const named_parameter& p = params[i];
     const param_plan& plan = *p.plan;
+    if (!(plan.row->where == placement::expert ? writes_experts(me, c.l) : writes_dense(me))) continue;
     std::vector<std::pair<std::string, at::Tensor>> sources{{"", p.tensor}};
     if (moments) {
       sources.emplace_back(moment_names[0], training->exp_avg[i]);
@@ -265,7 +266,7 @@ std::vector<std::pair<std::string, at::Tensor>> main_pieces(const std::vector<na
         const dims& hf = plan.hf_shapes[static_cast<std::size_t>(x.slot)];
         const box global = along(whole(hf), x.dim, x.global_offset, x.extent);
         const box local = along(whole(plan.local), x.dim, x.local_offset, x.extent);
-        const std::string tensor = prefix + source_name(plan, x.slot, layer_of(p));
+        const std::string tensor = prefix + source_name(plan, x.slot, p.at);
         const std::string key = piece_key(tensor, global);
         at::Tensor piece = narrow(src, local).to(at::kCPU).contiguous();
         const std::string_view dtype = safetensors_dtype_name(piece.scalar_type());
@@ -291,7 +292,7 @@ json build_manifest(const fs::path& staging, const runtime_config& c, const para
   json files = json::array();
   for (std::int64_t r = 0; r < g.grid.world(); ++r) {
     const rank_coords rc = g.grid.coords(r);
-    if (rc.dp != 0 || rc.cp != 0) continue;
+    if (!writes_dense(rc) && !writes_experts(rc, c.l)) continue;
     const safetensors_file f = safetensors_file::open(staging / rank_file(r));
     json pieces = json::array();
     for (const tensor_info& t : f.tensors()) {
@@ -484,7 +485,7 @@ at::Tensor build_local(const named_parameter& p, const runtime_config& c, std::i
     const dims& hf = plan.hf_shapes[static_cast<std::size_t>(x.slot)];
     const box global = along(whole(hf), x.dim, x.global_offset, x.extent);
     const box local = along(whole(plan.local), x.dim, x.local_offset, x.extent);
-    const std::string tensor = prefix + source_name(plan, x.slot, layer_of(p));
+    const std::string tensor = prefix + source_name(plan, x.slot, p.at);
     for (std::size_t id : m.by_tensor.at(tensor)) {
       const box overlap = intersect(global, m.pieces[id].where);
       if (overlap.empty()) continue;
@@ -529,9 +530,9 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
   });
 
   step([&] {
-    if (groups.me.dp != 0 || groups.me.cp != 0) return;  // dp replicas: dp rank 0 writes
+    if (!writes_dense(groups.me) && !writes_experts(groups.me, config.l)) return;  // dp replicas
     json described = json::object();
-    const auto pieces = main_pieces(params, config, groups.me.tp, extras.training ? &*extras.training : nullptr, described);
+    const auto pieces = main_pieces(params, config, groups.me, extras.training ? &*extras.training : nullptr, described);
     std::map<std::string, std::string> meta{{"format", std::string(dist_checkpoint_format)},
                                             {"version", std::to_string(dist_checkpoint_version)},
                                             {"rank", std::to_string(world.ranks()[static_cast<std::size_t>(world.rank())])}};

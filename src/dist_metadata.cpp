@@ -46,7 +46,9 @@ void fill_fields_added_later(json& shape) {
                              {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
                              {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
                              {"attn_softcap", 0.0}, {"final_softcap", 0.0},
-                             {"rotary_fraction", 1.0}, {"names", "llama"}};
+                             {"rotary_fraction", 1.0}, {"names", "llama"}, {"experts", 0}, {"top_k", 0},
+                             {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},
+                             {"expert_naming", "qwen"}, {"shared_expert", false}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
 }

@@ -163,7 +163,7 @@ std::unique_ptr<comm_group> distributed::make_group(const std::string& name,
 }
 
 parallel_groups parallel_groups::build(distributed& d, const layout& l) {
-  require_valid(shape{}, l, run_facts{.world = d.world()});
+  require_valid(dynamic_shape, l, run_facts{.world = d.world()});  // the layout alone: no model yet
   const std::int64_t gen = d.next_generation();
   parallel_groups g;
   g.grid = rank_grid::from(l, d.world());
@@ -173,6 +173,11 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
   g.pp = d.make_group("pp", g.grid.pp_group(r), gen);
   g.dp = d.make_group("dp", g.grid.dp_group(r), gen);
   if (g.grid.in_embedding_group(r)) g.embedding = d.make_group("embedding", g.grid.embedding_group(r), gen);
+  if (l.ep.get() > 1) {
+    const expert_grid experts = expert_grid::from(l, d.world());
+    g.ep = d.make_group("ep", experts.ep_group(r), gen);
+    g.edp = d.make_group("edp", experts.edp_group(r), gen);
+  }
   std::vector<std::int64_t> all(static_cast<std::size_t>(d.world()));
   for (std::int64_t i = 0; i < d.world(); ++i) all[static_cast<std::size_t>(i)] = i;
   g.world = d.make_group("world", all, gen);

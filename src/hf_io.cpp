@@ -26,18 +26,12 @@
 namespace megadsl {
 namespace {
 
-// The HF names a parameter row reads for one layer.
-std::vector<std::string> hf_names(const param_plan& p, std::int64_t layer) {
+// The HF names a parameter row reads for one layer (and expert).
+std::vector<std::string> hf_names(const param_plan& p, param_instance at) {
   std::vector<std::string> out;
   if (p.tied) return {std::string(p.tied_source)};
-  for (int i = 0; i < p.row->hf_count; ++i) out.push_back(with_layer(p.row->hf[static_cast<std::size_t>(i)], layer));
+  for (int i = 0; i < p.row->hf_count; ++i) out.push_back(with_instance(p.row->hf[static_cast<std::size_t>(i)], at));
   return out;
-}
-
-std::int64_t layer_of(const named_parameter& p) {
-  if (p.plan->row->where != placement::layer) return 0;
-  const auto first = p.name.find('.') + 1;
-  return std::stoll(p.name.substr(first, p.name.find('.', first) - first));
 }
 
 bool is_value_head_param(const named_parameter& p) { return p.plan->row->name.rfind("value_head.", 0) == 0; }
@@ -47,9 +41,8 @@ std::set<std::string> expected_names(const runtime_config& c) {
   std::set<std::string> out;
   for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
     if (p.tied || p.row->name.rfind("value_head.", 0) == 0) continue;
-    const std::int64_t layers = p.row->where == placement::layer ? c.s.layers.get() : 1;
-    for (std::int64_t l = 0; l < layers; ++l)
-      for (auto& n : hf_names(p, l)) out.insert(n);
+    for (std::int64_t i = 0; i < instances(*p.row, c.s); ++i)
+      for (auto& n : hf_names(p, instance_of(*p.row, c.s, i))) out.insert(n);
   }
   return out;
 }
@@ -112,7 +105,7 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
       if (p.tied || p.row->where == placement::last_stage) continue;  // heads: load_hf checks them
       for (int i = 0; i < p.row->hf_count; ++i) {
         const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
-        expect(with_layer(p.row->hf[static_cast<std::size_t>(i)], 0),
+        expect(with_instance(p.row->hf[static_cast<std::size_t>(i)], {}),
                d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols},
                "sizes (hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size)");
       }
@@ -128,10 +121,15 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
                            "; this config.json does not describe these weights (use the checkpoint's own config.json)");
 
   const double mlp_matrices = s.mlp.get() == mlp_kind::plain ? 2 : 3;
-  const double per_layer = h * (q + 2 * kv) + q * h + mlp_matrices * h * f + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
+  const bool moe = s.mlp.get() == mlp_kind::moe;
+  const double experts = static_cast<double>(s.experts.get());
+  const double mlp = moe ? experts * (h + 3 * h * static_cast<double>(expert_ffn_of(s).get())) +
+                               (s.shared_expert.get() ? 3 * h * static_cast<double>(s.shared_expert_ffn.get()) + h : 0)
+                         : mlp_matrices * h * f;
+  const double per_layer = h * (q + 2 * kv) + q * h + mlp + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
   const double head_params = head.actor ? (s.tie_embeddings.get() ? 0 : v * h) : h + 1;
   const double params = v * h + layers * per_layer + h + head_params;
-  const double split = static_cast<double>(l.tp.get() * l.pp.get());
+  const double split = static_cast<double>(l.tp.get() * l.pp.get());  // (experts over ep not counted: an upper bound)
   const double need = params / split * bytes_per_parameter * static_cast<double>(std::max<std::int64_t>(local_ranks, 1));
   const double have = available_memory();
   if (have > 0 && need > have) {
@@ -221,7 +219,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   }
 
   for (named_parameter& p : params) {
-    std::vector<std::string> names = hf_names(*p.plan, layer_of(p));
+    std::vector<std::string> names = hf_names(*p.plan, p.at);
     if (is_value_head_param(p)) {
       if (value_prefix.empty()) continue;  // keeps its initialisation (reported)
       const bool bias = p.plan->row->name == "value_head.bias";
@@ -327,8 +325,20 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   for (named_parameter& p : params) {
     if (p.plan->tied) continue;  // the last stage's copy of the embedding
     const auto hf = gather_hf(*p.plan, c.s, c.l, g.tp.get(), p.tensor);  // every tp rank takes part
+    if (p.plan->row->where == placement::expert && g.ep != nullptr) {
+      // The ep group's ranks hold the layer's other experts, in the same order: rank r's j-th is
+      // expert r * experts / ep + j. Every rank of the group takes part; the writer keeps them all.
+      const std::int64_t per = c.s.experts.get() / g.ep->size(), local = p.at.expert % per;
+      for (std::size_t i = 0; i < hf.size(); ++i) {
+        const at::Tensor all = g.ep->all_gather(hf[i].contiguous().unsqueeze(0), 0);  // (ep, ...)
+        if (!writer) continue;
+        for (std::int64_t r = 0; r < g.ep->size(); ++r)
+          tensors.emplace_back(hf_names(*p.plan, {p.at.layer, r * per + local})[i], all[r].to(at::kCPU, dtype).contiguous());
+      }
+      continue;
+    }
     if (!writer) continue;
-    const auto names = hf_names(*p.plan, layer_of(p));
+    const auto names = hf_names(*p.plan, p.at);
     for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(at::kCPU, dtype).contiguous());
   }
   if (!writer) return;
@@ -383,12 +393,12 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       std::vector<std::pair<std::string, std::string>> map;
       for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
         if (p.tied) continue;
-        const std::int64_t layers = p.row->where == placement::layer ? c.s.layers.get() : 1;
-        for (std::int64_t l = 0; l < layers; ++l) {
+        for (std::int64_t i = 0; i < instances(*p.row, c.s); ++i) {
+          const param_instance at = instance_of(*p.row, c.s, i);
           const std::int64_t owner = p.row->where == placement::first_stage ? 0
                                      : p.row->where == placement::last_stage ? pp - 1
-                                                                             : place_of_layer(c.s, c.l, l).pp_rank;
-          for (auto& n : hf_names(p, l)) map.emplace_back(n, file_of(owner));
+                                                                             : place_of_layer(c.s, c.l, at.layer).pp_rank;
+          for (auto& n : hf_names(p, at)) map.emplace_back(n, file_of(owner));
         }
       }
       std::sort(map.begin(), map.end());

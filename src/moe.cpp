@@ -39,9 +39,10 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   TORCH_CHECK(experts > 0 && experts % ranks == 0, "megadsl: moe_experts: ", experts, " experts do not split over ep = ",
               ranks, " ranks");
   const std::int64_t per_rank = experts / ranks;
-  TORCH_CHECK(e.gate_up.size(0) == per_rank && e.down.size(0) == per_rank && e.first == ep_rank * per_rank,
+  const auto given = static_cast<std::int64_t>(e.gate_up.size());
+  TORCH_CHECK(given == per_rank && static_cast<std::int64_t>(e.down.size()) == per_rank && e.first == ep_rank * per_rank,
               "megadsl: moe_experts: ep rank ", ep_rank, " holds experts [", ep_rank * per_rank, ", ",
-              (ep_rank + 1) * per_rank, "), and was given ", e.gate_up.size(0), " from ", e.first);
+              (ep_rank + 1) * per_rank, "), and was given ", given, " from ", e.first);
   TORCH_CHECK(r.indices.size(0) == tokens, "megadsl: moe_experts: routing for ", r.indices.size(0), " tokens, ", tokens,
               " given");
   if (r.indices.numel() > 0) {
@@ -99,8 +100,9 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   for (std::int64_t j = 0; j < per_rank; ++j) {
     const std::int64_t n = expert_rows[static_cast<std::size_t>(j)];
     const at::Tensor seg = grouped.narrow(0, offset, n);                              // (n, h)
-    const at::Tensor gate_up = at::linear(seg, e.gate_up[j].to(x.scalar_type()));    // (n, 2 f)
-    outputs.push_back(at::linear(gated_activation(gate_up, act), e.down[j].to(x.scalar_type())));  // (n, h)
+    const auto jj = static_cast<std::size_t>(j);
+    const at::Tensor gate_up = at::linear(seg, e.gate_up[jj].to(x.scalar_type()));    // (n, 2 f)
+    outputs.push_back(at::linear(gated_activation(gate_up, act), e.down[jj].to(x.scalar_type())));  // (n, h)
     offset += n;
   }
   const at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);    // (R, h)

@@ -16,6 +16,14 @@ std::string with_layer(std::string_view pattern, std::int64_t layer) {
   return out;
 }
 
+std::string with_instance(std::string_view pattern, param_instance at) {
+  std::string out = with_layer(pattern, at.layer);
+  const std::string key = "{expert}";
+  for (auto pos = out.find(key); pos != std::string::npos; pos = out.find(key))
+    out.replace(pos, key.size(), std::to_string(at.expert));
+  return out;
+}
+
 namespace {
 
 void expect_shape(const at::Tensor& t, const dims& d, std::string_view what) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "megadsl/formulas.hpp"
 #include "megadsl/layers/blocks.hpp"
 #include "megadsl/param_table.hpp"
 #include "megadsl/shard_plan.hpp"
@@ -32,6 +33,15 @@ std::string where_of(const param_plan& p, const shape& s, const layout& l) {
     case placement::layer: {
       std::string w = "{layer} " + range(0, s.layers.get() - 1) + " on pp " + range(0, pp - 1);
       if (vpp > 1) w += " x " + std::to_string(vpp) + " chunks";
+      return w;
+    }
+    case placement::expert: {
+      const std::int64_t ep = l.ep, per = s.experts.get() / ep;
+      std::string w = "{layer} " + range(0, s.layers.get() - 1) + " on pp " + range(0, pp - 1) + "; {expert} " +
+                      range(0, s.experts.get() - 1);
+      w += ep > 1 ? ", " + std::to_string(per) + " per rank of the ep group (ep rank r: " + std::to_string(per) + " r to " +
+                        std::to_string(per) + " r + " + std::to_string(per - 1) + ")"
+                  : " on every rank";
       return w;
     }
   }
@@ -80,9 +90,31 @@ std::int64_t hf_parameters(const param_list& plan, const shape& s) {
     if (p.tied) continue;
     std::int64_t n = 0;
     for (int i = 0; i < p.row->hf_count; ++i) n += p.hf_shapes[static_cast<std::size_t>(i)].numel();
-    total += p.row->where == placement::layer ? n * s.layers.get() : n;
+    total += n * instances(*p.row, s);
   }
   return total;
+}
+
+// The mixture of experts: where each expert lives, what a rank holds and what it sends.
+void describe_experts(const shape& s, const layout& l, head_info head, std::ostream& out) {
+  const std::int64_t ep = l.ep, experts = s.experts, per = experts / ep, etp = expert_tp(l);
+  const std::int64_t f = expert_ffn_of(s).get(), h = s.hidden;
+  out << "\nexperts (" << experts << " per layer, top " << s.top_k.get() << (s.norm_topk.get() ? " renormalised" : "")
+      << ", each a gated MLP of " << f << (s.shared_expert.get() ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
+      << ")\n";
+  table t({"ep rank", "experts held", "gate_up per expert", "down per expert", "parameters per rank (pp 0)"});
+  for (std::int64_t r = 0; r < ep; ++r) {
+    const std::int64_t n = local_elements(s, l, head, 0);
+    t.add({std::to_string(r), range(r * per, r * per + per - 1), to_string(mat(2 * f / etp, h)), to_string(mat(h, f / etp)),
+           grouped(n) + " (" + short_count(n) + ")"});
+  }
+  t.print(out);
+  out << "  ep groups take ranks of the data-parallel dimension (Megatron's expert grid tp-ep-dp-pp, etp " << etp
+      << "); expert gradients are summed over the expert-data-parallel group (dp / ep replicas), the router's over tp\n";
+  const std::int64_t tokens = 4096;
+  out << "  all-to-all per step over the ep group, uniform routing, " << tokens << " tokens per rank, bf16: "
+      << short_count(static_cast<std::int64_t>(moe_all_to_all_bytes(s, l, tokens, 2))) << "B sent per rank"
+      << (ep == 1 ? " (ep 1: none)" : "") << '\n';
 }
 
 }  // namespace
@@ -204,6 +236,7 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
       << " ... +" << vpad / tp;
   if (vpad != vocab) out << "; rows >= " << vocab << " are padding";
   out << '\n';
+  if (s.mlp.get() == mlp_kind::moe) describe_experts(s, l, o.head, out);
   return exit_ok;
 }
 

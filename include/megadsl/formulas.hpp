@@ -32,12 +32,15 @@ constexpr std::int64_t hf_elements(const param_plan& p) {
 }
 
 // One decoder layer as HF stores it: the composition's per-layer rows (param_table.hpp), so q/k/v
-// and o with their biases and q/k norms, the MLP in its form, and two or four norms with their
-// biases are each counted by the block that declares them.
+// and o with their biases and q/k norms, the MLP in its form (every expert of a mixture), and two
+// or four norms with their biases are each counted by the block that declares them.
 constexpr std::int64_t layer_parameter_count(const shape& s) {
   std::int64_t n = 0;
-  for (const param_row& row : decoder_params)
-    if (row.where == placement::layer && present(row, s, head_info{})) n += hf_elements(plan_of(row, s, layout{}));
+  for (const param_row& row : decoder_params) {
+    if (!present(row, s, head_info{})) continue;
+    if (row.where == placement::layer) n += hf_elements(plan_of(row, s, layout{}));
+    if (row.where == placement::expert) n += hf_elements(plan_of(row, s, layout{})) * s.experts.get();
+  }
   return n;
 }
 
@@ -47,7 +50,7 @@ constexpr std::int64_t layer_parameter_count(const shape& s) {
 constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
   std::int64_t n = 0;
   for_each_param(s, layout{}, head, [&](const param_plan& p) {
-    if (!p.tied) n += hf_elements(p) * (p.row->where == placement::layer ? s.layers.get() : 1);  // tied: the embedding, counted once
+    if (!p.tied) n += hf_elements(p) * instances(*p.row, s);  // tied: the embedding, counted once
   });
   return n;
 }
@@ -167,7 +170,7 @@ constexpr double activation_bytes_first_stage(const shape& s, const layout& l, s
 //   megatron_causal      the same with s/(2h): current Megatron-LM / Megatron-Bridge
 //   torchtitan           6 N + 12 L n d s, N = parameters without the token embedding (true vocab;
 //                        with tied embeddings that also drops the lm_head, as torchtitan's
-//                        deduplicated parameter count does)
+//                        deduplicated parameter count does; a mixture's active experts only)
 //   verl                 6 N_verl + 6 d n L s, N_verl = L(h(2nd + 2gd) + 3 h ffn) + 2 V h (embedding
 //                        counted as a matmul, tied or not); verl after PR #4959
 //   verl_legacy          6 N_verl + 12 d n L s: verl before PR #4959 (what the anchors table's
@@ -181,26 +184,35 @@ namespace detail {
 // embedding lookup.
 constexpr bool multiplies_tokens(param_role r) {
   return r == param_role::qkv || r == param_role::o_proj || r == param_role::gate_up || r == param_role::fc ||
-         r == param_role::down || r == param_role::lm_head;
+         r == param_role::down || r == param_role::lm_head || r == param_role::expert_gate_up ||
+         r == param_role::expert_down || r == param_role::shared_gate_up || r == param_role::shared_down;
 }
 // Megatron's per-token FLOPs without the attention-score term: 6 (forward 2, backward 4) per
 // element of those weights, so a gated MLP adds 18 h ffn per layer and a plain one 12 h ffn, and
-// the LM head counts the padded vocab (Megatron's V').
+// the LM head counts the padded vocab (Megatron's V'). A mixture of experts counts the top_k
+// experts each token goes to and the shared expert, as Megatron's MoE formula does (the router's
+// h x experts and the shared gate's h are left out there too).
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
   std::int64_t per_layer = 0, head = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
     if (!multiplies_tokens(p.row->role)) return;
     if (p.row->role == param_role::lm_head) head = p.global.numel();  // (V', h), tied or not
+    else if (p.row->where == placement::expert) per_layer += hf_elements(p) * s.top_k.get();
     else per_layer += hf_elements(p);  // the roles are weights; biases have roles of their own
   });
   return 6 * (s.layers.get() * per_layer + head);
 }
 // verl's own count (_estimate_qwen2_flops), gated MLP included whatever the composition: it is
-// verl's convention, reproduced as verl reports it.
+// verl's convention, reproduced as verl reports it. For a mixture of experts, verl's MoE estimates'
+// form: the router, top_k gated experts and the shared expert in place of the dense MLP.
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
                      d = effective_head_dim(s);
-  return L * (h * (n * d + 2 * g * d + n * d) + 3 * h * s.ffn.get()) + 2 * s.vocab.get() * h;
+  const std::int64_t mlp = s.mlp.get() == mlp_kind::moe
+                               ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
+                                                                (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
+                               : 3 * h * s.ffn.get();
+  return L * (h * (n * d + 2 * g * d + n * d) + mlp) + 2 * s.vocab.get() * h;
 }
 // The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
 // half that causal.
@@ -213,7 +225,12 @@ constexpr flops_per_token training_flops_per_token(const shape& s, const layout&
                                                    std::int64_t seq) {
   const std::int64_t dense = detail::megatron_dense_per_token(s, l);
   const std::int64_t unit = detail::attention_unit(s);
-  const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get();
+  // torchtitan counts a mixture's active parameters: the experts a token does not reach are left out.
+  std::int64_t idle_experts = 0;
+  for_each_param(s, l, head_info{}, [&](const param_plan& p) {
+    if (p.row->where == placement::expert) idle_experts += hf_elements(p) * (s.experts.get() - s.top_k.get()) * s.layers.get();
+  });
+  const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get() - idle_experts;
   const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s);
   return {
       .megatron_non_causal = static_cast<double>(dense + 12 * seq * unit),
@@ -287,6 +304,18 @@ constexpr double actor_step_comm_bytes(const shape& s, const layout& l, std::int
   const double gathers = 2 + 4 * layers, scatters = 2 + 4 * layers;
   return bytes + gathers * ring_all_gather_bytes(shard, n) + scatters * ring_reduce_scatter_bytes(full, n) +
          ring_all_reduce_bytes((2 * layers + 1) * h * 4, n);
+}
+
+// Bytes one rank sends over its ep group by all-to-all in one forward + backward of a mixture of
+// experts, when its `tokens` rows are routed uniformly (the expected share (ep - 1) / ep of the
+// top_k copies leaves the rank): per layer the dispatch and the combine in the forward, and their
+// reverses in the backward, each of tokens * top_k rows of h elements of `element` bytes.
+// Dense models and ep = 1 send nothing.
+constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
+  if (s.mlp.get() != mlp_kind::moe || l.ep.get() <= 1) return 0;
+  const double ep = static_cast<double>(l.ep.get());
+  const double rows = static_cast<double>(tokens) * static_cast<double>(s.top_k.get());
+  return 4.0 * static_cast<double>(s.layers.get()) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
 }
 
 }  // namespace megadsl

@@ -2,7 +2,8 @@
 //
 //   megadsl::layout{.tp = 4, .pp = 2, .sp = true}
 //
-// Context and expert parallelism are reserved at 1 until implemented (rule `reserved_degrees`).
+// Context parallelism is reserved at 1 until implemented (rule `reserved_degrees`); expert
+// parallelism needs a mixture of experts (rule `ep_needs_experts`).
 #pragma once
 
 #include "megadsl/static_value.hpp"
@@ -19,7 +20,7 @@ struct layout {
   flag rmpad = false;          // remove padding: packed tokens with cu_seqlens
   dim vocab_pad_multiple = 128;  // vocab padded to a multiple of this times tp (Megatron's rule)
   dim cp = 1;                  // context parallel: reserved
-  dim ep = 1;                  // expert parallel: reserved
+  dim ep = 1;                  // expert parallel: whole experts per rank of the ep group
   dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
 };
 

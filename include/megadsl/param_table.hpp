@@ -2,8 +2,8 @@
 // table, read by the shard plan, `describe`, the loader, the saver and distributed checkpoints;
 // a model's shape (its family's block knobs) selects its rows.
 //
-// `{layer}` stands for the global layer index. Fused parameters list their HF sources in slot
-// order: qkv = [q, k, v], gate_up = [gate, up].
+// `{layer}` stands for the global layer index, `{expert}` for the expert's index in its layer.
+// Fused parameters list their HF sources in slot order: qkv = [q, k, v], gate_up = [gate, up].
 #pragma once
 
 #include <array>
@@ -54,17 +54,22 @@ enum class presence : std::int8_t {
   pre_norm_mlp,        // residual pre_norm: the MLP's norm, at post_attention_layernorm
   sandwich_mlp,        // residual sandwich: the MLP's pre-norm, at pre_feedforward_layernorm
   post_norms,          // residual post_norm or sandwich: norms after the sublayers
+  moe_mixtral,         // a mixture of experts under Mixtral's names
+  moe_qwen,            // a mixture of experts under Qwen's names
+  shared_expert,       // the shared expert and its gate (Qwen2-MoE)
   actor, critic, critic_bias,
 };
 
-// Where a parameter lives in the pipeline.
-enum class placement : std::int8_t { first_stage, layer, last_stage };
+// Where a parameter lives: in the pipeline (first stage, its layer's stage, last stage), and for an
+// expert's weights also in the expert-parallel group (the rank holding that expert).
+enum class placement : std::int8_t { first_stage, layer, last_stage, expert };
 
 // What the runtime binds a row to (one slot per role; no name matching).
 enum class param_role : std::int8_t {
   embed, attn_norm, attn_norm_bias, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, attn_post_norm,
   mlp_norm, mlp_norm_bias, gate_up, fc, fc_bias, down, down_bias, mlp_post_norm, final_norm,
   final_norm_bias, lm_head, value_weight, value_bias,
+  router, expert_gate_up, expert_down, shared_gate_up, shared_down, shared_gate,
 };
 
 // The extent of the dimension a row's HF tensors do not split: what `plan_of` sizes it by.
@@ -77,6 +82,10 @@ enum class extent : std::int8_t {
   ffn,         // row-parallel input intermediate_size (down)
   ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
   qkv_rows,    // column-parallel output (heads + 2 kv_heads) * head_dim, q/k/v interleaved per head
+  experts,     // (experts, h): the router
+  one_row,     // (1, h): the shared expert's gate
+  expert_ffn,  // an expert's intermediate size (gate_up rows, down's input)
+  shared_ffn,  // the shared expert's intermediate size
   none,        // the shape follows from the kind alone
 };
 
@@ -197,6 +206,36 @@ inline constexpr std::array<param_row, 17> mlp{{
      {"gpt_neox.layers.{layer}.mlp.dense_4h_to_h.bias"}, 1, param_role::down_bias, extent::hidden, false, name_scheme::gpt_neox},
 }};
 
+// moe_mlp<...>: the router (replicated; under tp its gradient is summed over tp, since the experts'
+// outputs it weighs are partial sums there), each expert a gated MLP split over etp like the dense
+// one (placement::expert: the rank of the ep group holding it), and Qwen2-MoE's shared expert with
+// its sigmoid gate. The MLP's norm is the gated MLP's row above (post_attention_layernorm).
+inline constexpr std::array<param_row, 9> moe{{
+    {"layers.{layer}.router.weight", shard_kind::replicated, placement::layer, presence::moe_mixtral,
+     {"model.layers.{layer}.block_sparse_moe.gate.weight"}, 1, param_role::router, extent::experts},
+    {"layers.{layer}.experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, placement::expert, presence::moe_mixtral,
+     {"model.layers.{layer}.block_sparse_moe.experts.{expert}.w1.weight",
+      "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3.weight"}, 2, param_role::expert_gate_up, extent::expert_ffn},
+    {"layers.{layer}.experts.{expert}.down.weight", shard_kind::row, placement::expert, presence::moe_mixtral,
+     {"model.layers.{layer}.block_sparse_moe.experts.{expert}.w2.weight"}, 1, param_role::expert_down, extent::expert_ffn},
+    {"layers.{layer}.router.weight", shard_kind::replicated, placement::layer, presence::moe_qwen,
+     {"model.layers.{layer}.mlp.gate.weight"}, 1, param_role::router, extent::experts},
+    {"layers.{layer}.experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, placement::expert, presence::moe_qwen,
+     {"model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight",
+      "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"}, 2, param_role::expert_gate_up, extent::expert_ffn},
+    {"layers.{layer}.experts.{expert}.down.weight", shard_kind::row, placement::expert, presence::moe_qwen,
+     {"model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"}, 1, param_role::expert_down, extent::expert_ffn},
+    {"layers.{layer}.shared_expert.gate_up.weight", shard_kind::fused_gate_up, placement::layer, presence::shared_expert,
+     {"model.layers.{layer}.mlp.shared_expert.gate_proj.weight", "model.layers.{layer}.mlp.shared_expert.up_proj.weight"}, 2,
+     param_role::shared_gate_up, extent::shared_ffn},
+    {"layers.{layer}.shared_expert.down.weight", shard_kind::row, placement::layer, presence::shared_expert,
+     {"model.layers.{layer}.mlp.shared_expert.down_proj.weight"}, 1, param_role::shared_down, extent::shared_ffn},
+    // Applied to the whole (gathered) input on every tp rank: replicated, its gradient partial per
+    // tp rank (it scales the shared expert's partial sums).
+    {"layers.{layer}.shared_expert_gate.weight", shard_kind::replicated, placement::layer, presence::shared_expert,
+     {"model.layers.{layer}.mlp.shared_expert_gate.weight"}, 1, param_role::shared_gate, extent::one_row},
+}};
+
 inline constexpr std::array<param_row, 4> final_norm{{
     {"final_norm.weight", shard_kind::replicated, placement::last_stage, presence::always,
      {"model.norm.weight"}, 1, param_role::final_norm, extent::hidden},
@@ -245,7 +284,7 @@ constexpr auto concat_rows(const std::array<param_row, N>&... parts) {
 
 // The decoder's composition in order: embedding, the block's two sublayers, final norm, heads.
 inline constexpr auto decoder_params =
-    detail::concat_rows(block_params::embedding, block_params::attention, block_params::mlp,
+    detail::concat_rows(block_params::embedding, block_params::attention, block_params::mlp, block_params::moe,
                         block_params::final_norm, block_params::lm_head, block_params::value_head);
 // An array declared longer than its rows would hold default rows, present in every model.
 static_assert([] {

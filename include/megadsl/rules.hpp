@@ -31,23 +31,26 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 23> rule_table{{
+inline constexpr std::array<rule_info, 26> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
     {"concatenated_qkv_has_no_bias", "HF's concatenated q/k/v storage (Phi-3) comes without a q/k/v bias"},
     {"interleaved_qkv_needs_kv_heads_equal_heads", "q/k/v interleaved per head (GPT-NeoX) needs kv_heads == heads"},
     {"rotary_dim_even", "the rotated share of each head (head_dim * rotary_fraction) is even and positive"},
+    {"moe_routing_valid", "a mixture of experts has experts >= 1, 1 <= top_k <= experts, and a shared expert a width"},
     {"heads_divisible_by_tp", "num_heads % tp == 0"},
     {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
     {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
     {"full_width_qk_norm_needs_kv_heads_per_rank", "a full-width q/k norm (OLMo2) needs kv_heads >= tp (no kv replication)"},
     {"etp_divides_tp", "the expert tensor-parallel degree etp divides tp (0: etp = tp): expert shards nest in the tp group"},
+    {"expert_ffn_divisible_by_etp", "each expert's intermediate size % etp == 0 (and the shared expert's % tp)"},
+    {"ep_needs_experts", "expert parallelism (ep > 1) needs a mixture of experts, with experts % ep == 0"},
     {"sp_needs_tp", "sequence parallelism needs tp > 1"},
     {"vpp_needs_pp", "virtual pipeline chunks (vpp > 1) need pp > 1"},
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
     {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
-    {"reserved_degrees", "context and expert parallelism are reserved at 1"},
+    {"reserved_degrees", "context parallelism is reserved at 1"},
     {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
     {"rope_scaling_valid", "rope scaling parameters are in range"},
     {"world_fits_layout", "world % (tp * pp * cp) == 0"},
@@ -67,11 +70,14 @@ enum class rule_id : std::int8_t {
   concatenated_qkv_has_no_bias,
   interleaved_qkv_needs_kv_heads_equal_heads,
   rotary_dim_even,
+  moe_routing_valid,
   heads_divisible_by_tp,
   kv_heads_fit_tp,
   ffn_divisible_by_tp,
   full_width_qk_norm_needs_kv_heads_per_rank,
   etp_divides_tp,
+  expert_ffn_divisible_by_etp,
+  ep_needs_experts,
   sp_needs_tp,
   vpp_needs_pp,
   layers_fit_stages,
@@ -244,6 +250,20 @@ constexpr void check_shape(const shape& s, violations& out) {
           .add("head_dim ", hd.get(), " * rotary_fraction ", s.rotary_fraction.get(), " rotates ", r,
                " dimensions; RoPE rotates pairs: use a fraction in (0, 1] that gives an even count >= 2");
   }
+  if (s.mlp.is_static() && s.mlp.get() == mlp_kind::moe) {
+    if (s.experts.is_static() && s.experts.get() < 1)
+      out.add("moe_routing_valid", {s.experts.get()})
+          .add("experts = ", s.experts.get(), ": a mixture of experts needs at least one (num_local_experts / num_experts)");
+    else if (known(s.experts, s.top_k) && (s.top_k.get() < 1 || s.top_k.get() > s.experts.get()))
+      out.add("moe_routing_valid", {s.top_k.get(), s.experts.get()})
+          .add("top_k = ", s.top_k.get(), " experts per token of ", s.experts.get(), "; use 1 <= top_k <= ", s.experts.get());
+    if (known(s.shared_expert, s.shared_expert_ffn) && s.shared_expert.get() && s.shared_expert_ffn.get() < 1)
+      out.add("moe_routing_valid", {s.shared_expert_ffn.get()})
+          .add("shared_expert_ffn = ", s.shared_expert_ffn.get(),
+               ": the composition has a shared expert; give its width (shared_expert_intermediate_size)");
+    if (const dim f = expert_ffn_of(s); f.is_static() && f.get() < 1)
+      out.add("moe_routing_valid", {f.get()}).add("each expert's intermediate size is ", f.get(), "; it must be positive");
+  }
   const auto& r = s.rope;
   if (r.type.is_static() && r.type.get() != rope_type::none) {
     if (r.factor.is_static() && r.factor.get() < 1.0)
@@ -268,6 +288,36 @@ constexpr void check_expert_tp(const layout& l, violations& out) {
   text& m = out.add("etp_divides_tp", {etp, tp});
   m.add("etp = ", etp, " does not divide tp = ", tp, " (an expert's shards are split over at most the attention's); valid etp: ");
   list_values(m, tp, [&](std::int64_t t) { return tp % t == 0; });
+}
+
+// A mixture's experts over the ep group (whole experts) and each expert over etp.
+constexpr void check_experts(const shape& s, const layout& l, violations& out) {
+  const bool moe_known = s.mlp.is_static();
+  const bool moe = moe_known && s.mlp.get() == mlp_kind::moe;
+  if (positive(l.ep) && l.ep.get() > 1 && moe_known && !moe)
+    out.add("ep_needs_experts", {l.ep.get()})
+        .add("ep = ", l.ep.get(), " but the model has no experts (its MLP is ", name_of(s.mlp.get()),
+             "); use ep = 1, or a mixture-of-experts family (mixtral, qwen2_moe, qwen3_moe)");
+  if (moe && positive(l.ep, s.experts) && s.experts.get() % l.ep.get() != 0) {
+    const std::int64_t e = s.experts.get(), ep = l.ep.get();
+    text& m = out.add("ep_needs_experts", {e, ep});
+    m.add("experts = ", e, " do not split over ep = ", ep, " ranks (each holds whole experts); valid ep: ");
+    list_values(m, e, [&](std::int64_t t) { return e % t == 0; });
+  }
+  if (!moe || !positive(l.tp) || !l.etp.is_static() || l.etp.get() < 0) return;
+  const std::int64_t etp = expert_tp(l);
+  if (const dim f = expert_ffn_of(s); positive(f) && f.get() % etp != 0) {
+    text& m = out.add("expert_ffn_divisible_by_etp", {f.get(), etp});
+    m.add("each expert's intermediate size ", f.get(), " is not divisible by etp = ", etp, "; valid etp: ");
+    list_values(m, f.get() < 64 ? f.get() : 64, [&](std::int64_t t) { return f.get() % t == 0; });
+  }
+  if (known(s.shared_expert) && s.shared_expert.get() && positive(s.shared_expert_ffn) &&
+      s.shared_expert_ffn.get() % l.tp.get() != 0) {
+    const std::int64_t f = s.shared_expert_ffn.get(), tp = l.tp.get();
+    text& m = out.add("expert_ffn_divisible_by_etp", {f, tp});
+    m.add("the shared expert's intermediate size ", f, " is not divisible by tp = ", tp, "; valid tp: ");
+    list_values(m, f < 64 ? f : 64, [&](std::int64_t t) { return f % t == 0; });
+  }
 }
 
 constexpr void check_tensor_parallel(const shape& s, const layout& l, violations& out) {
@@ -304,6 +354,7 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
     });
   }
   check_expert_tp(l, out);
+  check_experts(s, l, out);
   if (l.sp.is_static() && l.sp.get() && tp == 1)
     out.add("sp_needs_tp", {tp}).add("sequence parallelism needs tp > 1 (got tp = 1); set tp >= 2 or sp = false");
 }
@@ -343,10 +394,9 @@ constexpr void check_pipeline(const shape& s, const layout& l, violations& out) 
 }
 
 constexpr void check_reserved(const layout& l, violations& out) {
-  if ((l.cp.is_static() && l.cp.get() != 1) || (l.ep.is_static() && l.ep.get() != 1))
-    out.add("reserved_degrees", {l.cp.is_static() ? l.cp.get() : 1, l.ep.is_static() ? l.ep.get() : 1})
-        .add("cp = ", l.cp.is_static() ? l.cp.get() : 1, " and ep = ", l.ep.is_static() ? l.ep.get() : 1,
-             " are reserved: context and expert parallelism are not implemented yet; use cp = 1 and ep = 1");
+  if (l.cp.is_static() && l.cp.get() != 1)
+    out.add("reserved_degrees", {l.cp.get()})
+        .add("cp = ", l.cp.get(), " is reserved: context parallelism is not implemented yet; use cp = 1");
   if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
     out.add("vocab_pad_multiple_positive")
         .add("vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " must be >= 1 (Megatron's default is 128)");

@@ -33,8 +33,12 @@ constexpr std::string_view name_of(rope_type t) {
 // How a norm applies its weight: RMSNorm as Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in
 // fp32, or OLMo2's `(w * x).to(dtype)` in fp32; or LayerNorm with a bias (StarCoder2, NeoX).
 enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul, layer_norm };
-// The MLP: gated (down(act(gate x) * up x)) or plain (proj(act(fc x + b)) + b).
-enum class mlp_kind : std::int8_t { gated, plain };
+// The MLP: gated (down(act(gate x) * up x)), plain (proj(act(fc x + b)) + b), or a mixture of
+// gated experts behind a top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE).
+enum class mlp_kind : std::int8_t { gated, plain, moe };
+// The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
+// Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
+enum class moe_names : std::int8_t { mixtral, qwen };
 // Q/K RMSNorm before RoPE: none, per head over head_dim (Qwen3), or over the full projection width
 // (OLMo2: heads * head_dim for q, kv_heads * head_dim for k; under tp a sum of squares over tp).
 enum class qk_norm_kind : std::int8_t { none, per_head, full_width };
@@ -58,7 +62,10 @@ enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
 constexpr std::string_view name_of(norm_kind k) {
   return k == norm_kind::rms ? "rms" : k == norm_kind::rms_1p ? "rms_1p" : k == norm_kind::rms_wmul ? "rms_wmul" : "layer_norm";
 }
-constexpr std::string_view name_of(mlp_kind k) { return k == mlp_kind::gated ? "gated" : "plain"; }
+constexpr std::string_view name_of(mlp_kind k) {
+  return k == mlp_kind::gated ? "gated" : k == mlp_kind::plain ? "plain" : "moe";
+}
+constexpr std::string_view name_of(moe_names n) { return n == moe_names::mixtral ? "mixtral" : "qwen"; }
 constexpr std::string_view name_of(qk_norm_kind k) {
   return k == qk_norm_kind::none ? "none" : k == qk_norm_kind::per_head ? "per_head" : "full_width";
 }
@@ -87,7 +94,9 @@ template <>
 inline constexpr auto enum_values<norm_kind> =
     std::array{norm_kind::rms, norm_kind::rms_1p, norm_kind::rms_wmul, norm_kind::layer_norm};
 template <>
-inline constexpr auto enum_values<mlp_kind> = std::array{mlp_kind::gated, mlp_kind::plain};
+inline constexpr auto enum_values<mlp_kind> = std::array{mlp_kind::gated, mlp_kind::plain, mlp_kind::moe};
+template <>
+inline constexpr auto enum_values<moe_names> = std::array{moe_names::mixtral, moe_names::qwen};
 template <>
 inline constexpr auto enum_values<qk_norm_kind> =
     std::array{qk_norm_kind::none, qk_norm_kind::per_head, qk_norm_kind::full_width};
@@ -145,6 +154,15 @@ struct shape {
   // the rest pass through (GPT-NeoX's rotary_pct, HF's partial_rotary_factor).
   real rotary_fraction = 1.0;
   maybe<name_scheme> names = name_scheme::llama;  // set by the family's composition
+  // A mixture of experts (mlp = moe; 0 and false for a dense MLP). Numbers from config.json:
+  dim experts = 0;            // routed experts per layer (num_local_experts, num_experts)
+  dim top_k = 0;              // experts per token (num_experts_per_tok)
+  dim expert_ffn = 0;         // each expert's intermediate size (moe_intermediate_size; 0: ffn, Mixtral's)
+  dim shared_expert_ffn = 0;  // the shared expert's (shared_expert_intermediate_size)
+  flag norm_topk = false;     // the top-k weights renormalised to sum 1 (Mixtral always; norm_topk_prob)
+  // Set by the family's composition:
+  maybe<moe_names> expert_naming = moe_names::qwen;
+  flag shared_expert = false;  // a shared expert behind a sigmoid gate beside the routed ones (Qwen2-MoE)
 };
 
 // Every field dynamic: the form the command-line tool uses for any HF checkpoint.
@@ -157,7 +175,9 @@ inline constexpr shape dynamic_shape = {
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
     .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
     .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .query_pre_attn_scalar = dynamic,
-    .attn_softcap = dynamic, .final_softcap = dynamic, .rotary_fraction = dynamic, .names = dynamic};
+    .attn_softcap = dynamic, .final_softcap = dynamic, .rotary_fraction = dynamic, .names = dynamic,
+    .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic, .shared_expert_ffn = dynamic,
+    .norm_topk = dynamic, .expert_naming = dynamic, .shared_expert = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
@@ -170,6 +190,12 @@ constexpr dim effective_head_dim(const shape& s) {
   if (s.head_dim.get() != 0) return s.head_dim;
   if (s.hidden.is_dynamic() || s.heads.is_dynamic() || s.heads.get() <= 0) return dynamic;
   return s.hidden.get() / s.heads.get();
+}
+
+// Each expert's intermediate size: moe_intermediate_size, or intermediate_size (Mixtral's experts).
+constexpr dim expert_ffn_of(const shape& s) {
+  if (s.expert_ffn.is_dynamic()) return dynamic;
+  return s.expert_ffn.get() != 0 ? s.expert_ffn : s.ffn;
 }
 
 }  // namespace megadsl

@@ -94,6 +94,9 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::pre_norm_mlp: return s.residual.get() == residual_kind::pre_norm || s.residual.get() == residual_kind::parallel;
     case presence::sandwich_mlp: return s.residual.get() == residual_kind::sandwich;
     case presence::post_norms: return s.residual.get() == residual_kind::post_norm || s.residual.get() == residual_kind::sandwich;
+    case presence::moe_mixtral: return s.mlp.get() == mlp_kind::moe && s.expert_naming.get() == moe_names::mixtral;
+    case presence::moe_qwen: return s.mlp.get() == mlp_kind::moe && s.expert_naming.get() == moe_names::qwen;
+    case presence::shared_expert: return s.mlp.get() == mlp_kind::moe && s.shared_expert.get();
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;
@@ -111,9 +114,40 @@ struct param_plan {
   std::string_view tied_source;     // then: the embedding's HF name, its source
 };
 
+// The intermediate width of the MLP a row belongs to: the dense MLP's, an expert's or the shared
+// expert's.
+constexpr std::int64_t mlp_width(const param_row& row, const shape& s) {
+  if (row.size == extent::expert_ffn) return expert_ffn_of(s);
+  if (row.size == extent::shared_ffn) return s.shared_expert_ffn;
+  return s.ffn;
+}
+
+// Copies of a row in the model: one, one per layer, or one per expert of each layer.
+constexpr std::int64_t instances(const param_row& row, const shape& s) {
+  switch (row.where) {
+    case placement::layer: return s.layers;
+    case placement::expert: return s.layers.get() * s.experts.get();
+    case placement::first_stage:
+    case placement::last_stage: return 1;
+  }
+  return 1;
+}
+
+// Which layer and expert copy `i` of a row (in [0, instances)) is: layer-major, so one layer's
+// experts are consecutive.
+struct param_instance {
+  std::int64_t layer = 0;
+  std::int64_t expert = 0;
+};
+constexpr param_instance instance_of(const param_row& row, const shape& s, std::int64_t i) {
+  if (row.where == placement::expert) return {i / s.experts.get(), i % s.experts.get()};
+  if (row.where == placement::layer) return {i, 0};
+  return {};
+}
+
 constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
   const std::int64_t h = s.hidden, tp = l.tp, hd = effective_head_dim(s);
-  const std::int64_t heads = s.heads, kv = s.kv_heads, ffn = s.ffn;
+  const std::int64_t heads = s.heads, kv = s.kv_heads;
   param_plan p;
   p.row = &row;
   switch (row.kind) {
@@ -128,7 +162,9 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       break;
     }
     case shard_kind::replicated:
-      if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      if (row.size == extent::experts) p.hf_shapes[0] = p.local = p.global = mat(s.experts, h);
+      else if (row.size == extent::one_row) p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      else if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
       else if (row.role == param_role::value_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
       else p.hf_shapes[0] = p.local = p.global = vec(row.size == extent::head_dim ? hd : h);
       break;
@@ -143,15 +179,17 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       if (row.concatenated) p.hf_shapes = {mat((heads + 2 * kv) * hd, h), dims{}, dims{}};  // [Q; K; V]
       break;
     }
-    case shard_kind::fused_gate_up:
-      p.hf_shapes = row.concatenated ? std::array<dims, 3>{mat(2 * ffn, h), dims{}, dims{}}  // [gate; up]
-                                     : std::array<dims, 3>{mat(ffn, h), mat(ffn, h), dims{}};
-      p.local = mat(2 * ffn / tp, h);
-      p.global = mat(2 * ffn, h);
+    case shard_kind::fused_gate_up: {
+      const std::int64_t f = mlp_width(row, s);
+      p.hf_shapes = row.concatenated ? std::array<dims, 3>{mat(2 * f, h), dims{}, dims{}}  // [gate; up]
+                                     : std::array<dims, 3>{mat(f, h), mat(f, h), dims{}};
+      p.local = mat(2 * f / tp, h);
+      p.global = mat(2 * f, h);
       p.split_dim = 0;
       break;
+    }
     case shard_kind::row: {
-      const std::int64_t in = row.size == extent::attn_width ? heads * hd : ffn;
+      const std::int64_t in = row.size == extent::attn_width ? heads * hd : mlp_width(row, s);
       p.hf_shapes[0] = p.global = mat(h, in);
       p.local = mat(h, in / tp);
       p.split_dim = 1;
@@ -161,7 +199,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       // A plain MLP's fc weight (ffn, h) and bias (ffn); NeoX's query_key_value ((heads + 2 kv) d, h)
       // and its bias, whose rows are grouped per head, so each rank's heads are contiguous.
       if (row.size == extent::ffn_rows || row.size == extent::qkv_rows) {
-        const std::int64_t rows = row.size == extent::ffn_rows ? ffn : (heads + 2 * kv) * hd;
+        const std::int64_t rows = row.size == extent::ffn_rows ? s.ffn.get() : (heads + 2 * kv) * hd;
         const bool bias = row.role == param_role::fc_bias || row.role == param_role::qkv_bias;
         p.hf_shapes[0] = p.global = bias ? vec(rows) : mat(rows, h);
         p.local = bias ? vec(rows / tp) : mat(rows / tp, h);
@@ -221,7 +259,7 @@ constexpr dims local_shape(std::string_view name) {
   return plan_params<Spec>()[name].local;
 }
 
-// Elements each (tp rank, pp rank) holds: the plan's figure for memory tables.
+// Elements each (tp rank, pp rank, ep rank) holds: the plan's figure for memory tables.
 constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info h,
                                       std::int64_t pp_rank) {
   std::int64_t total = 0;
@@ -233,6 +271,9 @@ constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info
         break;
       case placement::layer:
         total += p.local.numel() * layers_on_pp_rank(s, l, pp_rank);
+        break;
+      case placement::expert:  // experts / ep of each layer on each rank of the ep group
+        total += p.local.numel() * layers_on_pp_rank(s, l, pp_rank) * (s.experts.get() / l.ep.get());
         break;
       case placement::last_stage:
         // A tied lm_head is the embedding itself when both live on one rank.

@@ -64,6 +64,13 @@ constexpr key_name key_names[] = {
     {"final_softcap", "final_logit_softcapping"},
     {"rotary_fraction", "rope_parameters.partial_rotary_factor / rotary_pct"},
     {"names", "model_type (its tensor names)"},
+    {"experts", "num_local_experts / num_experts"},
+    {"top_k", "num_experts_per_tok"},
+    {"expert_ffn", "moe_intermediate_size"},
+    {"shared_expert_ffn", "shared_expert_intermediate_size"},
+    {"norm_topk", "norm_topk_prob"},
+    {"expert_naming", "model_type (its expert tensor names)"},
+    {"shared_expert", "model_type (its shared expert)"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -85,6 +92,7 @@ struct family_defaults {
   std::int64_t head_dim;     // 0: hidden / heads
   bool tie_embeddings;
   shape knobs;               // the family's block knobs (layers/blocks.hpp)
+  bool norm_topk = false;    // a mixture's norm_topk_prob default (Mixtral: always renormalised)
 };
 constexpr shape knobs_of_llama = blocks::lowering<llama_blocks>::apply(shape{});
 constexpr family_defaults defaults_table[] = {
@@ -98,6 +106,9 @@ constexpr family_defaults defaults_table[] = {
     {"phi3", "Phi3", "rms_norm_eps", "hidden_act", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
     {"starcoder2", "Starcoder2", "norm_epsilon", "hidden_act", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
     {"gpt_neox", "GPTNeoX", "layer_norm_eps", "hidden_act", 2048, 1e-5, 10000.0, true, 0, false, blocks::lowering<gpt_neox_blocks>::apply(shape{})},
+    {"mixtral", "Mixtral", "rms_norm_eps", "hidden_act", 4096 * 32, 1e-5, 1000000.0, false, 0, false, blocks::lowering<mixtral_blocks>::apply(shape{}), true},
+    {"qwen2_moe", "Qwen2Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, true, 0, false, blocks::lowering<qwen2_moe_blocks>::apply(shape{})},
+    {"qwen3_moe", "Qwen3Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, false, 0, false, blocks::lowering<qwen3_moe_blocks>::apply(shape{})},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -373,7 +384,23 @@ constexpr config_key config_keys[] = {
     {"*", "vocab_size", key_use::read},
     {"*", "head_dim", key_use::read},
     {"*", "max_position_embeddings", key_use::read},
-    {"llama mistral qwen2 qwen3 gemma gemma2 olmo2 phi3", "rms_norm_eps", key_use::read},
+    {"llama mistral qwen2 qwen3 gemma gemma2 olmo2 phi3 mixtral qwen2_moe qwen3_moe", "rms_norm_eps", key_use::read},
+    // A mixture of experts: read by parse_hf_config (mlp_only_layers and decoder_sparse_step only
+    // when every layer stays sparse).
+    {"mixtral qwen2_moe qwen3_moe", "num_experts_per_tok", key_use::read},
+    {"mixtral qwen3_moe", "num_local_experts", key_use::read},
+    {"qwen2_moe qwen3_moe", "num_experts", key_use::read},
+    {"qwen2_moe qwen3_moe", "moe_intermediate_size", key_use::read},
+    {"qwen2_moe", "shared_expert_intermediate_size", key_use::read},
+    {"qwen2_moe qwen3_moe", "norm_topk_prob", key_use::read},
+    {"qwen2_moe qwen3_moe", "decoder_sparse_step", key_use::read},
+    {"qwen2_moe qwen3_moe", "mlp_only_layers", key_use::read},
+    {"qwen2_moe", "qkv_bias", key_use::read},
+    {"mixtral", "router_jitter_noise", key_use::refused},  // training-time noise on the router's input
+    // The load-balancing loss's weight and whether HF returns the router logits: the trainer's
+    // business (its own coefficient), not the log-probs'.
+    {"mixtral qwen2_moe qwen3_moe", "router_aux_loss_coef", key_use::no_effect},
+    {"mixtral qwen2_moe qwen3_moe", "output_router_logits", key_use::no_effect},
     {"starcoder2", "norm_epsilon", key_use::read},     // its LayerNorms' eps
     {"gpt_neox", "layer_norm_eps", key_use::read},     // its LayerNorms' eps
     {"gpt_neox", "rotary_pct", key_use::read},         // 4.x's partial_rotary_factor
@@ -388,17 +415,18 @@ constexpr config_key config_keys[] = {
     {"*", "rope_parameters", key_use::read},
     {"*", "tie_word_embeddings", key_use::read},
     {"*", "hidden_act", key_use::read},                // the family's activation only
-    {"llama qwen3 gemma gemma2 olmo2", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
+    {"llama qwen3 gemma gemma2 olmo2 qwen3_moe", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
     {"llama", "mlp_bias", key_use::read},              // only false
     {"gemma gemma2", "hidden_activation", key_use::read},  // Gemma's name of the activation
     {"gemma2", "query_pre_attn_scalar", key_use::read},    // the score scale
     {"gemma2", "attn_logit_softcapping", key_use::read},   // tanh soft-cap of the scores
     {"gemma2", "final_logit_softcapping", key_use::read},  // tanh soft-cap of the logits
     {"gemma2", "cache_implementation", key_use::no_effect},  // generation's kv cache
-    {"mistral qwen2 qwen3 gemma2 phi3 starcoder2", "sliding_window", key_use::read},  // applied on the sliding layers
-    {"qwen2 qwen3", "use_sliding_window", key_use::read},
-    {"qwen2 qwen3", "max_window_layers", key_use::read},
-    {"qwen2 qwen3 gemma2", "layer_types", key_use::read},
+    {"mistral qwen2 qwen3 gemma2 phi3 starcoder2 mixtral qwen2_moe qwen3_moe", "sliding_window", key_use::read},  // applied on the sliding layers
+    {"qwen2 qwen3 qwen2_moe qwen3_moe", "use_sliding_window", key_use::read},
+    {"qwen2 qwen3 qwen2_moe", "max_window_layers", key_use::read},
+    {"qwen3_moe", "max_window_layers", key_use::no_effect},  // Qwen3MoeAttention slides every layer or none
+    {"qwen2 qwen3 gemma2 qwen2_moe", "layer_types", key_use::read},
     {"mistral", "layer_types", key_use::no_effect},  // MistralModel slides every layer whatever it says
     // Refused unless neutral (checked in check_keys).
     {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
@@ -509,6 +537,11 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
     }
     if (k->use != key_use::refused || value.is_null()) continue;
     if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
+    if (key == "router_jitter_noise") {
+      if (value.is_number() && value.get<double>() == 0.0) continue;
+      r.fail(key, "is " + describe_json(value) + ": HF multiplies the router's input by random noise in training, "
+             "which megadsl does not, so training would differ", "set it to 0.0 (Mixtral's published configs have 0.0)");
+    }
     if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop" ||
         key == "residual_dropout" || key == "embedding_dropout" || key == "hidden_dropout") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
@@ -536,6 +569,14 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
   const json& root = r.root();
   const json* w = r.find(root, "sliding_window");
   const bool gemma2 = family == "gemma2";
+  if (family == "qwen2_moe" || family == "qwen3_moe") {
+    // Without use_sliding_window their configs clear the window whatever sliding_window says.
+    const json* use = r.find(root, "use_sliding_window");
+    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return {};
+    if (family == "qwen2_moe")
+      r.fail("use_sliding_window", "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl does not implement",
+             "this checkpoint is not supported yet (Qwen1.5-MoE and Qwen2-MoE publish it false)");
+  }
   if (family == "llama" || family == "gemma" || family == "olmo2" || (w == nullptr && !gemma2)) return {};
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
@@ -565,6 +606,48 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
   return out;
 }
 
+// A mixture of experts' keys. Mixtral names its count num_local_experts, Qwen2-MoE num_experts,
+// and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
+void read_experts(const reader& r, const family_defaults& fam, shape& s) {
+  const json& root = r.root();
+  const bool mixtral = fam.model_type == "mixtral";
+  const json* local = r.find(root, "num_local_experts");
+  const json* named = mixtral ? nullptr : r.find(root, "num_experts");
+  if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
+    r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
+           "keep one of them (transformers reads num_local_experts for " + std::string(fam.model_type) + ")");
+  if (!local && !named)
+    r.fail(mixtral ? "num_local_experts" : "num_experts", "missing (the number of experts per layer)",
+           "point megadsl at the model's own config.json or add the key");
+  s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, "num_experts", 1);
+  const std::int64_t default_k = mixtral ? 2 : fam.model_type == "qwen2_moe" ? 4 : 8;
+  s.top_k = r.optional<std::int64_t>("num_experts_per_tok", default_k,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  if (mixtral) {
+    s.expert_ffn = 0;  // intermediate_size
+    s.norm_topk = true;
+    return;
+  }
+  s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", fam.model_type == "qwen2_moe" ? 1408 : 768,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  s.norm_topk = r.optional<bool>("norm_topk_prob", fam.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  if (s.shared_expert.get())
+    s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", 5632,
+        [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  if (fam.model_type == "qwen2_moe")
+    s.qkv_bias = r.optional<bool>("qkv_bias", true, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, false);
+  // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
+  // (i + 1) % decoder_sparse_step == 0.
+  if (const json* step = r.find(root, "decoder_sparse_step"); step && r.integer(*step, "decoder_sparse_step", 1) != 1)
+    r.fail("decoder_sparse_step", "is " + describe_json(*step) + ": some layers would have a dense MLP, which megadsl's " +
+                                      std::string(fam.model_type) + " composition (every layer sparse) does not have",
+           "this checkpoint is not supported yet; the published checkpoints have decoder_sparse_step 1");
+  if (const json* only = r.find(root, "mlp_only_layers"); only && !(only->is_array() && only->empty()))
+    r.fail("mlp_only_layers", "is " + describe_json(*only) + ": those layers would have a dense MLP, which megadsl's " +
+                                  std::string(fam.model_type) + " composition (every layer sparse) does not have",
+           "this checkpoint is not supported yet; the published checkpoints have an empty list");
+}
+
 }  // namespace
 
 std::string_view hf_key_of(std::string_view field) {
@@ -586,7 +669,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 
   const json* mt = r.find(root, "model_type");
   const std::string types =
-      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\"";
+      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", "
+      "\"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"";
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
@@ -595,7 +679,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                                  [&](const family_defaults& f) { return f.model_type == out.model_type; });
   if (fam == std::end(defaults_table))
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
-           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2, GPT-NeoX/Pythia)");
+           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2, GPT-NeoX/Pythia, "
+           "Mixtral, Qwen1.5/2-MoE, Qwen3-MoE)");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
@@ -628,7 +713,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                           ": megadsl's value head has no dropout (verl's critics set it to 0)");
   }
   if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma ||
-      fam->model_type == "gemma2") {
+      fam->model_type == "gemma2" || fam->model_type == "qwen3_moe") {
     if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
       r.fail("attention_bias",
              "is true: HF " + std::string(fam->model_type) + " then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
@@ -704,6 +789,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     s.final_softcap = cap("final_logit_softcapping", 30.0);
   }
   blocks::copy_knobs(s, fam->knobs);
+  if (s.mlp.get() == mlp_kind::moe) read_experts(r, *fam, s);
 
   out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
   check_keys(r, fam->model_type, out.notes);
@@ -856,7 +942,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                                  [&](const family_defaults& f) { return f.model_type == model_type; });
   if (fam == std::end(defaults_table))
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
-                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox");
+                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2, gpt_neox, "
+                       "mixtral, qwen2_moe and qwen3_moe");
   if (!blocks::same_knobs(s, fam->knobs)) {
     std::string differ;  // every knob that is not the family's, with both values
     blocks::every_knob([&](std::string_view name, const auto& mine, const auto& theirs) {
@@ -924,7 +1011,38 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   }
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
-  if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "gemma2" ||
+  if (s.mlp.get() == mlp_kind::moe) {
+    j[model_type == "qwen2_moe" ? "num_experts" : "num_local_experts"] = s.experts.get();
+    j["num_experts_per_tok"] = s.top_k.get();
+    if (model_type == "mixtral") {
+      if (!s.norm_topk.get() || s.expert_ffn.get() != 0)
+        throw config_error("megadsl: a Mixtral config renormalises the top-k weights and sizes each expert by "
+                           "intermediate_size; this model has norm_topk " + show(s.norm_topk) + " and expert_ffn " +
+                           show(s.expert_ffn) + "; save it as model_type qwen3_moe");
+      j["router_jitter_noise"] = 0.0;
+    } else {
+      j["moe_intermediate_size"] = expert_ffn_of(s).get();
+      j["norm_topk_prob"] = s.norm_topk.get();
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      if (model_type == "qwen2_moe") {
+        j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
+        j["qkv_bias"] = s.qkv_bias.get();
+      }
+    }
+    if (window.any() && !(window.every_layer() && model_type != "qwen2_moe"))
+      throw config_error("megadsl: a " + family + " config slides every layer or none" +
+                         (model_type == "qwen2_moe" ? std::string(" (megadsl writes none)") : std::string()) +
+                         ", and this model's window is on some layers only; save it as a distributed checkpoint");
+    if (model_type == "qwen3_moe") {
+      if (s.qkv_bias.get())
+        throw config_error("megadsl: a Qwen3Moe config cannot express a q/k/v bias without an o_proj bias; save it as a distributed checkpoint");
+      j["attention_bias"] = false;
+      j["use_sliding_window"] = window.any();
+    }
+    if (model_type == "qwen2_moe") j["use_sliding_window"] = false;
+    if (model_type != "qwen2_moe") j["sliding_window"] = window.any() ? json(window.size) : json(nullptr);
+  } else if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "gemma2" ||
       model_type == "olmo2") {
     if (s.qkv_bias.get())
       throw config_error("megadsl: a " + family + " config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");

@@ -17,6 +17,7 @@
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "mp_support.hpp"
 
@@ -44,9 +45,13 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's LayerNorms and biased plain MLP;
 // GPT-NeoX's names, per-head interleaved query_key_value, partial rotary, parallel residual, exact
 // GELU and `classifier` value head).
+// The last three are mixtures of experts (4 experts, top 2): Mixtral, Qwen2-MoE with its shared
+// expert, Qwen3-MoE.
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
-                                        "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5"};
+                                        "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
+                                        "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5"};
+constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -142,6 +147,22 @@ void every_layout(const std::string& name, std::index_sequence<I...>) {
   (check_fixture<parity_layouts[I]>(name), ...);
 }
 
+// Expert parallelism on top of the layouts above (the mixtures only): the experts over 2 or 4
+// ranks of the data-parallel dimension, with tp, sp, remove-padding and pp.
+constexpr layout expert_layouts[] = {
+    {.ep = 2},
+    {.ep = 4},
+    {.tp = 2, .ep = 2},
+    {.tp = 2, .sp = true, .rmpad = true, .ep = 2},
+    {.pp = 2, .ep = 2},
+    {.pp = 2, .rmpad = true, .ep = 2},
+};
+
+template <std::size_t... I>
+void every_expert_layout(const std::string& name, std::index_sequence<I...>) {
+  (check_fixture<expert_layouts[I]>(name), ...);
+}
+
 // Every tensor of two checkpoints equal, bit for bit.
 void require_identical(const fs::path& a, const fs::path& b) {
   const hf_checkpoint x = hf_checkpoint::open(a), y = hf_checkpoint::open(b);
@@ -160,6 +181,47 @@ void require_identical(const fs::path& a, const fs::path& b) {
 
 TEST_CASE("megadsl matches transformers on every fixture, in every layout", "[world4][hf]") {
   for (const char* name : fixture_names) every_layout(name, std::make_index_sequence<std::size(parity_layouts)>());
+}
+
+TEST_CASE("the mixtures of experts match transformers with their experts over ep 2 and 4", "[world4][hf][moe]") {
+  for (const char* name : moe_fixture_names)
+    every_expert_layout(name, std::make_index_sequence<std::size(expert_layouts)>());
+}
+
+TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a checkpoint saved at ep 2 loads at ep 1 and 4", "[world4][hf][moe]") {
+  constexpr layout split{.tp = 2, .ep = 2}, ep1{}, ep4{.ep = 4};
+  for (const char* name : moe_fixture_names) {
+    INFO(name);
+    const fs::path dir = fixtures / name;
+    const shape s = read_hf_config(dir).s;
+    auto groups = parallel_groups::build(dist(), split);
+    parallel_model<causal_lm<any_llama, split>> m(groups, options_for(dir), s);
+    load_hf(m, groups, dir);
+    // Each ep rank holds half of each layer's experts.
+    std::int64_t experts_here = 0;
+    for (const named_parameter& p : m.parameters()) experts_here += p.plan->row->where == placement::expert;
+    CHECK(experts_here == s.layers.get() * (s.experts.get() / 2) * 2);  // gate_up and down per expert
+    const fs::path saved = shared_scratch(std::string("moe-roundtrip-") + name);
+    save_hf(m, groups, saved);
+    const fs::path dist_dir = shared_scratch(std::string("moe-dist-") + name);
+    save_distributed(m, groups, dist_dir);
+    groups.world->barrier();
+    if (dist().rank() == 0) require_identical(dir, saved);
+
+    const safetensors_file ref = safetensors_file::open(dir / "reference.safetensors");
+    const batch b{.input_ids = ref.read("left.input_ids"), .attention_mask = ref.read("left.attention_mask")};
+    const at::Tensor want = ref.read("left.log_probs");
+    auto g1 = parallel_groups::build(dist(), ep1);
+    parallel_model<causal_lm<any_llama, ep1>> one(g1, options_for(dir), s);
+    load_distributed(one, g1, dist_dir);
+    const model_output o1 = one.forward(b);
+    CHECK(masked_diff(o1.log_probs, want, o1.valid) <= 1e-4);
+    auto g4 = parallel_groups::build(dist(), ep4);
+    parallel_model<causal_lm<any_llama, ep4>> four(g4, options_for(dir), s);
+    load_distributed(four, g4, dist_dir);
+    const model_output o4 = four.forward(b);
+    CHECK(masked_diff(o4.log_probs, o1.log_probs, o1.valid) <= 1e-6);
+  }
 }
 
 TEST_CASE("HF -> (tp 2, pp 2) -> HF is bit-exact, actor and critic", "[world4][hf]") {

@@ -56,7 +56,7 @@ moe_run run_layer(const at::Tensor& tokens, const at::Tensor& seen_by_loss, std:
   if (given.defined()) r.indices = given;  // the weights still come from the live router
   if (given.defined()) r.weights = at::softmax(at::linear(x, router), -1, at::kFloat).gather(1, given);
   const at::Tensor y = naive ? naive_experts(x, r, gate_up, down)
-                             : moe_experts(x, r, {.experts = experts, .first = first, .gate_up = gate_up, .down = down},
+                             : moe_experts(x, r, {.experts = experts, .first = first, .gate_up = gate_up.unbind(0), .down = down.unbind(0)},
                                            activation::silu, ep);
   (y * seen_by_loss).sum().backward();
   auto grad = [](const at::Tensor& t) { return t.grad().defined() ? t.grad() : at::zeros_like(t); };
@@ -146,7 +146,8 @@ TEST_CASE("the router: softmax in fp32, top-k, renormalised or not (HF's order)"
   CHECK(norm.weights.scalar_type() == at::kFloat);
   // A routing that names an expert the layer does not have is refused, naming it.
   const routing bad{at::tensor({0, 9}, at::kLong).view({1, 2}), at::ones({1, 2})};
-  const local_experts all{.experts = 8, .first = 0, .gate_up = at::zeros({8, 2 * ffn, hidden}), .down = at::zeros({8, hidden, ffn})};
+  const local_experts all{.experts = 8, .first = 0, .gate_up = at::zeros({8, 2 * ffn, hidden}).unbind(0),
+                          .down = at::zeros({8, hidden, ffn}).unbind(0)};
   CHECK_THROWS_WITH(moe_experts(at::zeros({1, hidden}), bad, all, activation::silu, nullptr), Catch::Contains("names expert 9"));
 }
 

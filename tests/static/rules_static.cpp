@@ -92,7 +92,27 @@ static_assert(violates<llama3_8b, layout{.pp = 2, .vpp = 2, .first_stage_layers 
 static_assert(violates<llama3_8b, layout{.first_stage_layers = 4}>("stage_counts_need_pp"));
 
 static_assert(violates<llama3_8b, layout{.cp = 2}>("reserved_degrees"));
-static_assert(violates<llama3_8b, layout{.ep = 4}>("reserved_degrees"));
+static_assert(violates<llama3_8b, layout{.ep = 4}>("ep_needs_experts"));
+// Mixtures of experts: whole experts per ep rank, each expert split over etp (= tp).
+static_assert(valid_layout<megadsl::mixtral_8x7b, layout{.tp = 2, .pp = 4, .ep = 8}>);
+static_assert(valid_layout<megadsl::qwen3_30b_a3b, layout{.tp = 4, .sp = true, .ep = 16}>);
+static_assert(violates<megadsl::mixtral_8x7b, layout{.ep = 3}>("ep_needs_experts"));
+static_assert(first_message<megadsl::qwen1_5_moe_a2_7b, layout{.ep = 7}>() ==
+              "ep_needs_experts: experts = 60 do not split over ep = 7 ranks (each holds whole experts); valid ep: 1, 2, "
+              "3, 4, 5, 6, 10, 12, 15, 20, 30, 60");
+struct odd_experts : megadsl::qwen3_moe<shape{.hidden = 256, .layers = 2, .heads = 4, .kv_heads = 4, .ffn = 512,
+                                              .vocab = 1000, .max_positions = 128, .experts = 4, .top_k = 2,
+                                              .expert_ffn = 90}> {};
+static_assert(valid_layout<odd_experts, layout{.tp = 2}>);
+static_assert(first_message<odd_experts, layout{.tp = 4}>() ==
+              "expert_ffn_divisible_by_etp: each expert's intermediate size 90 is not divisible by etp = 4; valid etp: "
+              "1, 2, 3, 5, 6, 9, 10, 15, 18, 30, 45");
+static_assert(violates<odd_experts, layout{.tp = 2, .etp = 4}>("etp_divides_tp"));
+struct greedy_router : megadsl::qwen3_moe<shape{.hidden = 256, .layers = 2, .heads = 4, .kv_heads = 4, .ffn = 512,
+                                                .vocab = 1000, .max_positions = 128, .experts = 4, .top_k = 5,
+                                                .expert_ffn = 96}> {};
+static_assert(first_message<greedy_router, layout{}>() ==
+              "moe_routing_valid: top_k = 5 experts per token of 4; use 1 <= top_k <= 4");
 static_assert(violates<llama3_8b, layout{.vocab_pad_multiple = 0}>("vocab_pad_multiple_positive"));
 static_assert(violates<llama3_8b, layout{.tp = 0}>("positive_sizes"));
 static_assert(first_message<llama3_8b, layout{.tp = 0}>() == "positive_sizes: tp = 0 must be positive");

@@ -79,8 +79,12 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
       const double h = static_cast<double>(s.hidden.get()), L = static_cast<double>(s.layers.get());
       const double n = static_cast<double>(s.heads.get()), g = static_cast<double>(s.kv_heads.get());
       const double d = static_cast<double>(megadsl::effective_head_dim(s).get());
-      const double ffn = static_cast<double>(s.ffn.get());
-      const double m = s.mlp.get() == megadsl::mlp_kind::gated ? 1.5 : 1.0;
+      // A mixture: Megatron's moe_ffn_hidden_size x top_k + the shared expert's.
+      const double ffn = s.mlp.get() == megadsl::mlp_kind::moe
+                             ? static_cast<double>(megadsl::expert_ffn_of(s).get() * s.top_k.get() +
+                                                   (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
+                             : static_cast<double>(s.ffn.get());
+      const double m = s.mlp.get() == megadsl::mlp_kind::plain ? 1.0 : 1.5;
       const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
       for (const std::int64_t seq : {2048, 4096, 8192}) {
         const double sq = static_cast<double>(seq);
@@ -182,7 +186,11 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const std::int64_t norms = (s.residual.get() == megadsl::residual_kind::sandwich ? 4 : 2) * per_norm;
           const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == megadsl::mlp_kind::plain;
           const std::int64_t biases = (out_bias ? 1 : 0) + (out_bias && plain ? 1 : 0);
-          const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + L * qk_norms + (actor ? 0 : h + 1);
+          // A mixture's router (experts, h) and Qwen2-MoE's shared-expert gate (1, h) are replicated.
+          const bool moe = s.mlp.get() == megadsl::mlp_kind::moe;
+          const std::int64_t routers = moe ? L * h * (s.experts.get() + (s.shared_expert.get() ? 1 : 0)) : 0;
+          const std::int64_t replicated =
+              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

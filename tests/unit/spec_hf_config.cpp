@@ -43,6 +43,10 @@ std::string edited(std::string_view text, std::string_view from, std::string_vie
   return out.replace(at, from.size(), to);
 }
 
+constexpr std::string_view mixtral_like = R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "num_local_experts": 4,
+  "router_jitter_noise": 0.0})";
+
 constexpr std::string_view minimal = R"({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,
   "num_attention_heads": 8, "intermediate_size": 1376, "vocab_size": 1000})";
 
@@ -154,10 +158,12 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "JSON object");
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
-        "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\": add the model's");
+        "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
+            "\"qwen2_moe\" or \"qwen3_moe\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
-                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\" or \"gpt_neox\""));
+                         "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -233,7 +239,8 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
         ".hf_storage = separate, .mlp = gated, .out_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
-        ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama}");
+        ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama, .experts = 0, .top_k = 0, .expert_ffn = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .expert_naming = qwen, .shared_expert = false}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
@@ -354,4 +361,47 @@ TEST_CASE("every key is read, refused unless neutral, or known to change nothing
   for (const std::string& n : quiet.notes) CHECK_THAT(n, !Catch::Contains("unknown"));
   const auto odd = parse_hf_config(with(R"("my_scale\u001b[2J": 2.0)"));
   CHECK_THAT(odd.notes.back(), Catch::EndsWith("my_scale\\x1b[2J"));
+}
+
+TEST_CASE("mixtures of experts: the published configs read into the presets, and dense layers are refused",
+          "[spec][hf_config][moe]") {
+  const auto mixtral = megadsl::read_hf_config(data_dir / "mixtral-8x7b");
+  CHECK(mixtral.model_type == "mixtral");
+  CHECK(mixtral.notes.empty());
+  CHECK(same_shape(mixtral.s, megadsl::mixtral_8x7b::shape));
+  const auto qwen2 = megadsl::read_hf_config(data_dir / "qwen1.5-moe-a2.7b");
+  CHECK(same_shape(qwen2.s, megadsl::qwen1_5_moe_a2_7b::shape));
+  CHECK(qwen2.s.shared_expert.get());
+  CHECK(!qwen2.attention_window.any());  // sliding_window 32768, but use_sliding_window false
+  const auto qwen3 = megadsl::read_hf_config(data_dir / "qwen3-30b-a3b");
+  CHECK(same_shape(qwen3.s, megadsl::qwen3_30b_a3b::shape));
+  CHECK(megadsl::model_type_for(qwen3.s, {}) == "qwen3_moe");
+  CHECK(megadsl::model_type_for(mixtral.s, {}) == "mixtral");
+  CHECK(megadsl::model_type_for(qwen2.s, {}) == "qwen2_moe");
+
+  // Read back from the config.json megadsl writes, the same shape.
+  for (const auto* c : {&mixtral, &qwen2, &qwen3}) {
+    INFO(c->model_type);
+    const std::string written = megadsl::hf_config_json(c->s, c->model_type, false, "bfloat16", {});
+    CHECK(megadsl::mismatches(parse_hf_config(written, "written/config.json").s, c->s).empty());
+  }
+
+  const std::string qwen3_text = R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "num_experts": 8,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [], "decoder_sparse_step": 1})";
+  CHECK(parse_hf_config(qwen3_text, "x/config.json").s.experts.get() == 8);
+  CHECK_THAT(error_of(edited(qwen3_text, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [0, 3]")),
+             Catch::Contains("mlp_only_layers") && Catch::Contains("dense MLP"));
+  CHECK_THAT(error_of(edited(qwen3_text, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2")),
+             Catch::Contains("decoder_sparse_step") && Catch::Contains("dense MLP"));
+  CHECK_THAT(error_of(edited(qwen3_text, "\"num_experts\": 8", "\"num_experts\": 8, \"num_local_experts\": 6")),
+             Catch::Contains("num_experts") && Catch::Contains("keep one"));
+  CHECK_THAT(error_of(edited(mixtral_like, "\"router_jitter_noise\": 0.0", "\"router_jitter_noise\": 0.01")),
+             Catch::Contains("router_jitter_noise") && Catch::Contains("set it to 0.0"));
+  // top_k beyond the experts: the rule's words.
+  const shape bad_k = parse_hf_config(edited(qwen3_text, "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9"), "x").s;
+  CHECK_THAT(std::string(megadsl::check(bad_k, layout{}).joined().view()),
+             Catch::Contains("moe_routing_valid") && Catch::Contains("top_k = 9"));
+  CHECK_THAT(std::string(megadsl::check(bad_k, layout{.ep = 3}).joined().view()),
+             Catch::Contains("ep_needs_experts") && Catch::Contains("valid ep: 1, 2, 4, 8"));
 }

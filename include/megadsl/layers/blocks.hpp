@@ -30,6 +30,10 @@
 //   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
 //   decoder<E, B, N, name_scheme::gpt_neox>  the HF names of GPT-NeoX checkpoints (gpt_neox.*, embed_out)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
+//   moe_mlp<silu, moe_knobs{...}>     HF's sparse MoE block: router softmax in fp32 over every expert,
+//                                     top-k (renormalised per the shape's norm_topk), each expert a
+//                                     gated MLP, weights in fp32 until they scale the experts' outputs;
+//                                     .shared_expert: + sigmoid(gate(x)) * shared(x) (Qwen2-MoE)
 #pragma once
 
 #include <string_view>
@@ -73,6 +77,19 @@ struct gated_mlp {
 template <activation A = activation::gelu_tanh>
 struct plain_mlp {
   static constexpr activation act = A;
+};
+
+struct moe_knobs {
+  moe_names names = moe_names::qwen;  // Mixtral's or Qwen's HF tensor names
+  bool shared_expert = false;         // Qwen2-MoE's shared expert and its sigmoid gate
+};
+// A mixture of gated experts behind a top-k router: the shape gives experts, top_k, expert_ffn,
+// norm_topk (and shared_expert_ffn). Experts split over ep (whole experts) and each expert over
+// etp = tp like a gated MLP; tokens travel to their experts by all-to-all (layers/moe.hpp).
+template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
+struct moe_mlp {
+  static constexpr activation act = A;
+  static constexpr moe_knobs knobs = K;
 };
 
 // Vocab-parallel token embedding.
@@ -200,19 +217,28 @@ struct attention_traits<attention<K>> {
 };
 template <class T>
 struct mlp_traits {
-  static_assert(sizeof(T) == 0, "megadsl: a block's second sublayer wraps gated_mlp<...>");
+  static_assert(sizeof(T) == 0, "megadsl: a block's second sublayer wraps gated_mlp<...>, plain_mlp<...> or moe_mlp<...>");
 };
 template <activation A, tensor_storage S>
 struct mlp_traits<gated_mlp<A, S>> {
   static constexpr activation act = A;
   static constexpr tensor_storage storage = S;
   static constexpr mlp_kind kind = mlp_kind::gated;
+  static constexpr moe_knobs moe{};
 };
 template <activation A>
 struct mlp_traits<plain_mlp<A>> {
   static constexpr activation act = A;
   static constexpr tensor_storage storage = tensor_storage::separate;
   static constexpr mlp_kind kind = mlp_kind::plain;
+  static constexpr moe_knobs moe{};
+};
+template <activation A, moe_knobs K>
+struct mlp_traits<moe_mlp<A, K>> {
+  static constexpr activation act = A;
+  static constexpr tensor_storage storage = tensor_storage::separate;
+  static constexpr mlp_kind kind = mlp_kind::moe;
+  static constexpr moe_knobs moe = K;
 };
 
 template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, class FinalNorm, name_scheme Names>
@@ -238,6 +264,8 @@ struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, Fin
     s.hf_storage = knobs.storage;
     s.mlp = mlp_traits<typename mlp::inner>::kind;
     s.names = Names;
+    s.expert_naming = mlp_traits<typename mlp::inner>::moe.names;
+    s.shared_expert = mlp_traits<typename mlp::inner>::moe.shared_expert;
     return s;
   }
 };
@@ -250,7 +278,8 @@ constexpr bool every_knob(F&& holds, Shapes&&... s) {
   return holds("norm", s.norm...) && holds("qk_norm", s.qk_norm...) &&
          holds("mlp_activation", s.mlp_activation...) && holds("embed_scale", s.embed_scale...) &&
          holds("residual", s.residual...) && holds("hf_storage", s.hf_storage...) && holds("mlp", s.mlp...) &&
-         holds("names", s.names...);
+         holds("names", s.names...) && holds("expert_naming", s.expert_naming...) &&
+         holds("shared_expert", s.shared_expert...);
 }
 
 // Equal knobs (both static): the same composition.
@@ -303,6 +332,13 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
   if (is(s.mlp, mlp_kind::plain))
     t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "",
           neox ? "  [mlp: dense_h_to_4h, dense_4h_to_h]\n" : "  [mlp: c_fc, c_proj]\n");
+  else if (is(s.mlp, mlp_kind::moe)) {
+    const bool mixtral = is(s.expert_naming, moe_names::mixtral);
+    t.add("      moe_mlp<", knob(s.mlp_activation), ">  router softmax -> top ", s.top_k.is_static() ? s.top_k.get() : std::int64_t{-1},
+          " of ", s.experts.is_static() ? s.experts.get() : std::int64_t{-1}, is(s.norm_topk, true) ? ", renormalised" : "",
+          mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]\n" : "  [mlp: gate, experts.E.gate/up/down_proj]\n");
+    if (is(s.shared_expert, true)) t.add("        + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]\n");
+  }
   else
     t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
   t.add("  ", norm.view(), "  [norm]\n");

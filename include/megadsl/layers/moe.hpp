@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "megadsl/parallel/comm.hpp"
 #include "megadsl/shape.hpp"
@@ -29,13 +30,14 @@ struct routing {
 // norm_topk_prob) the k weights divided by their sum. logits: (T, E).
 routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise);
 
-// The experts this rank holds: experts [first, first + gate_up.size(0)) of the layer's `experts`,
-// which must be ep_rank * experts / ep onward (checked).
+// The experts this rank holds: experts [first, first + gate_up.size()) of the layer's `experts`,
+// which must be ep_rank * experts / ep onward (checked). Under etp = tp each is this tp rank's
+// shard (f = expert_ffn / tp) and the output is a partial sum over tp.
 struct local_experts {
-  std::int64_t experts = 0;  // in the layer (every rank of the ep group holds experts / ep)
-  std::int64_t first = 0;    // ep_rank * experts / ep
-  at::Tensor gate_up;        // (experts / ep, 2 f, h): per expert [gate; up] rows
-  at::Tensor down;           // (experts / ep, h, f)
+  std::int64_t experts = 0;          // in the layer (every rank of the ep group holds experts / ep)
+  std::int64_t first = 0;            // ep_rank * experts / ep
+  std::vector<at::Tensor> gate_up;   // experts / ep of (2 f, h): per expert [gate; up] rows
+  std::vector<at::Tensor> down;      // experts / ep of (h, f)
 };
 
 // sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h). The (token,

@@ -88,6 +88,10 @@ struct parallel_groups {
   rank_coords me{};
   std::unique_ptr<comm_group> tp, pp, dp, embedding;
   std::unique_ptr<comm_group> world;  // every rank: checkpoint barriers and agreement on errors
+  // With ep > 1 (Megatron's expert grid, rank_grid.hpp): the ranks whose tokens meet at the
+  // experts (all-to-all), and the replicas of one rank's experts (their gradients' sum). Null at
+  // ep = 1, where experts are replicated like every other weight: over dp.
+  std::unique_ptr<comm_group> ep, edp;
 
   // Checks the layout against the world size with the rules' words (world_fits_layout).
   static parallel_groups build(distributed& d, const layout& l);

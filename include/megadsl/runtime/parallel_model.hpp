@@ -84,6 +84,7 @@ struct named_parameter {
   const param_plan* plan;    // how it is sharded
   bool tp_partial_grad;      // gradient is partial per tp rank (SP-applied replicated weights, q/k norms): finalize_grads sums it
   bool counted_in_norm;      // false for copies (replicated on other tp ranks, tied copy, kv replica)
+  param_instance at{};       // its layer (and expert), for the HF names it binds
 };
 
 struct runtime_config {
@@ -150,8 +151,9 @@ class parallel_model {
   // This rank's parameters in table order (layers expanded with their global index).
   std::vector<named_parameter>& parameters() { return core_->parameters(); }
 
-  // Megatron's finalize_model_grads: sum over dp, over tp for SP-partial gradients (norms, value
-  // head) and kv-head replicas, and over the embedding group for tied embeddings across stages.
+  // Megatron's finalize_model_grads: sum over dp (an expert's over the expert-data-parallel
+  // group), over tp for partial gradients (SP-applied norms, value head, router) and kv-head
+  // replicas, and over the embedding group for tied embeddings across stages.
   void finalize_grads() { core_->finalize_grads(); }
 
   // Global gradient 2-norm over tp and pp, each parameter element counted once.

@@ -56,5 +56,7 @@ std::vector<at::Tensor> gather_hf(const param_plan& p, const shape& s, const lay
 
 // The row's name for one layer: "layers.{layer}.qkv.weight" -> "layers.3.qkv.weight".
 std::string with_layer(std::string_view pattern, std::int64_t layer);
+// ... and for one expert: "layers.{layer}.experts.{expert}.down.weight" -> "layers.3.experts.5.down.weight".
+std::string with_instance(std::string_view pattern, param_instance at);
 
 }  // namespace megadsl

@@ -1,0 +1,36 @@
+// Mixtral as strong preset types: the Llama composition with a mixture of eight gated experts in
+// place of the MLP (top 2, renormalised), under Mixtral's HF names (block_sparse_moe.*).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+using mixtral_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
+                  blocks::pre_norm<blocks::rms_norm<>,
+                                   blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::mixtral}>>>,
+    blocks::rms_norm<>>;
+
+// Mixtral: each expert is intermediate_size wide (expert_ffn 0 = ffn); the top-k weights are
+// always renormalised (MixtralConfig has no norm_topk_prob).
+template <shape S>
+struct mixtral : decoder_family<mixtral_blocks, S> {
+  static constexpr std::string_view family = "mixtral";
+  static constexpr std::string_view name = "mixtral";
+};
+
+struct mixtral_8x7b : mixtral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 14336,
+                                    .vocab = 32000, .max_positions = 32768, .rms_eps = 1e-5,
+                                    .rope_theta = 1000000.0, .experts = 8, .top_k = 2, .norm_topk = true}> {
+  static constexpr std::string_view name = "mixtral-8x7b";
+  static constexpr std::string_view hf_repo = "mistralai/Mixtral-8x7B-v0.1";
+  static constexpr std::int64_t published_params = 46'702'792'704;
+};
+
+}  // namespace megadsl
