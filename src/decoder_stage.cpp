@@ -124,7 +124,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
     inputs_ = {prepare(b)};
     model_output out;
     executor_.forward(*this, 0, [&](const at::Tensor& hidden) { out = head(hidden, inputs_[0], o); });
-    return broadcast_outputs(out, inputs_[0], o);
+    out = broadcast_outputs(out, inputs_[0], o);
+    if (o.record_routing && mlp_ == mlp_kind::moe) {
+      // Each stage knows its own layers' routing: the sum over stages of (routing + 1), zero
+      // where a layer ran elsewhere.
+      at::Tensor all = routing_of(inputs_[0]) + 1;
+      groups_->pp->all_reduce(all);
+      out.routed_experts = all - 1;
+    }
+    return out;
   }
 
   double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
@@ -201,6 +209,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   struct micro_input {
     packed_tokens pk;
     rope_tables rope;
+    // A mixture of experts: the routing to replay (T, layers, k) int64 (undefined: route live),
+    // and the routing each layer took, filled as the layers run (T, layers, k), -1 until then.
+    at::Tensor replay, routed;
   };
 
   // The micro-batches of one run of the executor, emptied when it ends, by return or by exception.
@@ -214,12 +225,36 @@ class decoder_stage final : public model_core, public pipeline_stage {
   };
 
   micro_input prepare(const batch& b) const {
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}};
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
+    const shape& s = cfg_.s;
+    if (b.routed_experts.defined() && mlp_ != mlp_kind::moe)
+      throw std::invalid_argument("megadsl: the batch carries routed_experts, but this model has no experts to route to");
+    if (mlp_ != mlp_kind::moe) return in;
+    const std::int64_t layers = s.layers.get(), k = s.top_k.get();
+    in.routed = at::full({in.pk.tokens, layers, k}, -1, at::TensorOptions().dtype(at::kLong).device(device_));
+    if (b.routed_experts.defined()) {
+      const at::Tensor& r = b.routed_experts;
+      const std::vector<std::int64_t> want{in.pk.batch, in.pk.seq, layers, k};
+      if (r.sizes().vec() != want || r.scalar_type() != at::kLong)
+        throw std::invalid_argument("megadsl: routed_experts has shape " + c10::str(r.sizes()) + " (" +
+                                    std::string(c10::toString(r.scalar_type())) + "); this batch and model need (" +
+                                    std::to_string(in.pk.batch) + ", " + std::to_string(in.pk.seq) + ", " +
+                                    std::to_string(layers) + ", " + std::to_string(k) +
+                                    ") int64: batch, sequence, layers, top_k, as a recorded forward returns it");
+      in.replay = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k}).index_select(0, in.pk.index);  // (T, L, k)
+      const at::Tensor given = in.replay;
+      if (given.numel() > 0 && (given.max().item<std::int64_t>() >= s.experts.get() || given.min().item<std::int64_t>() < -1))
+        throw std::invalid_argument("megadsl: routed_experts names experts outside 0.." + std::to_string(s.experts.get() - 1) +
+                                    " (or below -1, the padding mark); was it recorded for another model?");
+    }
     return in;
   }
+
+  // (b, s, layers, k) from a micro-batch's routing, -1 at padding (and at layers not run here).
+  at::Tensor routing_of(const micro_input& in) const { return in.pk.unpack(in.routed + 1) - 1; }
 
   // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).
   at::Tensor w(const at::Tensor& p) const {
@@ -252,7 +287,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
     at::Tensor x = ch.first_stage ? embed(in.pk.ids) : input;  // (T'/tp or T', h)
     for (std::int64_t i = 0; i < ch.count; ++i)
-      x = decoder_layer(x, ch.first_layer + i, in.pk, in.rope);
+      x = decoder_layer(x, ch.first_layer + i, in);
     return x;
   }
 
@@ -263,6 +298,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
     const at::Tensor x = norm(hidden, final_norm_, final_norm_bias_);
     model_output out;
+    if (o.record_routing && mlp_ == mlp_kind::moe && pp_size_ == 1) out.routed_experts = routing_of(in);
     if (cfg_.head.actor) {
       at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
       // Only when the stream has SP padding rows: a narrow's backward zero-fills a full-vocabulary buffer.
@@ -354,7 +390,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   // One decoder layer in its residual form: pre_norm x + f(n(x)), post_norm x + n(f(x)), sandwich
   // x + n'(f(n(x))), parallel x + attn(n1(x)) + mlp(n2(x)).
-  at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const packed_tokens& pk, const rope_tables& rope) {
+  at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const micro_input& in) {
+    const packed_tokens& pk = in.pk;
+    const rope_tables& rope = in.rope;
     const shape& s = cfg_.s;
     const layer_weights& lw = layers_[static_cast<std::size_t>(layer)];
     const std::int64_t tokens = pk.tokens;
@@ -395,7 +433,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
       mlp_out = row(activate(up, act_), lw.down, lw.down_bias);
     } else if (mlp_ == mlp_kind::moe) {
-      mlp_out = mixture(h2, lw, tokens);
+      mlp_out = mixture(h2, lw, tokens, layer, in);
     } else {
       mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
     }
@@ -408,13 +446,25 @@ class decoder_stage final : public model_core, public pipeline_stage {
   // (gathered under SP), its real tokens routed by the replicated router (the same routing on
   // every tp rank), sent to their experts over the ep group, each expert this tp rank's shard of
   // it; the shared expert's shard scaled by its gate. Partial sums over tp until the reduction.
-  at::Tensor mixture(const at::Tensor& h2, const layer_weights& lw, std::int64_t tokens) {
+  at::Tensor mixture(const at::Tensor& h2, const layer_weights& lw, std::int64_t tokens, std::int64_t layer,
+                     const micro_input& in) {
     const shape& s = cfg_.s;
     at::Tensor full = h2;                                                   // (T', h)
     if constexpr (Tp) full = sp_ ? gather_from_sp(h2, *tp_) : copy_to_tp(h2, *tp_);
     const std::int64_t stream = full.size(0);
     const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
-    const routing r = route(at::linear(x, w(lw.router)), s.top_k.get(), s.norm_topk.get());  // (T, k) each
+    const at::Tensor logits = at::linear(x, w(lw.router));                   // (T, E)
+    routing r = route(logits, s.top_k.get(), s.norm_topk.get());            // (T, k) each
+    if (in.replay.defined()) {
+      // Router replay: the given experts (the live ones where a position holds -1), weighted by
+      // the live router's probabilities for them, renormalised as the live top-k would be.
+      const at::Tensor given = in.replay.select(1, layer);                   // (T, k)
+      const at::Tensor live = given.select(1, 0).lt(0).unsqueeze(1);
+      r.indices = at::where(live, r.indices, given);
+      r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
+      if (s.norm_topk.get()) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+    }
+    in.routed.select(1, layer).copy_(r.indices);
     std::vector<at::Tensor> gate_up, down;
     for (const at::Tensor& t : lw.expert_gate_up) gate_up.push_back(w(t));
     for (const at::Tensor& t : lw.expert_down) down.push_back(w(t));

@@ -36,10 +36,19 @@ at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, c
   return 0.5 * at::max((v - mb.returns).pow(2), (clipped - mb.returns).pow(2));
 }
 
+namespace {
+// Every tensor of a rollout batch, in one list: f(tensor) for each defined one, in place.
+template <class F>
+rollout_batch each_tensor(rollout_batch b, F f) {
+  for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.loss_mask, &b.old_log_probs, &b.advantages, &b.ref_log_probs,
+                        &b.old_values, &b.returns, &b.routed_experts})
+    if (t->defined()) *t = f(*t);
+  return b;
+}
+}  // namespace
+
 rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end) {
-  auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, end - begin) : t; };
-  return {cut(b.input_ids), cut(b.attention_mask), cut(b.loss_mask), cut(b.old_log_probs),
-          cut(b.advantages), cut(b.ref_log_probs), cut(b.old_values), cut(b.returns)};
+  return each_tensor(b, [&](const at::Tensor& t) { return t.narrow(0, begin, end - begin); });
 }
 
 namespace detail {
@@ -156,9 +165,7 @@ namespace {
 
 rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t>& rows) {
   const at::Tensor index = at::tensor(rows, at::kLong);
-  auto pick = [&](const at::Tensor& t) { return t.defined() ? t.index_select(0, index) : t; };
-  return {pick(b.input_ids), pick(b.attention_mask), pick(b.loss_mask), pick(b.old_log_probs),
-          pick(b.advantages), pick(b.ref_log_probs), pick(b.old_values), pick(b.returns)};
+  return each_tensor(b, [&](const at::Tensor& t) { return t.index_select(0, index); });
 }
 
 }  // namespace
@@ -201,11 +208,7 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
 namespace {
 
 rollout_batch on_device(const rollout_batch& b, const at::Device& device) {
-  rollout_batch out = b;
-  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.loss_mask, &out.old_log_probs, &out.advantages,
-                        &out.ref_log_probs, &out.old_values, &out.returns})
-    if (t->defined() && t->device() != device) *t = t->to(device);
-  return out;
+  return each_tensor(b, [&](const at::Tensor& t) { return t.device() != device ? t.to(device) : t; });
 }
 
 }  // namespace
@@ -216,7 +219,8 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   // Loss tokens of the whole global batch: every rank sees it, so no collective is needed.
   const double loss_tokens = std::max(1.0, global.loss_mask.sum().item<double>());
   std::vector<batch> inputs;
-  for (const rollout_batch& part : parts) inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask});
+  for (const rollout_batch& part : parts)
+    inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts});
   const loss_function loss = [&](const model_output& out, std::int64_t index) {
     // The rollout usually lives on the CPU; the outputs on the model's device.
     const rollout_batch mb = on_device(parts[static_cast<std::size_t>(index)], out.valid.device());

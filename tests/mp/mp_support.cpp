@@ -27,12 +27,8 @@ std::map<std::string, at::Tensor> gather_hf_tensors(std::vector<named_parameter>
     const auto hf = gather_hf(*p.plan, c.s, c.l, tp, local);
     for (std::size_t i = 0; i < hf.size(); ++i) {
       // A tied lm_head's copy on the last stage is the embedding's twin.
-      std::string key(p.plan->tied ? std::string_view("model.embed_tokens.weight") : p.plan->row->hf[i]);
-      // expand {layer} with the index in this parameter's name ("layers.3.qkv.weight")
-      if (auto pos = key.find("{layer}"); pos != std::string::npos) {
-        const auto first = p.name.find('.') + 1, last = p.name.find('.', first);
-        key.replace(pos, 7, p.name.substr(first, last - first));
-      }
+      // ({layer} and {expert} expanded with the parameter's own.)
+      const std::string key = p.plan->tied ? std::string("model.embed_tokens.weight") : with_instance(p.plan->row->hf[i], p.at);
       out[key] = hf[i];
     }
   }

@@ -89,6 +89,24 @@ struct tiny8_starcoder2 : starcoder2<shape{.hidden = 128, .layers = 8, .heads = 
   static constexpr std::string_view name = "tiny8-starcoder2";
 };
 
+// The mixtures of experts at the same sizes: 8 experts, top 2 (Mixtral: renormalised, experts as
+// wide as ffn), top 3 of 8 beside a shared expert, not renormalised (Qwen2-MoE), and Qwen3-MoE's
+// per-head q/k norms with renormalised top 2.
+struct tiny8_mixtral : mixtral<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 96,
+                                     .vocab = 500, .max_positions = 256, .experts = 8, .top_k = 2, .norm_topk = true}> {
+  static constexpr std::string_view name = "tiny8-mixtral";
+};
+struct tiny8_qwen2_moe : qwen2_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                         .vocab = 500, .max_positions = 256, .qkv_bias = true, .experts = 8,
+                                         .top_k = 3, .expert_ffn = 64, .shared_expert_ffn = 160}> {
+  static constexpr std::string_view name = "tiny8-qwen2-moe";
+};
+struct tiny8_qwen3_moe : qwen3_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                         .vocab = 500, .head_dim = 48, .max_positions = 256, .experts = 8, .top_k = 2,
+                                         .expert_ffn = 64, .norm_topk = true}> {
+  static constexpr std::string_view name = "tiny8-qwen3-moe";
+};
+
 // A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
 rollout_batch make_rollout(std::int64_t vocab);
 

@@ -58,12 +58,18 @@ struct batch {
   at::Tensor input_ids;       // (b, s) int64
   at::Tensor attention_mask;  // (b, s) 1 = token, 0 = padding (left or right)
   at::Tensor labels;          // optional (b, s): log p(labels[t] | tokens <= t); default: next token
+  // Router replay (a mixture of experts): optional (b, s, layers, top_k) int64, the experts each
+  // token goes to in each layer, as a recorded forward returned them (`routed_experts`) or a
+  // rollout engine reported them. The router's weights for them still come from the live router
+  // (so it keeps learning); a position holding -1 (padding) is routed live.
+  at::Tensor routed_experts;
 };
 
 struct forward_options {
   double temperature = 1.0;   // logits / temperature before log-probs and entropy (never in place)
   bool entropy = true;
   bool return_logits = false; // gathers the full vocab: (b, s, vocab); costly, off by default
+  bool record_routing = false; // a mixture of experts: return the routing (model_output::routed_experts)
 };
 
 struct model_output {
@@ -72,6 +78,10 @@ struct model_output {
   at::Tensor logits;     // actor, on request: (b, s, vocab)
   at::Tensor values;     // critic: (b, s) fp32, 0 at padding
   at::Tensor valid;      // (b, s) bool: where log_probs (actor) or values (critic) are defined
+  // With record_routing: (b, s, layers, top_k) int64, the experts each token went to (the replayed
+  // ones when the batch carried routed_experts), -1 at padding. From forward() in any layout; from
+  // forward_backward's loss callback at pp = 1 only (each stage knows its own layers' routing).
+  at::Tensor routed_experts;
 };
 
 // The loss of micro-batch `index` from its outputs, on the last pipeline stage. It should already

@@ -49,6 +49,10 @@ struct rollout_batch {
   at::Tensor old_log_probs, advantages;  // actor (B, s)
   at::Tensor ref_log_probs;              // actor, when kl_coeff > 0
   at::Tensor old_values, returns;        // critic (B, s)
+  // Router replay (R2: recorded by the log-prob pass, model_output::routed_experts; R3: from the
+  // rollout engine): (B, s, layers, top_k) int64, replayed in the update's forward and backward.
+  // It travels with its rows through the dp split, the balancer and the micro-batches.
+  at::Tensor routed_experts;
 };
 
 struct step_metrics {

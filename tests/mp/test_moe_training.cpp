@@ -1,0 +1,155 @@
+// Mixtures of experts in every layout: inference and PPO training equal one process, and router
+// replay (record the routing in one forward, replay it in a later forward and its backward).
+#include "../catch_torch.hpp"
+
+#include "megadsl/runtime/trainer.hpp"
+#include "mp_support.hpp"
+
+namespace megadsl::test {
+namespace {
+
+const forward_options recording{.record_routing = true};
+
+// Where two routings (b, s, layers, k) differ, over the real tokens: the count of (token, layer)
+// pairs whose expert sets differ.
+std::int64_t routing_differences(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
+  const at::Tensor sa = std::get<0>(a.sort(-1)), sb = std::get<0>(b.sort(-1));
+  const at::Tensor differ = (sa != sb).any(-1) & mask.to(at::kBool).unsqueeze(-1);  // (b, s, layers)
+  return differ.sum().item<std::int64_t>();
+}
+
+// Every rank's routing of the same batch, and its outputs, equal one process's; a replayed routing
+// (not the one the router would choose) is followed to the expert in every layout.
+template <class M, layout L>
+void check_moe_inference() {
+  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get()
+               << " rmpad=" << L.rmpad.get());
+  const model_options opt = test_options<M>();
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<M>> ref(single, opt);
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<M, L>> model(groups, opt);
+  const padded_batch pb = make_batch(M::shape.vocab, /*left_padding=*/true);
+  batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const model_output r = ref.forward(b, recording), o = model.forward(b, recording);
+  CHECK(max_abs_diff(r.log_probs, o.log_probs) <= 1e-5);
+  CHECK(max_abs_diff(r.entropy, o.entropy) <= 1e-5);
+  REQUIRE(o.routed_experts.sizes() == at::IntArrayRef({4, 12, M::shape.layers.get(), M::shape.top_k.get()}));
+  CHECK(routing_differences(r.routed_experts, o.routed_experts, pb.mask) == 0);
+  CHECK(at::equal(o.routed_experts.select(0, 2).select(0, 0), at::full({M::shape.layers.get(), M::shape.top_k.get()}, -1, at::kLong)));  // padding
+
+  // Replay: each token sent to the next expert sets over (e + 1) % E, a routing the router did not choose.
+  b.routed_experts = at::where(r.routed_experts >= 0, (r.routed_experts + 1) % M::shape.experts.get(), r.routed_experts);
+  const model_output rr = ref.forward(b, recording), oo = model.forward(b, recording);
+  CHECK(routing_differences(rr.routed_experts, b.routed_experts, pb.mask) == 0);
+  CHECK(routing_differences(oo.routed_experts, b.routed_experts, pb.mask) == 0);
+  CHECK(max_abs_diff(rr.log_probs, oo.log_probs) <= 1e-5);
+  CHECK(max_abs_diff(rr.log_probs, r.log_probs) > 1e-3);  // the replayed experts changed the numbers
+}
+
+// Five PPO steps equal one process's; with `replay`, both replay the routing the initial model
+// recorded in its log-prob pass (verl's R2), and the update's routing is the recorded one.
+template <class M, layout L>
+void check_moe_training(std::int64_t microbatches, bool replay, const micro_batch_options* budget = nullptr) {
+  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get()
+               << " rmpad=" << L.rmpad.get() << " replay=" << replay);
+  const model_options mopt = test_options<M>();
+  const optimizer_config opt{.lr = 1e-4, .eps = 1e-6, .weight_decay = 0.01, .clip_grad = 1.0};
+  const actor_loss_config acfg{.clip_ratio = 0.2, .entropy_coeff = 0.01, .kl_coeff = 0.05};
+  rollout_batch rb = make_rollout(M::shape.vocab);
+
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<M>> ref(single, mopt);
+  if (replay) {  // the log-prob pass records
+    const model_output logp = ref.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask}, recording);
+    rb.routed_experts = logp.routed_experts;
+  }
+  trainer ref_trainer = make_trainer(ref, single, opt, acfg);
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<M, L>> model(groups, mopt);
+  trainer t = make_trainer(model, groups, opt, acfg);
+  for (int step = 0; step < 5; ++step) {
+    const step_metrics a = ref_trainer.step(rb, 1);
+    const step_metrics b = budget != nullptr ? t.step(rb, *budget) : t.step(rb, microbatches);
+    INFO("step " << step);
+    CHECK(std::abs(a.loss - b.loss) <= 1e-5 * std::max(1.0, std::abs(a.loss)));
+    CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * std::max(1.0, a.grad_norm));
+  }
+  const auto want = gather_hf_tensors(ref.parameters(), ref.config(), nullptr, false);
+  const auto got = gather_hf_tensors(model.parameters(), model.config(), groups.tp.get(), false);
+  REQUIRE(!got.empty());
+  std::int64_t experts_seen = 0;
+  for (const auto& [name, value] : got) {
+    INFO("parameter " << name);
+    REQUIRE(want.count(name) == 1);
+    CHECK(max_abs_diff(want.at(name), value) <= 1e-5);
+    experts_seen += name.find(".experts.") != std::string::npos;
+  }
+  // This rank's experts only: its stage's layers, experts / ep of each, three HF tensors each.
+  CHECK(experts_seen == M::shape.layers.get() / L.pp.get() * (M::shape.experts.get() / L.ep.get()) * 3);
+  if (replay) {
+    // The update's forward with the recorded routing takes exactly that routing, after training.
+    const batch b{.input_ids = rb.input_ids, .attention_mask = rb.attention_mask, .routed_experts = rb.routed_experts};
+    const model_output o = model.forward(b, recording);
+    CHECK(routing_differences(o.routed_experts, rb.routed_experts, rb.attention_mask) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mixtures of experts: every layout routes and computes like one process, and replays a given routing",
+          "[world4][moe][families]") {
+  check_moe_inference<tiny8_mixtral, layout{.ep = 4}>();
+  check_moe_inference<tiny8_mixtral, layout{.tp = 2, .pp = 2}>();
+  check_moe_inference<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_qwen2_moe, layout{.tp = 4, .sp = true}>();
+  check_moe_inference<tiny8_qwen3_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_qwen3_moe, layout{.pp = 2, .vpp = 2, .ep = 2}>();
+}
+
+TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
+          "[world4][moe][training]") {
+  check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);
+  check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true);
+  // Expert gradients summed over an expert-data-parallel group of 2 (dp 4 = ep 2 x edp 2), and
+  // over plain dp at ep 1.
+  check_moe_training<tiny8_mixtral, layout{.ep = 2}>(1, false);
+  check_moe_training<tiny8_qwen3_moe, layout{.tp = 2}>(2, false);
+  // The balancer reorders rows over dp and into micro-batches; the routing travels with its rows.
+  const micro_batch_options budget{.max_token_len = 20};
+  check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .ep = 4}>(0, true, &budget);
+}
+
+TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and without router replay",
+          "[world8][moe][training]") {
+  REQUIRE(dist().world() == 8);
+  check_moe_training<tiny8_mixtral, layout{.tp = 2, .pp = 2, .ep = 2}>(2, false);
+  check_moe_training<tiny8_mixtral, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
+  check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
+}
+
+TEST_CASE("without router replay the update can route differently from the log-prob pass; with it, never",
+          "[world4][moe][training]") {
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<tiny8_qwen2_moe>> m(single, test_options<tiny8_qwen2_moe>());
+  rollout_batch rb = make_rollout(tiny8_qwen2_moe::shape.vocab);
+  const batch plain{.input_ids = rb.input_ids, .attention_mask = rb.attention_mask};
+  const at::Tensor recorded = m.forward(plain, recording).routed_experts;  // the log-prob pass
+  // A few large steps: the policy moves on, as it does between rollouts and late PPO epochs.
+  trainer t = make_trainer(m, single, optimizer_config{.lr = 3e-2, .clip_grad = 0});
+  for (int i = 0; i < 3; ++i) t.step(rb, 1);
+  const std::int64_t live = routing_differences(m.forward(plain, recording).routed_experts, recorded, rb.attention_mask);
+  batch replayed = plain;
+  replayed.routed_experts = recorded;
+  const std::int64_t kept = routing_differences(m.forward(replayed, recording).routed_experts, recorded, rb.attention_mask);
+  INFO(live << " (token, layer) pairs routed differently without replay");
+  CHECK(live > 0);
+  CHECK(kept == 0);
+  // A routing for another model is refused with its shape.
+  replayed.routed_experts = recorded.narrow(2, 0, 4);
+  CHECK_THROWS_WITH(m.forward(replayed), Catch::Contains("routed_experts has shape") && Catch::Contains("(8, 12, 8, 3) int64"));
+}
+
+}  // namespace megadsl::test
