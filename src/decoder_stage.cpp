@@ -141,6 +141,16 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
     const running_inputs running(inputs_);
+    // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp
+    // rank routes the same tokens, and their gradients are summed over tp (copy_to_tp, the
+    // router's tp-partial gradient), so each holds 1 / tp of it.
+    aux_scale_ = 1.0 / static_cast<double>(m * groups_->dp->size() * tp_size_);
+    aux_total_ = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    struct training_run {
+      bool& flag;
+      explicit training_run(bool& f) : flag(f) { flag = true; }
+      ~training_run() { flag = false; }
+    } const in_training(training_);
     inputs_.reserve(microbatches.size());
     for (const batch& b : microbatches) inputs_.push_back(prepare(b));
     return executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
@@ -180,6 +190,13 @@ class decoder_stage final : public model_core, public pipeline_stage {
       at::Tensor g = tied_end_->tensor.grad();
       groups_->embedding->all_reduce(g);
     }
+  }
+
+  double moe_aux_loss() override {
+    at::Tensor t = aux_total_.defined() ? aux_total_.clone()
+                                        : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    groups_->world->all_reduce(t);  // tp ranks' shares, the stages' layers, the dp ranks' means
+    return t.item<double>();
   }
 
   double grad_norm() override {
@@ -465,6 +482,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (s.norm_topk.get()) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
     }
     in.routed.select(1, layer).copy_(r.indices);
+    const bool aux = training_ && (cfg_.options.moe_aux_loss_coeff != 0 || cfg_.options.moe_z_loss_coeff != 0);
     std::vector<at::Tensor> gate_up, down;
     for (const at::Tensor& t : lw.expert_gate_up) gate_up.push_back(w(t));
     for (const at::Tensor& t : lw.expert_down) down.push_back(w(t));
@@ -473,9 +491,29 @@ class decoder_stage final : public model_core, public pipeline_stage {
       const at::Tensor shared = at::linear(gated_activation(at::linear(x, w(lw.shared_gate_up)), act_), w(lw.shared_down));
       y = y + at::sigmoid(at::linear(x, w(lw.shared_gate))) * shared;
     }
+    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, in));
     if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
     if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
     return y;
+  }
+
+  // This layer's auxiliary losses over the micro-batch's real tokens, scaled (aux_scale_).
+  at::Tensor auxiliary_losses(const at::Tensor& logits, const routing& r, const micro_input& in) {
+    const model_options& o = cfg_.options;
+    const at::Tensor valid = in.pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
+    at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    if (o.moe_aux_loss_coeff != 0) {
+      const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+      const at::Tensor balance =
+          o.moe_aux_loss_per_sequence
+              ? sequence_load_balancing_loss(probs, r.indices, valid, at::floor_divide(in.pk.index, in.pk.seq), in.pk.batch)
+              : switch_load_balancing_loss(probs, r.indices, valid);
+      loss = loss + o.moe_aux_loss_coeff * balance;
+    }
+    if (o.moe_z_loss_coeff != 0) loss = loss + o.moe_z_loss_coeff * router_z_loss(logits, valid);
+    loss = loss * aux_scale_;
+    aux_total_ += loss.detach().to(at::kDouble);
+    return loss;
   }
 
   // RMSNorm over a width split across tp ranks (this rank's heads): the fp32 sum of squares is
@@ -609,6 +647,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   residual_kind residual_ = residual_kind::pre_norm;
   mlp_kind mlp_ = mlp_kind::gated;
   const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
+  bool training_ = false;            // inside forward_backward: the auxiliary losses apply
+  double aux_scale_ = 1.0;           // the auxiliary losses' scale in this forward_backward
+  at::Tensor aux_total_;             // their sum (this rank's share), for moe_aux_loss()
   std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
   qkv_rank_layout qkv_{};
   double attention_scale_ = 0;

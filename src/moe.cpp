@@ -1,7 +1,9 @@
 #include "megadsl/layers/moe.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -114,5 +116,56 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   const at::Tensor w = r.weights.reshape({tokens * k, 1}).to(x.scalar_type());
   return (per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
 }
+
+namespace {
+
+// (T, E) 0/1: expert e among token t's top k.
+at::Tensor routing_map(const at::Tensor& indices, std::int64_t experts) {
+  return at::zeros({indices.size(0), experts}, at::TensorOptions().dtype(at::kFloat).device(indices.device()))
+      .scatter_(1, indices, 1.0);
+}
+
+struct attach_loss_fn : torch::autograd::Function<attach_loss_fn> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& y, const at::Tensor& loss) {
+    (void)loss;
+    return y.view_as(y);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grad) {
+    return {grad[0], at::ones({}, grad[0].options().dtype(at::kFloat))};
+  }
+};
+
+}  // namespace
+
+at::Tensor switch_load_balancing_loss(const at::Tensor& probs, const at::Tensor& indices, const at::Tensor& valid) {
+  const std::int64_t experts = probs.size(1), k = indices.size(1);
+  const at::Tensor v = valid.to(at::kFloat).unsqueeze(1);                        // (T, 1)
+  const double tokens = std::max(1.0, valid.sum().item<double>());
+  const at::Tensor per_expert = (routing_map(indices, experts) * v).sum(0);      // (E) f_e, no gradient
+  const at::Tensor mass = (probs * v).sum(0);                                    // (E) P_e
+  return (mass * per_expert).sum() * (static_cast<double>(experts) / (static_cast<double>(k) * tokens * tokens));
+}
+
+at::Tensor sequence_load_balancing_loss(const at::Tensor& probs, const at::Tensor& indices, const at::Tensor& valid,
+                                        const at::Tensor& sequence, std::int64_t sequences) {
+  const std::int64_t experts = probs.size(1), k = indices.size(1);
+  const at::Tensor v = valid.to(at::kFloat).unsqueeze(1);                                              // (T, 1)
+  const at::Tensor zeros = at::zeros({sequences, experts}, probs.options());
+  const at::Tensor counts = zeros.index_add(0, sequence, routing_map(indices, experts) * v);          // (S, E)
+  const at::Tensor mass = zeros.index_add(0, sequence, probs * v);                                    // (S, E)
+  const at::Tensor lengths = at::zeros({sequences}, probs.options()).index_add(0, sequence, v.squeeze(1));  // (S)
+  const at::Tensor present = lengths > 0;
+  const at::Tensor len = lengths.clamp_min(1).unsqueeze(1);
+  // Megatron: cost = counts / (len k / E), P = mean over the sequence's tokens, sum over e, mean over sequences.
+  const at::Tensor per_sequence = ((counts / (len * (static_cast<double>(k) / static_cast<double>(experts)))) * (mass / len)).sum(1);
+  return (per_sequence * present).sum() / present.sum().clamp_min(1);
+}
+
+at::Tensor router_z_loss(const at::Tensor& logits, const at::Tensor& valid) {
+  const at::Tensor v = valid.to(at::kFloat);
+  return (at::logsumexp(logits.to(at::kFloat), -1).pow(2) * v).sum() / v.sum().clamp_min(1);
+}
+
+at::Tensor attach_loss(const at::Tensor& y, const at::Tensor& loss) { return attach_loss_fn::apply(y, loss); }
 
 }  // namespace megadsl

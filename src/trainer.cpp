@@ -59,6 +59,7 @@ class trainer_impl {
   std::vector<named_parameter>* params = nullptr;
   std::function<void()> finalize;
   std::function<double()> grad_norm;
+  std::function<double()> aux_loss;  // the model's auxiliary losses of the last forward_backward
   const parallel_groups* groups = nullptr;
   bool actor = true;
   optimizer_config opt;
@@ -100,6 +101,9 @@ trainer::trainer(std::function<double(const std::vector<batch>&, const loss_func
 }
 
 trainer::~trainer() = default;
+trainer::trainer(trainer&&) noexcept = default;
+trainer& trainer::operator=(trainer&&) noexcept = default;
+void trainer::report_aux_loss(std::function<double()> source) { impl_->aux_loss = std::move(source); }
 std::int64_t trainer::steps_done() const { return impl_->steps; }
 std::int64_t trainer::samples_done() const { return impl_->samples; }
 
@@ -253,6 +257,7 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
 
   step_metrics m;
   m.loss = total_t.item<double>();
+  if (s.aux_loss) m.moe_aux_loss = s.aux_loss();
   m.grad_norm = norm;
   m.lr = lr;
   m.tokens = global.attention_mask.sum().item<std::int64_t>();

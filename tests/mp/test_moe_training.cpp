@@ -2,6 +2,9 @@
 // replay (record the routing in one forward, replay it in a later forward and its backward).
 #include "../catch_torch.hpp"
 
+#include <cmath>
+
+#include "megadsl/layers/moe.hpp"
 #include "megadsl/runtime/trainer.hpp"
 #include "mp_support.hpp"
 
@@ -49,11 +52,23 @@ void check_moe_inference() {
 
 // Five PPO steps equal one process's; with `replay`, both replay the routing the initial model
 // recorded in its log-prob pass (verl's R2), and the update's routing is the recorded one.
+// With `aux`, the load-balancing (per micro-batch, or per sequence) and z losses are on: Megatron's
+// mean over micro-batches and dp ranks, which the one process matches with as many micro-batches
+// as the layout has in all (dp x microbatches, the same rows in each).
+enum class aux_losses { off, token, sequence };
 template <class M, layout L>
-void check_moe_training(std::int64_t microbatches, bool replay, const micro_batch_options* budget = nullptr) {
+void check_moe_training(std::int64_t microbatches, bool replay, const micro_batch_options* budget = nullptr,
+                        aux_losses aux = aux_losses::off) {
   INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get()
-               << " rmpad=" << L.rmpad.get() << " replay=" << replay);
-  const model_options mopt = test_options<M>();
+               << " rmpad=" << L.rmpad.get() << " replay=" << replay << " aux=" << static_cast<int>(aux));
+  model_options mopt = test_options<M>();
+  if (aux != aux_losses::off) {
+    mopt.moe_aux_loss_coeff = 0.05;
+    mopt.moe_aux_loss_per_sequence = aux == aux_losses::sequence;
+    mopt.moe_z_loss_coeff = 0.01;
+  }
+  const std::int64_t dp = dist().world() / (L.tp.get() * L.pp.get());
+  const std::int64_t ref_microbatches = aux != aux_losses::off ? dp * microbatches : 1;
   const optimizer_config opt{.lr = 1e-4, .eps = 1e-6, .weight_decay = 0.01, .clip_grad = 1.0};
   const actor_loss_config acfg{.clip_ratio = 0.2, .entropy_coeff = 0.01, .kl_coeff = 0.05};
   rollout_batch rb = make_rollout(M::shape.vocab);
@@ -69,11 +84,13 @@ void check_moe_training(std::int64_t microbatches, bool replay, const micro_batc
   parallel_model<causal_lm<M, L>> model(groups, mopt);
   trainer t = make_trainer(model, groups, opt, acfg);
   for (int step = 0; step < 5; ++step) {
-    const step_metrics a = ref_trainer.step(rb, 1);
+    const step_metrics a = ref_trainer.step(rb, ref_microbatches);
     const step_metrics b = budget != nullptr ? t.step(rb, *budget) : t.step(rb, microbatches);
     INFO("step " << step);
     CHECK(std::abs(a.loss - b.loss) <= 1e-5 * std::max(1.0, std::abs(a.loss)));
     CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * std::max(1.0, a.grad_norm));
+    CHECK(std::abs(a.moe_aux_loss - b.moe_aux_loss) <= 1e-6 * std::max(1.0, a.moe_aux_loss));
+    CHECK((aux == aux_losses::off ? a.moe_aux_loss == 0 : a.moe_aux_loss > 1e-3));
   }
   const auto want = gather_hf_tensors(ref.parameters(), ref.config(), nullptr, false);
   const auto got = gather_hf_tensors(model.parameters(), model.config(), groups.tp.get(), false);
@@ -116,6 +133,10 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // over plain dp at ep 1.
   check_moe_training<tiny8_mixtral, layout{.ep = 2}>(1, false);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2}>(2, false);
+  // The load-balancing and z losses through the backward: per micro-batch and per sequence.
+  check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
+  check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
+  check_moe_training<tiny8_qwen3_moe, layout{.tp = 4, .sp = true}>(2, false, nullptr, aux_losses::token);
   // The balancer reorders rows over dp and into micro-batches; the routing travels with its rows.
   const micro_batch_options budget{.max_token_len = 20};
   check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .ep = 4}>(0, true, &budget);
@@ -128,6 +149,41 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_mixtral, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
+}
+
+TEST_CASE("the auxiliary losses: a balanced router costs 1, the z-loss log(E)^2, and they move the router",
+          "[world4][moe][training]") {
+  // 8 tokens, 4 experts, top 2, every expert chosen 4 times, uniform probabilities: Megatron's
+  // switch loss is exactly 1, and the z-loss of zero logits log(4)^2.
+  const at::Tensor probs = at::full({8, 4}, 0.25, at::kFloat);
+  const at::Tensor idx = at::tensor({0, 1, 2, 3, 0, 1, 2, 3, 0, 2, 1, 3, 0, 3, 1, 2}, at::kLong).view({8, 2});
+  const at::Tensor all = at::ones({8}, at::kFloat);
+  CHECK(switch_load_balancing_loss(probs, idx, all).item<double>() == Approx(1.0).epsilon(1e-6));
+  CHECK(sequence_load_balancing_loss(probs, idx, all, at::tensor({0, 0, 0, 0, 1, 1, 1, 1}, at::kLong), 2).item<double>() ==
+        Approx(1.0).epsilon(1e-6));
+  CHECK(router_z_loss(at::zeros({8, 4}), all).item<double>() == Approx(std::log(4.0) * std::log(4.0)).epsilon(1e-6));
+  // Everything on expert 0 with its probability 1: E / k = 2; invalid tokens do not count.
+  const at::Tensor skewed = at::zeros({8, 4}).index_fill_(1, at::tensor({0}, at::kLong), 1.0);
+  const at::Tensor to_zero = at::stack({at::zeros({8}, at::kLong), at::ones({8}, at::kLong)}, 1);
+  CHECK(switch_load_balancing_loss(skewed, to_zero, all).item<double>() == Approx(2.0).epsilon(1e-6));
+  CHECK(switch_load_balancing_loss(at::cat({skewed, probs}), at::cat({to_zero, idx}), at::cat({all, at::zeros({8})})).item<double>() ==
+        Approx(2.0).epsilon(1e-6));
+  // Added through the backward: the router's gradient changes, the loss callback's value does not.
+  auto single = parallel_groups::single();
+  model_options with = test_options<tiny8_mixtral>();
+  with.moe_aux_loss_coeff = 0.1;
+  parallel_model<causal_lm<tiny8_mixtral>> a(single, test_options<tiny8_mixtral>()), b(single, with);
+  const padded_batch pb = make_batch(tiny8_mixtral::shape.vocab, true);
+  const std::vector<batch> mbs{{.input_ids = pb.ids, .attention_mask = pb.mask}};
+  const loss_function loss = [](const model_output& out, std::int64_t) { return probe_loss(out, true); };
+  CHECK(a.forward_backward(mbs, loss) == b.forward_backward(mbs, loss));
+  CHECK(a.moe_aux_loss() == 0);
+  CHECK(b.moe_aux_loss() > 0.1 * 8 * 0.5);  // eight layers near balance (1 when balanced), times 0.1
+  double router_change = 0;
+  for (std::size_t i = 0; i < a.parameters().size(); ++i)
+    if (a.parameters()[i].plan->row->role == param_role::router)
+      router_change = std::max(router_change, max_abs_diff(a.parameters()[i].tensor.grad(), b.parameters()[i].tensor.grad()));
+  CHECK(router_change > 1e-4);
 }
 
 TEST_CASE("without router replay the update can route differently from the log-prob pass; with it, never",

@@ -48,4 +48,20 @@ struct local_experts {
 at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
                        const comm_group* ep);
 
+// Megatron's auxiliary losses of a router, over the tokens whose `valid` (T) is 1. probs: the
+// router's softmax over every expert (T, E) fp32; indices: the experts each token went to (T, k).
+//   switch_load_balancing_loss  E / (k T^2) * sum_e P_e f_e, P_e = sum_t probs[t, e], f_e = tokens
+//                               routed to e (switch_load_balancing_loss_func)
+//   sequence_load_balancing_loss  the same per sequence (`sequence` (T) its index in [0, sequences)),
+//                               mean over sequences (sequence_load_balancing_loss_func)
+//   router_z_loss               mean_t logsumexp(logits[t])^2 (z_loss_func)
+at::Tensor switch_load_balancing_loss(const at::Tensor& probs, const at::Tensor& indices, const at::Tensor& valid);
+at::Tensor sequence_load_balancing_loss(const at::Tensor& probs, const at::Tensor& indices, const at::Tensor& valid,
+                                        const at::Tensor& sequence, std::int64_t sequences);
+at::Tensor router_z_loss(const at::Tensor& logits, const at::Tensor& valid);
+
+// `y` unchanged; in the backward, `loss` (a scalar) receives gradient 1 as if it had been added
+// to the objective (Megatron's MoEAuxLossAutoScaler): an auxiliary loss rides on the activations.
+at::Tensor attach_loss(const at::Tensor& y, const at::Tensor& loss);
+
 }  // namespace megadsl

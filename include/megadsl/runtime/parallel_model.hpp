@@ -50,6 +50,13 @@ struct model_options {
   // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
   // warns and runs it anyway.
   bool deterministic = false;
+  // A mixture of experts' auxiliary losses in training (forward_backward), Megatron's: the switch
+  // load-balancing loss over each micro-batch's tokens (or per sequence) and the router z-loss,
+  // each times its coefficient, averaged over micro-batches and dp ranks, and added through the
+  // backward (the loss callback does not see them; parallel_model::moe_aux_loss() reports them).
+  double moe_aux_loss_coeff = 0.0;         // Megatron's moe_aux_loss_coeff (HF's router_aux_loss_coef)
+  bool moe_aux_loss_per_sequence = false;  // Megatron's seq_aux_loss
+  double moe_z_loss_coeff = 0.0;
 
   [[nodiscard]] at::ScalarType compute() const { return compute_dtype.value_or(dtype); }
 };
@@ -115,6 +122,7 @@ class model_core {
   virtual std::vector<named_parameter>& parameters() = 0;
   virtual void finalize_grads() = 0;
   virtual double grad_norm() = 0;
+  virtual double moe_aux_loss() = 0;
   virtual const runtime_config& config() const = 0;
 };
 
@@ -168,6 +176,10 @@ class parallel_model {
 
   // Global gradient 2-norm over tp and pp, each parameter element counted once.
   double grad_norm() { return core_->grad_norm(); }
+  // The auxiliary losses (model_options::moe_*) the last forward_backward added, summed over
+  // layers, as Megatron scales them; the same on every rank (a collective: call it on all). 0 for
+  // a dense model or with the coefficients at 0.
+  double moe_aux_loss() { return core_->moe_aux_loss(); }
   const runtime_config& config() const { return core_->config(); }
 
  private:

@@ -62,6 +62,7 @@ struct step_metrics {
   std::int64_t tokens = 0;  // real tokens of the global batch
   double seconds = 0;
   double tokens_per_second = 0;
+  double moe_aux_loss = 0;  // a mixture's auxiliary losses added through the backward (model_options::moe_*)
 };
 
 // What continuing a run exactly needs besides the parameters: the counters that drive the
@@ -94,6 +95,8 @@ class trainer {
           std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
           const optimizer_config& opt, const actor_loss_config& actor_cfg, const critic_loss_config& critic_cfg);
   ~trainer();
+  trainer(trainer&&) noexcept;
+  trainer& operator=(trainer&&) noexcept;
 
   // One optimizer step on the global batch, split over dp ranks, then into `microbatches`.
   step_metrics step(const rollout_batch& global, std::int64_t microbatches);
@@ -101,6 +104,8 @@ class trainer {
   // micro-batches that never exceed `options.max_token_len` real tokens (with the interleaved
   // schedule set options.divisible_by = pp). The result does not depend on the split.
   step_metrics step(const rollout_batch& global, const micro_batch_options& options);
+  // Where step_metrics::moe_aux_loss comes from (make_trainer sets it to the model's).
+  void report_aux_loss(std::function<double()> source);
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
 
@@ -120,10 +125,12 @@ class trainer {
 template <ModelSpec Spec>
 trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
                      const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
-  return trainer(
+  trainer t(
       [&model](const std::vector<batch>& mbs, const loss_function& loss) { return model.forward_backward(mbs, loss); },
       model.parameters(), [&model] { model.finalize_grads(); }, [&model] { return model.grad_norm(); }, groups,
       Spec::is_actor, opt, actor_cfg, critic_cfg);
+  t.report_aux_loss([&model] { return model.moe_aux_loss(); });
+  return t;
 }
 
 }  // namespace megadsl
