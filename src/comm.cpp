@@ -164,8 +164,9 @@ at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::in
   c10d::AllToAllOptions o;
   o.timeout = timeout_;
   std::vector<std::int64_t> out_splits = recv_rows, in_splits = send_rows;
-  run("all_to_all", in, (sent - send_rows[static_cast<std::size_t>(index_)]) * row_bytes,
-      [&](auto& g) { return g.all_to_all_single(out, in, out_splits, in_splits, o); });
+  const std::int64_t leaving = (sent - send_rows[static_cast<std::size_t>(index_)]) * row_bytes;
+  run("all_to_all", in, leaving, [&](auto& g) { return g.all_to_all_single(out, in, out_splits, in_splits, o); });
+  global_comm_stats().all_to_all_bytes += leaving;
   return out;
 }
 

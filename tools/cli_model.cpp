@@ -45,7 +45,7 @@ std::string closest(std::string_view word, const Range& candidates) {
 }
 
 constexpr std::string_view layout_flags[] = {
-    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad",
+    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--ep", "--etp",
     "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
     "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute"};
@@ -111,6 +111,8 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     if (flag == "--tp") o.l.tp = number();
     else if (flag == "--pp") o.l.pp = number();
     else if (flag == "--vpp") o.l.vpp = number();
+    else if (flag == "--ep") o.l.ep = number();
+    else if (flag == "--etp") o.l.etp = number();
     else if (flag == "--first-stage-layers") o.l.first_stage_layers = number();
     else if (flag == "--last-stage-layers") o.l.last_stage_layers = number();
     else if (flag == "--sp") o.l.sp = switch_on();
@@ -241,6 +243,8 @@ std::string layout_summary(const options& o) {
   std::ostringstream s;
   s << "tp=" << l.tp.get() << " pp=" << l.pp.get() << " vpp=" << l.vpp.get()
     << " sp=" << (l.sp.get() ? "on" : "off") << " rmpad=" << (l.rmpad.get() ? "on" : "off");
+  if (l.ep.get() != 1) s << " ep=" << l.ep.get();
+  if (l.etp.get() != 0) s << " etp=" << l.etp.get();
   if (l.first_stage_layers.get() != 0) s << " first_stage_layers=" << l.first_stage_layers.get();
   if (l.last_stage_layers.get() != 0) s << " last_stage_layers=" << l.last_stage_layers.get();
   if (l.vocab_pad_multiple.get() != 128) s << " vocab_pad_multiple=" << l.vocab_pad_multiple.get();

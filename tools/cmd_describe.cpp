@@ -1,5 +1,6 @@
 // `megadsl describe MODEL [layout]`: the shard plan of every parameter, the pipeline stages and the
 // per-rank fused QKV, all read from plan_params() / chunk_layers() / qkv_layout().
+#include <cstdio>
 #include <ostream>
 #include <string>
 
@@ -112,9 +113,10 @@ void describe_experts(const shape& s, const layout& l, head_info head, std::ostr
   out << "  ep groups take ranks of the data-parallel dimension (Megatron's expert grid tp-ep-dp-pp, etp " << etp
       << "); expert gradients are summed over the expert-data-parallel group (dp / ep replicas), the router's over tp\n";
   const std::int64_t tokens = 4096;
-  out << "  all-to-all per step over the ep group, uniform routing, " << tokens << " tokens per rank, bf16: "
-      << short_count(static_cast<std::int64_t>(moe_all_to_all_bytes(s, l, tokens, 2))) << "B sent per rank"
-      << (ep == 1 ? " (ep 1: none)" : "") << '\n';
+  char sent[32];
+  std::snprintf(sent, sizeof sent, "%.2f GB", moe_all_to_all_bytes(s, l, tokens, 2) / 1e9);
+  out << "  all-to-all per forward + backward over the ep group, uniform routing, " << tokens
+      << " tokens per rank, bf16: " << sent << " sent per rank" << (ep == 1 ? " (ep 1: none)" : "") << '\n';
 }
 
 }  // namespace

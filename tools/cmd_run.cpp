@@ -7,6 +7,7 @@
 // output's directory) runs before any rank starts, so a bad input is one line and exit 1 from the
 // parent; under torchrun every rank runs the same checks on the same files and fails alike, and
 // only rank 0 prints.
+#include <numeric>
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
@@ -56,7 +57,7 @@ constexpr const char* child_marker = "MEGADSL_CLI_CHILD";
 
 job job_of(const options& o) {
   job j;
-  const std::int64_t layout_ranks = o.l.tp.get() * o.l.pp.get();
+  const std::int64_t layout_ranks = std::lcm(o.l.tp.get() * o.l.pp.get(), expert_tp(o.l) * o.l.ep.get() * o.l.pp.get());
   if (auto e = dist_env::from_environment()) {
     j.launched = true;
     j.rank = e->rank;

@@ -39,7 +39,8 @@ commands:
   help                      this text
 
 MODEL is a preset name (megadsl presets), an HF model directory, or its config.json
-(model_type llama, mistral, qwen2, qwen3, gemma, olmo2, phi3 or starcoder2). A path that looks like
+(model_type llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2, gpt_neox, mixtral,
+qwen2_moe or qwen3_moe). A path that looks like
 a preset name: write ./name.
 
 layout:
@@ -49,6 +50,8 @@ layout:
   --first-stage-layers N    layers on the first pipeline stage (default 0: even split)
   --last-stage-layers N     layers on the last pipeline stage (default 0: even split)
   --sp                      sequence parallelism (needs tp > 1)
+  --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
+  --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)
   --vocab-pad-multiple N    vocab padded to a multiple of N * tp (default 128)
   --critic                  value model (value head h -> 1) instead of the LM head

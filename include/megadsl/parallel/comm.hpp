@@ -30,10 +30,12 @@ struct comm_stats {
   std::atomic<std::int64_t> calls{0};
   std::atomic<std::int64_t> bytes{0};
   std::atomic<std::int64_t> recv_wait_ns{0};  // time blocked in point-to-point receives (pipeline idle)
+  std::atomic<std::int64_t> all_to_all_bytes{0};  // of `bytes`: rows sent to other ranks by all_to_all
   void reset() {
     calls = 0;
     bytes = 0;
     recv_wait_ns = 0;
+    all_to_all_bytes = 0;
   }
 };
 comm_stats& global_comm_stats();
