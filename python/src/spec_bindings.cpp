@@ -121,6 +121,8 @@ std::string layout_repr(const layout& l) {
   if (l.first_stage_layers.get() != 0) s << ", first_stage_layers=" << l.first_stage_layers.get();
   if (l.last_stage_layers.get() != 0) s << ", last_stage_layers=" << l.last_stage_layers.get();
   if (l.vocab_pad_multiple.get() != 128) s << ", vocab_pad_multiple=" << l.vocab_pad_multiple.get();
+  if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
+  if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
   s << ")";
   return s.str();
 }
@@ -129,7 +131,8 @@ bool same_layout(const layout& a, const layout& b) {
   return a.tp.get() == b.tp.get() && a.pp.get() == b.pp.get() && a.vpp.get() == b.vpp.get() &&
          a.first_stage_layers.get() == b.first_stage_layers.get() &&
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
-         a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get();
+         a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
+         a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get();
 }
 
 template <class T>
@@ -141,11 +144,14 @@ auto property(T layout::*field) {
 
 void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
-virtual pipeline chunks, remove-padding. Every field is a concrete value.)")
+virtual pipeline chunks, remove-padding, expert-parallel degree (ep: whole experts per rank of an ep
+group; etp 0 = tp). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                       std::int64_t vocab_pad_multiple) {
+                       std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp) {
              layout l;
+             l.ep = ep;
+             l.etp = etp;
              l.tp = tp;
              l.pp = pp;
              l.vpp = vpp;
@@ -157,7 +163,10 @@ virtual pipeline chunks, remove-padding. Every field is a concrete value.)")
              return l;
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
-           py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128)
+           py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
+           py::arg("ep") = 1, py::arg("etp") = 0)
+      .def_property("ep", property(&layout::ep), [](layout& l, std::int64_t v) { l.ep = v; })
+      .def_property("etp", property(&layout::etp), [](layout& l, std::int64_t v) { l.etp = v; })
       .def_property("tp", property(&layout::tp), [](layout& l, std::int64_t v) { l.tp = v; })
       .def_property("pp", property(&layout::pp), [](layout& l, std::int64_t v) { l.pp = v; })
       .def_property("vpp", property(&layout::vpp), [](layout& l, std::int64_t v) { l.vpp = v; })
@@ -176,7 +185,7 @@ virtual pipeline chunks, remove-padding. Every field is a concrete value.)")
       .def(py::pickle([](const layout& l) {
                         return py::make_tuple(l.tp.get(), l.pp.get(), l.vpp.get(), l.sp.get(), l.rmpad.get(),
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
-                                              l.vocab_pad_multiple.get());
+                                              l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get());
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -188,6 +197,10 @@ virtual pipeline chunks, remove-padding. Every field is a concrete value.)")
                         l.first_stage_layers = t[5].cast<std::int64_t>();
                         l.last_stage_layers = t[6].cast<std::int64_t>();
                         l.vocab_pad_multiple = t[7].cast<std::int64_t>();
+                        if (t.size() > 8) {  // pickled before experts existed: ep 1, etp 0
+                          l.ep = t[8].cast<std::int64_t>();
+                          l.etp = t[9].cast<std::int64_t>();
+                        }
                         return l;
                       }));
 

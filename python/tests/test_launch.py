@@ -30,3 +30,20 @@ def test_a_failing_rank_is_named():
     with pytest.raises(megadsl.LaunchError, match="rank 1 failed: ValueError: rank 1 says no") as e:
         megadsl.launch_local(2, helpers.fail_on_rank, 1, timeout=120, grace=5)
     assert e.value.rank == 1 and 1 in e.value.errors
+
+
+def test_a_mixture_of_experts_over_two_ranks_matches_transformers(fixtures):
+    """Qwen2-MoE (shared expert) with its experts split over ep 2: each rank holds half of them, and
+    both give transformers' log-probs."""
+    from safetensors.torch import load_file
+
+    path = fixtures / "qwen2-moe-tf5"
+    ref = load_file(str(path / "reference.safetensors"))
+    ids, mask = ref["left.input_ids"], ref["left.attention_mask"]
+    results = megadsl.launch_local(2, helpers.forward_on_ranks, str(path), ids, mask, {"ep": 2, "rmpad": True},
+                                   timeout=300)
+    assert [coords for _, coords in results] == [(0, 0, 0), (0, 0, 1)]
+    for out, _ in results:
+        assert max_diff(out["log_probs"], ref["left.log_probs"], lp_valid(mask)) < 1e-4
+        assert max_diff(out["entropy"], ref["left.entropy"], mask.bool()) < 1e-4
+    assert repr(megadsl.Layout(ep=2)) == "Layout(tp=1, pp=1, vpp=1, sp=False, rmpad=False, ep=2)"

@@ -188,7 +188,7 @@ TEST_CASE("the mixtures of experts match transformers with their experts over ep
     every_expert_layout(name, std::make_index_sequence<std::size(expert_layouts)>());
 }
 
-TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a checkpoint saved at ep 2 loads at ep 1 and 4", "[world4][hf][moe]") {
+TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a distributed checkpoint saved at ep 2 loads at ep 1 and 4 and back to HF", "[world4][hf][moe]") {
   constexpr layout split{.tp = 2, .ep = 2}, ep1{}, ep4{.ep = 4};
   for (const char* name : moe_fixture_names) {
     INFO(name);
@@ -221,6 +221,11 @@ TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a checkpoint saved at ep 2
     load_distributed(four, g4, dist_dir);
     const model_output o4 = four.forward(b);
     CHECK(masked_diff(o4.log_probs, o1.log_probs, o1.valid) <= 1e-6);
+    // HF -> distributed (tp 2, ep 2) -> ep 4 -> HF: the very tensors transformers wrote.
+    const fs::path back = shared_scratch(std::string("moe-dist-to-hf-") + name);
+    save_hf(four, g4, back);
+    g4.world->barrier();
+    if (dist().rank() == 0) require_identical(dir, back);
   }
 }
 
