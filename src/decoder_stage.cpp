@@ -449,7 +449,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
       const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
       mlp_out = row(activate(up, act_), lw.down, lw.down_bias);
-    } else if (mlp_ == mlp_kind::moe) {
+    } else if (mlp_ == mlp_kind::moe && sparse_layer(s, layer)) {  // else a mixture's dense layer
       mlp_out = mixture(h2, lw, tokens, layer, in);
     } else {
       mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
@@ -557,7 +557,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       const std::int64_t count = instances(row, s);
       for (std::int64_t i_th = 0; i_th < count; ++i_th) {
         const param_instance inst = instance_of(row, s, i_th);
-        if (!holds(row, inst)) continue;
+        if (!holds(row, inst) || !exists(row, s, i_th)) continue;
         // A tied lm_head sharing a rank with the embedding is the very same tensor (pp = 1).
         if (p.tied && chunks_.front().first_stage) {
           bind_parameter(row.role, inst, embed_);

@@ -132,7 +132,7 @@ std::vector<needed_tensor> model_tensors(const runtime_config& c) {
   for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
     if (p.tied) continue;
     for (std::int64_t k = 0; k < instances(*p.row, c.s); ++k)
-      for (int i = 0; i < p.row->hf_count; ++i)
+      for (int i = 0; i < p.row->hf_count && exists(*p.row, c.s, k); ++i)
         out.push_back({source_name(p, i, instance_of(*p.row, c.s, k)), p.hf_shapes[static_cast<std::size_t>(i)]});
   }
   return out;

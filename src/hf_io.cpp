@@ -42,7 +42,8 @@ std::set<std::string> expected_names(const runtime_config& c) {
   for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
     if (p.tied || p.row->name.rfind("value_head.", 0) == 0) continue;
     for (std::int64_t i = 0; i < instances(*p.row, c.s); ++i)
-      for (auto& n : hf_names(p, instance_of(*p.row, c.s, i))) out.insert(n);
+      if (exists(*p.row, c.s, i))
+        for (auto& n : hf_names(p, instance_of(*p.row, c.s, i))) out.insert(n);
   }
   return out;
 }
@@ -394,6 +395,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
         if (p.tied) continue;
         for (std::int64_t i = 0; i < instances(*p.row, c.s); ++i) {
+          if (!exists(*p.row, c.s, i)) continue;
           const param_instance at = instance_of(*p.row, c.s, i);
           const std::int64_t owner = p.row->where == placement::first_stage ? 0
                                      : p.row->where == placement::last_stage ? pp - 1

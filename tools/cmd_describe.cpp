@@ -91,7 +91,7 @@ std::int64_t hf_parameters(const param_list& plan, const shape& s) {
     if (p.tied) continue;
     std::int64_t n = 0;
     for (int i = 0; i < p.row->hf_count; ++i) n += p.hf_shapes[static_cast<std::size_t>(i)].numel();
-    total += n * instances(*p.row, s);
+    total += n * existing_instances(*p.row, s);
   }
   return total;
 }

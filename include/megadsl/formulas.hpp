@@ -33,11 +33,12 @@ constexpr std::int64_t hf_elements(const param_plan& p) {
 
 // One decoder layer as HF stores it: the composition's per-layer rows (param_table.hpp), so q/k/v
 // and o with their biases and q/k norms, the MLP in its form (every expert of a mixture), and two
-// or four norms with their biases are each counted by the block that declares them.
-constexpr std::int64_t layer_parameter_count(const shape& s) {
+// or four norms with their biases are each counted by the block that declares them. In a mixture
+// whose layers differ, layer `layer`'s.
+constexpr std::int64_t layer_parameter_count(const shape& s, std::int64_t layer = 0) {
   std::int64_t n = 0;
   for (const param_row& row : decoder_params) {
-    if (!present(row, s, head_info{})) continue;
+    if (!present(row, s, head_info{}) || !in_layer(row, s, layer)) continue;
     if (row.where == placement::layer) n += hf_elements(plan_of(row, s, layout{}));
     if (row.where == placement::expert) n += hf_elements(plan_of(row, s, layout{})) * s.experts.get();
   }
@@ -50,7 +51,7 @@ constexpr std::int64_t layer_parameter_count(const shape& s) {
 constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
   std::int64_t n = 0;
   for_each_param(s, layout{}, head, [&](const param_plan& p) {
-    if (!p.tied) n += hf_elements(p) * instances(*p.row, s);  // tied: the embedding, counted once
+    if (!p.tied) n += hf_elements(p) * existing_instances(*p.row, s);  // tied: the embedding, counted once
   });
   return n;
 }
@@ -193,14 +194,15 @@ constexpr bool multiplies_tokens(param_role r) {
 // experts each token goes to and the shared expert, as Megatron's MoE formula does (the router's
 // h x experts and the shared gate's h are left out there too).
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
-  std::int64_t per_layer = 0, head = 0;
+  std::int64_t layers = 0, head = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
     if (!multiplies_tokens(p.row->role)) return;
     if (p.row->role == param_role::lm_head) head = p.global.numel();  // (V', h), tied or not
-    else if (p.row->where == placement::expert) per_layer += hf_elements(p) * s.top_k.get();
-    else per_layer += hf_elements(p);  // the roles are weights; biases have roles of their own
+    else if (p.row->where == placement::expert)  // top_k experts of each sparse layer
+      layers += hf_elements(p) * s.top_k.get() * (existing_instances(*p.row, s) / s.experts.get());
+    else layers += hf_elements(p) * existing_instances(*p.row, s);  // biases have roles of their own
   });
-  return 6 * (s.layers.get() * per_layer + head);
+  return 6 * (layers + head);
 }
 // verl's own count (_estimate_qwen2_flops), gated MLP included whatever the composition: it is
 // verl's convention, reproduced as verl reports it. For a mixture of experts, verl's MoE estimates'
@@ -208,11 +210,13 @@ constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l)
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
                      d = effective_head_dim(s);
-  const std::int64_t mlp = s.mlp.get() == mlp_kind::moe
-                               ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
-                                                                (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
-                               : 3 * h * s.ffn.get();
-  return L * (h * (n * d + 2 * g * d + n * d) + mlp) + 2 * s.vocab.get() * h;
+  const std::int64_t sparse_mlp = s.mlp.get() == mlp_kind::moe
+                                      ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
+                                                                       (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
+                                      : 0;
+  std::int64_t mlp = 0;
+  for (std::int64_t i = 0; i < L; ++i) mlp += sparse_layer(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
+  return L * h * (n * d + 2 * g * d + n * d) + mlp + 2 * s.vocab.get() * h;
 }
 // The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
 // half that causal.
@@ -228,7 +232,8 @@ constexpr flops_per_token training_flops_per_token(const shape& s, const layout&
   // torchtitan counts a mixture's active parameters: the experts a token does not reach are left out.
   std::int64_t idle_experts = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
-    if (p.row->where == placement::expert) idle_experts += hf_elements(p) * (s.experts.get() - s.top_k.get()) * s.layers.get();
+    if (p.row->where == placement::expert)
+      idle_experts += hf_elements(p) * (s.experts.get() - s.top_k.get()) * (existing_instances(*p.row, s) / s.experts.get());
   });
   const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get() - idle_experts;
   const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s);
@@ -315,7 +320,9 @@ constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int6
   if (s.mlp.get() != mlp_kind::moe || l.ep.get() <= 1) return 0;
   const double ep = static_cast<double>(l.ep.get());
   const double rows = static_cast<double>(tokens) * static_cast<double>(s.top_k.get());
-  return 4.0 * static_cast<double>(s.layers.get()) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
+  std::int64_t sparse = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) sparse += sparse_layer(s, i);
+  return 4.0 * static_cast<double>(sparse) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
 }
 
 }  // namespace megadsl

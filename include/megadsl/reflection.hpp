@@ -15,6 +15,7 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vo
                         max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
                         mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias,
                         query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, names, experts,
-                        top_k, expert_ffn, shared_expert_ffn, norm_topk, expert_naming, shared_expert);
+                        top_k, expert_ffn, shared_expert_ffn, norm_topk, sparse_step, dense_layers, expert_naming,
+                        shared_expert);
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
                         rmpad, vocab_pad_multiple, cp, ep, etp);

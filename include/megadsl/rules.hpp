@@ -38,7 +38,7 @@ inline constexpr std::array<rule_info, 26> rule_table{{
     {"concatenated_qkv_has_no_bias", "HF's concatenated q/k/v storage (Phi-3) comes without a q/k/v bias"},
     {"interleaved_qkv_needs_kv_heads_equal_heads", "q/k/v interleaved per head (GPT-NeoX) needs kv_heads == heads"},
     {"rotary_dim_even", "the rotated share of each head (head_dim * rotary_fraction) is even and positive"},
-    {"moe_routing_valid", "a mixture of experts has experts >= 1, 1 <= top_k <= experts, and a shared expert a width"},
+    {"moe_routing_valid", "a mixture of experts has experts >= 1, 1 <= top_k <= experts, sparse_step >= 1, and a shared expert a width"},
     {"heads_divisible_by_tp", "num_heads % tp == 0"},
     {"kv_heads_fit_tp", "kv_heads is a multiple or a divisor of tp (kv heads replicated when fewer)"},
     {"ffn_divisible_by_tp", "ffn (intermediate_size) % tp == 0"},
@@ -261,6 +261,9 @@ constexpr void check_shape(const shape& s, violations& out) {
       out.add("moe_routing_valid", {s.shared_expert_ffn.get()})
           .add("shared_expert_ffn = ", s.shared_expert_ffn.get(),
                ": the composition has a shared expert; give its width (shared_expert_intermediate_size)");
+    if (s.sparse_step.is_static() && s.sparse_step.get() < 1)
+      out.add("moe_routing_valid", {s.sparse_step.get()})
+          .add("sparse_step = ", s.sparse_step.get(), ": layer i has the experts when (i + 1) % sparse_step == 0; use >= 1");
     if (const dim f = expert_ffn_of(s); f.is_static() && f.get() < 1)
       out.add("moe_routing_valid", {f.get()}).add("each expert's intermediate size is ", f.get(), "; it must be positive");
   }

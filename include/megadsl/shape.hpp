@@ -160,6 +160,11 @@ struct shape {
   dim expert_ffn = 0;         // each expert's intermediate size (moe_intermediate_size; 0: ffn, Mixtral's)
   dim shared_expert_ffn = 0;  // the shared expert's (shared_expert_intermediate_size)
   flag norm_topk = false;     // the top-k weights renormalised to sum 1 (Mixtral always; norm_topk_prob)
+  // Which layers have the mixture, as Qwen's configs say it: layer i does when (i + 1) % sparse_step
+  // == 0 and bit i of dense_layers is clear (decoder_sparse_step, mlp_only_layers); the others have
+  // a dense gated MLP of width ffn (intermediate_size).
+  dim sparse_step = 1;
+  dim dense_layers = 0;       // bit i: layer i (< 63) has the dense MLP
   // Set by the family's composition:
   maybe<moe_names> expert_naming = moe_names::qwen;
   flag shared_expert = false;  // a shared expert behind a sigmoid gate beside the routed ones (Qwen2-MoE)
@@ -177,7 +182,8 @@ inline constexpr shape dynamic_shape = {
     .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .query_pre_attn_scalar = dynamic,
     .attn_softcap = dynamic, .final_softcap = dynamic, .rotary_fraction = dynamic, .names = dynamic,
     .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic, .shared_expert_ffn = dynamic,
-    .norm_topk = dynamic, .expert_naming = dynamic, .shared_expert = dynamic};
+    .norm_topk = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .expert_naming = dynamic,
+    .shared_expert = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
@@ -190,6 +196,17 @@ constexpr dim effective_head_dim(const shape& s) {
   if (s.head_dim.get() != 0) return s.head_dim;
   if (s.hidden.is_dynamic() || s.heads.is_dynamic() || s.heads.get() <= 0) return dynamic;
   return s.hidden.get() / s.heads.get();
+}
+
+// Whether layer `layer` has the mixture of experts (else its MLP is the dense gated one).
+constexpr bool sparse_layer(const shape& s, std::int64_t layer) {
+  if (s.mlp.get() != mlp_kind::moe) return false;
+  const bool listed = layer < 63 && ((s.dense_layers.get() >> layer) & 1) != 0;
+  return !listed && (layer + 1) % s.sparse_step.get() == 0;
+}
+// Whether every layer has it (the published Mixtral, Qwen-MoE and Qwen3-MoE checkpoints).
+constexpr bool all_layers_sparse(const shape& s) {
+  return s.mlp.get() == mlp_kind::moe && s.sparse_step.get() == 1 && s.dense_layers.get() == 0;
 }
 
 // Each expert's intermediate size: moe_intermediate_size, or intermediate_size (Mixtral's experts).

@@ -70,6 +70,15 @@ constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64
   return q;
 }
 
+// Some layer has the gated dense MLP: a gated model's every layer, a mixture's dense ones.
+constexpr bool has_dense_mlp(const shape& s) {
+  if (s.mlp.get() == mlp_kind::gated) return true;
+  if (s.mlp.get() != mlp_kind::moe || all_layers_sparse(s)) return false;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    if (!sparse_layer(s, i)) return true;
+  return false;
+}
+
 constexpr bool present(const param_row& row, const shape& s, head_info h) {
   if (row.names != s.names.get()) return false;
   switch (row.when) {
@@ -79,10 +88,10 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::qk_norm_full: return s.qk_norm.get() == qk_norm_kind::full_width;
     case presence::separate: return s.hf_storage.get() == tensor_storage::separate;
     case presence::concatenated: return s.hf_storage.get() == tensor_storage::concatenated;
-    case presence::gated_separate: return s.mlp.get() == mlp_kind::gated && s.hf_storage.get() == tensor_storage::separate;
-    case presence::gated_concatenated:
-      return s.mlp.get() == mlp_kind::gated && s.hf_storage.get() == tensor_storage::concatenated;
-    case presence::gated: return s.mlp.get() == mlp_kind::gated;
+    // A mixture's dense layers (Qwen's mlp_only_layers, decoder_sparse_step) have the gated MLP.
+    case presence::gated_separate: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::separate;
+    case presence::gated_concatenated: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::concatenated;
+    case presence::gated: return has_dense_mlp(s);
     case presence::plain: return s.mlp.get() == mlp_kind::plain;
     case presence::plain_bias: return s.mlp.get() == mlp_kind::plain && s.out_bias.get();
     case presence::out_bias: return s.out_bias.get();
@@ -143,6 +152,32 @@ constexpr param_instance instance_of(const param_row& row, const shape& s, std::
   if (row.where == placement::expert) return {i / s.experts.get(), i % s.experts.get()};
   if (row.where == placement::layer) return {i, 0};
   return {};
+}
+
+// Whether a present row has layer `layer`: in a mixture whose layers differ, the dense MLP's rows
+// only on its dense layers, the router's, experts' and shared expert's only on its sparse ones.
+constexpr bool in_layer(const param_row& row, const shape& s, std::int64_t layer) {
+  if (s.mlp.get() != mlp_kind::moe || (row.where != placement::layer && row.where != placement::expert)) return true;
+  switch (row.when) {
+    case presence::gated_separate:
+    case presence::gated_concatenated:
+    case presence::gated: return !sparse_layer(s, layer);
+    case presence::moe_mixtral:
+    case presence::moe_qwen:
+    case presence::shared_expert: return sparse_layer(s, layer);
+    default: return true;
+  }
+}
+// Copy `i` of a row exists in the model (every copy does unless a mixture's layers differ).
+constexpr bool exists(const param_row& row, const shape& s, std::int64_t i) {
+  return in_layer(row, s, instance_of(row, s, i).layer);
+}
+// Copies of a row that exist: instances() less those of layers without it.
+constexpr std::int64_t existing_instances(const param_row& row, const shape& s) {
+  if (row.where != placement::layer && row.where != placement::expert) return 1;
+  std::int64_t layers = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) layers += in_layer(row, s, i);
+  return row.where == placement::expert ? layers * s.experts.get() : layers;
 }
 
 constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
@@ -259,6 +294,15 @@ constexpr dims local_shape(std::string_view name) {
   return plan_params<Spec>()[name].local;
 }
 
+// Layers of pipeline rank `pp_rank` that have the row.
+constexpr std::int64_t layers_with(const param_row& row, const shape& s, const layout& l, std::int64_t pp_rank) {
+  if (s.mlp.get() != mlp_kind::moe || all_layers_sparse(s)) return layers_on_pp_rank(s, l, pp_rank);
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    n += place_of_layer(s, l, i).pp_rank == pp_rank && in_layer(row, s, i);
+  return n;
+}
+
 // Elements each (tp rank, pp rank, ep rank) holds: the plan's figure for memory tables.
 constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info h,
                                       std::int64_t pp_rank) {
@@ -270,10 +314,10 @@ constexpr std::int64_t local_elements(const shape& s, const layout& l, head_info
         if (pp_rank == 0) total += p.local.numel();
         break;
       case placement::layer:
-        total += p.local.numel() * layers_on_pp_rank(s, l, pp_rank);
+        total += p.local.numel() * layers_with(*p.row, s, l, pp_rank);
         break;
       case placement::expert:  // experts / ep of each layer on each rank of the ep group
-        total += p.local.numel() * layers_on_pp_rank(s, l, pp_rank) * (s.experts.get() / l.ep.get());
+        total += p.local.numel() * layers_with(*p.row, s, l, pp_rank) * (s.experts.get() / l.ep.get());
         break;
       case placement::last_stage:
         // A tied lm_head is the embedding itself when both live on one rank.

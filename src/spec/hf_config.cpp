@@ -637,15 +637,23 @@ void read_experts(const reader& r, const family_defaults& fam, shape& s) {
   if (fam.model_type == "qwen2_moe")
     s.qkv_bias = r.optional<bool>("qkv_bias", true, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, false);
   // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
-  // (i + 1) % decoder_sparse_step == 0.
-  if (const json* step = r.find(root, "decoder_sparse_step"); step && r.integer(*step, "decoder_sparse_step", 1) != 1)
-    r.fail("decoder_sparse_step", "is " + describe_json(*step) + ": some layers would have a dense MLP, which megadsl's " +
-                                      std::string(fam.model_type) + " composition (every layer sparse) does not have",
-           "this checkpoint is not supported yet; the published checkpoints have decoder_sparse_step 1");
-  if (const json* only = r.find(root, "mlp_only_layers"); only && !(only->is_array() && only->empty()))
-    r.fail("mlp_only_layers", "is " + describe_json(*only) + ": those layers would have a dense MLP, which megadsl's " +
-                                  std::string(fam.model_type) + " composition (every layer sparse) does not have",
-           "this checkpoint is not supported yet; the published checkpoints have an empty list");
+  // (i + 1) % decoder_sparse_step == 0; the dense ones have a gated MLP of intermediate_size.
+  s.sparse_step = r.optional<std::int64_t>("decoder_sparse_step", 1,
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
+  std::int64_t dense = 0;
+  if (const json* only = r.find(root, "mlp_only_layers")) {
+    if (!only->is_array())
+      r.fail("mlp_only_layers", "expected a list of layer indices, got " + describe_json(*only), "write e.g. [] or [0, 3]");
+    for (const json& e : *only) {
+      const std::int64_t i = r.integer(e, "mlp_only_layers", 0);
+      if (i >= s.layers.get()) continue;  // no such layer: transformers matches none either
+      if (i >= 63)
+        r.fail("mlp_only_layers", "lists layer " + std::to_string(i) + "; megadsl marks dense layers among the first 63 only",
+               "this checkpoint is not supported yet");
+      dense |= std::int64_t{1} << i;
+    }
+  }
+  s.dense_layers = dense;
 }
 
 }  // namespace
@@ -1015,16 +1023,20 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j[model_type == "qwen2_moe" ? "num_experts" : "num_local_experts"] = s.experts.get();
     j["num_experts_per_tok"] = s.top_k.get();
     if (model_type == "mixtral") {
-      if (!s.norm_topk.get() || s.expert_ffn.get() != 0)
-        throw config_error("megadsl: a Mixtral config renormalises the top-k weights and sizes each expert by "
-                           "intermediate_size; this model has norm_topk " + show(s.norm_topk) + " and expert_ffn " +
-                           show(s.expert_ffn) + "; save it as model_type qwen3_moe");
+      if (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !all_layers_sparse(s))
+        throw config_error("megadsl: a Mixtral config renormalises the top-k weights, sizes each expert by "
+                           "intermediate_size and has experts in every layer; this model has norm_topk " + show(s.norm_topk) +
+                           ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
+                           " and dense_layers " + show(s.dense_layers) + "; save it as model_type qwen3_moe");
       j["router_jitter_noise"] = 0.0;
     } else {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();
       j["norm_topk_prob"] = s.norm_topk.get();
-      j["decoder_sparse_step"] = 1;
-      j["mlp_only_layers"] = json::array();
+      j["decoder_sparse_step"] = s.sparse_step.get();
+      json dense = json::array();
+      for (std::int64_t i = 0; i < 63 && i < s.layers.get(); ++i)
+        if ((s.dense_layers.get() >> i) & 1) dense.push_back(i);
+      j["mlp_only_layers"] = dense;
       if (model_type == "qwen2_moe") {
         j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
         j["qkv_bias"] = s.qkv_bias.get();

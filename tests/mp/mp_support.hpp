@@ -107,6 +107,15 @@ struct tiny8_qwen3_moe : qwen3_moe<shape{.hidden = 128, .layers = 8, .heads = 4,
   static constexpr std::string_view name = "tiny8-qwen3-moe";
 };
 
+// Dense layers among the sparse ones: experts on the odd layers but layer 5, the dense MLP on the
+// rest (Qwen's decoder_sparse_step 2 and mlp_only_layers [5]).
+struct tiny8_qwen2_moe_mixed : qwen2_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
+                                               .vocab = 500, .max_positions = 256, .qkv_bias = true, .experts = 8,
+                                               .top_k = 3, .expert_ffn = 64, .shared_expert_ffn = 160,
+                                               .sparse_step = 2, .dense_layers = 1 << 5}> {
+  static constexpr std::string_view name = "tiny8-qwen2-moe-mixed";
+};
+
 // A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
 rollout_batch make_rollout(std::int64_t vocab);
 

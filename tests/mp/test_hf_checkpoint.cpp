@@ -45,13 +45,16 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // Phi-3's concatenated qkv_proj / gate_up_proj, StarCoder2's LayerNorms and biased plain MLP;
 // GPT-NeoX's names, per-head interleaved query_key_value, partial rotary, parallel residual, exact
 // GELU and `classifier` value head).
-// The last three are mixtures of experts (4 experts, top 2): Mixtral, Qwen2-MoE with its shared
-// expert, Qwen3-MoE.
+// The last five are mixtures of experts (4 experts, top 2): Mixtral, Qwen2-MoE with its shared
+// expert, Qwen3-MoE, and the two Qwen ones with dense layers among the sparse ones (4 layers:
+// decoder_sparse_step 2; mlp_only_layers [0]).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
-                                        "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5"};
-constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5"};
+                                        "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
+                                        "qwen3-moe-mixed-tf5"};
+constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
+                                             "qwen3-moe-mixed-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -200,7 +203,9 @@ TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a distributed checkpoint s
     // Each ep rank holds half of each layer's experts.
     std::int64_t experts_here = 0;
     for (const named_parameter& p : m.parameters()) experts_here += p.plan->row->where == placement::expert;
-    CHECK(experts_here == s.layers.get() * (s.experts.get() / 2) * 2);  // gate_up and down per expert
+    std::int64_t sparse = 0;
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) sparse += sparse_layer(s, i);
+    CHECK(experts_here == sparse * (s.experts.get() / 2) * 2);  // gate_up and down per expert
     const fs::path saved = shared_scratch(std::string("moe-roundtrip-") + name);
     save_hf(m, groups, saved);
     const fs::path dist_dir = shared_scratch(std::string("moe-dist-") + name);

@@ -102,8 +102,11 @@ void check_moe_training(std::int64_t microbatches, bool replay, const micro_batc
     CHECK(max_abs_diff(want.at(name), value) <= 1e-5);
     experts_seen += name.find(".experts.") != std::string::npos;
   }
-  // This rank's experts only: its stage's layers, experts / ep of each, three HF tensors each.
-  CHECK(experts_seen == M::shape.layers.get() / L.pp.get() * (M::shape.experts.get() / L.ep.get()) * 3);
+  // This rank's experts only: its stage's sparse layers, experts / ep of each, three HF tensors each.
+  std::int64_t sparse_here = 0;
+  for (std::int64_t i = 0; i < M::shape.layers.get(); ++i)
+    sparse_here += sparse_layer(M::shape, i) && place_of_layer(M::shape, L, i).pp_rank == groups.pp->rank();
+  CHECK(experts_seen == sparse_here * (M::shape.experts.get() / L.ep.get()) * 3);
   if (replay) {
     // The update's forward with the recorded routing takes exactly that routing, after training.
     const batch b{.input_ids = rb.input_ids, .attention_mask = rb.attention_mask, .routed_experts = rb.routed_experts};
@@ -122,6 +125,8 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_qwen2_moe, layout{.tp = 4, .sp = true}>();
   check_moe_inference<tiny8_qwen3_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
   check_moe_inference<tiny8_qwen3_moe, layout{.pp = 2, .vpp = 2, .ep = 2}>();
+  check_moe_inference<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>();
+  check_moe_inference<tiny8_qwen2_moe_mixed, layout{.pp = 2, .ep = 2}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -149,6 +154,7 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_mixtral, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
+  check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
 }
 
 TEST_CASE("the auxiliary losses: a balanced router costs 1, the z-loss log(E)^2, and they move the router",

@@ -240,7 +240,8 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
         ".hf_storage = separate, .mlp = gated, .out_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .expert_naming = qwen, .shared_expert = false}");
+        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .expert_naming = qwen, "
+        ".shared_expert = false}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
@@ -390,10 +391,21 @@ TEST_CASE("mixtures of experts: the published configs read into the presets, and
     "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "num_experts": 8,
     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [], "decoder_sparse_step": 1})";
   CHECK(parse_hf_config(qwen3_text, "x/config.json").s.experts.get() == 8);
-  CHECK_THAT(error_of(edited(qwen3_text, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [0, 3]")),
-             Catch::Contains("mlp_only_layers") && Catch::Contains("dense MLP"));
-  CHECK_THAT(error_of(edited(qwen3_text, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2")),
-             Catch::Contains("decoder_sparse_step") && Catch::Contains("dense MLP"));
+  // Dense layers among the sparse ones, as Qwen's configs say it.
+  const shape mixed = parse_hf_config(edited(edited(qwen3_text, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [0, 9]"),
+                                             "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"), "x").s;
+  CHECK(mixed.dense_layers.get() == 1);  // layer 9 does not exist: transformers matches none either
+  CHECK(mixed.sparse_step.get() == 2);
+  CHECK((!megadsl::sparse_layer(mixed, 0) && megadsl::sparse_layer(mixed, 1) && !megadsl::sparse_layer(mixed, 2) &&
+         megadsl::sparse_layer(mixed, 3)));
+  CHECK_THAT(megadsl::hf_config_json(mixed, "qwen3_moe", false, "float32", {}),
+             Catch::Contains("\"decoder_sparse_step\": 2") && Catch::Contains("\"mlp_only_layers\": [\n    0\n  ]"));
+  CHECK_THAT(error_of(edited(qwen3_text, "\"mlp_only_layers\": []", "\"mlp_only_layers\": 3")),
+             Catch::Contains("mlp_only_layers") && Catch::Contains("list of layer indices"));
+  // Counted per layer: a dense layer has the gated MLP, a sparse one the router and experts.
+  CHECK(megadsl::layer_parameter_count(mixed, 0) != megadsl::layer_parameter_count(mixed, 1));
+  CHECK(megadsl::parameter_count(mixed) == 2 * megadsl::layer_parameter_count(mixed, 0) +
+                                               2 * megadsl::layer_parameter_count(mixed, 1) + 2 * 100 * 64 + 64);
   CHECK_THAT(error_of(edited(qwen3_text, "\"num_experts\": 8", "\"num_experts\": 8, \"num_local_experts\": 6")),
              Catch::Contains("num_experts") && Catch::Contains("keep one"));
   CHECK_THAT(error_of(edited(mixtral_like, "\"router_jitter_noise\": 0.0", "\"router_jitter_noise\": 0.01")),

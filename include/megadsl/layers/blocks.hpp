@@ -338,6 +338,13 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
           " of ", s.experts.is_static() ? s.experts.get() : std::int64_t{-1}, is(s.norm_topk, true) ? ", renormalised" : "",
           mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]\n" : "  [mlp: gate, experts.E.gate/up/down_proj]\n");
     if (is(s.shared_expert, true)) t.add("        + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]\n");
+    if (s.sparse_step.is_static() && s.dense_layers.is_static() && s.layers.is_static() && !all_layers_sparse(s)) {
+      t.add("      gated_mlp<", knob(s.mlp_activation), "> instead on layers");
+      int shown = 0;
+      for (std::int64_t i = 0; i < s.layers.get() && shown < 12; ++i)
+        if (!sparse_layer(s, i)) t.add(shown++ == 0 ? " " : ", ", i);
+      t.add("  [mlp: gate_proj, up_proj, down_proj]\n");
+    }
   }
   else
     t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");

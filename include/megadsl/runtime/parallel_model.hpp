@@ -86,7 +86,7 @@ struct model_output {
   at::Tensor values;     // critic: (b, s) fp32, 0 at padding
   at::Tensor valid;      // (b, s) bool: where log_probs (actor) or values (critic) are defined
   // With record_routing: (b, s, layers, top_k) int64, the experts each token went to (the replayed
-  // ones when the batch carried routed_experts), -1 at padding. From forward() in any layout; from
+  // ones when the batch carried routed_experts), -1 at padding and in dense layers. From forward() in any layout; from
   // forward_backward's loss callback at pp = 1 only (each stage knows its own layers' routing).
   at::Tensor routed_experts;
 };
