@@ -263,6 +263,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
                                     ") int64: batch, sequence, layers, top_k, as a recorded forward returns it");
       in.replay = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k}).index_select(0, in.pk.index);  // (T, L, k)
       const at::Tensor given = in.replay;
+      // A position is replayed whole or routed live whole: -1 in every slot or in none.
+      if (given.numel() > 0 && !at::equal(given.lt(0).all(-1), given.lt(0).any(-1)))
+        throw std::invalid_argument("megadsl: routed_experts holds a position with -1 in some of its top_k slots only; "
+                                    "mark a position to route live with -1 in every slot");
       if (given.numel() > 0 && (given.max().item<std::int64_t>() >= s.experts.get() || given.min().item<std::int64_t>() < -1))
         throw std::invalid_argument("megadsl: routed_experts names experts outside 0.." + std::to_string(s.experts.get() - 1) +
                                     " (or below -1, the padding mark); was it recorded for another model?");

@@ -197,9 +197,19 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
   // rows into micro-batches within the token budget. Every rank of a pipeline derives the same.
   const partition_list ranks = balance_data_parallel(seqlens, dp);
   const std::vector<std::int64_t>& my_rows = ranks[static_cast<std::size_t>(dp_rank)];
-  std::vector<std::int64_t> my_lengths;
-  for (std::int64_t r : my_rows) my_lengths.push_back(seqlens[static_cast<std::size_t>(r)]);
-  const micro_batches mbs = rearrange_micro_batches(my_lengths, options);
+  auto lengths_of = [&](const std::vector<std::int64_t>& rows) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t r : rows) out.push_back(seqlens[static_cast<std::size_t>(r)]);
+    return out;
+  };
+  const std::vector<std::int64_t> my_lengths = lengths_of(my_rows);
+  // The same number of micro-batches on every dp rank (verl's same_micro_num_in_dp): the most any
+  // rank needs, which each rank derives alike from the global batch. A mixture's all-to-alls meet
+  // across dp ranks in every micro-batch, so a rank with one more would wait for the others forever.
+  micro_batch_options same = options;
+  if (same.num_micro_batches == 0)
+    for (const auto& rows : ranks) same.num_micro_batches = std::max(same.num_micro_batches, micro_batch_count(lengths_of(rows), options));
+  const micro_batches mbs = rearrange_micro_batches(my_lengths, same);
   std::vector<rollout_batch> parts;
   for (const auto& part : mbs.indices) {
     std::vector<std::int64_t> rows;

@@ -389,7 +389,7 @@ constexpr config_key config_keys[] = {
     // when every layer stays sparse).
     {"mixtral qwen2_moe qwen3_moe", "num_experts_per_tok", key_use::read},
     {"mixtral qwen3_moe", "num_local_experts", key_use::read},
-    {"qwen2_moe qwen3_moe", "num_experts", key_use::read},
+    {"mixtral qwen2_moe qwen3_moe", "num_experts", key_use::read},
     {"qwen2_moe qwen3_moe", "moe_intermediate_size", key_use::read},
     {"qwen2_moe", "shared_expert_intermediate_size", key_use::read},
     {"qwen2_moe qwen3_moe", "norm_topk_prob", key_use::read},
@@ -427,7 +427,7 @@ constexpr config_key config_keys[] = {
     {"qwen2 qwen3 qwen2_moe", "max_window_layers", key_use::read},
     {"qwen3_moe", "max_window_layers", key_use::no_effect},  // Qwen3MoeAttention slides every layer or none
     {"qwen2 qwen3 gemma2 qwen2_moe", "layer_types", key_use::read},
-    {"mistral", "layer_types", key_use::no_effect},  // MistralModel slides every layer whatever it says
+    {"mistral mixtral qwen3_moe", "layer_types", key_use::no_effect},  // their attention slides every layer whatever it says
     // Refused unless neutral (checked in check_keys).
     {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
     {"*", "classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
@@ -590,7 +590,8 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
   }
   if (gemma2)
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
-  if (const json* types = r.find(root, "layer_types"); types && family != "mistral") {
+  // Mistral's, Mixtral's and Qwen3-MoE's attention slides every layer whatever layer_types says.
+  if (const json* types = r.find(root, "layer_types"); types && family != "mistral" && family != "mixtral" && family != "qwen3_moe") {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
       r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
              "one \"full_attention\" or \"sliding_attention\" per layer");
@@ -611,8 +612,9 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
 void read_experts(const reader& r, const family_defaults& fam, shape& s) {
   const json& root = r.root();
   const bool mixtral = fam.model_type == "mixtral";
-  const json* local = r.find(root, "num_local_experts");
-  const json* named = mixtral ? nullptr : r.find(root, "num_experts");
+  // Qwen2MoeConfig knows num_experts only; Mixtral's and Qwen3-MoE's configs map one name to the other.
+  const json* local = fam.model_type == "qwen2_moe" ? nullptr : r.find(root, "num_local_experts");
+  const json* named = r.find(root, "num_experts");
   if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
     r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
            "keep one of them (transformers reads num_local_experts for " + std::string(fam.model_type) + ")");
@@ -1028,6 +1030,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                            "intermediate_size and has experts in every layer; this model has norm_topk " + show(s.norm_topk) +
                            ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
                            " and dense_layers " + show(s.dense_layers) + "; save it as model_type qwen3_moe");
+      if (s.qkv_bias.get())
+        throw config_error("megadsl: a Mixtral config has no q/k/v bias, and this model has one; save it as model_type qwen2_moe");
       j["router_jitter_noise"] = 0.0;
     } else {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();
