@@ -193,6 +193,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
   }
 
   double moe_aux_loss() override {
+    // The same answer on every rank without a collective when there is nothing to sum (a dense
+    // model, or the coefficients at 0: the configuration is every rank's).
+    const model_options& o = cfg_.options;
+    if (mlp_ != mlp_kind::moe || (o.moe_aux_loss_coeff == 0 && o.moe_z_loss_coeff == 0)) return 0.0;
     at::Tensor t = aux_total_.defined() ? aux_total_.clone()
                                         : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     groups_->world->all_reduce(t);  // tp ranks' shares, the stages' layers, the dp ranks' means
