@@ -6,10 +6,12 @@
 
 Needs the Python module on the path (`pip install --no-build-isolation .`, or PYTHONPATH=build-py
 after a build of python/), and the venv's transformers. Prints one table: for every case (forward =
-log-probs + entropy; forward + backward = a PPO-style loss; unpadded and 50%-padded batches),
-tokens/s of each side (median, min-max over the repeats), the ratio to transformers' sdpa on the
-same batch (median of the per-repeat ratios), the achieved FLOP/s as a share of this machine's
-measured fp32 GEMM peak, and the peak RSS of each process.
+log-probs + entropy; forward + backward = a PPO-style loss; unpadded and 50%-padded batches; fp32
+and bf16), tokens/s of each side (median, min-max over the repeats), the ratio to transformers'
+sdpa on the same batch in the same dtype (median of the per-repeat ratios), the achieved FLOP/s as
+a share of this machine's measured fp32 GEMM peak, and the peak RSS of each process. The
+activation-recompute rows (layout recompute="selective" / "full") show what recompute costs in
+time and saves in memory for the same forward + backward.
 
 Every measurement runs in a fresh process (peak RSS is per process; tp 2 cases start two ranks
 with megadsl.launch_local), and the cases are interleaved repeat by repeat so that a slow phase of
@@ -131,13 +133,13 @@ def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def megadsl_rank(path, layout, s, batch, seq, padded, backward, iters):
+def megadsl_rank(path, layout, s, batch, seq, padded, backward, iters, dtype="fp32"):
     """On each rank of a megadsl job: seconds per iteration and this process's peak RSS."""
     import torch
 
     import megadsl
 
-    model = megadsl.Model.from_hf(path, **layout)
+    model = megadsl.Model.from_hf(path, dtype=dtype, **layout)
     ids, mask = make_batch(s, batch, seq, padded)
 
     def step():
@@ -158,23 +160,30 @@ def worker(case, args):
     import torch
 
     s = shape_of(args)
-    side, layout = case["side"], case.get("layout", {})
+    side, layout, dtype = case["side"], case.get("layout", {}), case.get("dtype", "fp32")
     if side == "megadsl" and layout.get("tp", 1) > 1:
         import megadsl
 
         results = megadsl.launch_local(layout["tp"], megadsl_rank, args.checkpoint, layout, s, args.batch, args.seq,
-                                       case["padded"], case["backward"], args.iters, timeout=3600,
+                                       case["padded"], case["backward"], args.iters, dtype, timeout=3600,
                                        env={"MEGADSL_THREADS": str(max(1, args.threads // layout["tp"]))})
         seconds = max(r[0] for r in results)
         return {"seconds": seconds, "rss_mb": [r[1] for r in results]}
     torch.set_num_threads(args.threads)
     if side == "megadsl":
         seconds, rss = megadsl_rank(args.checkpoint, layout, s, args.batch, args.seq, case["padded"],
-                                    case["backward"], args.iters)
+                                    case["backward"], args.iters, dtype)
         return {"seconds": seconds, "rss_mb": [rss]}
+    if case.get("malloc"):  # megadsl's policy: large blocks stay in the heap (mallopt, as cpu_allocator.cpp)
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-4, 0)  # M_MMAP_MAX
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, attn_implementation="sdpa", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, attn_implementation="sdpa",
+                                                 dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     ids, mask = make_batch(s, args.batch, args.seq, case["padded"])
     packed = case["variant"] == "padding-free"
 
@@ -194,22 +203,40 @@ def worker(case, args):
 
 
 def cases_of(args):
+    """Every case: its name, its side, and the name of its baseline (transformers sdpa in the same
+    dtype, on the same batch and work)."""
     sides = [
         ("transformers sdpa", {"side": "hf", "variant": "sdpa"}),
         ("transformers padding-free", {"side": "hf", "variant": "padding-free"}),
+        # The same, under the malloc policy megadsl sets for its own processes (src/cpu_allocator.hpp):
+        # how much of the difference is the allocator's.
+        ("transformers sdpa, megadsl's malloc policy", {"side": "hf", "variant": "sdpa", "malloc": True}),
         ("megadsl tp 1", {"side": "megadsl", "layout": {"tp": 1}}),
         ("megadsl tp 1 rmpad", {"side": "megadsl", "layout": {"tp": 1, "rmpad": True}}),
         ("megadsl tp 2", {"side": "megadsl", "layout": {"tp": 2}}),
         ("megadsl tp 2 rmpad", {"side": "megadsl", "layout": {"tp": 2, "rmpad": True}}),
         ("megadsl tp 2 sp rmpad", {"side": "megadsl", "layout": {"tp": 2, "sp": True, "rmpad": True}}),
+        # Activation recompute: the same work, less kept for the backward (fwd+bwd only).
+        ("megadsl tp 1 recompute selective", {"side": "megadsl", "layout": {"tp": 1, "recompute": "selective"},
+                                              "train_only": True}),
+        ("megadsl tp 1 recompute full", {"side": "megadsl", "layout": {"tp": 1, "recompute": "full"},
+                                         "train_only": True}),
     ]
+    bf16_sides = {"transformers sdpa", "transformers padding-free", "megadsl tp 1", "megadsl tp 1 rmpad"}
     out = []
-    for backward in (False, True):
-        for padded in (False, True):
-            for name, c in sides:
-                if c.get("variant") == "padding-free" and not padded:
-                    continue  # the same as sdpa without padding
-                out.append(dict(c, name=name, backward=backward, padded=padded))
+    for dtype in args.dtypes.split(","):
+        suffix = "" if dtype == "fp32" else " " + dtype
+        for backward in (False, True):
+            for padded in (False, True):
+                for name, c in sides:
+                    if c.get("variant") == "padding-free" and not padded:
+                        continue  # the same as sdpa without padding
+                    if c.get("train_only") and not backward:
+                        continue
+                    if dtype != "fp32" and name not in bf16_sides:
+                        continue
+                    out.append(dict(c, name=name + suffix, base="transformers sdpa" + suffix, dtype=dtype,
+                                    backward=backward, padded=padded))
     return out
 
 
@@ -242,6 +269,8 @@ def main():
     ap.add_argument("--only", default="", help="regular expression over the case names (e.g. 'sdpa|tp 1')")
     ap.add_argument("--work", choices=["both", "forward", "fwd+bwd"], default="both")
     ap.add_argument("--batches", choices=["both", "unpadded", "padded"], default="both")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 computes over fp32 "
+                    "parameters in megadsl, a bf16 model in transformers)")
     ap.add_argument("--quick", action="store_true", help="hidden 128, 2 layers, vocab 4096, 4 x 128, 2 repeats")
     ap.add_argument("--checkpoint", default="", help="where the checkpoint is (made there when missing)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
@@ -265,7 +294,7 @@ def main():
     cases = [c for c in cases_of(args) if re.search(args.only, c["name"])
              and args.work in ("both", "fwd+bwd" if c["backward"] else "forward")
              and args.batches in ("both", "padded" if c["padded"] else "unpadded")]
-    if not any(c["name"] == "transformers sdpa" for c in cases):
+    if not all(any(b["name"] == c["base"] for b in cases) for c in cases):
         sys.exit("side_by_side: --only must keep 'transformers sdpa', the baseline of every ratio")
     print(f"model {s}, batch {args.batch} x {args.seq}, {args.threads} threads, {args.iters} iteration(s) per "
           f"measurement, {args.repeats} repeats; fp32 GEMM peak {peak / 1e9:.1f} GFLOP/s; checkpoint {args.checkpoint}",
@@ -274,6 +303,7 @@ def main():
     for r in range(args.repeats):
         for i, c in enumerate(cases):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(c), "--threads", str(args.threads),
+                "--dtypes", args.dtypes,
                 "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
                 "--kv-heads", str(args.kv_heads), "--ffn", str(args.ffn), "--vocab", str(args.vocab),
                 "--batch", str(args.batch), "--seq", str(args.seq), "--iters", str(args.iters),
@@ -287,7 +317,7 @@ def main():
     import torch  # noqa: F401  (make_batch)
 
     print()
-    print("| work | batch | side | tokens/s (median, min-max) | vs transformers sdpa | % of GEMM peak | peak RSS per process |")
+    print("| work | batch | side | tokens/s (median, min-max) | vs transformers sdpa (same dtype) | % of fp32 GEMM peak | peak RSS per process |")
     print("|---|---|---|---|---|---|---|")
     for i, c in enumerate(cases):
         ids, mask = make_batch(s, args.batch, args.seq, c["padded"])
@@ -295,7 +325,7 @@ def main():
         flops = useful_flops(s, mask, c["backward"])
         tps = [tokens / m["seconds"] for m in runs[i]]
         base = next(j for j, b in enumerate(cases)
-                    if b["name"] == "transformers sdpa" and b["backward"] == c["backward"] and b["padded"] == c["padded"])
+                    if b["name"] == c["base"] and b["backward"] == c["backward"] and b["padded"] == c["padded"])
         ratios = [runs[base][k]["seconds"] / runs[i][k]["seconds"] for k in range(len(tps))]
         share = statistics.median(flops / m["seconds"] for m in runs[i]) / peak * 100
         rss = max(max(m["rss_mb"]) for m in runs[i])

@@ -15,15 +15,22 @@
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/moe.hpp"
+#include "megadsl/layers/recompute.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/pipeline_executor.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "cpu_allocator.hpp"
 
 namespace megadsl::detail {
 namespace {
+
+// Inference computes the LM head and its log-softmax a block of tokens at a time, about this many
+// logits (128 MB in fp32, ~1000 tokens of a 32k vocabulary): the whole (T, V) is never held, and
+// the blocks stay tall enough for the GEMM (64-token blocks made the LM head 1.7x slower here).
+constexpr std::int64_t head_block_elements = std::int64_t{1} << 25;
 
 std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
   std::uint64_t h = 1469598103934665603ULL ^ seed;
@@ -107,6 +114,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       experts_per_rank_ = c.s.experts.get() / ep;
       first_expert_ = (ep > 1 ? g.ep->rank() : 0) * experts_per_rank_;
     }
+    if (device_.is_cpu()) tune_cpu_allocator();
     build_parameters();
   }
 
@@ -311,8 +319,25 @@ class decoder_stage final : public model_core, public pipeline_stage {
   at::Tensor run_chunk(std::int64_t chunk, const micro_input& in, const at::Tensor& input) {
     const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
     at::Tensor x = ch.first_stage ? embed(in.pk.ids) : input;  // (T'/tp or T', h)
-    for (std::int64_t i = 0; i < ch.count; ++i)
-      x = decoder_layer(x, ch.first_layer + i, in);
+    if (cfg_.l.recompute.get() != recompute_kind::full || !at::GradMode::is_enabled()) {
+      for (std::int64_t i = 0; i < ch.count; ++i) x = decoder_layer(x, ch.first_layer + i, in);
+      return x;
+    }
+    // Full recompute: each layer keeps its input only and runs again in the backward. The rerun
+    // outlives this call (forward() returns before the caller's backward): it owns a copy of the
+    // micro-batch's inputs (tensors shared, not copied).
+    const auto kept = std::make_shared<const micro_input>(in);
+    for (std::int64_t i = 0; i < ch.count; ++i) {
+      const std::int64_t layer = ch.first_layer + i;
+      x = recompute_layer(
+          [this, kept, layer](const at::Tensor& input) {
+            // The rerun runs with grad mode on: side effects that must happen once (the
+            // auxiliary losses' running total) are skipped there.
+            const rerun_scope scope(rerun_, at::GradMode::is_enabled());
+            return decoder_layer(input, layer, *kept);
+          },
+          x);
+    }
     return x;
   }
 
@@ -325,15 +350,43 @@ class decoder_stage final : public model_core, public pipeline_stage {
     model_output out;
     if (o.record_routing && mlp_ == mlp_kind::moe && pp_size_ == 1) out.routed_experts = routing_of(in);
     if (cfg_.head.actor) {
-      at::Tensor logits = column(x, lm_head_, {});  // (T, V'/tp), compute dtype
-      // Only when the stream has SP padding rows: a narrow's backward zero-fills a full-vocabulary buffer.
-      if (logits.size(0) != tokens) logits = logits.narrow(0, 0, tokens);
-      // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
-      if (const double cap = s.final_softcap.get(); cap != 0) logits = at::tanh(logits / cap) * cap;
-      if (o.temperature != 1.0) logits = logits / o.temperature;
+      // The final norm's output on every tp rank, SP padding rows dropped before the LM head: (T, h).
+      at::Tensor full = x;
+      if constexpr (Tp) full = sp_ ? gather_from_sp(x, *tp_) : copy_to_tp(x, *tp_);
+      if (full.size(0) != tokens) full = full.narrow(0, 0, tokens);
+      const auto logits_of = [&](const at::Tensor& rows) {
+        at::Tensor l = at::linear(rows, w(lm_head_));  // (rows, V'/tp), compute dtype
+        // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
+        if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
+        if (o.temperature != 1.0) l = l / o.temperature;
+        return l;
+      };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
-      const logprob_entropy le = vocab_parallel_logprob_entropy(
-          logits, pk.labels.narrow(0, 0, tokens), shard, tp_group(), o.entropy);
+      const at::Tensor labels = pk.labels.narrow(0, 0, tokens);
+      at::Tensor logits;
+      logprob_entropy le;
+      if (at::GradMode::is_enabled() || o.return_logits) {
+        logits = logits_of(full);
+        le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy);
+      } else {
+        // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
+        // whole (T, V'/tp) logits are never held at once.
+        // Every tp rank has the same T and shard width, hence the same blocks and collectives.
+        const std::int64_t rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
+        std::vector<at::Tensor> lp, ent;
+        for (std::int64_t i = 0; i < tokens; i += rows) {
+          const std::int64_t n = std::min(rows, tokens - i);
+          const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(full.narrow(0, i, n)),
+                                                                      labels.narrow(0, i, n), shard, tp_group(), o.entropy);
+          lp.push_back(part.log_probs);
+          if (o.entropy) ent.push_back(part.entropy);
+        }
+        const auto joined = [&](const std::vector<at::Tensor>& v) {
+          return v.empty() ? at::zeros({0}, full.options().dtype(at::kFloat)) : at::cat(v);
+        };
+        le.log_probs = joined(lp);
+        if (o.entropy) le.entropy = joined(ent);
+      }
       const at::Tensor label_ok = pk.label_valid.narrow(0, 0, tokens);
       out.log_probs = pk.unpack(le.log_probs * label_ok);
       out.valid = pk.unpack(label_ok).to(at::kBool);
@@ -439,12 +492,18 @@ class decoder_stage final : public model_core, public pipeline_stage {
       q = full_width_norm(q.reshape({tokens, -1}), w(lw.q_norm), s.heads.get() * d).view(q.sizes());
       k = full_width_norm(k.reshape({tokens, -1}), w(lw.k_norm), s.kv_heads.get() * d).view(k.sizes());
     }
-    q = apply_rope(q, rope);
-    k = apply_rope(k, rope);
     const at::Tensor v = qkv_parts[2].squeeze(2);                      // (T, G, d)
     const attention_math math{attention_scale_, s.attn_softcap.get(), cfg_.options.attention_window.of(layer)};
-    at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens, math)
-                            : attention_padded(q, k, v, pk.attention_mask, pk.batch, pk.seq, math);   // (T, G*Q*d)
+    // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
+    // selective recompute only q, k, v are kept and the core runs again in the backward.
+    attention_core core = [rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
+                              const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+      const at::Tensor qr = apply_rope(q_in, rope), kr = apply_rope(k_in, rope);
+      return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
+    };
+    at::Tensor a = cfg_.l.recompute.get() == recompute_kind::selective ? recompute_in_backward(std::move(core), q, k, v)
+                                                                      : core(q, k, v);
     if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
     at::Tensor attn_out = row(a, lw.o_proj, lw.o_bias);  // (T'/tp or T', h)
     if (post) attn_out = norm(attn_out, lw.attn_post_norm, {});
@@ -520,7 +579,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     }
     if (o.moe_z_loss_coeff != 0) loss = loss + o.moe_z_loss_coeff * router_z_loss(logits, valid);
     loss = loss * aux_scale_;
-    aux_total_ += loss.detach().to(at::kDouble);
+    if (!rerun_) aux_total_ += loss.detach().to(at::kDouble);  // once per forward, not again in a recompute
     return loss;
   }
 
@@ -658,6 +717,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
   bool training_ = false;            // inside forward_backward: the auxiliary losses apply
   double aux_scale_ = 1.0;           // the auxiliary losses' scale in this forward_backward
   at::Tensor aux_total_;             // their sum (this rank's share), for moe_aux_loss()
+  bool rerun_ = false;               // a layer is running again in the backward (full recompute)
+  struct rerun_scope {
+    bool& flag;
+    bool saved;
+    rerun_scope(bool& f, bool on) : flag(f), saved(f) { flag = on; }
+    ~rerun_scope() { flag = saved; }
+    rerun_scope(const rerun_scope&) = delete;
+    rerun_scope& operator=(const rerun_scope&) = delete;
+  };
   std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
   qkv_rank_layout qkv_{};
   double attention_scale_ = 0;

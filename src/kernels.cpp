@@ -1,6 +1,7 @@
 #include "megadsl/layers/kernels.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -59,19 +60,53 @@ rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& pos
   return {emb.cos(), emb.sin()};
 }
 
+namespace {
+
+// x's first 2h dimensions rotated by the half tables c, s (broadcastable to x's halves):
+// o1 = x1 c - x2 s, o2 = x2 c + x1 s, which is HF's x * cos + rotate_half(x) * sin in the same
+// roundings, written into one new tensor with one half-size temporary (the expression takes five
+// full-size ones, and its backward zero-fills two more). With s negated it is its own backward.
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s) {
+  const std::int64_t half = c.size(-1);
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  at::Tensor o1 = out.narrow(-1, 0, half), o2 = out.narrow(-1, half, half);
+  at::Tensor t = at::mul(x2, s);
+  at::mul_out(o1, x1, c).sub_(t);
+  at::mul_out(t, x1, s);
+  at::mul_out(o2, x2, c).add_(t);
+  return out;
+}
+
+struct rope_fn : torch::autograd::Function<rope_fn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& c,
+                            const at::Tensor& s) {
+    ctx->save_for_backward({c, s});
+    return rotate(x, c, s);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grads[0], saved[0], saved[1].neg()), {}, {}};  // the transposed rotation
+  }
+};
+
+}  // namespace
+
 at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
   const std::int64_t rotated_dims = t.cos.size(-1);
   if (rotated_dims < x.size(-1)) {  // partial rotary: the first dims rotate, the rest pass through
     const auto parts = x.split_with_sizes({rotated_dims, x.size(-1) - rotated_dims}, -1);
     return at::cat({apply_rope(parts[0], t), parts[1]}, -1);
   }
-  const std::int64_t half = x.size(-1) / 2;
+  // The tables are cat(freqs, freqs): both halves of cos (of sin) are the same numbers.
+  const std::int64_t half = rotated_dims / 2;
   std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);
   view.front() = x.size(0);
-  view.back() = x.size(-1);
-  const at::Tensor cos = t.cos.to(x.scalar_type()).view(view), sin = t.sin.to(x.scalar_type()).view(view);
-  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  view.back() = half;
+  const at::Tensor cos = t.cos.narrow(-1, 0, half).to(x.scalar_type()).reshape(view);  // (T, 1.., d/2)
+  const at::Tensor sin = t.sin.narrow(-1, 0, half).to(x.scalar_type()).reshape(view);
+  return rope_fn::apply(x, cos, sin);
 }
 
 // Attention goes through LibTorch's fused scaled-dot-product kernels (flash on CUDA and on the
@@ -117,10 +152,17 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor qb = q.reshape({batch, seq, groups * per_group, d}).transpose(1, 2);  // (b, G*Q, s, d)
   const at::Tensor kb = k.view({batch, seq, groups, d}).transpose(1, 2);                  // (b, G, s, d)
   const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
+  // Without padding (no key mask) and without a window the fused kernel's own causal flag: no mask
+  // is built and the blocks above the diagonal are skipped, half the work of a masked call.
+  if (!key_mask.defined() && m.softcap == 0 && (m.window == 0 || m.window >= seq))
+    return at::scaled_dot_product_attention(qb, kb, vb, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),
+                                            /*enable_gqa=*/true)
+        .transpose(1, 2)
+        .reshape({batch * seq, groups * per_group * d});
   // (b, 1, s, s) bool: causal (within the window) and a real key. A query with no visible key (a
   // left-pad row) gets zeros or a uniform mix from the kernel; its row never reaches a result.
-  const at::Tensor causal = causal_mask(seq, m.window, key_mask.options());
-  const at::Tensor allowed = causal.view({1, 1, seq, seq}) & key_mask.to(at::kBool).view({batch, 1, 1, seq});
+  const at::Tensor causal = causal_mask(seq, m.window, q.options()).view({1, 1, seq, seq});
+  const at::Tensor allowed = key_mask.defined() ? causal & key_mask.to(at::kBool).view({batch, 1, 1, seq}) : causal;
   const at::Tensor out = m.softcap != 0
                              ? attention_explicit(qb, kb, vb, allowed, m)
                              : at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, scale_of(m),

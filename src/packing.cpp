@@ -36,6 +36,7 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
   pk.batch = ids_in.size(0);
   pk.seq = ids_in.size(1);
   pk.attention_mask = mask;
+  pk.no_padding = mask.numel() == 0 || mask.all().item<bool>();
   const at::Tensor ids = ids_in.masked_fill(mask.logical_not(), 0);
   const at::Tensor positions = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0);
 

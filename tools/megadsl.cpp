@@ -53,6 +53,8 @@ layout:
   --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
   --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)
+  --recompute KIND          activations the backward recomputes: none (default), selective (the
+                            attention core: RoPE and attention), full (each layer from its input)
   --vocab-pad-multiple N    vocab padded to a multiple of N * tp (default 128)
   --critic                  value model (value head h -> 1) instead of the LM head
   --no-value-bias           with --critic: the value head has no bias

@@ -98,8 +98,8 @@ constexpr rank_memory training_memory(const shape& s, const layout& l, head_info
 // ---- activation memory (Korthikanti et al. 2022) ---------------------------------------------------
 
 // What the backward pass keeps: everything, attention core recomputed (selective), or each
-// layer's input only (full).
-enum class recompute : std::int8_t { none, selective, full };
+// layer's input only (full): recompute_kind (layout.hpp).
+using recompute = recompute_kind;
 
 // Bytes of activations one transformer layer keeps for the backward pass of one micro-batch, per
 // tp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,

@@ -6,9 +6,28 @@
 // parallelism needs a mixture of experts (rule `ep_needs_experts`).
 #pragma once
 
+#include <cstdint>
+#include <string_view>
+
 #include "megadsl/static_value.hpp"
 
 namespace megadsl {
+
+// What the backward pass keeps (Megatron's recompute_granularity). selective: each layer's
+// attention core (RoPE and the attention kernel, from q, k, v to the heads' output) runs again in
+// the backward instead of keeping its outputs; full: each layer keeps its input only and runs
+// again whole in the backward (Megatron's full granularity, uniform method, one layer per unit).
+// The numbers are the same either way (layers/recompute.hpp).
+enum class recompute_kind : std::int8_t { none, selective, full };
+
+constexpr std::string_view name_of(recompute_kind r) {
+  switch (r) {
+    case recompute_kind::none: return "none";
+    case recompute_kind::selective: return "selective";
+    case recompute_kind::full: return "full";
+  }
+  return "?";
+}
 
 struct layout {
   dim tp = 1;                  // tensor-parallel degree
@@ -22,13 +41,15 @@ struct layout {
   dim cp = 1;                  // context parallel: reserved
   dim ep = 1;                  // expert parallel: whole experts per rank of the ep group
   dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
+  maybe<recompute_kind> recompute = recompute_kind::none;  // activation recompute in the backward
 };
 
 // A layout with every degree and switch known only at run time (command-line tool).
 inline constexpr layout dynamic_layout = {
     .tp = dynamic, .pp = dynamic, .vpp = dynamic, .first_stage_layers = dynamic,
     .last_stage_layers = dynamic, .sp = dynamic, .rmpad = dynamic,
-    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic, .etp = dynamic};
+    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic, .etp = dynamic,
+    .recompute = dynamic};
 
 constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
 

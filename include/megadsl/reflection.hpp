@@ -18,4 +18,4 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vo
                         top_k, expert_ffn, shared_expert_ffn, norm_topk, sparse_step, dense_layers, expert_naming,
                         shared_expert);
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
-                        rmpad, vocab_pad_multiple, cp, ep, etp);
+                        rmpad, vocab_pad_multiple, cp, ep, etp, recompute);

@@ -62,7 +62,8 @@ __all__ = [
     "launch_local",
 ]
 
-_LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple")
+_LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",
+                  "ep", "etp", "recompute")
 
 
 def _layout_of(where, layout, kwargs):

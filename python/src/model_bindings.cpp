@@ -180,10 +180,10 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> pp, std::optional<std::int64_t> vpp, std::optional<bool> sp,
          std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
-         std::optional<std::int64_t> ep, bool critic,
+         std::optional<std::int64_t> ep, std::optional<std::string> recompute, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed) {
         layout l = given.value_or(layout{});
-        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep))
+        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
         if (tp) l.tp = *tp;
         if (pp) l.pp = *pp;
@@ -194,6 +194,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         if (last_stage_layers) l.last_stage_layers = *last_stage_layers;
         if (vocab_pad_multiple) l.vocab_pad_multiple = *vocab_pad_multiple;
         if (ep) l.ep = *ep;
+        if (recompute) l.recompute = recompute_of(*recompute);
         if (!critic && !value_bias)
           throw py::value_error("megadsl.Model.from_hf: value_bias=False goes with critic=True (the value head's bias)");
         hf_model_options o;
@@ -216,7 +217,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("pp") = py::none(), py::arg("vpp") = py::none(), py::arg("sp") = py::none(),
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
-      py::arg("ep") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
+      py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank

@@ -123,6 +123,7 @@ std::string layout_repr(const layout& l) {
   if (l.vocab_pad_multiple.get() != 128) s << ", vocab_pad_multiple=" << l.vocab_pad_multiple.get();
   if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
   if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
+  if (l.recompute.get() != recompute_kind::none) s << ", recompute=\"" << name_of(l.recompute.get()) << "\"";
   s << ")";
   return s.str();
 }
@@ -132,8 +133,19 @@ bool same_layout(const layout& a, const layout& b) {
          a.first_stage_layers.get() == b.first_stage_layers.get() &&
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
          a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
-         a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get();
+         a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() && a.recompute.get() == b.recompute.get();
 }
+
+}  // namespace
+
+recompute_kind recompute_of(const std::string& name) {
+  if (name == "none") return recompute_kind::none;
+  if (name == "selective") return recompute_kind::selective;
+  if (name == "full") return recompute_kind::full;
+  throw py::value_error("megadsl: recompute is \"none\", \"selective\" or \"full\", got \"" + name + "\"");
+}
+
+namespace {
 
 template <class T>
 auto property(T layout::*field) {
@@ -145,11 +157,13 @@ auto property(T layout::*field) {
 void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
 virtual pipeline chunks, remove-padding, expert-parallel degree (ep: whole experts per rank of an ep
-group; etp 0 = tp). Every field is a concrete value.)")
+group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                       std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp) {
+                       std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp,
+                       const std::string& recompute) {
              layout l;
+             l.recompute = recompute_of(recompute);
              l.ep = ep;
              l.etp = etp;
              l.tp = tp;
@@ -164,7 +178,11 @@ group; etp 0 = tp). Every field is a concrete value.)")
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
            py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
-           py::arg("ep") = 1, py::arg("etp") = 0)
+           py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none")
+      .def_property(
+          "recompute", [](const layout& l) { return std::string(name_of(l.recompute.get())); },
+          [](layout& l, const std::string& v) { l.recompute = recompute_of(v); },
+          "activations the backward recomputes: \"none\", \"selective\" (the attention core) or \"full\" (each layer)")
       .def_property("ep", property(&layout::ep), [](layout& l, std::int64_t v) { l.ep = v; })
       .def_property("etp", property(&layout::etp), [](layout& l, std::int64_t v) { l.etp = v; })
       .def_property("tp", property(&layout::tp), [](layout& l, std::int64_t v) { l.tp = v; })
@@ -185,7 +203,8 @@ group; etp 0 = tp). Every field is a concrete value.)")
       .def(py::pickle([](const layout& l) {
                         return py::make_tuple(l.tp.get(), l.pp.get(), l.vpp.get(), l.sp.get(), l.rmpad.get(),
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
-                                              l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get());
+                                              l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get(),
+                                              std::string(name_of(l.recompute.get())));
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -201,6 +220,7 @@ group; etp 0 = tp). Every field is a concrete value.)")
                           l.ep = t[8].cast<std::int64_t>();
                           l.etp = t[9].cast<std::int64_t>();
                         }
+                        if (t.size() > 10) l.recompute = recompute_of(t[10].cast<std::string>());
                         return l;
                       }));
 

@@ -62,6 +62,7 @@ def test_plan_reports_memory_and_flops():
     assert text != megadsl.plan("llama3-8b", tp=8, pp=4, sp=True, seq=4096)
     with pytest.raises(ValueError, match="pp"):
         megadsl.plan("llama3-8b", pp=7)
+    assert "recompute selective <- this layout" in megadsl.plan("llama3-8b", tp=8, sp=True, recompute="selective")
 
 
 def test_presets():
@@ -77,6 +78,14 @@ def test_layout_value_type():
     assert pickle.loads(pickle.dumps(l)) == l
     l.pp = 4
     assert l.model_parallel_size == 8
+    r = megadsl.Layout(tp=2, recompute="selective")
+    assert r.recompute == "selective" and r != megadsl.Layout(tp=2)
+    assert repr(r) == 'Layout(tp=2, pp=1, vpp=1, sp=False, rmpad=False, recompute="selective")'
+    assert pickle.loads(pickle.dumps(r)) == r
+    r.recompute = "full"
+    assert r.recompute == "full"
+    with pytest.raises(ValueError, match="recompute"):
+        megadsl.Layout(recompute="sometimes")
 
 
 def test_read_hf_config(gqa):

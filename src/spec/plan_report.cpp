@@ -188,12 +188,13 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
      << grouped(o.seq) << " tokens)\n";
   table acts;
   acts.row({"", "without SP", "with SP"});
-  acts.row({"per layer, no recompute", act(false, recompute::none, false), act(true, recompute::none, false)});
-  acts.row({"per layer, selective recompute", act(false, recompute::selective, false),
-            act(true, recompute::selective, false)});
-  acts.row({stage + ", no recompute", act(false, recompute::none, true), act(true, recompute::none, true)});
-  acts.row({stage + ", selective", act(false, recompute::selective, true),
-            act(true, recompute::selective, true)});
+  // Every granularity, the layout's own (layout::recompute) marked: what the runtime keeps.
+  const recompute chosen = l.recompute.get();
+  const auto mark = [&](recompute r) { return r == chosen ? std::string(" <- this layout") : std::string(); };
+  for (const recompute r : {recompute::none, recompute::selective, recompute::full})
+    acts.row({"per layer, recompute " + std::string(name_of(r)) + mark(r), act(false, r, false), act(true, r, false)});
+  for (const recompute r : {recompute::none, recompute::selective, recompute::full})
+    acts.row({stage + ", recompute " + std::string(name_of(r)) + mark(r), act(false, r, true), act(true, r, true)});
   if (!has_tp) acts.row({"(SP needs tp > 1)"});
   acts.print(os);
   os << "\n";

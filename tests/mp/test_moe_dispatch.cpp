@@ -104,7 +104,11 @@ void check_against_one_process(std::int64_t ep, bool replay) {
   INFO("ep " << ep << (replay ? ", replayed routing" : ""));
   CHECK(max_abs_diff(split.out, whole.out) <= 1e-6);
   CHECK(max_abs_diff(split.x_grad, whole.x_grad) <= 1e-6);
-  CHECK(max_abs_diff(split.router_grad, whole.router_grad) <= 1e-6);
+  // The router's gradient sums every token's contributions, in another order once split over
+  // ranks: fp32 summation noise relative to its size (1.01e-6 at a magnitude of 2.6 on this AMD EPYC).
+  const double router_scale = std::max(1.0, whole.router_grad.abs().max().item<double>());
+  INFO("router gradient magnitude " << router_scale);
+  CHECK(max_abs_diff(split.router_grad, whole.router_grad) <= 1e-6 * router_scale);
   // An expert's gradient: every token routed to it, from every rank. Here it is summed over the
   // expert-data-parallel group (the copies of this shard); there over the world, then sliced.
   at::Tensor gu = split.gate_up_grad.contiguous(), dn = split.down_grad.contiguous();

@@ -142,6 +142,10 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 4, .sp = true}>(2, false, nullptr, aux_losses::token);
+  // Full recompute: the all-to-alls and the auxiliary losses run again in the backward, counted once.
+  check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2, .recompute = recompute_kind::full}>(
+      2, true, nullptr, aux_losses::token);
+  check_moe_training<tiny8_qwen3_moe, layout{.ep = 4, .recompute = recompute_kind::selective}>(1, false);
   // The balancer reorders rows over dp and into micro-batches; the routing travels with its rows.
   const micro_batch_options budget{.max_token_len = 20};
   check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .ep = 4}>(0, true, &budget);

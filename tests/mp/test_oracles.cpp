@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "mp_support.hpp"
@@ -110,6 +111,54 @@ TEST_CASE("log-prob and entropy gradients agree with finite differences (fp64, t
     }
   INFO("largest |finite difference - analytic| = " << worst);
   CHECK(worst < 1e-7);
+}
+
+// HF's rotate-half RoPE as an expression: the oracle of the fused kernel, forward and backward.
+at::Tensor rope_expression(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t r = cos.size(-1), half = r / 2;
+  std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);
+  view.front() = x.size(0);
+  view.back() = r;
+  const at::Tensor c = cos.to(x.scalar_type()).view(view), s = sin.to(x.scalar_type()).view(view);
+  const at::Tensor xr = x.narrow(-1, 0, r);
+  const at::Tensor rotated = at::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
+  const at::Tensor out = xr * c + rotated * s;
+  return r < x.size(-1) ? at::cat({out, x.narrow(-1, r, x.size(-1) - r)}, -1) : out;
+}
+
+TEST_CASE("the fused RoPE equals HF's expression: same bits forward, the same gradient backward", "[world4]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (const std::int64_t rotary : {16L, 8L}) {  // full and partial rotary (head_dim 16)
+    const at::Tensor positions = at::tensor({0L, 1L, 2L, 7L, 0L, 3L});
+    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) *
+                             at::rand({rotary / 2}, gen, at::kFloat).unsqueeze(0);  // (T, r/2)
+    const rope_tables t{at::cat({freqs, freqs}, -1).cos(), at::cat({freqs, freqs}, -1).sin()};
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+      const at::Tensor base = at::randn({6, 2, 3, 16}, gen, at::kFloat).to(dtype);  // (T, G, Q, d)
+      // A strided view, as q is inside the fused q/k/v projection's output.
+      const at::Tensor wide = at::cat({base, base}, 2).narrow(2, 1, 3);
+      const at::Tensor x = wide.clone().set_requires_grad(true), y = wide.clone().set_requires_grad(true);
+      const at::Tensor fused = apply_rope(x.narrow(2, 0, 3), t), expected = rope_expression(y.narrow(2, 0, 3), t.cos, t.sin);
+      CHECK(at::equal(fused, expected));
+      const at::Tensor g = at::randn(fused.sizes(), gen, at::kFloat).to(dtype);
+      fused.backward(g);
+      expected.backward(g);
+      INFO("rotary " << rotary << ", dtype " << dtype);
+      CHECK(at::allclose(x.grad(), y.grad(), dtype == at::kBFloat16 ? 1e-2 : 1e-6, dtype == at::kBFloat16 ? 1e-2 : 1e-12));
+    }
+  }
+}
+
+TEST_CASE("a batch without padding takes the fused causal kernel and gives the masked call's numbers", "[world4]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const std::int64_t b = 2, s = 9;
+  const at::Tensor q = at::randn({b * s, 2, 2, 8}, gen, at::kDouble), k = at::randn({b * s, 2, 8}, gen, at::kDouble),
+                   v = at::randn({b * s, 2, 8}, gen, at::kDouble);
+  const at::Tensor ones = at::ones({b, s}, at::kBool);
+  for (const std::int64_t window : {0L, 4L}) {
+    const attention_math m{.window = window};
+    CHECK(at::allclose(attention_padded(q, k, v, {}, b, s, m), attention_padded(q, k, v, ones, b, s, m), 1e-12, 1e-12));
+  }
 }
 
 // Hidden ([.]): run by its own CTest entry, which expects the error text and a clean exit.

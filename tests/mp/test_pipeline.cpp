@@ -1,6 +1,9 @@
 // Pipeline parallelism and the training step: every layout gives the single-process numbers.
 #include "../catch_torch.hpp"
 
+#include <c10/core/GradMode.h>
+
+#include "megadsl/layers/recompute.hpp"
 #include "megadsl/runtime/trainer.hpp"
 #include "mp_support.hpp"
 
@@ -96,6 +99,50 @@ TEST_CASE("five PPO steps under pp 4 x vpp 2 (interleaved) equal single-process 
   check_training<tiny8_tied, layout{.pp = 4, .vpp = 2}, true>(4);
   check_training<tiny8, layout{.pp = 4, .vpp = 2}, false>(4);
   check_training<tiny8_tied, layout{.pp = 4, .vpp = 2, .rmpad = true}, false>(8);
+}
+
+TEST_CASE("selective and full activation recompute train exactly like keeping every activation",
+          "[world4][training][recompute]") {
+  using enum recompute_kind;
+  check_training<tiny8, layout{.tp = 2, .sp = true, .rmpad = true, .recompute = selective}, true>(2);
+  check_training<tiny8, layout{.tp = 4, .recompute = selective}, true>(1);  // the padded path
+  check_training<tiny8_gemma2, layout{.tp = 2, .recompute = selective}, true>(2);  // soft-capped, windowed
+  check_training<tiny8, layout{.tp = 2, .pp = 2, .recompute = full}, true>(2);
+  check_training<tiny8_tied, layout{.pp = 4, .vpp = 2, .rmpad = true, .recompute = full}, false>(4);
+  check_training<tiny8_qwen3, layout{.tp = 4, .sp = true, .recompute = full}, true>(1);
+}
+
+TEST_CASE("recompute runs each layer's region again in the backward, and full recompute its collectives",
+          "[world4][recompute]") {
+  const padded_batch pb = make_batch(tiny8::shape.vocab, true);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const auto step = [&]<layout L>() {
+    auto groups = parallel_groups::build(dist(), L);
+    parallel_model<causal_lm<tiny8, L>> model(groups, test_options<tiny8>());
+    global_comm_stats().reset();
+    const std::int64_t before = recompute_reruns();
+    probe_loss(model.forward(b), true).backward();
+    return std::pair{recompute_reruns() - before, global_comm_stats().calls.load()};
+  };
+  const auto [none_reruns, none_calls] = step.operator()<layout{.tp = 2}>();
+  const auto [selective_reruns, selective_calls] = step.operator()<layout{.tp = 2, .recompute = recompute_kind::selective}>();
+  const auto [full_reruns, full_calls] = step.operator()<layout{.tp = 2, .recompute = recompute_kind::full}>();
+  const std::int64_t layers = tiny8::shape.layers.get();
+  CHECK(none_reruns == 0);
+  CHECK(selective_reruns == layers);
+  CHECK(full_reruns == layers);
+  CHECK(selective_calls == none_calls);  // the attention core has no collective
+  // Each layer's forward all-reduces (after the attention and after the MLP) run again.
+  CHECK(full_calls == none_calls + 2 * layers);
+  // Inference keeps nothing and reruns nothing.
+  {
+    auto groups = parallel_groups::build(dist(), layout{.tp = 2, .recompute = recompute_kind::full});
+    parallel_model<causal_lm<tiny8, layout{.tp = 2, .recompute = recompute_kind::full}>> model(groups, test_options<tiny8>());
+    const std::int64_t before = recompute_reruns();
+    c10::NoGradGuard no_grad;
+    model.forward(b);
+    CHECK(recompute_reruns() == before);
+  }
 }
 
 TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training", "[world8][pipeline][training]") {

@@ -41,7 +41,8 @@ struct attention_math {
 
 // Grouped-query attention over local heads.
 //   q: (T, G, Q, d), k, v: (T, G, d); G local kv groups, Q query heads per group. Output (T, G*Q*d).
-// Padded path: T = b*s, causal within each row and keys masked by `key_mask` (b, s).
+// Padded path: T = b*s, causal within each row and keys masked by `key_mask` (b, s); an undefined
+// `key_mask` means no padding (every key real).
 at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& key_mask, std::int64_t batch, std::int64_t seq,
                             const attention_math& m = {});

@@ -25,6 +25,7 @@ struct packed_tokens {
   at::Tensor labels;              // (T',) int64
   at::Tensor label_valid;         // (T',) float 0/1: a log-prob exists for this token
   at::Tensor attention_mask;      // (b, s) bool (padded path)
+  bool no_padding = false;        // every position is a real token (the attention needs no key mask)
   at::Tensor token_valid;         // (T,) float 0/1
   at::Tensor index;               // (T,) int64 flat position in b*s of each stream token
   std::vector<std::int64_t> cu_seqlens;  // (b+1) offsets into the packed stream (rmpad)

@@ -1,0 +1,88 @@
+#include "megadsl/layers/recompute.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <utility>
+
+namespace megadsl {
+namespace {
+
+std::atomic<std::int64_t> reruns{0};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The region travels with the autograd node as an opaque capsule.
+struct region : torch::CustomClassHolder {
+  explicit region(attention_core f) : run(std::move(f)) {}
+  attention_core run;
+};
+
+struct recompute_fn : torch::autograd::Function<recompute_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::intrusive_ptr<region>& f) {
+    ctx->save_for_backward({q, k, v});  // the region's inputs: what is kept instead of its insides
+    ctx->saved_data["region"] = c10::IValue::make_capsule(f);
+    return f->run(q, k, v);  // grad mode is off inside a custom function's forward
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const auto f = c10::static_intrusive_pointer_cast<region>(ctx->saved_data["region"].toCapsule());
+    const at::AutoGradMode on(true);
+    ++reruns;
+    variable_list inputs;
+    for (const at::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(true));
+    const at::Tensor out = f->run(inputs[0], inputs[1], inputs[2]);
+    variable_list d = torch::autograd::grad({out}, inputs, {grads[0]});
+    return {d[0], d[1], d[2], {}};
+  }
+};
+
+struct layer_holder : torch::CustomClassHolder {
+  explicit layer_holder(layer_region f) : run(std::move(f)) {}
+  layer_region run;
+};
+
+struct recompute_layer_fn : torch::autograd::Function<recompute_layer_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const c10::intrusive_ptr<layer_holder>& f) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["layer"] = c10::IValue::make_capsule(f);
+    return f->run(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const auto f = c10::static_intrusive_pointer_cast<layer_holder>(ctx->saved_data["layer"].toCapsule());
+    const at::AutoGradMode on(true);
+    ++reruns;
+    const at::Tensor out = f->run(x);
+    // A backward inside the backward (the engine runs it re-entrantly): the leaves it reaches are
+    // x and this layer's parameters, whose .grad it accumulates.
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), {}};
+  }
+};
+
+}  // namespace
+
+std::int64_t recompute_reruns() { return reruns.load(); }
+
+at::Tensor recompute_layer(layer_region f, const at::Tensor& x) {
+  if (!at::GradMode::is_enabled()) return f(x);
+  // An input outside the graph (a frozen embedding) still feeds parameters that learn: as a leaf
+  // of its own, it gives the layer's output a backward, hence the rerun.
+  const at::Tensor input = x.requires_grad() ? x : x.detach().requires_grad_(true);
+  return recompute_layer_fn::apply(input, c10::make_intrusive<layer_holder>(std::move(f)));
+}
+
+at::Tensor recompute_in_backward(attention_core f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!at::GradMode::is_enabled()) return f(q, k, v);
+  return recompute_fn::apply(q, k, v, c10::make_intrusive<region>(std::move(f)));
+}
+
+}  // namespace megadsl
