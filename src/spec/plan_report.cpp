@@ -197,6 +197,9 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
     acts.row({stage + ", recompute " + std::string(name_of(r)) + mark(r), act(false, r, true), act(true, r, true)});
   if (!has_tp) acts.row({"(SP needs tp > 1)"});
   acts.print(os);
+  os << "  (The paper's no-recompute row keeps the s x s attention scores; megadsl's fused attention\n"
+        "  keeps none, so without recompute it is near the selective row, and selective recompute\n"
+        "  saves the attention core's own outputs: RoPE'd q and k and the heads' output.)\n";
   os << "\n";
 
   // ---- FLOPs ----
