@@ -197,6 +197,15 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::vector<std::int64_t>& cu_seqlens, const attention_math& m) {
   const std::int64_t groups = q.size(1), per_group = q.size(2), d = q.size(3);
   if (varlen_flash_applies(q, m)) return attention_varlen_flash(q, k, v, cu_seqlens, m);
+  // Sequences all of one length (a batch without padding): one batched call, as the padded path
+  // makes for it, instead of a call per sequence and the concatenation of their outputs.
+  const std::int64_t count = static_cast<std::int64_t>(cu_seqlens.size()) - 1;
+  if (count > 1 && cu_seqlens.front() == 0 && cu_seqlens.back() == q.size(0) && q.size(0) % count == 0) {
+    const std::int64_t len = q.size(0) / count;
+    bool equal = true;
+    for (std::int64_t i = 0; i < count && equal; ++i) equal = cu_seqlens[static_cast<std::size_t>(i + 1)] - cu_seqlens[static_cast<std::size_t>(i)] == len;
+    if (equal && len > 0) return attention_padded(q, k, v, at::Tensor(), count, len, m);
+  }
   // Elsewhere one fused causal call per sequence: cost sum(s_i^2), no mask unless a window cuts
   // the sequence. The stream is split once (split_with_sizes: its backward is one concatenation),
   // not narrowed per sequence, whose backward would add a zero-filled full-size gradient per sequence.

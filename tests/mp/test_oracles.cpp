@@ -149,7 +149,7 @@ TEST_CASE("the fused RoPE equals HF's expression: same bits forward, the same gr
   }
 }
 
-TEST_CASE("a batch without padding takes the fused causal kernel and gives the masked call's numbers", "[world4]") {
+TEST_CASE("a batch without padding takes the fused causal kernel and gives the masked call's numbers, in both paths", "[world4]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const std::int64_t b = 2, s = 9;
   const at::Tensor q = at::randn({b * s, 2, 2, 8}, gen, at::kDouble), k = at::randn({b * s, 2, 8}, gen, at::kDouble),
@@ -158,6 +158,14 @@ TEST_CASE("a batch without padding takes the fused causal kernel and gives the m
   for (const std::int64_t window : {0L, 4L}) {
     const attention_math m{.window = window};
     CHECK(at::allclose(attention_padded(q, k, v, {}, b, s, m), attention_padded(q, k, v, ones, b, s, m), 1e-12, 1e-12));
+    // Remove-padding with sequences of one length takes the batched call: the same numbers as
+    // the padded path and as each sequence alone (one sequence: the per-sequence call).
+    const at::Tensor batched = attention_varlen(q, k, v, {0, s, 2 * s}, m);
+    CHECK(at::allclose(batched, attention_padded(q, k, v, ones, b, s, m), 1e-12, 1e-12));
+    for (std::int64_t row = 0; row < b; ++row) {
+      const at::Tensor alone = attention_varlen(q.narrow(0, row * s, s), k.narrow(0, row * s, s), v.narrow(0, row * s, s), {0, s}, m);
+      CHECK(at::allclose(batched.narrow(0, row * s, s), alone, 1e-12, 1e-12));
+    }
   }
 }
 
