@@ -119,10 +119,10 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     else if (flag == "--rmpad") o.l.rmpad = switch_on();
     else if (flag == "--recompute") {
       const std::string_view v = value();
-      if (v == "none") o.l.recompute = recompute_kind::none;
-      else if (v == "selective") o.l.recompute = recompute_kind::selective;
-      else if (v == "full") o.l.recompute = recompute_kind::full;
-      else throw usage_error("megadsl: --recompute takes none, selective or full, got '" + std::string(v) + "'");
+      recompute_kind r{};
+      if (!recompute_from_name(v, r))
+        throw usage_error("megadsl: --recompute takes none, selective or full, got '" + std::string(v) + "'");
+      o.l.recompute = r;
     }
     else if (flag == "--vocab-pad-multiple") o.l.vocab_pad_multiple = number();
     else if (flag == "--world") o.facts.world = count();

@@ -29,6 +29,14 @@ constexpr std::string_view name_of(recompute_kind r) {
   return "?";
 }
 
+// The kind named `name` (name_of's words), or false: the one parser of the CLI's --recompute and
+// Python's recompute=.
+constexpr bool recompute_from_name(std::string_view name, recompute_kind& out) {
+  for (const recompute_kind r : {recompute_kind::none, recompute_kind::selective, recompute_kind::full})
+    if (name_of(r) == name) return out = r, true;
+  return false;
+}
+
 struct layout {
   dim tp = 1;                  // tensor-parallel degree
   dim pp = 1;                  // pipeline-parallel degree

@@ -139,9 +139,7 @@ bool same_layout(const layout& a, const layout& b) {
 }  // namespace
 
 recompute_kind recompute_of(const std::string& name) {
-  if (name == "none") return recompute_kind::none;
-  if (name == "selective") return recompute_kind::selective;
-  if (name == "full") return recompute_kind::full;
+  if (recompute_kind r{}; recompute_from_name(name, r)) return r;
   throw py::value_error("megadsl: recompute is \"none\", \"selective\" or \"full\", got \"" + name + "\"");
 }
 
