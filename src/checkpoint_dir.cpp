@@ -3,14 +3,20 @@
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "megadsl/io/checkpoint_error.hpp"
@@ -72,35 +78,204 @@ fs::path staging_name(const comm_group& group, const fs::path& target) {
   return staging;
 }
 
-void remove_stale_staging(const fs::path& target) {
-  std::error_code ec;
-  const std::string prefix = target.filename().string() + ".tmp-";
-  for (const auto& e : fs::directory_iterator(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec))
-    if (e.path().filename().string().rfind(prefix, 0) == 0 && e.is_directory(ec)) fs::remove_all(e.path(), ec);
-}
+namespace {
 
-target_lock::target_lock(const fs::path& target) {
+fs::path lock_path(const fs::path& target) {
   fs::path path = target;
   path += ".lock";
+  return path;
+}
+
+// `<name>.tmp-<16 hex digits>`: the target's name, or empty when `n` is no staging name.
+std::string staged_target(const std::string& n) {
+  const auto at = n.rfind(".tmp-");
+  if (at == std::string::npos || at == 0 || n.size() != at + 5 + 16) return {};
+  for (std::size_t i = at + 5; i < n.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(n[i]))) return {};
+  return n.substr(0, at);
+}
+
+// Locks `path` without waiting; -1 when another process holds it (or it cannot be opened). The
+// lock is on the file the path names when the lock is taken: a lock file unlinked by its previous
+// holder meanwhile is opened anew.
+int try_lock(const fs::path& path, bool create, int* error = nullptr) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (fd < 0) {
+      if (error != nullptr) *error = errno;
+      return -1;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (error != nullptr) *error = errno;
+      ::close(fd);
+      return -1;
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+        held.st_dev == named.st_dev)
+      return fd;
+    ::close(fd);  // its holder removed it after we opened it: take the file that is there now
+    if (!create) return -1;
+  }
+  if (error != nullptr) *error = EAGAIN;
+  return -1;
+}
+
+}  // namespace
+
+void remove_stale_staging(const fs::path& target) {
   std::error_code ec;
-  fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw checkpoint_error("megadsl: cannot write " + target.string() + ": cannot create its lock file " + path.string() +
-                           ": " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    throw checkpoint_error("megadsl: cannot write " + target.string() +
-                           (err == EWOULDBLOCK ? ": another process is writing it (it holds " + path.string() +
-                                                     "); wait for it to finish, or write elsewhere"
-                                               : ": cannot lock " + path.string() + ": " + std::strerror(err)));
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string mine = target.filename().string();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string of = staged_target(name);
+    if (of.empty() || !e.is_directory(ec)) continue;
+    if (of == mine) {  // this target's: its lock is the caller's
+      fs::remove_all(e.path(), ec);
+      continue;
+    }
+    // Another target's, left by a writer that was killed, unless a writer holds its lock now.
+    const fs::path lock = lock_path(parent / of);
+    const bool has_lock = fs::exists(lock, ec);
+    const int fd = has_lock ? try_lock(lock, false) : -1;
+    if (has_lock && fd < 0) continue;  // being written
+    fs::remove_all(e.path(), ec);
+    if (fd >= 0) {
+      if (fs::file_size(lock, ec) == 0) ::unlink(lock.c_str());
+      ::close(fd);
+    }
   }
 }
 
+target_lock::target_lock(const fs::path& target) {
+  const fs::path path = lock_path(target);
+  std::error_code ec;
+  fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec);
+  int err = 0;
+  fd_ = try_lock(path, true, &err);
+  if (fd_ < 0)
+    throw checkpoint_error("megadsl: cannot write " + target.string() +
+                           (err == EWOULDBLOCK ? ": another process is writing it (it holds " + path.string() +
+                                                     "); wait for it to finish, or write elsewhere"
+                                               : ": cannot create or lock its lock file " + path.string() + ": " +
+                                                     std::strerror(err)));
+  path_ = path;
+  cleanup_ = std::make_unique<cleanup_on_signal>(path_, false);
+}
+
 target_lock::~target_lock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
+  cleanup_.reset();
+  if (fd_ < 0) return;
+  // Removed while still held: a process waiting on this file then finds it unlinked and opens
+  // the new one (try_lock), so no two writers ever hold "the" lock.
+  ::unlink(path_.c_str());
+  ::close(fd_);  // releases the flock
+}
+
+// ---- cleaning up on a signal ----------------------------------------------------------------------
+
+namespace {
+
+// Paths to remove when a stop signal arrives, in fixed storage the handler can read.
+struct cleanup_slot {
+  std::atomic<bool> used{false};
+  bool directory = false;
+  char path[4096] = {};
+};
+constexpr int max_cleanups = 16;
+cleanup_slot slots[max_cleanups];
+std::mutex slots_mutex;
+int slots_in_use = 0;
+constexpr int stop_signals[3] = {SIGTERM, SIGINT, SIGHUP};
+struct sigaction previous[3];
+
+struct dirent64_raw {
+  ino64_t d_ino;
+  off64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[1];
+};
+
+// rm -r with system calls only (async-signal-safe): unlink, or empty the directory and remove it.
+void remove_tree(int dirfd, const char* name, int depth) {
+  if (::unlinkat(dirfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM) || depth > 4) {
+    ::unlinkat(dirfd, name, AT_REMOVEDIR);
+    return;
+  }
+  const int fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  alignas(8) char buf[8192];
+  for (int pass = 0; pass < 64; ++pass) {  // entries removed while reading: read again until empty
+    ::lseek(fd, 0, SEEK_SET);
+    bool any = false;
+    for (;;) {
+      const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long off = 0; off < n;) {
+        const auto* d = reinterpret_cast<const dirent64_raw*>(buf + off);
+        off += d->d_reclen;
+        if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
+        any = true;
+        remove_tree(fd, d->d_name, depth + 1);
+      }
+    }
+    if (!any) break;
+  }
+  ::close(fd);
+  ::unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+void on_stop_signal(int sig) {
+  const int saved = errno;
+  for (cleanup_slot& s : slots)
+    if (s.used.load()) {
+      if (s.directory) remove_tree(AT_FDCWD, s.path, 0);
+      else ::unlink(s.path);
+    }
+  errno = saved;
+  for (int i = 0; i < 3; ++i) {
+    if (stop_signals[i] != sig) continue;
+    const struct sigaction& p = previous[i];
+    if ((p.sa_flags & SA_SIGINFO) != 0 && p.sa_sigaction != nullptr) return p.sa_sigaction(sig, nullptr, nullptr);
+    if (p.sa_handler == SIG_IGN) return;
+    if (p.sa_handler != SIG_DFL && p.sa_handler != nullptr) return p.sa_handler(sig);
+  }
+  // The default action: end the process by the same signal.
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+}  // namespace
+
+cleanup_on_signal::cleanup_on_signal(const fs::path& path, bool directory) {
+  const std::string p = fs::absolute(path).string();
+  std::lock_guard lock(slots_mutex);
+  for (int i = 0; i < max_cleanups; ++i) {
+    cleanup_slot& s = slots[i];
+    if (s.used.load() || p.size() >= sizeof s.path) continue;
+    std::memcpy(s.path, p.c_str(), p.size() + 1);
+    s.directory = directory;
+    s.used.store(true);
+    slot_ = i;
+    break;
+  }
+  if (slot_ < 0) return;  // out of slots: the next write's start cleans it up instead
+  if (slots_in_use++ == 0) {
+    struct sigaction a {};
+    a.sa_handler = on_stop_signal;
+    sigemptyset(&a.sa_mask);
+    for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &a, &previous[i]);
+  }
+}
+
+cleanup_on_signal::~cleanup_on_signal() {
+  if (slot_ < 0) return;
+  std::lock_guard lock(slots_mutex);
+  slots[slot_].used.store(false);
+  if (--slots_in_use == 0)
+    for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
 }
 
 // Collective: returns when no rank has an error; otherwise every rank throws checkpoint_error, with

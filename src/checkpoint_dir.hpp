@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace megadsl {
@@ -21,11 +22,28 @@ void move_into_place(const std::filesystem::path& staging, const std::filesystem
 // `<target>.tmp-<16 hex digits>`, the same on every rank of `group` (its rank 0 draws the token).
 std::filesystem::path staging_name(const comm_group& group, const std::filesystem::path& target);
 
-// Removes staging directories of `target` left by writers that were killed (call it holding the lock).
+// Removes staging directories left by writers that were killed (call it holding `target`'s lock):
+// `target`'s own, and those of any other target beside it whose lock no process holds (with that
+// lock file).
 void remove_stale_staging(const std::filesystem::path& target);
 
-// Held while a checkpoint is written to `target`: `<target>.lock`, flock'ed. Throws
-// checkpoint_error naming the target when another process holds it.
+// While alive, a SIGTERM, SIGINT or SIGHUP removes `path` (a staging directory, recursively, or a
+// lock file) before the signal takes its previous course (the default: the process ends by it).
+// Every rank that writes into a staging directory holds one for it.
+class cleanup_on_signal {
+ public:
+  cleanup_on_signal(const std::filesystem::path& path, bool directory);
+  ~cleanup_on_signal();
+  cleanup_on_signal(const cleanup_on_signal&) = delete;
+  cleanup_on_signal& operator=(const cleanup_on_signal&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
+// Held while a checkpoint is written to `target`: `<target>.lock`, flock'ed, and removed when the
+// write ends (or a stop signal arrives). Throws checkpoint_error naming the target when another
+// process holds it.
 class target_lock {
  public:
   explicit target_lock(const std::filesystem::path& target);
@@ -35,6 +53,8 @@ class target_lock {
 
  private:
   int fd_ = -1;
+  std::filesystem::path path_;
+  std::unique_ptr<cleanup_on_signal> cleanup_;
 };
 
 // Collective over `group`: returns when no rank has an error; otherwise every rank throws

@@ -17,6 +17,7 @@
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
+#include "megadsl/parallel/agreement.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/pipeline_executor.hpp"
@@ -114,6 +115,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
       experts_per_rank_ = c.s.experts.get() / ep;
       first_expert_ = (ep > 1 ? g.ep->rank() : 0) * experts_per_rank_;
     }
+    // Every rank builds the same model (config.json, layout, head, dtypes, options), or none does.
+    agree_on(*g.world, "built different models", fields_of(c),
+             "every rank must build the same model: the same config.json, layout, head and options");
     if (device_.is_cpu()) tune_cpu_allocator();
     build_parameters();
   }
@@ -122,6 +126,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   std::vector<named_parameter>& parameters() override { return params_; }
 
   model_output forward(const batch& b, const forward_options& o) override {
+    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, {fields_of(b)}, cfg_.options.batch_checksum);
     if (pp_size_ == 1) {  // with the autograd graph
       const micro_input in = prepare(b);
       return head(run_chunk(0, in, {}), in, o);
@@ -147,6 +152,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
                           const forward_options& o) override {
     const auto m = static_cast<std::int64_t>(microbatches.size());
     if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
+    std::vector<named_tensors> given;
+    for (const batch& b : microbatches) given.push_back(fields_of(b));
+    agree_on_batch(*groups_->world, batch_call::forward_backward, groups_->me.dp, given, cfg_.options.batch_checksum);
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
     const running_inputs running(inputs_);
     // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp

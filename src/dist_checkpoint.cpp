@@ -34,6 +34,7 @@
 #include "dist_metadata.hpp"
 #include "spec/json_bounded.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 
 namespace megadsl {
@@ -505,6 +506,7 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
 
   // Every rank writes into the same fresh sibling directory: rank 0 names it.
   const fs::path staging = staging_name(world, target);
+  const cleanup_on_signal staging_cleanup(staging, /*directory=*/true);  // a SIGTERM leaves no half-written copy
   std::optional<target_lock> lock;
 
   auto step = [&](const std::function<void()>& f) { save_step(world, staging, f); };
@@ -542,6 +544,7 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
 
   step([&] {
     if (!first) return;
+    copy_hf_files(extras.hf_files, staging / "hf", /*with_config=*/true);
     const json m = build_manifest(staging, config, groups, params, extras);
     write_file_atomically(staging / manifest_name, m.dump(1) + "\n");
     fsync_dir(staging);

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "megadsl/parallel/agreement.hpp"
 #include "megadsl/parallel/launcher.hpp"
 #include "megadsl/parallel/liveness.hpp"
 #include "megadsl/rules.hpp"
@@ -169,6 +170,13 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
   g.grid = rank_grid::from(l, d.world());
   const std::int64_t r = d.rank();
   g.me = g.grid.coords(r);
+  // The world group first: every rank builds it whatever its layout, and over it the ranks check
+  // that they asked for the same layout before any group of the layout is built (ranks that
+  // disagree would wait for each other's groups until the store's timeout).
+  std::vector<std::int64_t> all(static_cast<std::size_t>(d.world()));
+  for (std::int64_t i = 0; i < d.world(); ++i) all[static_cast<std::size_t>(i)] = i;
+  g.world = d.make_group("world", all, gen);
+  agree_on(*g.world, "asked for different layouts", fields_of(l), "every rank of the job must use the same layout");
   g.tp = d.make_group("tp", g.grid.tp_group(r), gen);
   g.pp = d.make_group("pp", g.grid.pp_group(r), gen);
   g.dp = d.make_group("dp", g.grid.dp_group(r), gen);
@@ -178,9 +186,6 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
     g.ep = d.make_group("ep", experts.ep_group(r), gen);
     g.edp = d.make_group("edp", experts.edp_group(r), gen);
   }
-  std::vector<std::int64_t> all(static_cast<std::size_t>(d.world()));
-  for (std::int64_t i = 0; i < d.world(); ++i) all[static_cast<std::size_t>(i)] = i;
-  g.world = d.make_group("world", all, gen);
   return g;
 }
 

@@ -33,9 +33,17 @@ std::string quote(std::string_view s) {
   throw checkpoint_error(msg);
 }
 
+// Whether `p` exists; a symbolic link that cannot be followed (a loop, a missing target) is an
+// error naming it, not an absent file.
 bool is_file(const fs::path& p) {
   std::error_code ec;
-  return fs::exists(p, ec);
+  if (fs::exists(p, ec)) return true;
+  std::error_code link_ec;
+  if (fs::is_symlink(fs::symlink_status(p, link_ec)))
+    fail(p, "is a symbolic link that cannot be followed (" +
+                (ec ? ec.message() : std::string("its target does not exist")) +
+                "); point it at the checkpoint's file, or put the file itself there");
+  return false;
 }
 
 // "model-00002-of-00004.safetensors": the shard names transformers writes.
@@ -122,6 +130,18 @@ hf_checkpoint hf_checkpoint::open(const fs::path& dir) {
                         " tensors); expected every listed tensor in its shard");
       c.where_.emplace(tensor, i);
     }
+    // A tensor stored in two shards is ambiguous (transformers and the index may pick different
+    // copies): refused, as a name twice in one header is.
+    std::vector<std::string> shard_of(c.files_.size());
+    for (const auto& [f, i] : file_index) shard_of[i] = f;
+    for (std::size_t i = 0; i < c.files_.size(); ++i)
+      for (const tensor_info& t : c.files_[i].tensors()) {
+        const auto it = c.where_.find(t.name);
+        if (it != c.where_.end() && it->second != i)
+          fail(dir, "tensor " + quote(t.name) + " is stored in two shards, " + quote(shard_of[it->second]) + " (where " +
+                        index_name + " puts it) and " + quote(shard_of[i]) +
+                        "; a checkpoint holds each tensor once: remove one copy, or re-save the checkpoint");
+      }
   } else {
     fail(dir, std::string("holds neither model.safetensors nor model.safetensors.index.json; expected an HF "
                           "checkpoint in safetensors format") +

@@ -133,6 +133,18 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   const double split = static_cast<double>(l.tp.get() * l.pp.get());  // (experts over ep not counted: an upper bound)
   const double need = params / split * bytes_per_parameter * static_cast<double>(std::max<std::int64_t>(local_ranks, 1));
   const double have = available_memory();
+  const double one_rank = params / split * bytes_per_parameter;
+  if (have > 0 && need > have && one_rank <= have) {
+    // The model fits one rank: the number of ranks on this machine is what does not fit.
+    std::ostringstream m;
+    m.precision(1);
+    m << std::fixed << "megadsl: " << local_ranks << " ranks on this machine (--ranks, or LOCAL_WORLD_SIZE under a "
+      << "launcher) would each hold " << one_rank / (1ull << 30) << " GiB of " << config << "'s model (tp "
+      << l.tp.get() << " x pp " << l.pp.get() << ", " << bytes_per_parameter << " bytes per parameter), "
+      << need / (1ull << 30) << " GiB in all, more than the " << have / (1ull << 30) << " GiB available; start at most "
+      << static_cast<long long>(have / one_rank) << " ranks here";
+    throw checkpoint_error(m.str());
+  }
   if (have > 0 && need > have) {
     std::ostringstream m;
     m.precision(1);
@@ -158,6 +170,26 @@ bool is_stale_buffer(std::string_view n) {
   };
   if (ends_with(".rotary_emb.inv_freq")) return true;
   return n.rfind("gpt_neox.layers.", 0) == 0 && (ends_with(".attention.bias") || ends_with(".attention.masked_bias"));
+}
+
+// A tied actor reads its LM head from the embedding. A checkpoint that says the two are tied but
+// also stores an LM head with other values is ambiguous: transformers 5 keeps the stored head
+// (untied, with a warning), a tied model would drop it, and the log-probs differ. Refused, naming
+// both tensors. Every rank compares the whole tensors, so every rank refuses alike.
+void refuse_untied_head(const hf_checkpoint& ck, const runtime_config& c, const std::filesystem::path& config) {
+  if (!c.s.tie_embeddings.get()) return;
+  for (const param_plan& p : plan_params(c.s, c.l, c.head)) {
+    if (!p.tied) continue;
+    const std::string head = with_instance(p.row->hf[0], {}), embedding(p.tied_source);
+    if (ck.find(head) == nullptr || ck.find(embedding) == nullptr) return;
+    const at::Tensor e = ck.view(embedding), h = ck.view(head);
+    if (e.sizes() == h.sizes() && at::equal(e, h.to(e.scalar_type()))) return;  // a stored copy of the tie
+    throw checkpoint_error(fail_prefix(ck) + "tie_word_embeddings is true in " + config.string() + ", but " +
+                           ck.file_of(head).path().filename().string() + " holds a " + head + " " +
+                           c10::str(h.sizes()) + " that differs from " + embedding + " " + c10::str(e.sizes()) +
+                           "; transformers would use the stored head, a tied model the embedding: set "
+                           "tie_word_embeddings to false to use " + head + ", or remove it from the checkpoint to tie");
+  }
 }
 
 }  // namespace
@@ -199,6 +231,8 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     os << "; is it a checkpoint of another model?";
     throw checkpoint_error(os.str());
   }
+
+  if (c.head.actor) refuse_untied_head(ck, c, cfg.file);
 
   // The critic's value head: the first source that exists (DESIGN §7).
   std::string value_prefix;
@@ -307,6 +341,27 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
 
 }  // namespace
 
+std::filesystem::path hf_files_of(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return {};
+  if (fs::exists(dir / "metadata.json", ec)) return fs::is_directory(dir / "hf", ec) ? dir / "hf" : fs::path();
+  return dir;
+}
+
+void copy_hf_files(const std::filesystem::path& from, const std::filesystem::path& to, bool with_config) {
+  namespace fs = std::filesystem;
+  if (from.empty()) return;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || !(carried(name) || (with_config && name == "config.json"))) continue;
+    fs::create_directories(to, ec);
+    if (!fs::copy_file(e.path(), to / name, fs::copy_options::overwrite_existing, ec))
+      throw checkpoint_error("megadsl: cannot copy " + e.path().string() + " to " + to.string() + ": " + ec.message());
+  }
+}
+
 // The model_type whose config class describes this model (hf_config_json refuses a mismatch).
 static std::string default_model_type(const runtime_config& c) {
   const std::string_view t = model_type_for(c.s, c.options.attention_window);
@@ -321,6 +376,13 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
              const std::filesystem::path& carry_from) {
   namespace fs = std::filesystem;
   if (model_type.empty()) model_type = default_model_type(c);
+  {
+    std::error_code ec;
+    if (!carry_from.empty() && fs::exists(dir, ec) && fs::equivalent(dir, carry_from, ec))
+      throw checkpoint_error("megadsl: cannot save an HF checkpoint to " + dir.string() +
+                             ": it is the directory the model was loaded from, and saving would replace its weights "
+                             "and every file megadsl does not write (README.md, ...); write to another directory");
+  }
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
@@ -351,6 +413,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   fs::path target = dir;
   if (!target.has_filename()) target = target.parent_path();
   const fs::path staging = staging_name(stages, target);
+  const cleanup_on_signal staging_cleanup(staging, /*directory=*/true);  // a SIGTERM leaves no half-written copy
   std::optional<target_lock> lock;
   auto step = [&](const std::function<void()>& f) { save_step(stages, staging, f); };
   step([&] {
@@ -411,11 +474,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
     }
     write_file_atomically(staging / "config.json",
                           merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window), carry_from));
-    std::error_code ec;
-    if (!carry_from.empty())
-      for (const auto& e : fs::directory_iterator(carry_from, ec))
-        if (e.is_regular_file(ec) && carried(e.path().filename().string()))
-          fs::copy_file(e.path(), staging / e.path().filename(), fs::copy_options::overwrite_existing);
+    copy_hf_files(carry_from, staging, /*with_config=*/false);
     fsync_dir(staging);
     move_into_place(staging, target);
   });

@@ -102,13 +102,20 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (remaining > 0) {
     if (stop_signal != 0) {
+      // The signal goes on to the ranks, so that each removes what it was writing (a staging
+      // directory, a lock file); a rank that has not ended within 2 s (or is stopped) is killed.
       for (const pid_t p : pids)
-        if (p > 0) ::kill(p, SIGKILL);
-      for (pid_t& p : pids)
-        if (p > 0) {
+        if (p > 0) ::kill(p, SIGTERM);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      for (pid_t& p : pids) {
+        while (p > 0 && ::waitpid(p, nullptr, WNOHANG) == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (p > 0 && ::waitpid(p, nullptr, WNOHANG) == 0) {
+          ::kill(p, SIGKILL);
           ::waitpid(p, nullptr, 0);
-          p = -1;
         }
+        p = -1;
+      }
       const int sig = stop_signal;
       std::fprintf(stderr, "megadsl launch: %s: stopped every rank\n", ::strsignal(sig));
       for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);

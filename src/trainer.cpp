@@ -5,9 +5,11 @@
 #include <torch/optim/adamw.h>
 
 #include "megadsl/batching.hpp"
+#include "megadsl/parallel/agreement.hpp"
 
 
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 namespace megadsl {
@@ -47,6 +49,13 @@ rollout_batch each_tensor(rollout_batch b, F f) {
 }
 }  // namespace
 
+// The global batch's fields by name, for the ranks' agreement check.
+named_tensors fields_of(const rollout_batch& b) {
+  return {{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
+          {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
+          {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts}};
+}
+
 rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end) {
   return each_tensor(b, [&](const at::Tensor& t) { return t.narrow(0, begin, end - begin); });
 }
@@ -67,6 +76,8 @@ class trainer_impl {
   critic_loss_config critic_cfg;
   std::unique_ptr<torch::optim::AdamW> adamw;
   std::int64_t steps = 0, samples = 0;
+  std::int64_t skipped = 0;  // steps not applied: their gradient norm or loss was not finite
+  bool batch_checksum = true;  // the ranks compare the global batch's values too, not only its shapes
 };
 
 }  // namespace detail
@@ -106,6 +117,8 @@ trainer& trainer::operator=(trainer&&) noexcept = default;
 void trainer::report_aux_loss(std::function<double()> source) { impl_->aux_loss = std::move(source); }
 std::int64_t trainer::steps_done() const { return impl_->steps; }
 std::int64_t trainer::samples_done() const { return impl_->samples; }
+std::int64_t trainer::steps_skipped() const { return impl_->skipped; }
+void trainer::set_batch_checksum(bool on) { impl_->batch_checksum = on; }
 
 training_state trainer::export_state() const {
   const auto& s = *impl_;
@@ -176,9 +189,24 @@ rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t
 
 step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches) {
   auto& s = *impl_;
+  agree_on_batch(*s.groups->world, batch_call::train_step, -1, {fields_of(global)}, s.batch_checksum);
   const std::int64_t rows = global.input_ids.size(0);
   const std::int64_t dp = s.groups->dp->size(), dp_rank = s.groups->dp->rank();
-  require_valid(shape{}, layout{}, run_facts{.world = dp, .global_batch = rows, .micro_batch = rows / dp / std::max<std::int64_t>(microbatches, 1)});
+  if (microbatches < 1)
+    throw std::invalid_argument("megadsl: microbatches = " + std::to_string(microbatches) + " must be at least 1");
+  if (rows < dp)
+    throw std::invalid_argument("megadsl: the global batch has " + std::to_string(rows) + " sequence(s), fewer than the " +
+                                std::to_string(dp) + " dp ranks that each train on their share; give at least " +
+                                std::to_string(dp) + " sequences (a multiple of dp)");
+  if (rows < dp * microbatches)
+    throw std::invalid_argument(
+        "megadsl: " + std::to_string(microbatches) + " micro-batches do not fit " +
+        (dp > 1 ? "the " + std::to_string(rows / dp) + " sequence(s) of each of the " + std::to_string(dp) +
+                      " dp ranks (global batch " + std::to_string(rows) + ")"
+                : "the " + std::to_string(rows) + " sequence(s) of the batch") +
+        ": every micro-batch needs at least one sequence; use at most " + std::to_string(std::max<std::int64_t>(rows / dp, 1)) +
+        " micro-batches, or a larger batch");
+  require_valid(shape{}, layout{}, run_facts{.world = dp, .global_batch = rows, .micro_batch = rows / dp / microbatches});
   if (rows % (dp * microbatches) != 0)
     throw std::invalid_argument("megadsl: global batch " + std::to_string(rows) + " is not divisible by dp " +
                                 std::to_string(dp) + " * microbatches " + std::to_string(microbatches));
@@ -190,6 +218,7 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
 }
 
 step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options) {
+  agree_on_batch(*impl_->groups->world, batch_call::train_step, -1, {fields_of(global)}, impl_->batch_checksum);
   const std::int64_t dp = impl_->groups->dp->size(), dp_rank = impl_->groups->dp->rank();
   const at::Tensor lengths = global.attention_mask.sum(1).to(at::kLong).contiguous();
   const std::vector<std::int64_t> seqlens(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
@@ -248,6 +277,23 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the token mean
   s.finalize();
   const double norm = s.grad_norm();
+  const double loss_value = total_t.item<double>();
+  step_metrics m;
+  m.loss = loss_value;
+  m.grad_norm = norm;
+  m.tokens = global.attention_mask.sum().item<std::int64_t>();
+  if (s.aux_loss) m.moe_aux_loss = s.aux_loss();
+  // Megatron's rule: a step whose gradient norm (or loss) is not finite is not applied. The norm
+  // and the loss are the same on every rank, so every rank skips alike; the schedule's counters
+  // stay, as Megatron's scheduler does not advance on a skipped iteration.
+  if (!std::isfinite(norm) || !std::isfinite(loss_value)) {
+    s.adamw->zero_grad();
+    ++s.skipped;
+    m.skipped = true;
+    m.lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
+    m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return m;
+  }
   if (s.opt.clip_grad > 0 && norm > s.opt.clip_grad) {
     const double coeff = s.opt.clip_grad / (norm + 1e-6);
     for (auto& p : *s.params)
@@ -265,12 +311,7 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   ++s.steps;
   s.samples += global.input_ids.size(0);
 
-  step_metrics m;
-  m.loss = total_t.item<double>();
-  if (s.aux_loss) m.moe_aux_loss = s.aux_loss();
-  m.grad_norm = norm;
   m.lr = lr;
-  m.tokens = global.attention_mask.sum().item<std::int64_t>();
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_second = static_cast<double>(m.tokens) / std::max(m.seconds, 1e-9);
   return m;

@@ -150,9 +150,12 @@ class progress {
   progress& operator=(const progress&) = delete;
   // `reading`: files whose pages in memory are shown as a percentage (a load's source).
   void start(std::string what, std::vector<std::filesystem::path> reading = {});
+  // The phase is done: "done (1.2 s)". A phase still running when the object is destroyed (an
+  // exception left it) ends as "failed" on a terminal and prints nothing otherwise.
   void finish();
 
  private:
+  void stop(bool done);
   struct state;
   std::unique_ptr<state> s_;
 };

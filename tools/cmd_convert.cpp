@@ -265,11 +265,15 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
     bar.finish();
   }
   bar.start("megadsl convert: writing " + std::string(name_of(p.target)) + " " + o.to);
-  // From an HF source the tokenizer files, generation_config.json and config.json's other fields
-  // come along.
-  if (p.target == format::hf)
-    save_hf(model, groups, o.to, p.type, p.src.model_type, p.src.kind == format::hf ? p.src.dir : fs::path());
-  else save_distributed(model, groups, o.to);
+  // The tokenizer files, generation_config.json and config.json's other fields come along.
+  // A distributed checkpoint keeps them in its hf/ folder, from which they come back.
+  if (p.target == format::hf) {
+    save_hf(model, groups, o.to, p.type, p.src.model_type, hf_files_of(p.src.dir));
+  } else {
+    checkpoint_extras extras;
+    extras.hf_files = hf_files_of(p.src.dir);
+    save_distributed(model.parameters(), model.config(), groups, o.to, extras);
+  }
   groups.world->barrier();  // every rank has written its part
   bar.finish();
   if (speak)

@@ -146,6 +146,13 @@ std::pair<std::uint64_t, std::uint64_t> resident_bytes(const std::vector<fs::pat
   return {std::min(resident, total), total};
 }
 
+// A number as it was written, to 6 significant digits: 1e-45, not 0.000000.
+std::string number_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 std::string seconds(double s) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f s", s);
@@ -167,11 +174,11 @@ struct progress::state {
   std::thread ticker;
   std::size_t last_width = 0;
 
-  void draw(bool final) {  // under m
+  void draw(bool final, bool done = true) {  // under m
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string line = what + " ... ";
     if (final) {
-      line += "done (" + seconds(s) + ")";
+      line += (done ? "done (" : "failed (") + seconds(s) + ")";
     } else {
       line += seconds(s);
       if (!reading.empty()) {
@@ -189,7 +196,7 @@ struct progress::state {
 progress::progress(std::ostream& err, bool enabled)
     : s_(std::make_unique<state>(err, enabled)) {}
 
-progress::~progress() { finish(); }
+progress::~progress() { stop(false); }
 
 void progress::start(std::string what, std::vector<fs::path> reading) {
   finish();
@@ -209,7 +216,9 @@ void progress::start(std::string what, std::vector<fs::path> reading) {
   });
 }
 
-void progress::finish() {
+void progress::finish() { stop(true); }
+
+void progress::stop(bool done) {
   if (!s_->enabled || !s_->running) return;
   {
     std::lock_guard lock(s_->m);
@@ -219,8 +228,8 @@ void progress::finish() {
   if (s_->ticker.joinable()) s_->ticker.join();
   if (s_->tty) {
     std::lock_guard lock(s_->m);
-    s_->draw(true);
-  } else {
+    s_->draw(true, done);
+  } else if (done) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - s_->t0).count();
     s_->err << s_->what << ": done (" << seconds(t) << ")" << std::endl;
   }
@@ -237,7 +246,9 @@ using actor_t = causal_lm<any_llama, dynamic_layout>;
 using critic_t = value_model<any_llama, dynamic_layout>;
 using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
 
-void check_output(const std::string& file) {
+// The output is a new file or replaces one that is neither the input nor inside the model's
+// directory (its weights, config.json, tokenizer): a run never overwrites what it reads.
+void check_output(const std::string& file, const std::string& input, const fs::path& model_dir) {
   const fs::path p(file);
   const std::string ext = p.extension().string();
   if (ext != ".json" && ext != ".safetensors")
@@ -247,6 +258,24 @@ void check_output(const std::string& file) {
   if (!fs::is_directory(parent, ec))
     throw input_error("megadsl run: " + file + ": cannot write it, directory " + parent.string() + " does not exist");
   if (fs::is_directory(p, ec)) throw input_error("megadsl run: " + file + ": cannot write it, it is a directory");
+  if (fs::exists(p, ec) && fs::exists(input, ec) && fs::equivalent(p, input, ec))
+    throw usage_error("megadsl run: --output " + file + " is the input file " + input +
+                      "; writing it would replace the batch: choose another output file");
+  // The directory holding the output, resolved (symbolic links, ..) and compared with the model's
+  // and its subdirectories; then, by inode, every file of the model directory (hard links).
+  const fs::path where = fs::weakly_canonical(fs::absolute(parent, ec), ec);
+  const fs::path model = fs::weakly_canonical(fs::absolute(model_dir, ec), ec);
+  for (fs::path d = where; !d.empty(); d = d.parent_path()) {
+    if (d == model)
+      throw usage_error("megadsl run: --output " + file + " is inside the model directory " + model_dir.string() +
+                        "; writing there could replace its weights or configuration: write the output elsewhere");
+    if (d == d.parent_path()) break;
+  }
+  if (fs::exists(p, ec))
+    for (const auto& e : fs::directory_iterator(model_dir, ec))
+      if (e.is_regular_file(ec) && fs::equivalent(e.path(), p, ec))
+        throw usage_error("megadsl run: --output " + file + " is " + e.path().string() +
+                          " of the model (the same file); write the output elsewhere");
 }
 
 // Floats with 9 significant digits (every fp32 value reads back exactly); NaN and infinities as null.
@@ -355,7 +384,7 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
                              std::to_string(bad.sum().item<std::int64_t>()) + " position(s), first (row " +
                              std::to_string(first[0].item<std::int64_t>()) + ", position " +
                              std::to_string(first[1].item<std::int64_t>()) + ")" +
-                             (o.temperature < 1e-3 ? "; --temperature " + std::to_string(o.temperature) +
+                             (o.temperature < 1e-3 ? "; --temperature " + number_text(o.temperature) +
                                                          " overflows the logits: use a larger one"
                                                    : "; the weights or the input overflow fp32"));
   }
@@ -394,7 +423,7 @@ run_plan prepare(const options& o, const job& j, std::ostream& err) {
   // memory (every rank of a local launch is here), before any rank starts or allocates.
   const std::int64_t local_ranks = std::getenv("LOCAL_WORLD_SIZE") != nullptr ? local_world_size() : j.world;
   check_before_load(p.dir, m.s, o.l, o.head, 4, local_ranks);
-  check_output(o.output);
+  check_output(o.output, o.input, p.dir);
   p.input = read_input(o.input, m.s.vocab.get());
   return p;
 }

@@ -104,6 +104,13 @@ int cmd_plan(const options& o, std::ostream& out, std::ostream& err) {
   p.seq = o.seq;
   p.micro_batch = o.facts.micro_batch.is_static() ? o.facts.micro_batch.get() : 1;
   p.world = o.facts.world.is_static() ? o.facts.world.get() : 0;
+  // The formulas count in 64-bit integers and doubles, exact up to 2^53: a micro-batch of more
+  // than 2^40 tokens (a trillion) is past any model's and past where the counts stay exact.
+  constexpr std::int64_t max_tokens = std::int64_t{1} << 40;
+  if (p.seq > max_tokens / p.micro_batch)
+    throw usage_error("megadsl plan: --seq " + std::to_string(p.seq) + " x micro batch " + std::to_string(p.micro_batch) +
+                      " is more than 2^40 (" + std::to_string(max_tokens) +
+                      ") tokens, beyond what the memory and FLOPs formulas count exactly; plan a shorter sequence");
   p.actor = o.head.actor;
   p.value_bias = o.head.value_bias;
   print_plan(out, m.name, m.s, o.l, p);

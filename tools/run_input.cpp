@@ -1,6 +1,8 @@
 // The batch `megadsl run` reads (tools/run_input.hpp).
 #include "run_input.hpp"
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -29,7 +31,15 @@ std::string json_kind(const json& j) {
     case json::value_t::array: return "a list";
     case json::value_t::string: return "a string";
     case json::value_t::boolean: return "a boolean";
-    case json::value_t::number_float: return "a number with a fraction";
+    case json::value_t::number_float: {
+      const double v = j.get<double>();
+      if (v != std::floor(v) || !std::isfinite(v)) return "a number with a fraction";
+      if (std::fabs(v) >= 9.2e18) return "a number beyond the 64-bit integer range";
+      return "a number written with a decimal point or an exponent (write integers as digits only, e.g. 1)";
+    }
+    case json::value_t::number_unsigned:
+      return j.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX) ? "a number beyond the 64-bit integer range"
+                                                                           : "a number";
     default: return "a number";
   }
 }
@@ -54,7 +64,8 @@ at::Tensor json_rows(const json& j, const std::string& file, const std::string& 
                           "padding 0 in attention_mask)");
     for (std::size_t c = 0; c < row.size(); ++c) {
       const json& v = row[c];
-      if (v.is_number_integer()) data.push_back(v.get<std::int64_t>());
+      if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)))
+        data.push_back(v.get<std::int64_t>());
       else if (booleans && v.is_boolean()) data.push_back(v.get<bool>() ? 1 : 0);
       else
         bad_input(file, where + "[" + std::to_string(c) + "] must be an integer, got " + json_kind(v) + " " + v.dump(-1, ' ', /*ensure_ascii=*/true));
@@ -102,6 +113,10 @@ run_input read_safetensors_input(const std::string& file) {
   run_input r;
   r.ids = get("input_ids", true);
   r.mask = get("attention_mask", false);
+  // As in JSON: a field megadsl does not read (labels, ...) is refused, never silently ignored.
+  for (const tensor_info& t : f.tensors())
+    if (t.name != "input_ids" && t.name != "attention_mask")
+      bad_input(file, "unknown tensor \"" + printable(t.name) + "\"; the input has input_ids and, optionally, attention_mask");
   return r;
 }
 

@@ -237,12 +237,14 @@ constexpr flops_per_token training_flops_per_token(const shape& s, const layout&
   });
   const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get() - idle_experts;
   const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s);
+  // The sequence term in doubles: seq * L n d overflows 64 bits past seq ~ 1e13 (exact below 2^53).
+  const double score = static_cast<double>(seq) * static_cast<double>(unit);
   return {
-      .megatron_non_causal = static_cast<double>(dense + 12 * seq * unit),
-      .megatron_causal = static_cast<double>(dense + 6 * seq * unit),
-      .torchtitan = static_cast<double>(6 * non_embedding + 12 * unit * seq),
-      .verl = static_cast<double>(verl_dense + 6 * unit * seq),
-      .verl_legacy = static_cast<double>(verl_dense + 12 * unit * seq),
+      .megatron_non_causal = static_cast<double>(dense) + 12 * score,
+      .megatron_causal = static_cast<double>(dense) + 6 * score,
+      .torchtitan = static_cast<double>(6 * non_embedding) + 12 * score,
+      .verl = static_cast<double>(verl_dense) + 6 * score,
+      .verl_legacy = static_cast<double>(verl_dense) + 12 * score,
   };
 }
 

@@ -102,14 +102,15 @@ def _rank_main(rank, nprocs, port, fn, args, results, extra_env):
     megadsl.shutdown()
 
 
-def launch_local(nprocs, fn, *args, timeout=None, grace=10.0, env=None):
+def launch_local(nprocs, fn, *args, timeout=None, grace=3.0, env=None):
     """Runs ``fn(*args)`` on `nprocs` new local processes (multiprocessing "spawn"), each one rank of
     a job: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free
     MASTER_PORT are set, and megadsl.init() has been called when `fn` starts. `fn` and `args` must
     be picklable (a module-level function). `env`: more environment variables for the ranks.
 
     Returns the ranks' return values in rank order (tensors come back as copies). When a rank
-    raises or dies, the others get `grace` seconds to finish or report, then are stopped, and
+    raises or dies, the others get `grace` seconds to finish or report (they learn of the failure
+    within a second), then are stopped (killed 2 s later if they do not end), and
     LaunchError names the first failed rank with its traceback. `timeout` (seconds) bounds the
     whole job.
     """
@@ -175,8 +176,8 @@ def launch_local(nprocs, fn, *args, timeout=None, grace=10.0, env=None):
         for p in procs:
             if p.is_alive() and (first is not None):
                 p.terminate()
-        for p in procs:
-            p.join(timeout=30)
+        for p in procs:  # a stopped (SIGSTOP) or hung rank does not end on SIGTERM: killed after 2 s
+            p.join(timeout=2)
             if p.is_alive():
                 p.kill()
                 p.join()

@@ -8,6 +8,7 @@
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
+#include "megadsl/runtime/hf_io.hpp"
 
 namespace megadsl::python {
 namespace {
@@ -40,10 +41,13 @@ class model_of final : public dynamic_model {
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
     parallel_model<Spec>& m = live();
-    return std::make_unique<trainer>(
+    auto t = std::make_unique<trainer>(
         [&m](const std::vector<batch>& mbs, const loss_function& loss) { return m.forward_backward(mbs, loss); },
         m.parameters(), [&m] { m.finalize_grads(); }, [&m] { return m.grad_norm(); }, *groups_, Spec::is_actor, opt,
         actor, critic);
+    t->report_aux_loss([&m] { return m.moe_aux_loss(); });
+    t->set_batch_checksum(m.config().options.batch_checksum);
+    return t;
   }
 
  protected:
@@ -103,6 +107,7 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   else m = std::make_shared<model_of<critic_nobias_t>>(std::move(world), cfg.s, o);
   m->model_type_ = cfg.model_type;
   m->source_ = dir;
+  m->carry_ = dir;
   m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
   std::lock_guard lock(registry_mutex);
   std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });
@@ -123,12 +128,20 @@ void close_all_models() {
 
 void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype) {
   if (closed()) throw_closed();
-  megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_);
+  std::error_code ec;
+  if (fs::exists(dir, ec) && fs::equivalent(dir, source_, ec))
+    throw checkpoint_error("megadsl: save_hf: " + dir.string() +
+                           " is the directory this model was loaded from (Model.from_hf), and saving would replace "
+                           "its weights and every file megadsl does not write (README.md, ...); save to another "
+                           "directory: the tokenizer files, generation_config.json and config.json's other fields "
+                           "are copied there");
+  megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_, carry_);
 }
 
 void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {
   if (closed()) throw_closed();
   checkpoint_extras extras;
+  extras.hf_files = carry_;
   if (t != nullptr) extras.training = t->export_state();
   megadsl::save_distributed(parameters(), config(), groups(), dir, extras);
 }
@@ -137,6 +150,7 @@ void dynamic_model::load_distributed(const fs::path& dir, trainer* t) {
   if (closed()) throw_closed();
   checkpoint_extras extras =
       megadsl::load_distributed(parameters(), config(), groups(), dir, {.training_state = t != nullptr});
+  if (const fs::path files = hf_files_of(dir); !files.empty()) carry_ = files;  // what save_hf writes with them
   if (t == nullptr) return;
   if (!extras.training)
     throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() +

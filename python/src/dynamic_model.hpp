@@ -74,7 +74,8 @@ class dynamic_model {
   rank_coords coords_{};
   hf_load_report report_;
   std::string model_type_;
-  std::filesystem::path source_;
+  std::filesystem::path source_;  // the HF directory from_hf loaded: save_hf never writes there
+  std::filesystem::path carry_;   // the HF files (config.json, tokenizer) save_hf and save_distributed carry
 };
 
 // Closes every model from_hf built that is still alive (megadsl.shutdown() and exit). Call it

@@ -138,6 +138,8 @@ py::dict metrics_of(const step_metrics& m) {
   d["tokens"] = m.tokens;
   d["seconds"] = m.seconds;
   d["tokens_per_second"] = m.tokens_per_second;
+  d["moe_aux_loss"] = m.moe_aux_loss;
+  d["skipped"] = m.skipped;
   return d;
 }
 
@@ -181,7 +183,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
          std::optional<std::int64_t> ep, std::optional<std::string> recompute, bool critic,
-         bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed) {
+         bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
+         bool batch_checksum) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
@@ -201,6 +204,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         o.l = l;
         o.head = {.actor = !critic, .value_bias = value_bias};
         o.options.seed = seed;
+        o.options.batch_checksum = batch_checksum;
         o.options.dtype = at::kFloat;  // parameters, gradients and AdamW in fp32
         const at::ScalarType compute = dtype_of(dtype, "dtype");
         if (compute == at::kHalf)
@@ -218,12 +222,14 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
       py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
-      py::arg("seed") = 1234,
+      py::arg("seed") = 1234, py::arg("batch_checksum") = true,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
 ...). dtype "bf16" computes in bf16 over fp32 parameters (mixed precision); device "cuda" uses
-GPU LOCAL_RANK and NCCL.)");
+GPU LOCAL_RANK and NCCL. The ranks check that they build the same model and, before each forward
+and training step, that they were given the same batch (shapes always; values too unless
+batch_checksum=False); ranks that disagree all raise at once, naming what differs and where.)");
 
   model.def(
       "forward",
@@ -388,9 +394,12 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
 its rows), split into `microbatches` per dp rank, or with max_token_len into micro-batches of at
 most that many real tokens (verl's dynamic batching). Batch fields: input_ids, attention_mask,
 loss_mask, and old_log_probs, advantages (ref_log_probs with kl_coeff > 0) for the actor, or
-old_values, returns for the critic. Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second.)")
+old_values, returns for the critic. Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second,
+moe_aux_loss, and skipped: True when the gradient norm or the loss was NaN or infinite, in which
+case the update was not applied (Megatron's rule; Trainer.skipped counts them).)")
       .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })
       .def_property_readonly("samples", [](const py_trainer& self) { return self.t->samples_done(); })
+      .def_property_readonly("skipped", [](const py_trainer& self) { return self.t->steps_skipped(); })
       .def_property_readonly("model", [](const py_trainer& self) { return self.model; });
 }
 

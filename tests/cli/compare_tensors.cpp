@@ -7,7 +7,8 @@
 //       Without --names both must hold the same names. --tol 0 (the default): same dtype, shape
 //       and bytes; otherwise same shape and |a - b| <= T everywhere. Exit 0 when equal, 1 with
 //       the first difference.
-//   compare_tensors extract SRC.safetensors OUT.safetensors from:to ...
+//   compare_tensors extract SRC.safetensors OUT.safetensors [--all] from:to[:scale] ...
+//       --all: every tensor of SRC first; from:to:scale: tensor `from` times `scale`, named `to`.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -150,9 +151,17 @@ int main(int argc, char** argv) {
       const megadsl::safetensors_file f = megadsl::safetensors_file::open(args[1]);
       std::vector<std::pair<std::string, at::Tensor>> out;
       for (std::size_t i = 3; i < args.size(); ++i) {
+        if (args[i] == "--all") {  // every tensor of SRC under its own name
+          for (const auto& t : f.tensors()) out.emplace_back(t.name, f.read(t.name));
+          continue;
+        }
+        // from:to, or from:to:scale (the tensor times `scale`: a copy with other values)
         const auto colon = args[i].find(':');
-        if (colon == std::string::npos) fail("extract wants from:to, got " + args[i]);
-        out.emplace_back(args[i].substr(colon + 1), f.read(args[i].substr(0, colon)));
+        if (colon == std::string::npos) fail("extract wants from:to[:scale], got " + args[i]);
+        const auto second = args[i].find(':', colon + 1);
+        at::Tensor t = f.read(args[i].substr(0, colon));
+        if (second != std::string::npos) t = (t * std::stod(args[i].substr(second + 1))).to(t.scalar_type());
+        out.emplace_back(args[i].substr(colon + 1, second == std::string::npos ? std::string::npos : second - colon - 1), t);
       }
       megadsl::write_safetensors(args[2], out);
       return 0;
@@ -160,6 +169,6 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  std::cerr << "usage: compare_tensors compare A B [--tol T] [--names a,b] | extract SRC OUT from:to ...\n";
+  std::cerr << "usage: compare_tensors compare A B [--tol T] [--names a,b] | extract SRC OUT [--all] from:to[:scale] ...\n";
   return 2;
 }

@@ -18,8 +18,9 @@ mkdir -p "$work/previous-hf" && cp "$fixture/config.json" "$fixture/model.safete
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 complete_json() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert "log_probs" in d' "$1" 2>/dev/null; }
+# (hf/: the source's config.json and tokenizer files, which a conversion back to HF writes again)
 complete_ckpt() { [ -f "$1/metadata.json" ] && [ -f "$1/rank_0.safetensors" ] && [ -f "$1/rank_1.safetensors" ] &&
-                  [ "$(ls "$1" | wc -l)" = 3 ]; }
+                  [ -f "$1/hf/config.json" ] && [ "$(ls "$1" | wc -l)" = 4 ]; }
 # The previous HF checkpoint (fp32) or the new one (bf16, written by megadsl), nothing else in it.
 complete_hf() { [ "$(ls "$1" | tr '\n' ' ')" = "config.json model.safetensors " ] &&
                 python3 - "$1" <<'PY'
@@ -68,9 +69,19 @@ for what in run convert convert-hf; do
       elif [ "$what" != run ]; then
         fail "$what: the previous checkpoint $target is gone (SIG$sig at ${delay}s)"
       fi
-      for stale in "$work"/*.tmp*; do [ -e "$stale" ] && echo "note: stale $stale (SIG$sig at ${delay}s)"; done
+      # A SIGTERM lets every process remove what it was writing; after a SIGKILL the next write
+      # beside it (the next trial's) removes it.
+      if [ "$sig" = TERM ]; then
+        for stale in "$work"/*.tmp-* "$work"/*.lock; do
+          [ -e "$stale" ] && fail "$what: $stale left behind after SIGTERM at ${delay}s"
+        done
+      fi
     done
   done
 done
+# The last SIGKILL's leftovers go with the next write anywhere beside them.
+"$megadsl" convert --from "$fixture" --to "$work/last" --tp 2 --ranks 2 >/dev/null 2>&1 || fail "the final convert failed"
+trials=$((trials + 1))
+for stale in "$work"/*.tmp-* "$work"/*.lock; do [ -e "$stale" ] && fail "$stale left behind after the final convert"; done
 echo "$((trials - failures)) passed, $failures failed"
 [ $failures = 0 ]

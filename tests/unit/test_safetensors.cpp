@@ -622,6 +622,26 @@ TEST_CASE("HF checkpoint: defects of a directory", "[io][hf][corrupt]") {
                R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors"}})");
     CHECK_FAILS(hf_checkpoint::open(dir.path), shard.string(), "file is 7 bytes");
   }
+  SECTION("a tensor stored in two shards is refused, whichever copy the index names") {
+    // transformers reads every tensor of every shard; the index names one copy. Which one wins
+    // differs, so the checkpoint is refused (issue 23, item 6).
+    write_safetensors(dir / "model-00002-of-00002.safetensors", {{"c", at::ones({2})}, {"a", at::full({2}, 9.0)}});
+    write_text(dir / "model.safetensors.index.json",
+               R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",)"
+               R"( "c": "model-00002-of-00002.safetensors"}})");
+    CHECK_FAILS(hf_checkpoint::open(dir.path), dir.path.string(), "tensor \"a\" is stored in two shards",
+                "\"model-00001-of-00002.safetensors\" (where model.safetensors.index.json puts it)",
+                "\"model-00002-of-00002.safetensors\"", "remove one copy");
+  }
+  SECTION("a model.safetensors that is a symbolic link loop is named as such") {
+    fs::remove(dir / "model-00001-of-00002.safetensors");
+    fs::create_symlink(dir / "model.safetensors", dir / "model.safetensors");
+    CHECK_FAILS(hf_checkpoint::open(dir.path), (dir / "model.safetensors").string(),
+                "is a symbolic link that cannot be followed", "point it at the checkpoint's file");
+    fs::remove(dir / "model.safetensors");
+    fs::create_symlink(dir / "gone.safetensors", dir / "model.safetensors");
+    CHECK_FAILS(hf_checkpoint::open(dir.path), "is a symbolic link that cannot be followed");
+  }
   SECTION("no checkpoint at all") {
     fs::remove(dir / "model-00001-of-00002.safetensors");
     write_text(dir / "pytorch_model.bin", "");

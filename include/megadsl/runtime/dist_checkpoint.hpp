@@ -14,6 +14,8 @@
 //       `optimizer.exp_avg/<HF name>@...` and `optimizer.exp_avg_sq/<HF name>@...`. The file's
 //       __metadata__ maps each key to {"tensor", "global_shape", "global_offset", "dtype",
 //       "fnv1a64"} (the checksum: 64-bit FNV-1a of the piece's bytes as stored, 16 hex digits).
+//   hf/  config.json, the tokenizer files and generation_config.json of the HF model the weights
+//       came from, when the saver gave them (checkpoint_extras::hf_files): what save_hf writes back.
 //   metadata.json  written last by rank 0: format, version, the model (every shape field, the
 //       head, the dtype), the layout and grid that wrote it, the training counters (steps,
 //       samples, AdamW's step) when saved, and every file with its size and pieces (key, tensor,
@@ -55,6 +57,10 @@ struct checkpoint_extras {
   // Saved when present (moments sharded like their parameters, scalars in metadata.json);
   // returned by load_distributed when the checkpoint has it and it was asked for.
   std::optional<training_state> training;
+  // An HF model directory (or hf_files_of a distributed checkpoint) whose config.json, tokenizer
+  // files and generation_config.json the checkpoint keeps in its `hf/` folder, so that converting
+  // it back to HF (hf_files_of(dir) as save_hf's carry_from) loses none of them. Saving only.
+  std::filesystem::path hf_files;
 };
 
 struct dist_load_options {

@@ -38,12 +38,21 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
 // `model_type`: "llama", "mistral" or "qwen2"; empty: qwen2 when the model has a q/k/v bias.
 // Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a
 // reader sees the old checkpoint or the new one, a second writer gets a clear error, no file of
-// an earlier layout survives. `carry_from` (an HF directory, usually the source of a conversion):
-// its tokenizer files and generation_config.json are copied, and its config.json's other fields
-// (token ids, ...) kept under megadsl's.
+// an earlier layout survives. `carry_from` (an HF directory, usually the source of a conversion,
+// or hf_files_of(a distributed checkpoint)): its tokenizer files and generation_config.json are
+// copied, and its config.json's other fields (token ids, ...) kept under megadsl's; `dir` may not
+// be `carry_from` itself (refused: saving would replace the source).
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "",
              const std::filesystem::path& carry_from = {});
+
+// Where the HF files that travel with a model's weights are (config.json, tokenizer files,
+// generation_config.json): an HF directory itself, or the `hf/` folder of a distributed checkpoint
+// that carries them; empty when there is none.
+std::filesystem::path hf_files_of(const std::filesystem::path& dir);
+// Copies those files (and config.json with `with_config`) from `from` into `to` (created); nothing
+// when `from` is empty. Throws checkpoint_error naming the file that cannot be copied.
+void copy_hf_files(const std::filesystem::path& from, const std::filesystem::path& to, bool with_config);
 
 template <class Spec>
 hf_load_report load_hf(parallel_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {

@@ -57,6 +57,10 @@ struct model_options {
   double moe_aux_loss_coeff = 0.0;         // Megatron's moe_aux_loss_coeff (HF's router_aux_loss_coef)
   bool moe_aux_loss_per_sequence = false;  // Megatron's seq_aux_loss
   double moe_z_loss_coeff = 0.0;
+  // Before the first collective of forward / forward_backward (and a trainer's step), the ranks
+  // check that they were given the same batch: its shapes always, its values too with this on
+  // (a 64-bit hash of the bytes; ranks that disagree end together, naming the ranks).
+  bool batch_checksum = true;
 
   [[nodiscard]] at::ScalarType compute() const { return compute_dtype.value_or(dtype); }
 };

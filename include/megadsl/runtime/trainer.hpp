@@ -63,6 +63,9 @@ struct step_metrics {
   double seconds = 0;
   double tokens_per_second = 0;
   double moe_aux_loss = 0;  // a mixture's auxiliary losses added through the backward (model_options::moe_*)
+  // The gradient norm or the loss was NaN or infinite (a NaN advantage, a -inf old log-prob):
+  // the update was not applied and the step not counted (Megatron skips such iterations).
+  bool skipped = false;
 };
 
 // What continuing a run exactly needs besides the parameters: the counters that drive the
@@ -106,8 +109,13 @@ class trainer {
   step_metrics step(const rollout_batch& global, const micro_batch_options& options);
   // Where step_metrics::moe_aux_loss comes from (make_trainer sets it to the model's).
   void report_aux_loss(std::function<double()> source);
+  // Before anything else, step() checks that every rank was given the same global batch: its
+  // shapes, and its values unless this is off (make_trainer takes model_options::batch_checksum).
+  void set_batch_checksum(bool on);
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
+  // Steps whose gradient norm or loss was not finite, so not applied (step_metrics::skipped).
+  [[nodiscard]] std::int64_t steps_skipped() const;
 
   // The counters and copies of AdamW's moments. Throws std::logic_error if the parameters
   // disagree on AdamW's step (one step count per checkpoint).
@@ -130,6 +138,7 @@ trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups,
       model.parameters(), [&model] { model.finalize_grads(); }, [&model] { return model.grad_norm(); }, groups,
       Spec::is_actor, opt, actor_cfg, critic_cfg);
   t.report_aux_loss([&model] { return model.moe_aux_loss(); });
+  t.set_batch_checksum(model.config().options.batch_checksum);
   return t;
 }
 
