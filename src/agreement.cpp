@@ -173,6 +173,7 @@ named_tensors fields_of(const batch& b) {
 
 void agree_on(const comm_group& world, std::string_view what, const field_list& fields, std::string_view fix) {
   if (world.size() == 1) return;
+  const counted_as_checks bookkeeping;
   at::Tensor mine = at::full({1}, static_cast<std::int64_t>(hash_text(fields)), at::kLong);
   const at::Tensor all = world.all_gather(mine, 0);  // (world)
   if (all.eq(all[0]).all().item<bool>()) return;
@@ -216,6 +217,7 @@ std::uint64_t tensor_checksum(const at::Tensor& t, std::uint64_t seed) {
 void agree_on_batch(const comm_group& world, batch_call call, std::int64_t replica,
                     const std::vector<named_tensors>& microbatches, bool checksum) {
   if (world.size() == 1) return;
+  const counted_as_checks bookkeeping;
   // Per rank: the call, its replica, the micro-batches' rows (summed) and columns (the widest),
   // which fields are given, a hash of every field's dtype and shape, and the checksum of their bytes.
   std::uint64_t shapes = 0xcbf29ce484222325ull, values = 0;

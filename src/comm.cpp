@@ -83,10 +83,22 @@ c10d::Backend& comm_group::backend_for(const at::Tensor& t) const {
   return *impl_->nccl;
 }
 
+namespace {
+thread_local bool counting_checks = false;
+}  // namespace
+
+counted_as_checks::counted_as_checks() : previous_(counting_checks) { counting_checks = true; }
+counted_as_checks::~counted_as_checks() { counting_checks = previous_; }
+
 template <class Op>
 void comm_group::run(const char* op, const at::Tensor& on, std::int64_t bytes, Op&& issue) const {
-  global_comm_stats().calls += 1;
-  global_comm_stats().bytes += bytes;
+  if (counting_checks) {
+    global_comm_stats().check_calls += 1;
+    global_comm_stats().check_bytes += bytes;
+  } else {
+    global_comm_stats().calls += 1;
+    global_comm_stats().bytes += bytes;
+  }
   try {
     auto work = issue(backend_for(on));
     work->wait(timeout_);

@@ -35,3 +35,19 @@ def fail_on_rank(bad_rank):
     if megadsl.rank() == bad_rank:
         raise ValueError(f"rank {bad_rank} says no")
     return megadsl.rank()
+
+
+def forward_with_disagreeing_batches(path, kind):
+    """tp 2 over two ranks, each given its own batch: of another length ("length") or of the same
+    shape with other tokens ("values"). Every rank must raise naming what differs."""
+    model = megadsl.Model.from_hf(path, tp=2)
+    rank = megadsl.rank()
+    seq = 12 if kind != "length" or rank == 0 else 10
+    ids = torch.randint(0, 300, (2, seq), generator=torch.Generator().manual_seed(rank if kind == "values" else 0))
+    with torch.no_grad():
+        return model.forward(ids, torch.ones_like(ids))
+
+
+def build_with_disagreeing_layouts(path):
+    """Rank 0 asks for tp 2, rank 1 for tp 1: both must raise naming the layouts."""
+    megadsl.Model.from_hf(path, tp=2 if megadsl.rank() == 0 else 1)

@@ -34,7 +34,8 @@ def test_ppo_step_changes_the_parameters(gqa, reference, critic):
     before = snapshot(model)
     batch = rollout(reference, model)
     m = trainer.step(batch, microbatches=2)
-    assert set(m) == {"loss", "grad_norm", "lr", "tokens", "seconds", "tokens_per_second"}
+    assert set(m) == {"loss", "grad_norm", "lr", "tokens", "seconds", "tokens_per_second", "moe_aux_loss", "skipped"}
+    assert m["skipped"] is False and m["moe_aux_loss"] == 0
     assert all(math.isfinite(v) for v in m.values())
     assert m["grad_norm"] > 0 and m["lr"] == 1e-3 and m["tokens"] == int(batch["attention_mask"].sum())
     after = model.parameters()

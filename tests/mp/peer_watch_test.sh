@@ -50,7 +50,41 @@ scenario() {
   wait "${pids[$victim]}" 2>/dev/null
 }
 
+# launched NAME: the same four ranks under megadsl's own launcher (mp_tests --ranks 4); rank 2 is
+# stopped (SIGSTOP): rank 0 declares it dead after the 5 s peer timeout, and the launcher must then
+# end the whole job, the stopped rank included, within 10 s of the stop (issue 23, item 12).
+launched() {
+  local name=$1
+  MEGADSL_TIMEOUT_S=60 MEGADSL_THREADS=1 "$mp_tests" --ranks 4 "[.peer_watch]" >"$work/$name.log" 2>&1 &
+  local launcher=$!
+  local waited=0
+  until [ "$(grep -c '\] ready$' "$work/$name.log" 2>/dev/null)" -eq 4 ]; do
+    sleep 0.2; waited=$((waited + 1))
+    if [ $waited -gt 300 ]; then echo "$name: the ranks never all became ready"; cat "$work/$name.log"; fail=1; return; fi
+  done
+  local ranks victim
+  ranks=$(pgrep -P "$launcher" | sort -n)
+  victim=$(echo "$ranks" | sed -n 3p)  # forked third: rank 2
+  local t0
+  t0=$(date +%s%3N)
+  kill -STOP "$victim"
+  for _ in $(seq 1 100); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  local took=$(( $(date +%s%3N) - t0 ))
+  if kill -0 "$launcher" 2>/dev/null; then
+    echo "$name: the launcher still running 10 s after rank 2 was stopped"; fail=1
+    kill -9 "$launcher" $ranks 2>/dev/null
+  fi
+  wait "$launcher"; local status=$?
+  printf '%s: the job ended after %d.%03d s with status %s\n' "$name" $((took / 1000)) $((took % 1000)) "$status"
+  if [ "$status" -eq 0 ]; then echo "$name: the job exited 0 after losing rank 2"; fail=1; fi
+  if ! grep -q "rank 2 stopped responding" "$work/$name.log"; then echo "$name: nobody named rank 2"; cat "$work/$name.log"; fail=1; fi
+  for p in $ranks; do
+    if kill -0 "$p" 2>/dev/null; then echo "$name: rank process $p outlived the launcher"; fail=1; kill -9 "$p"; fi
+  done
+}
+
 scenario killed 3 KILL   # rank 2 sees the closed connection; ranks 0 and 1 (the other replica) learn it from the watch
 scenario hung 2 STOP     # no transport error: rank 0's watch sees rank 2's heartbeat stop
 scenario host 0 KILL     # the store's host: its tp peer sees the connection close, the others lose the store
+launched stopped         # under megadsl's launcher: the job, stopped rank and all, ends within 10 s
 exit $fail

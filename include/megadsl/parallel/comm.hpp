@@ -31,14 +31,31 @@ struct comm_stats {
   std::atomic<std::int64_t> bytes{0};
   std::atomic<std::int64_t> recv_wait_ns{0};  // time blocked in point-to-point receives (pipeline idle)
   std::atomic<std::int64_t> all_to_all_bytes{0};  // of `bytes`: rows sent to other ranks by all_to_all
+  // The ranks' agreement checks (parallel/agreement.hpp), counted apart: not the model's traffic.
+  std::atomic<std::int64_t> check_calls{0};
+  std::atomic<std::int64_t> check_bytes{0};
   void reset() {
     calls = 0;
     bytes = 0;
     recv_wait_ns = 0;
     all_to_all_bytes = 0;
+    check_calls = 0;
+    check_bytes = 0;
   }
 };
 comm_stats& global_comm_stats();
+
+// While one is alive on this thread, its collectives count as checks (comm_stats::check_*).
+class counted_as_checks {
+ public:
+  counted_as_checks();
+  ~counted_as_checks();
+  counted_as_checks(const counted_as_checks&) = delete;
+  counted_as_checks& operator=(const counted_as_checks&) = delete;
+
+ private:
+  bool previous_;
+};
 
 enum class reduce_op { sum, max };
 
