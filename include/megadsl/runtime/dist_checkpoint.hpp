@@ -24,8 +24,9 @@
 // Saving is all-or-nothing: files go to a sibling directory `<dir>.tmp-<token>` (each file written
 // atomically), metadata.json last, then the directory takes `dir`'s place in one rename
 // (renameat2 RENAME_EXCHANGE when `dir` exists; the old checkpoint is then removed). Readers see
-// the old checkpoint or the new one, never a mix. A crash can leave a `<dir>.tmp-*` sibling behind,
-// never a damaged `dir`. Where the file system cannot exchange (EINVAL), the old checkpoint is
+// the old checkpoint or the new one, never a mix. A SIGTERM removes the `<dir>.tmp-*` sibling
+// before the process ends; a crash (SIGKILL) can leave it behind, never a damaged `dir`, and the
+// next write beside it removes it. Where the file system cannot exchange (EINVAL), the old checkpoint is
 // renamed aside first: `dir` is briefly absent, still never mixed.
 //
 // Loading checks before it uses anything: metadata.json parses and names this format; the model

@@ -39,3 +39,14 @@ file(GLOB left ${WORK}/*.tmp-* ${WORK}/*.lock)
 if(left)
   message(FATAL_ERROR "writes left behind: ${left}")
 endif()
+
+# A write that fails after its progress line started never reports "done" (item 15): a target
+# that holds other files is refused inside save_hf.
+file(MAKE_DIRECTORY ${WORK}/occupied)
+file(WRITE ${WORK}/occupied/notes.txt "mine\n")
+megadsl(convert --from ${WORK}/src --to ${WORK}/occupied --to-format hf)
+expect_exit(1)
+expect_err("megadsl: cannot save an HF checkpoint to ${WORK}/occupied: it holds files but no config\\.json")
+expect_no_err("writing[^\n]*done")
+file(READ ${WORK}/occupied/notes.txt notes)
+expect_equal("${notes}" "mine\n" "a file of the refused target")
