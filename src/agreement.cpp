@@ -249,10 +249,11 @@ void agree_on_batch(const comm_group& world, batch_call call, std::int64_t repli
   const auto a = all.accessor<std::int64_t, 2>();
   const std::int64_t n = world.size();
   const std::vector<std::int64_t>& ranks = world.ranks();
-  auto column = [&](std::int64_t j, const std::vector<std::int64_t>& who, auto text) {
+  // "<text of rank i> on ranks ..., <other text> on ranks ..." over `who` (indices into the group).
+  auto each = [&](const std::vector<std::int64_t>& who, auto text) {
     std::vector<std::string> v;
     std::vector<std::int64_t> r;
-    for (std::int64_t i : who) v.push_back(text(a[i][j])), r.push_back(ranks[static_cast<std::size_t>(i)]);
+    for (std::int64_t i : who) v.push_back(text(i)), r.push_back(ranks[static_cast<std::size_t>(i)]);
     return by_value(v, r);
   };
   std::vector<std::int64_t> everyone(static_cast<std::size_t>(n));
@@ -260,49 +261,40 @@ void agree_on_batch(const comm_group& world, batch_call call, std::int64_t repli
   for (std::int64_t i = 1; i < n; ++i)
     if (a[i][0] != a[0][0])
       throw agreement_error("megadsl: the ranks are making different calls: " +
-                            column(0, everyone, [](std::int64_t c) { return std::string(call_name(c)); }) +
+                            each(everyone, [&](std::int64_t r) { return std::string(call_name(a[r][0])); }) +
                             "; every rank must make the same calls in the same order");
   // The ranks of each replica, in order; the first disagreement found is reported.
   std::map<std::int64_t, std::vector<std::int64_t>> replicas;
   for (std::int64_t i = 0; i < n; ++i) replicas[a[0][1] < 0 ? -1 : a[i][1]].push_back(i);
   const std::string in = std::string(" in ") + call_name(a[0][0]);
-  const std::string who = a[0][1] < 0 ? "every rank" : "every rank of a model replica (its tp, pp and ep ranks)";
+  const std::string must = "; " + std::string(a[0][1] < 0 ? "every rank" : "every rank of a model replica (its tp, pp and ep ranks)") +
+                           " must be given the same batch";
   for (const auto& [replica_id, members] : replicas) {
     auto differs = [&](std::int64_t j) {
       return std::any_of(members.begin(), members.end(), [&](std::int64_t i) { return a[i][j] != a[members[0]][j]; });
     };
     if (differs(7))
       throw agreement_error("megadsl: the ranks were given different numbers of micro-batches" + in + ": " +
-                            column(7, members, [](std::int64_t c) { return std::to_string(c); }) + "; " + who +
-                            " must be given the same micro-batches");
-    if (differs(2) || differs(3)) {
-      std::vector<std::string> v;
-      std::vector<std::int64_t> r;
-      for (std::int64_t i : members) {
-        v.push_back(std::to_string(a[i][2]) + " x " + std::to_string(a[i][3]));
-        r.push_back(ranks[static_cast<std::size_t>(i)]);
-      }
+                            each(members, [&](std::int64_t r) { return std::to_string(a[r][7]); }) + must);
+    if (differs(2) || differs(3))
       throw agreement_error("megadsl: the ranks were given batches of different shapes" + in + ": " +
-                            (names.empty() ? std::string("the batch") : names.front().first) + " is " + by_value(v, r) + "; " + who + " must be given the same batch");
-    }
-    if (differs(4) || differs(5)) {
-      std::vector<std::string> v;
-      std::vector<std::int64_t> r;
-      for (std::int64_t i : members) {
-        std::string fields;
-        for (std::size_t k = 0; k < names.size() && k < 63; ++k)
-          if ((a[i][4] >> k) & 1) fields += (fields.empty() ? "" : "+") + names[k].first;
-        v.push_back("{" + fields + ", shapes " + hex(static_cast<std::uint64_t>(a[i][5])).substr(0, 8) + "}");
-        r.push_back(ranks[static_cast<std::size_t>(i)]);
-      }
+                            (names.empty() ? std::string("the batch") : names.front().first) + " is " +
+                            each(members, [&](std::int64_t r) { return std::to_string(a[r][2]) + " x " + std::to_string(a[r][3]); }) +
+                            must);
+    if (differs(4) || differs(5))
       throw agreement_error("megadsl: the ranks were given batches with different fields or shapes" + in + ": " +
-                            by_value(v, r) + "; " + who + " must be given the same batch");
-    }
+                            each(members,
+                                 [&](std::int64_t r) {
+                                   std::string fields;
+                                   for (std::size_t k = 0; k < names.size() && k < 63; ++k)
+                                     if ((a[r][4] >> k) & 1) fields += (fields.empty() ? "" : "+") + names[k].first;
+                                   return "{" + fields + ", shapes " + hex(static_cast<std::uint64_t>(a[r][5])).substr(0, 8) + "}";
+                                 }) +
+                            must);
     if (differs(6))
       throw agreement_error("megadsl: the ranks were given different batches" + in + " (same shapes, other values): checksum " +
-                            column(6, members, [](std::int64_t c) { return hex(static_cast<std::uint64_t>(c)); }) +
-                            "; " + who + " must be given the same batch (model_options::batch_checksum = false turns "
-                            "this check off)");
+                            each(members, [&](std::int64_t r) { return hex(static_cast<std::uint64_t>(a[r][6])); }) + must +
+                            " (model_options::batch_checksum = false turns this check off)");
   }
 }
 

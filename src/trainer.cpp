@@ -49,12 +49,14 @@ rollout_batch each_tensor(rollout_batch b, F f) {
 }
 }  // namespace
 
+namespace {
 // The global batch's fields by name, for the ranks' agreement check.
 named_tensors fields_of(const rollout_batch& b) {
   return {{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
           {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
           {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts}};
 }
+}  // namespace
 
 rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end) {
   return each_tensor(b, [&](const at::Tensor& t) { return t.narrow(0, begin, end - begin); });
