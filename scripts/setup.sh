@@ -38,3 +38,20 @@ then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "${python_packages[@]}"
 fi
+
+# Test dependency, not the library's: verl's own loss functions are the oracle of
+# python/tests/test_verl_losses.py. verl pins an older transformers than the fixtures', so it goes
+# in without its dependencies, with just what `verl.trainer.ppo.core_algos` imports (ray, tensordict,
+# omegaconf, hydra), pinned.
+verl_packages=(ray==2.60.0 tensordict==0.10.0 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3)
+verl_nodeps=(verl==0.9.1 hydra-core==1.3.8 codetiming==1.4.0)
+if ! .venv/bin/python - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(m.version("verl") != "0.9.1" or m.version("tensordict") != "0.10.0")
+PY
+then
+  echo "setup: installing verl 0.9.1 (test oracle of the losses) into .venv"
+  # (pip notes that verl's own requirements are not met: expected, verl is only imported for its losses)
+  .venv/bin/pip install -q "${verl_packages[@]}"
+  .venv/bin/pip install -q --no-deps "${verl_nodeps[@]}"
+fi

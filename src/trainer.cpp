@@ -14,36 +14,12 @@
 
 namespace megadsl {
 
-at::Tensor actor_token_loss(const model_output& out, const rollout_batch& mb, const actor_loss_config& c) {
-  const at::Tensor logp = out.log_probs;
-  const at::Tensor ratio = at::exp(logp - mb.old_log_probs);
-  const at::Tensor a = mb.advantages;
-  at::Tensor loss = at::max(-a * ratio, -a * at::clamp(ratio, 1.0 - c.clip_ratio, 1.0 + c.clip_ratio));
-  if (c.entropy_coeff != 0.0) loss = loss - c.entropy_coeff * out.entropy;
-  if (c.kl_coeff != 0.0) {
-    if (!mb.ref_log_probs.defined()) throw std::invalid_argument("megadsl: kl_coeff > 0 needs ref_log_probs");
-    at::Tensor kl = logp - mb.ref_log_probs;
-    if (c.kl == kl_estimator::low_var_kl) {
-      const at::Tensor d = mb.ref_log_probs - logp;
-      kl = at::clamp(at::exp(d) - d - 1.0, -10.0, 10.0);
-    }
-    loss = loss + c.kl_coeff * kl;
-  }
-  return loss;
-}
-
-at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, const critic_loss_config& c) {
-  const at::Tensor v = out.values;
-  const at::Tensor clipped = mb.old_values + at::clamp(v - mb.old_values, -c.value_clip, c.value_clip);
-  return 0.5 * at::max((v - mb.returns).pow(2), (clipped - mb.returns).pow(2));
-}
-
 namespace {
 // Every tensor of a rollout batch, in one list: f(tensor) for each defined one, in place.
 template <class F>
 rollout_batch each_tensor(rollout_batch b, F f) {
   for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.loss_mask, &b.old_log_probs, &b.advantages, &b.ref_log_probs,
-                        &b.old_values, &b.returns, &b.routed_experts})
+                        &b.old_values, &b.returns, &b.rollout_is_weights, &b.routed_experts})
     if (t->defined()) *t = f(*t);
   return b;
 }
@@ -54,7 +30,8 @@ namespace {
 named_tensors fields_of(const rollout_batch& b) {
   return {{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
           {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
-          {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts}};
+          {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts},
+          {"rollout_is_weights", b.rollout_is_weights}};
 }
 }  // namespace
 
@@ -66,7 +43,7 @@ namespace detail {
 
 class trainer_impl {
  public:
-  std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward;
+  std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward;
   std::vector<named_parameter>* params = nullptr;
   std::function<void()> finalize;
   std::function<double()> grad_norm;
@@ -84,7 +61,7 @@ class trainer_impl {
 
 }  // namespace detail
 
-trainer::trainer(std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward,
+trainer::trainer(std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward,
                  std::vector<named_parameter>& params, std::function<void()> finalize,
                  std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
                  const optimizer_config& opt, const actor_loss_config& actor_cfg,
@@ -98,6 +75,8 @@ trainer::trainer(std::function<double(const std::vector<batch>&, const loss_func
   s.groups = &groups;
   s.actor = actor;
   s.opt = opt;
+  check(actor_cfg);
+  check(critic_cfg);
   s.actor_cfg = actor_cfg;
   s.critic_cfg = critic_cfg;
   // Megatron's default: weight decay on matrices, none on biases and norm weights.
@@ -258,30 +237,63 @@ rollout_batch on_device(const rollout_batch& b, const at::Device& device) {
 
 }  // namespace
 
+namespace {
+
+// The metrics the losses report (losses.hpp), in one fixed order on every rank; `true`: summed
+// over micro-batches and dp ranks (a share of the global batch's loss), `false`: averaged.
+constexpr std::pair<const char*, bool> loss_metrics[] = {
+    {"actor/pg_loss", true},          {"actor/pg_clipfrac", false},  {"actor/ppo_kl", false},
+    {"actor/pg_clipfrac_lower", false}, {"actor/entropy_loss", true}, {"actor/kl_loss", true},
+    {"critic/vf_loss", true},         {"critic/vf_clipfrac", false},
+};
+constexpr std::size_t metric_count = sizeof loss_metrics / sizeof loss_metrics[0];
+
+}  // namespace
+
 step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts) {
   auto& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
-  // Loss tokens of the whole global batch: every rank sees it, so no collective is needed.
-  const double loss_tokens = std::max(1.0, global.loss_mask.sum().item<double>());
+  // The global batch's counts: every rank sees the whole batch, so no collective is needed.
+  const at::Tensor per_row = global.loss_mask.sum(1);
+  const loss_norm counts{.tokens = std::max(1.0, per_row.sum().item<double>()),
+                       .sequences = std::max(1.0, (per_row > 0).sum().item<double>())};
   std::vector<batch> inputs;
   for (const rollout_batch& part : parts)
     inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts});
+  // Metrics of the micro-batches this rank's last stage computed: sums and counts per entry.
+  at::Tensor sums = at::zeros({2, static_cast<std::int64_t>(metric_count)}, at::kDouble);
   const loss_function loss = [&](const model_output& out, std::int64_t index) {
     // The rollout usually lives on the CPU; the outputs on the model's device.
     const rollout_batch mb = on_device(parts[static_cast<std::size_t>(index)], out.valid.device());
-    const at::Tensor tok = s.actor ? actor_token_loss(out, mb, s.actor_cfg) : critic_token_loss(out, mb, s.critic_cfg);
-    return (tok * mb.loss_mask.to(tok.scalar_type())).sum() / loss_tokens;
+    const loss_result r =
+        s.actor ? actor_loss(mb.old_log_probs, out.log_probs, mb.advantages, mb.loss_mask, out.entropy, mb.ref_log_probs,
+                             mb.rollout_is_weights, s.actor_cfg, counts)
+                : value_loss(out.values, mb.old_values, mb.returns, mb.loss_mask, s.critic_cfg, counts);
+    for (std::size_t i = 0; i < metric_count; ++i)
+      if (const auto it = r.metrics.find(loss_metrics[i].first); it != r.metrics.end()) {
+        sums[0][static_cast<std::int64_t>(i)] += it->second;
+        sums[1][static_cast<std::int64_t>(i)] += 1;
+      }
+    return r.loss;
   };
+  const forward_options options{.temperature = s.actor ? s.actor_cfg.temperature : 1.0};
 
   s.adamw->zero_grad();
-  double total = s.forward_backward(inputs, loss);
+  double total = s.forward_backward(inputs, loss, options);
   at::Tensor total_t = at::full({1}, total, at::kDouble);
-  s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the token mean
+  s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the global loss
+  // The last stage's metrics to every stage, then over the dp ranks (tp ranks hold the same).
+  s.groups->pp->all_reduce(sums);
+  s.groups->dp->all_reduce(sums);
   s.finalize();
   const double norm = s.grad_norm();
   const double loss_value = total_t.item<double>();
   step_metrics m;
   m.loss = loss_value;
+  for (std::size_t i = 0; i < metric_count; ++i) {
+    const double sum = sums[0][static_cast<std::int64_t>(i)].item<double>(), n = sums[1][static_cast<std::int64_t>(i)].item<double>();
+    if (n > 0) m.losses[loss_metrics[i].first] = loss_metrics[i].second ? sum : sum / n;
+  }
   m.grad_norm = norm;
   m.tokens = global.attention_mask.sum().item<std::int64_t>();
   if (s.aux_loss) m.moe_aux_loss = s.aux_loss();

@@ -28,12 +28,16 @@ from ._C import (
     Layout,
     Model,
     Trainer,
+    actor_loss,
     is_initialized,
+    kl_penalty,
+    policy_loss,
     presets,
     presets_table,
     rank,
     read_hf_config,
     shutdown,
+    value_loss,
     world_size,
 )
 from ._dist import LaunchError, init, launch_local
@@ -60,6 +64,10 @@ __all__ = [
     "rank",
     "world_size",
     "launch_local",
+    "policy_loss",
+    "actor_loss",
+    "value_loss",
+    "kl_penalty",
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",

@@ -76,7 +76,8 @@ struct py_trainer {
 };
 
 constexpr const char* rollout_fields =
-    "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, old_values, returns";
+    "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, rollout_is_weights, old_values, "
+    "returns";
 
 rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
   const at::Device device = m.config().options.device;
@@ -108,6 +109,7 @@ rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
                      : key == "old_log_probs" ? &r.old_log_probs
                      : key == "advantages"    ? &r.advantages
                      : key == "ref_log_probs" ? &r.ref_log_probs
+                     : key == "rollout_is_weights" ? &r.rollout_is_weights
                      : key == "old_values"    ? &r.old_values
                      : key == "returns"       ? &r.returns
                                               : nullptr;
@@ -140,6 +142,7 @@ py::dict metrics_of(const step_metrics& m) {
   d["tokens_per_second"] = m.tokens_per_second;
   d["moe_aux_loss"] = m.moe_aux_loss;
   d["skipped"] = m.skipped;
+  for (const auto& [name, v] : m.losses) d[py::str(name)] = v;  // verl's names: actor/pg_clipfrac, ...
   return d;
 }
 
@@ -314,32 +317,21 @@ the autograd graph when torch's grad mode is on (use torch.no_grad() for inferen
       "Global gradient 2-norm over tp and pp (each element once).");
   model.def(
       "trainer",
-      [](const std::shared_ptr<dynamic_model>& self, double lr, double clip_grad, double clip_ratio,
-         double entropy_coeff, double kl_coeff, const std::string& kl, double value_clip, double weight_decay,
-         double beta1, double beta2, double eps) {
-        optimizer_config opt;
-        opt.lr = lr;
-        opt.clip_grad = clip_grad;
-        opt.weight_decay = weight_decay;
-        opt.beta1 = beta1;
-        opt.beta2 = beta2;
-        opt.eps = eps;
-        actor_loss_config a{.clip_ratio = clip_ratio, .entropy_coeff = entropy_coeff, .kl_coeff = kl_coeff};
-        if (kl == "low_var_kl" || kl == "k3") a.kl = kl_estimator::low_var_kl;
-        else if (kl == "k1") a.kl = kl_estimator::k1;
-        else throw py::value_error("megadsl: kl is \"low_var_kl\" (k3) or \"k1\", got \"" + kl + "\"");
-        critic_loss_config c{.value_clip = value_clip};
+      [](const std::shared_ptr<dynamic_model>& self, const py::kwargs& kwargs) {
+        const loss_options o = loss_options_of(kwargs, "Model.trainer", true);
         auto t = std::make_unique<py_trainer>();
         t->model = self;
-        t->t = self->make_trainer(opt, a, c);
+        t->t = self->make_trainer(o.opt, o.actor, o.critic);
         return t;
       },
-      py::kw_only(), py::arg("lr") = 1e-5, py::arg("clip_grad") = 1.0, py::arg("clip_ratio") = 0.2,
-      py::arg("entropy_coeff") = 0.0, py::arg("kl_coeff") = 0.0, py::arg("kl") = "low_var_kl",
-      py::arg("value_clip") = 0.5, py::arg("weight_decay") = 0.01, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999,
-      py::arg("eps") = 1e-8,
-      R"(A PPO trainer of this model: the actor's clipped policy loss (entropy bonus, KL penalty) or the
-critic's clipped value loss, AdamW, global-norm clipping.)");
+      R"(A trainer of this model with verl's losses: AdamW (lr=1e-5, clip_grad=1.0, weight_decay=0.01, beta1,
+beta2, eps) and, for the actor, verl's policy loss (policy_loss="vanilla" | "gspo" | "gpg" |
+"clip_cov" | "kl_cov"; clip_ratio=0.2, clip_ratio_low, clip_ratio_high, clip_ratio_c=3.0 (dual-clip),
+loss_agg_mode="token-mean" | "token-sum" | "seq-mean-token-sum" | "seq-mean-token-mean" |
+"seq-mean-token-sum-norm" (with loss_scale_factor), entropy_coeff, kl_coeff with kl="k3" (verl's
+kl_loss_type: k1/kl, abs, k2/mse, k3/low_var_kl, + for straight-through), clip_cov_ratio,
+clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, temperature); for the critic, the clipped value
+loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming it.)");
 
   model.def_property_readonly("layout", [](const dynamic_model& self) { return self.config().l; });
   model.def_property_readonly("critic", [](const dynamic_model& self) { return !self.config().head.actor; });

@@ -1,36 +1,27 @@
-// The training step of an RLHF actor (PPO clipped policy loss, optional entropy bonus and KL
-// penalty) or critic (clipped value loss): micro-batches through the pipeline schedule, gradients
-// finalised over dp/tp/pp (and the embedding group), clipped by the global norm, AdamW.
+// The training step of an RLHF actor or critic with verl's losses (runtime/losses.hpp: the policy
+// losses with dual-clip, every loss_agg_mode, KL and entropy terms, the clipped value loss):
+// micro-batches through the pipeline schedule, gradients finalised over dp/tp/pp (and the embedding
+// group), clipped by the global norm, AdamW.
 //
-// Losses are token means over the *global* batch (verl's "token-mean"): each micro-batch's sum is
-// divided by the number of loss tokens across every micro-batch and dp rank, so the result does
-// not depend on how the batch is split, and equals single-process training.
+// Losses are aggregated over the *global* batch (verl's global_batch_info): each micro-batch's
+// loss is divided by the loss tokens (or sequences) of every micro-batch and dp rank, so the
+// result does not depend on how the batch is split, and equals single-process training.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
 #include "megadsl/batching.hpp"
+#include "megadsl/runtime/losses.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
-
-enum class kl_estimator : std::int8_t { k1, low_var_kl };  // logp - ref; verl's "low_var_kl" (k3)
-
-struct actor_loss_config {
-  double clip_ratio = 0.2;         // ratio clipped to [1 - c, 1 + c]
-  double entropy_coeff = 0.0;      // loss -= entropy_coeff * entropy
-  double kl_coeff = 0.0;           // loss += kl_coeff * KL(policy || reference)
-  kl_estimator kl = kl_estimator::low_var_kl;
-};
-
-struct critic_loss_config {
-  double value_clip = 0.5;  // v clipped to old_value +- value_clip
-};
 
 struct optimizer_config {
   double lr = 1e-5;
@@ -49,6 +40,7 @@ struct rollout_batch {
   at::Tensor old_log_probs, advantages;  // actor (B, s)
   at::Tensor ref_log_probs;              // actor, when kl_coeff > 0
   at::Tensor old_values, returns;        // critic (B, s)
+  at::Tensor rollout_is_weights;         // actor, optional (B, s): verl's rollout importance-sampling weights
   // Router replay (R2: recorded by the log-prob pass, model_output::routed_experts; R3: from the
   // rollout engine): (B, s, layers, top_k) int64, replayed in the update's forward and backward.
   // It travels with its rows through the dp split, the balancer and the micro-batches.
@@ -66,6 +58,11 @@ struct step_metrics {
   // The gradient norm or the loss was NaN or infinite (a NaN advantage, a -inf old log-prob):
   // the update was not applied and the step not counted (Megatron skips such iterations).
   bool skipped = false;
+  // verl's loss metrics under verl's names (losses.hpp): "actor/pg_loss", "actor/pg_clipfrac",
+  // "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy_loss", "actor/kl_loss",
+  // "critic/vf_loss", "critic/vf_clipfrac". Losses summed over micro-batches and dp ranks (the
+  // global batch's), fractions and ppo_kl averaged over them (verl's aggregations).
+  std::map<std::string, double> losses;
 };
 
 // What continuing a run exactly needs besides the parameters: the counters that drive the
@@ -79,10 +76,6 @@ struct training_state {
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
 };
 
-// Token losses (b, s) of one micro-batch from the model's outputs (exposed for tests).
-at::Tensor actor_token_loss(const model_output& out, const rollout_batch& mb, const actor_loss_config& c);
-at::Tensor critic_token_loss(const model_output& out, const rollout_batch& mb, const critic_loss_config& c);
-
 // Rows [begin, end) of every defined tensor of the batch.
 rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_t end);
 
@@ -93,7 +86,7 @@ class trainer_impl;
 class trainer {
  public:
   // `model` is a parallel_model<Spec>'s core view; use make_trainer below.
-  trainer(std::function<double(const std::vector<batch>&, const loss_function&)> forward_backward,
+  trainer(std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward,
           std::vector<named_parameter>& params, std::function<void()> finalize,
           std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
           const optimizer_config& opt, const actor_loss_config& actor_cfg, const critic_loss_config& critic_cfg);
@@ -134,7 +127,9 @@ template <ModelSpec Spec>
 trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
                      const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
   trainer t(
-      [&model](const std::vector<batch>& mbs, const loss_function& loss) { return model.forward_backward(mbs, loss); },
+      [&model](const std::vector<batch>& mbs, const loss_function& loss, const forward_options& o) {
+        return model.forward_backward(mbs, loss, o);
+      },
       model.parameters(), [&model] { model.finalize_grads(); }, [&model] { return model.grad_norm(); }, groups,
       Spec::is_actor, opt, actor_cfg, critic_cfg);
   t.report_aux_loss([&model] { return model.moe_aux_loss(); });
