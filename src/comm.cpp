@@ -123,6 +123,11 @@ void comm_group::all_reduce(at::Tensor& t, reduce_op op) const {
 at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
   dim = dim < 0 ? dim + t.dim() : dim;
+  if (t.scalar_type() == at::kBFloat16 && t.is_cpu() && t.dim() > 0) {
+    // Gloo has no bf16 all-gather; gathering moves bits, so gather the bytes (each element's two
+    // stay side by side along the last dim, whichever dim is gathered).
+    return all_gather(t.contiguous().view(at::kByte), dim).view(at::kBFloat16);
+  }
   at::Tensor in = t.movedim(dim, 0).contiguous();                // (n, ...)
   std::vector<std::int64_t> shape = in.sizes().vec();
   shape[0] *= size();

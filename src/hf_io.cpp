@@ -20,6 +20,7 @@
 #include "megadsl/io/printable.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "megadsl/runtime/weight_export.hpp"
 #include "checkpoint_dir.hpp"
 #include "spec/json_bounded.hpp"
 
@@ -386,23 +387,8 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
-    if (p.plan->tied) continue;  // the last stage's copy of the embedding
-    const auto hf = gather_hf(*p.plan, c.s, c.l, g.tp.get(), p.tensor);  // every tp rank takes part
-    if (p.plan->row->where == placement::expert && g.ep != nullptr) {
-      // The ep group's ranks hold the layer's other experts, in the same order: rank r's j-th is
-      // expert r * experts / ep + j. Every rank of the group takes part; the writer keeps them all.
-      const std::int64_t per = c.s.experts.get() / g.ep->size(), local = p.at.expert % per;
-      for (std::size_t i = 0; i < hf.size(); ++i) {
-        const at::Tensor all = g.ep->all_gather(hf[i].contiguous().unsqueeze(0), 0);  // (ep, ...)
-        if (!writer) continue;
-        for (std::int64_t r = 0; r < g.ep->size(); ++r)
-          tensors.emplace_back(hf_names(*p.plan, {p.at.layer, r * per + local})[i], all[r].to(at::kCPU, dtype).contiguous());
-      }
-      continue;
-    }
-    if (!writer) continue;
-    const auto names = hf_names(*p.plan, p.at);
-    for (std::size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], hf[i].to(at::kCPU, dtype).contiguous());
+    hf_tensor_list hf = gather_parameter(p, c, g, dtype);  // every tp (and ep) rank takes part
+    if (writer) std::move(hf.begin(), hf.end(), std::back_inserter(tensors));
   }
   if (!writer) return;
   // The writers (one per stage: the pp group of tp rank 0, dp rank 0) fill one staging directory,

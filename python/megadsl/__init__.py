@@ -127,3 +127,21 @@ def plan(model, layout=None, *, seq=4096, critic=False, value_bias=True, world=N
     return _C._plan(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
                     global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,
                     config=None if config is None else _os.fspath(config), seq=seq)
+
+
+def _export_weights(self, dtype="bf16", bucket_mb=512, shard_tp=1, shard_rank=0):
+    """Streams the model's weights as (HF name, tensor) pairs for a rollout engine (vLLM, SGLang),
+    without a disk: gathered over tp, pp and ep in buckets of about `bucket_mb` MB, in HF's layout
+    and `dtype` ("bf16", "fp16", "fp32"): the tensors save_hf writes, bit for bit. A collective:
+    every rank iterates the generator to its end, in step, and every rank gets every tensor (or,
+    with shard_tp > 1, rollout tp rank `shard_rank`'s slice of it). At most one bucket is held
+    beyond the model."""
+    stream = self._weight_stream(dtype, float(bucket_mb), int(shard_tp), int(shard_rank))
+    while True:
+        bucket = stream.next_bucket()
+        if not bucket:
+            return
+        yield from bucket
+
+
+Model.export_weights = _export_weights

@@ -11,6 +11,7 @@
 
 #include "bindings.hpp"
 #include "dynamic_model.hpp"
+#include "megadsl/runtime/weight_export.hpp"
 #include "world.hpp"
 
 namespace py = pybind11;
@@ -332,6 +333,41 @@ loss_agg_mode="token-mean" | "token-sum" | "seq-mean-token-sum" | "seq-mean-toke
 kl_loss_type: k1/kl, abs, k2/mse, k3/low_var_kl, + for straight-through), clip_cov_ratio,
 clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, temperature); for the critic, the clipped value
 loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming it.)");
+
+  // The stream of export_weights (a generator over it is defined in megadsl/__init__.py).
+  struct py_weight_stream {
+    std::shared_ptr<dynamic_model> model;  // kept open while the stream lives
+    weight_stream s;
+  };
+  py::class_<py_weight_stream>(m, "_WeightStream")
+      .def("next_bucket",
+           [](py_weight_stream& self) {
+             if (self.model->closed())
+               throw std::runtime_error("megadsl: export_weights: the Model was closed while its weights were streamed");
+             hf_tensor_list bucket;
+             {
+               py::gil_scoped_release release;
+               bucket = self.s.next();
+             }
+             py::list out;
+             for (auto& [name, t] : bucket) out.append(py::make_tuple(name, t));
+             return out;
+           })
+      .def_property_readonly("bytes_sent", [](const py_weight_stream& self) { return self.s.bytes_sent(); });
+  model.def(
+      "_weight_stream",
+      [](const std::shared_ptr<dynamic_model>& self, const std::string& dtype, double bucket_mb, std::int64_t shard_tp,
+         std::int64_t shard_rank) {
+        if (self->closed()) throw std::runtime_error("megadsl: export_weights: this Model is closed");
+        if (!(bucket_mb > 0)) throw py::value_error("megadsl: export_weights: bucket_mb must be positive");
+        const export_options o{.dtype = dtype_of(dtype, "dtype"),
+                               .bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20)),
+                               .shard_tp = shard_tp,
+                               .shard_rank = shard_rank};
+        return std::make_unique<py_weight_stream>(
+            py_weight_stream{self, weight_stream(self->parameters(), self->config(), self->groups(), o)});
+      },
+      py::arg("dtype"), py::arg("bucket_mb"), py::arg("shard_tp"), py::arg("shard_rank"));
 
   model.def_property_readonly("layout", [](const dynamic_model& self) { return self.config().l; });
   model.def_property_readonly("critic", [](const dynamic_model& self) { return !self.config().head.actor; });

@@ -51,3 +51,9 @@ def forward_with_disagreeing_batches(path, kind):
 def build_with_disagreeing_layouts(path):
     """Rank 0 asks for tp 2, rank 1 for tp 1: both must raise naming the layouts."""
     megadsl.Model.from_hf(path, tp=2 if megadsl.rank() == 0 else 1)
+
+
+def export_on_ranks(path, layout, dtype):
+    """Every rank streams the weights; returns this rank's copy of them (a name -> tensor dict)."""
+    model = megadsl.Model.from_hf(path, **layout)
+    return {name: t.clone() for name, t in model.export_weights(dtype=dtype, bucket_mb=0.01)}

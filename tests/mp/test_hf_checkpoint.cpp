@@ -19,6 +19,7 @@
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/weight_export.hpp"
 #include "mp_support.hpp"
 
 namespace megadsl::test {
@@ -257,6 +258,74 @@ TEST_CASE("HF -> (tp 2, pp 2) -> HF is bit-exact, actor and critic", "[world4][h
       groups.pp->barrier();  // every stage has written (rank 0 is in both of these groups)
       if (dist().rank() == 0) require_identical(source, saved);
     }
+  }
+}
+
+// Every exported tensor on every rank equals the checkpoint's; every tensor of it comes (tied
+// embeddings: the lm_head is the embedding's, as save_hf writes no copy).
+template <layout L>
+void check_export(const std::string& name, std::int64_t bucket_bytes) {
+  INFO(name << " tp " << L.tp.get() << " pp " << L.pp.get() << " ep " << L.ep.get() << " bucket " << bucket_bytes);
+  const fs::path dir = fixtures / name;
+  const shape s = read_hf_config(dir).s;
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<any_llama, L>> m(groups, options_for(dir), s);
+  load_hf(m, groups, dir);
+  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  weight_stream stream(m.parameters(), m.config(), groups, {.dtype = at::kFloat, .bucket_bytes = bucket_bytes});
+  std::set<std::string> seen;
+  std::int64_t buckets = 0;
+  for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next(), ++buckets)
+    for (const auto& [n, t] : bucket) {
+      INFO(n);
+      CHECK(seen.insert(n).second);
+      REQUIRE(ck.find(n) != nullptr);
+      CHECK(at::equal(t, ck.read(n, at::kFloat)));
+    }
+  CHECK(stream.done());
+  std::set<std::string> want;
+  for (const std::string& n : ck.names())
+    if (n != "lm_head.weight" || !s.tie_embeddings.get()) want.insert(n);
+  CHECK(seen == want);
+  if (bucket_bytes < 100000) CHECK(buckets > 4);
+}
+
+TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every rank of any layout", "[world4][hf][export]") {
+  for (const char* name : {"llama-gqa", "qwen2-tied-bias", "gpt-neox-tf5"}) {
+    check_export<layout{.tp = 2, .pp = 2}>(name, 4096);
+    check_export<layout{.pp = 2}>(name, std::int64_t{1} << 30);  // one bucket per stage
+    check_export<layout{.tp = 4, .sp = true}>(name, 20000);
+  }
+  check_export<layout{.tp = 2, .ep = 2}>("mixtral-tf5", 8192);
+  check_export<layout{.pp = 2, .ep = 2}>("qwen2-moe-mixed-tf5", 8192);
+
+  // A rollout engine's tp rank gets its slice: q/k/v and gate/up by rows, o/down by columns,
+  // norms whole; with fewer kv heads than rollout ranks each gets its query group's kv head.
+  const fs::path dir = fixtures / "llama-gqa";
+  const shape s = read_hf_config(dir).s;
+  constexpr layout l{.tp = 2, .pp = 2};
+  auto groups = parallel_groups::build(dist(), l);
+  parallel_model<causal_lm<any_llama, l>> m(groups, options_for(dir), s);
+  load_hf(m, groups, dir);
+  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  const std::int64_t rollout_tp = 4, kv = s.kv_heads.get(), hd = effective_head_dim(s).get();
+  for (std::int64_t r = 0; r < rollout_tp; ++r) {
+    weight_stream stream(m.parameters(), m.config(), groups, {.dtype = at::kFloat, .shard_tp = rollout_tp, .shard_rank = r});
+    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
+      for (const auto& [n, t] : bucket) {
+        INFO(n << " rollout rank " << r);
+        const at::Tensor full = ck.read(n, at::kFloat);
+        at::Tensor want = full;
+        if (n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos)
+          want = kv >= rollout_tp ? full.chunk(rollout_tp, 0)[r] : full.narrow(0, r * kv / rollout_tp * hd, hd);
+        else if (n.find("q_proj") != std::string::npos || n.find("gate_proj") != std::string::npos ||
+                 n.find("up_proj") != std::string::npos || n.find("embed_tokens") != std::string::npos ||
+                 n.find("lm_head") != std::string::npos)
+          want = full.chunk(rollout_tp, 0)[r];
+        else if (n.find("o_proj") != std::string::npos || n.find("down_proj") != std::string::npos)
+          want = full.chunk(rollout_tp, 1)[r];
+        CHECK(at::equal(t, want));
+      }
   }
 }
 
