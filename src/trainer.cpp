@@ -9,6 +9,7 @@
 
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <stdexcept>
 
@@ -21,6 +22,8 @@ rollout_batch each_tensor(rollout_batch b, F f) {
   for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.loss_mask, &b.old_log_probs, &b.advantages, &b.ref_log_probs,
                         &b.old_values, &b.returns, &b.rollout_is_weights, &b.routed_experts})
     if (t->defined()) *t = f(*t);
+  for (auto& [name, t] : b.extra)
+    if (t.defined()) t = f(t);
   return b;
 }
 }  // namespace
@@ -28,10 +31,12 @@ rollout_batch each_tensor(rollout_batch b, F f) {
 namespace {
 // The global batch's fields by name, for the ranks' agreement check.
 named_tensors fields_of(const rollout_batch& b) {
-  return {{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
+  named_tensors out{{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
           {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
           {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts},
           {"rollout_is_weights", b.rollout_is_weights}};
+  for (const auto& [name, t] : b.extra) out.emplace_back(name, t);
+  return out;
 }
 }  // namespace
 
@@ -168,7 +173,7 @@ rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t
 
 }  // namespace
 
-step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches) {
+step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches, const custom_loss& loss) {
   auto& s = *impl_;
   agree_on_batch(*s.groups->world, batch_call::train_step, -1, {fields_of(global)}, s.batch_checksum);
   const std::int64_t rows = global.input_ids.size(0);
@@ -195,10 +200,10 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
   const std::int64_t per_micro = rows / dp / microbatches;
   std::vector<rollout_batch> parts;
   for (std::int64_t i = 0; i < microbatches; ++i) parts.push_back(slice_rows(mine, i * per_micro, (i + 1) * per_micro));
-  return run(global, std::move(parts));
+  return run(global, std::move(parts), loss);
 }
 
-step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options) {
+step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options, const custom_loss& loss) {
   agree_on_batch(*impl_->groups->world, batch_call::train_step, -1, {fields_of(global)}, impl_->batch_checksum);
   const std::int64_t dp = impl_->groups->dp->size(), dp_rank = impl_->groups->dp->rank();
   const at::Tensor lengths = global.attention_mask.sum(1).to(at::kLong).contiguous();
@@ -226,7 +231,7 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
     for (std::int64_t i : part) rows.push_back(my_rows[static_cast<std::size_t>(i)]);
     parts.push_back(select_rows(global, rows));
   }
-  return run(global, std::move(parts));
+  return run(global, std::move(parts), loss);
 }
 
 namespace {
@@ -248,9 +253,46 @@ constexpr std::pair<const char*, bool> loss_metrics[] = {
 };
 constexpr std::size_t metric_count = sizeof loss_metrics / sizeof loss_metrics[0];
 
+// A custom loss's metrics (summed over this rank's `microbatches` on the last stage) averaged over
+// the micro-batches and dp ranks, on every rank: the last stage sends its names and sums over the
+// pipeline, then the dp ranks add theirs (they must report the same names).
+std::map<std::string, double> mean_over_ranks(const std::map<std::string, double>& sums, double microbatches,
+                                              const parallel_groups& g) {
+  const comm_group& pp = *g.pp;
+  const int last = pp.size() - 1;
+  std::string names;
+  for (const auto& [k, v] : sums) names += k + '\n';
+  at::Tensor length = at::full({1}, static_cast<std::int64_t>(names.size()), at::kLong);
+  pp.broadcast(length, last);
+  at::Tensor text = at::zeros({std::max<std::int64_t>(1, length.item<std::int64_t>())}, at::kByte);
+  if (pp.rank() == last && !names.empty()) std::memcpy(text.data_ptr(), names.data(), names.size());
+  pp.broadcast(text, last);
+  names.assign(static_cast<const char*>(text.data_ptr()), static_cast<std::size_t>(length.item<std::int64_t>()));
+  std::vector<std::string> keys;
+  for (std::size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1)
+    keys.push_back(names.substr(at, end - at));
+  at::Tensor values = at::zeros({static_cast<std::int64_t>(keys.size()) + 1}, at::kDouble);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (const auto it = sums.find(keys[i]); it != sums.end()) values[static_cast<std::int64_t>(i)] = it->second;
+  pp.broadcast(values, last);
+  // The dp ranks must agree on the names: compare their count first (a mismatch would fail the sum).
+  at::Tensor count = at::full({2}, static_cast<std::int64_t>(keys.size()), at::kLong);
+  count[1] = -count[1];
+  g.dp->all_reduce(count, reduce_op::max);
+  if (count[0].item<std::int64_t>() != -count[1].item<std::int64_t>())
+    throw std::invalid_argument("megadsl: the custom loss reported different metrics on different dp ranks; report the "
+                                "same names for every micro-batch");
+  values[static_cast<std::int64_t>(keys.size())] = microbatches;
+  g.dp->all_reduce(values);
+  std::map<std::string, double> out;
+  const double n = values[static_cast<std::int64_t>(keys.size())].item<double>();
+  for (std::size_t i = 0; i < keys.size(); ++i) out[keys[i]] = values[static_cast<std::int64_t>(i)].item<double>() / std::max(n, 1.0);
+  return out;
+}
+
 }  // namespace
 
-step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts) {
+step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts, const custom_loss& custom) {
   auto& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
   // The global batch's counts: every rank sees the whole batch, so no collective is needed.
@@ -262,18 +304,24 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
     inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts});
   // Metrics of the micro-batches this rank's last stage computed: sums and counts per entry.
   at::Tensor sums = at::zeros({2, static_cast<std::int64_t>(metric_count)}, at::kDouble);
+  std::map<std::string, double> custom_sums;  // a custom loss's metrics, summed over micro-batches
   const loss_function loss = [&](const model_output& out, std::int64_t index) {
     // The rollout usually lives on the CPU; the outputs on the model's device.
     const rollout_batch mb = on_device(parts[static_cast<std::size_t>(index)], out.valid.device());
     const loss_result r =
-        s.actor ? actor_loss(mb.old_log_probs, out.log_probs, mb.advantages, mb.loss_mask, out.entropy, mb.ref_log_probs,
+        custom ? custom(out, mb, counts)
+        : s.actor ? actor_loss(mb.old_log_probs, out.log_probs, mb.advantages, mb.loss_mask, out.entropy, mb.ref_log_probs,
                              mb.rollout_is_weights, s.actor_cfg, counts)
                 : value_loss(out.values, mb.old_values, mb.returns, mb.loss_mask, s.critic_cfg, counts);
-    for (std::size_t i = 0; i < metric_count; ++i)
-      if (const auto it = r.metrics.find(loss_metrics[i].first); it != r.metrics.end()) {
-        sums[0][static_cast<std::int64_t>(i)] += it->second;
-        sums[1][static_cast<std::int64_t>(i)] += 1;
-      }
+    if (custom) {
+      for (const auto& [name, v] : r.metrics) custom_sums[name] += v;
+    } else {
+      for (std::size_t i = 0; i < metric_count; ++i)
+        if (const auto it = r.metrics.find(loss_metrics[i].first); it != r.metrics.end()) {
+          sums[0][static_cast<std::int64_t>(i)] += it->second;
+          sums[1][static_cast<std::int64_t>(i)] += 1;
+        }
+    }
     return r.loss;
   };
   const forward_options options{.temperature = s.actor ? s.actor_cfg.temperature : 1.0};
@@ -285,6 +333,8 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   // The last stage's metrics to every stage, then over the dp ranks (tp ranks hold the same).
   s.groups->pp->all_reduce(sums);
   s.groups->dp->all_reduce(sums);
+  std::map<std::string, double> custom_means;
+  if (custom) custom_means = mean_over_ranks(custom_sums, static_cast<double>(parts.size()), *s.groups);
   s.finalize();
   const double norm = s.grad_norm();
   const double loss_value = total_t.item<double>();
@@ -294,6 +344,7 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
     const double sum = sums[0][static_cast<std::int64_t>(i)].item<double>(), n = sums[1][static_cast<std::int64_t>(i)].item<double>();
     if (n > 0) m.losses[loss_metrics[i].first] = loss_metrics[i].second ? sum : sum / n;
   }
+  for (const auto& [name, v] : custom_means) m.losses[name] = v;
   m.grad_norm = norm;
   m.tokens = global.attention_mask.sum().item<std::int64_t>();
   if (s.aux_loss) m.moe_aux_loss = s.aux_loss();

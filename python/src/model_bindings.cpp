@@ -80,7 +80,9 @@ constexpr const char* rollout_fields =
     "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, rollout_is_weights, old_values, "
     "returns";
 
-rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
+// `custom`: a custom loss reads the batch, so any other tensor field (with the batch's rows) is
+// kept for it, and no field beyond the ids and the mask is required.
+rollout_batch rollout_of(const dynamic_model& m, const py::dict& d, bool custom = false) {
   const at::Device device = m.config().options.device;
   const bool actor = m.config().head.actor;
   std::optional<at::Tensor> ids, mask;
@@ -114,10 +116,20 @@ rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
                      : key == "old_values"    ? &r.old_values
                      : key == "returns"       ? &r.returns
                                               : nullptr;
+    if (to == nullptr && custom) {
+      const at::Tensor t = tensor(v, key);
+      if (t.dim() == 0 || t.size(0) != r.input_ids.size(0))
+        throw py::value_error("megadsl: batch[\"" + key + "\"] has shape " + c10::str(t.sizes()) + "; a field needs the batch's " +
+                              std::to_string(r.input_ids.size(0)) + " rows first");
+      r.extra[key] = t;  // moved to the model's device with its micro-batch
+      continue;
+    }
     if (to == nullptr)
-      throw py::key_error("megadsl: unknown batch field \"" + key + "\"; the fields are " + rollout_fields);
+      throw py::key_error("megadsl: unknown batch field \"" + key + "\"; the fields are " + rollout_fields +
+                          " (a Trainer.step with loss_fn= takes any other field too)");
     *to = as_values(tensor(v, key), key.c_str(), device, r.input_ids);
   }
+  if (custom) return r;
   auto need = [&](const at::Tensor& t, const char* key) {
     if (!t.defined())
       throw py::key_error(std::string("megadsl: the ") + (actor ? "actor" : "critic") + "'s batch needs " + key);
@@ -131,6 +143,45 @@ rollout_batch rollout_of(const dynamic_model& m, const py::dict& d) {
     need(r.returns, "returns");
   }
   return r;
+}
+
+// A Python loss as a custom_loss: called under the GIL from whichever thread runs the schedule.
+custom_loss python_loss(const py::object& fn) {
+  auto holder = std::make_shared<py::object>(fn);
+  return [holder](const model_output& out, const rollout_batch& mb, const loss_norm& global) {
+    py::gil_scoped_acquire gil;
+    py::dict outputs, fields, counts;
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"log_probs", &out.log_probs},
+                                  {"entropy", &out.entropy}, {"values", &out.values}, {"valid", &out.valid},
+                                  {"logits", &out.logits}})
+      if (t->defined()) outputs[name] = *t;
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"input_ids", &mb.input_ids},
+                                  {"attention_mask", &mb.attention_mask}, {"loss_mask", &mb.loss_mask},
+                                  {"old_log_probs", &mb.old_log_probs}, {"advantages", &mb.advantages},
+                                  {"ref_log_probs", &mb.ref_log_probs}, {"rollout_is_weights", &mb.rollout_is_weights},
+                                  {"old_values", &mb.old_values}, {"returns", &mb.returns}})
+      if (t->defined()) fields[name] = *t;
+    for (const auto& [name, t] : mb.extra) fields[py::str(name)] = t;
+    counts["batch_num_tokens"] = global.tokens;
+    counts["global_batch_size"] = global.sequences;
+    const py::object r = (*holder)(outputs, fields, counts);
+    loss_result result;
+    py::object loss = r;
+    if (py::isinstance<py::tuple>(r) && py::len(r) == 2) {
+      loss = r[py::int_(0)];
+      for (auto [k, v] : r[py::int_(1)].cast<py::dict>()) result.metrics[py::str(k)] = v.cast<double>();
+    }
+    try {
+      result.loss = loss.cast<at::Tensor>();
+    } catch (const py::cast_error&) {
+      throw py::type_error("megadsl: Trainer.step: loss_fn must return a scalar torch.Tensor (or (loss, metrics)), got " +
+                           std::string(py::str(py::type::of(loss).attr("__name__"))));
+    }
+    if (result.loss.numel() != 1)
+      throw py::value_error("megadsl: Trainer.step: loss_fn returned a tensor of shape " + c10::str(result.loss.sizes()) +
+                            "; it must return the micro-batch's scalar loss");
+    return result;
+  };
 }
 
 py::dict metrics_of(const step_metrics& m) {
@@ -397,11 +448,17 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
   py::class_<py_trainer>(m, "Trainer", "The PPO training step of a Model (Model.trainer(...)).")
       .def(
           "step",
-          [](py_trainer& self, const py::dict& batch, std::int64_t microbatches, std::optional<std::int64_t> max_token_len) {
+          [](py_trainer& self, const py::dict& batch, std::int64_t microbatches, std::optional<std::int64_t> max_token_len,
+             const py::object& loss_fn) {
             if (self.model->closed())
               throw std::runtime_error("megadsl: this Trainer's Model is closed (Model.close(), megadsl.shutdown() or exit)");
-            const rollout_batch r = rollout_of(*self.model, batch);
+            const bool custom = !loss_fn.is_none();
+            if (custom && !PyCallable_Check(loss_fn.ptr()))
+              throw py::type_error("megadsl: Trainer.step: loss_fn must be callable (outputs, micro_batch, counts)");
+            const rollout_batch r = rollout_of(*self.model, batch, custom);
             if (microbatches < 1) throw py::value_error("megadsl: microbatches must be positive");
+            custom_loss loss;
+            if (custom) loss = python_loss(loss_fn);
             step_metrics out;
             {
               py::gil_scoped_release release;
@@ -410,19 +467,26 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
                 o.max_token_len = *max_token_len;
                 o.min_num_micro_batch = self.model->config().l.pp.get();
                 o.divisible_by = self.model->config().l.vpp.get() > 1 ? self.model->config().l.pp.get() : 1;
-                out = self.t->step(r, o);
+                out = self.t->step(r, o, loss);
               } else {
-                out = self.t->step(r, microbatches);
+                out = self.t->step(r, microbatches, loss);
               }
             }
             return metrics_of(out);
           },
           py::arg("batch"), py::arg("microbatches") = 1, py::kw_only(), py::arg("max_token_len") = py::none(),
+          py::arg("loss_fn") = py::none(),
           R"(One optimizer step on the global batch (the same tensors on every rank; each dp rank trains on
 its rows), split into `microbatches` per dp rank, or with max_token_len into micro-batches of at
 most that many real tokens (verl's dynamic batching). Batch fields: input_ids, attention_mask,
 loss_mask, and old_log_probs, advantages (ref_log_probs with kl_coeff > 0) for the actor, or
-old_values, returns for the critic. Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second,
+old_values, returns for the critic. With loss_fn(outputs, micro_batch, counts) -> loss or (loss,
+metrics), your loss runs per micro-batch on the last pipeline stage in place of the configured one
+(any layout): outputs holds log_probs, entropy (actor) or values (critic) and valid; micro_batch
+every field of the batch (any extra tensor field too) for that micro-batch's rows; counts the
+global batch's batch_num_tokens and global_batch_size (loss tokens, and rows with any), which your
+loss divides by so that it adds up over micro-batches and dp ranks; its metrics are averaged.
+Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second,
 moe_aux_loss, and skipped: True when the gradient norm or the loss was NaN or infinite, in which
 case the update was not applied (Megatron's rule; Trainer.skipped counts them).)")
       .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })

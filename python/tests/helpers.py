@@ -57,3 +57,21 @@ def export_on_ranks(path, layout, dtype):
     """Every rank streams the weights; returns this rank's copy of them (a name -> tensor dict)."""
     model = megadsl.Model.from_hf(path, **layout)
     return {name: t.clone() for name, t in model.export_weights(dtype=dtype, bucket_mb=0.01)}
+
+
+def verl_style_loss(outputs, micro_batch, counts):
+    """A loss of the caller's own, as verl's ppo_loss composes it, from megadsl's loss functions and
+    an extra batch field (per-token weights) the built-in loss does not know."""
+    loss, metrics = megadsl.policy_loss(micro_batch["old_log_probs"], outputs["log_probs"], micro_batch["advantages"],
+                                        micro_batch["loss_mask"], rollout_is_weights=micro_batch["token_weights"],
+                                        batch_num_tokens=counts["batch_num_tokens"],
+                                        global_batch_size=counts["global_batch_size"])
+    return loss, {"my/pg_clipfrac": metrics["actor/pg_clipfrac"]}
+
+
+def train_with_custom_loss(path, layout, batch, steps):
+    """`steps` Trainer.step calls with verl_style_loss; the metrics and the updated weights."""
+    model = megadsl.Model.from_hf(path, **layout)
+    trainer = model.trainer(lr=1e-3)
+    metrics = [trainer.step(batch, microbatches=2, loss_fn=verl_style_loss) for _ in range(steps)]
+    return metrics, {name: t.clone() for name, t in model.export_weights(dtype="fp32")}

@@ -47,9 +47,9 @@ def test_ranks_asking_for_different_layouts_all_end_naming_them(gqa):
                 "every rank of the job must use the same layout") in text.splitlines()[0]
 
 
-@pytest.mark.parametrize("field, value", [("advantages", math.nan), ("old_log_probs", -math.inf)])
+@pytest.mark.parametrize("field, value", [("advantages", math.nan), ("old_log_probs", math.nan), ("returns", math.inf)])
 def test_a_non_finite_step_is_skipped_not_applied(gqa, reference, field, value):
-    model = megadsl.Model.from_hf(gqa)
+    model = megadsl.Model.from_hf(gqa / "critic" if field == "returns" else gqa, critic=field == "returns")
     trainer = model.trainer(lr=1e-3)
     batch = rollout(reference, model)
     bad = dict(batch)
@@ -57,7 +57,7 @@ def test_a_non_finite_step_is_skipped_not_applied(gqa, reference, field, value):
     bad[field][1, 5] = value
     before = snapshot(model)
     m = trainer.step(bad)
-    assert m["skipped"] is True and not math.isfinite(m["grad_norm"])
+    assert m["skipped"] is True and not (math.isfinite(m["grad_norm"]) and math.isfinite(m["loss"]))
     after = model.parameters()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped step changed the parameters"
     assert trainer.steps == 0 and trainer.samples == 0 and trainer.skipped == 1
@@ -102,3 +102,15 @@ def test_save_hf_refuses_the_models_own_directory_and_keeps_its_files(gqa, tmp_p
     other.save_hf(tmp_path / "back")
     assert (tmp_path / "back" / "tokenizer.json").read_text() == '{"model": {}}'
     assert json.loads((tmp_path / "back" / "config.json").read_text())["eos_token_id"] == 2
+
+
+def test_an_infinite_old_log_prob_is_clamped_as_verl_does(gqa, reference):
+    """verl's policy loss clamps log(ratio) to [-20, 20], so a -inf old log-prob gives a finite,
+    bounded loss rather than NaN: the step is applied, every parameter stays finite."""
+    model = megadsl.Model.from_hf(gqa)
+    batch = rollout(reference, model)
+    batch["old_log_probs"] = batch["old_log_probs"].clone()
+    batch["old_log_probs"][1, 5] = -math.inf
+    m = model.trainer(lr=1e-3).step(batch)
+    assert m["skipped"] is False and math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+    assert all(torch.isfinite(v).all() for v in model.parameters().values())

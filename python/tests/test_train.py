@@ -34,7 +34,10 @@ def test_ppo_step_changes_the_parameters(gqa, reference, critic):
     before = snapshot(model)
     batch = rollout(reference, model)
     m = trainer.step(batch, microbatches=2)
-    assert set(m) == {"loss", "grad_norm", "lr", "tokens", "seconds", "tokens_per_second", "moe_aux_loss", "skipped"}
+    verl_metrics = ({"critic/vf_loss", "critic/vf_clipfrac"} if critic else
+                    {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy_loss"})
+    assert set(m) == {"loss", "grad_norm", "lr", "tokens", "seconds", "tokens_per_second", "moe_aux_loss",
+                      "skipped"} | verl_metrics
     assert m["skipped"] is False and m["moe_aux_loss"] == 0
     assert all(math.isfinite(v) for v in m.values())
     assert m["grad_norm"] > 0 and m["lr"] == 1e-3 and m["tokens"] == int(batch["attention_mask"].sum())

@@ -45,7 +45,16 @@ struct rollout_batch {
   // rollout engine): (B, s, layers, top_k) int64, replayed in the update's forward and backward.
   // It travels with its rows through the dp split, the balancer and the micro-batches.
   at::Tensor routed_experts;
+  // Fields a custom loss reads (custom_loss below), each (B, ...): they travel with their rows
+  // through the dp split, the balancer and the micro-batches, like the fields above.
+  std::map<std::string, at::Tensor> extra;
 };
+
+// A loss of the caller's own, run per micro-batch on the last pipeline stage with the model's
+// outputs and the micro-batch's fields (on the outputs' device), and the global batch's counts to
+// normalise by (its losses must add up over micro-batches and dp ranks, as verl's do). Its metrics
+// are averaged over the micro-batches and dp ranks and reach every rank.
+using custom_loss = std::function<loss_result(const model_output& out, const rollout_batch& mb, const loss_norm& global)>;
 
 struct step_metrics {
   double loss = 0;        // global token-mean loss
@@ -94,12 +103,13 @@ class trainer {
   trainer(trainer&&) noexcept;
   trainer& operator=(trainer&&) noexcept;
 
-  // One optimizer step on the global batch, split over dp ranks, then into `microbatches`.
-  step_metrics step(const rollout_batch& global, std::int64_t microbatches);
+  // One optimizer step on the global batch, split over dp ranks, then into `microbatches`; with
+  // `loss`, the caller's loss in place of the configured one.
+  step_metrics step(const rollout_batch& global, std::int64_t microbatches, const custom_loss& loss = {});
   // The same with verl's dynamic batching: rows balanced over dp ranks by Karmarkar-Karp, then
   // micro-batches that never exceed `options.max_token_len` real tokens (with the interleaved
   // schedule set options.divisible_by = pp). The result does not depend on the split.
-  step_metrics step(const rollout_batch& global, const micro_batch_options& options);
+  step_metrics step(const rollout_batch& global, const micro_batch_options& options, const custom_loss& loss = {});
   // Where step_metrics::moe_aux_loss comes from (make_trainer sets it to the model's).
   void report_aux_loss(std::function<double()> source);
   // Before anything else, step() checks that every rank was given the same global batch: its
@@ -119,7 +129,7 @@ class trainer {
   void import_state(const training_state& state);
 
  private:
-  step_metrics run(const rollout_batch& global, std::vector<rollout_batch> parts);
+  step_metrics run(const rollout_batch& global, std::vector<rollout_batch> parts, const custom_loss& custom);
   std::unique_ptr<detail::trainer_impl> impl_;
 };
 
