@@ -145,3 +145,37 @@ def _export_weights(self, dtype="bf16", bucket_mb=512, shard_tp=1, shard_rank=0)
 
 
 Model.export_weights = _export_weights
+
+
+def _one_line_errors(cls, name, where, static=False):
+    """pybind11 answers a wrong keyword with a screen of overloads; this says it in one line."""
+    import functools
+    import re
+
+    fn = getattr(cls, name)
+    signature = (fn.__doc__ or "").splitlines()[0] if fn.__doc__ else ""
+    inside = signature.split("(", 1)[1].rsplit(")", 1)[0] if "(" in signature else ""
+    params = [p for p in re.findall(r"(?:^|, )\*?(\w+): ", inside) if p != "self"]
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        unknown = [k for k in kwargs if params and k not in params]
+        if unknown:
+            raise TypeError(f"megadsl.{where}() got an unexpected keyword argument {unknown[0]!r}; "
+                            f"it takes {', '.join(params)}")
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            if "incompatible function arguments" not in str(e):
+                raise
+            given = ", ".join([type(a).__name__ for a in args[0 if static else 1:]] +
+                              [f"{k}={type(v).__name__}" for k, v in kwargs.items()])
+            raise TypeError(f"megadsl.{where}({given}): the arguments do not fit; it takes {', '.join(params)}") from None
+
+    setattr(cls, name, staticmethod(call) if static else call)
+
+
+_one_line_errors(Model, "from_hf", "Model.from_hf", static=True)
+for _name in ("forward", "save_hf", "save_distributed", "load_distributed"):
+    _one_line_errors(Model, _name, f"Model.{_name}")
+_one_line_errors(Trainer, "step", "Trainer.step")

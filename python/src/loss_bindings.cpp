@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "megadsl/lr_schedule.hpp"
 #include "megadsl/runtime/losses.hpp"
 
 namespace py = pybind11;
@@ -14,7 +15,9 @@ namespace megadsl::python {
 
 namespace {
 
-constexpr const char* optimizer_keys = "lr, clip_grad, weight_decay, beta1, beta2, eps";
+constexpr const char* optimizer_keys =
+    "lr, clip_grad, weight_decay, beta1, beta2, eps, lr_decay_style, min_lr, lr_warmup_init, lr_warmup_samples, "
+    "lr_decay_samples, lr_wsd_decay_samples, lr_wsd_decay_style";
 constexpr const char* loss_keys =
     "policy_loss, clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_scale_factor, "
     "entropy_coeff, kl_coeff, kl, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, temperature, "
@@ -26,6 +29,8 @@ std::string text_of(const py::handle& v) { return py::str(v); }
 
 loss_options loss_options_of(const py::kwargs& kwargs, const char* where, bool with_optimizer) {
   loss_options o;
+  lr_schedule_config schedule;  // Megatron's OptimizerParamScheduler, in samples
+  bool scheduled = false;
   for (auto [k, v] : kwargs) {
     const std::string key = py::str(k);
     auto number = [&] {
@@ -47,6 +52,33 @@ loss_options loss_options_of(const py::kwargs& kwargs, const char* where, bool w
     else if (with_optimizer && key == "beta1") o.opt.beta1 = number();
     else if (with_optimizer && key == "beta2") o.opt.beta2 = number();
     else if (with_optimizer && key == "eps") o.opt.eps = number();
+    else if (with_optimizer && key == "lr_decay_style") {
+      const std::string n = name();
+      bool found = false;
+      for (auto style : {lr_decay_style::constant, lr_decay_style::linear, lr_decay_style::cosine,
+                         lr_decay_style::inverse_square_root, lr_decay_style::wsd})
+        if (name_of(style) == n || (style == lr_decay_style::wsd && n == "wsd")) schedule.decay_style = style, found = true;
+      if (!found)
+        throw py::value_error(std::string("megadsl: ") + where + ": lr_decay_style \"" + n +
+                              "\" is not one of Megatron's constant, linear, cosine, inverse-square-root, WSD");
+      scheduled = true;
+    } else if (with_optimizer && key == "lr_wsd_decay_style") {
+      const std::string n = name();
+      bool found = false;
+      for (auto style : {wsd_decay_style::linear, wsd_decay_style::cosine, wsd_decay_style::exponential,
+                         wsd_decay_style::minus_sqrt})
+        if (name_of(style) == n) schedule.wsd_style = style, found = true;
+      if (!found)
+        throw py::value_error(std::string("megadsl: ") + where + ": lr_wsd_decay_style \"" + n +
+                              "\" is not one of linear, cosine, exponential, minus_sqrt");
+      scheduled = true;
+    } else if (with_optimizer && key == "min_lr") schedule.min_lr = number(), scheduled = true;
+    else if (with_optimizer && key == "lr_warmup_init") schedule.init_lr = number(), scheduled = true;
+    else if (with_optimizer && key == "lr_warmup_samples") schedule.lr_warmup_steps = number(), scheduled = true;
+    else if (with_optimizer && key == "lr_decay_samples")
+      schedule.lr_decay_steps = static_cast<std::int64_t>(number()), scheduled = true;
+    else if (with_optimizer && key == "lr_wsd_decay_samples")
+      schedule.wsd_decay_steps = static_cast<std::int64_t>(number()), scheduled = true;
     else if (key == "policy_loss") {
       const std::string n = name();
       if (!policy_loss_from_name(n, a.policy_loss))
@@ -89,6 +121,17 @@ loss_options loss_options_of(const py::kwargs& kwargs, const char* where, bool w
   try {
     check(o.actor);
     check(o.critic);
+    if (scheduled) {
+      // Megatron's scheduler from lr (its max_lr) and the keywords; the trainer asks it for the rate
+      // at the samples consumed so far (its step() counts samples, as Megatron's does).
+      schedule.max_lr = o.opt.lr;
+      const optimizer_param_scheduler check_now(schedule);  // Megatron's asserts, one line each
+      o.opt.lr_at = [schedule](std::int64_t samples) {
+        optimizer_param_scheduler s(schedule);
+        s.step(samples);
+        return s.lr();
+      };
+    }
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }

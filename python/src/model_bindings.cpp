@@ -48,6 +48,17 @@ at::Tensor as_values(const at::Tensor& t, const char* name, at::Device device, c
 
 std::int64_t vocab_of(const dynamic_model& m) { return m.config().s.vocab.get(); }
 
+// A recorded routing to replay (router replay, R2/R3): (b, s, layers, top_k) integers, -1 where a
+// position is routed live.
+at::Tensor routing_of(const at::Tensor& t, const at::Tensor& ids, at::Device device) {
+  if (t.dim() != 4 || t.size(0) != ids.size(0) || t.size(1) != ids.size(1) || at::isFloatingType(t.scalar_type()))
+    throw py::value_error("megadsl: routed_experts has shape " + c10::str(t.sizes()) + " (" +
+                          std::string(c10::toString(t.scalar_type())) + "); it is (batch, seq, layers, top_k) integers, as "
+                          "forward(record_routing=True) returns it, batch and seq those of input_ids " +
+                          c10::str(ids.sizes()));
+  return t.to(device, at::kLong);
+}
+
 void check_ids(const dynamic_model& m, const at::Tensor& ids) {
   const std::int64_t lo = ids.min().item<std::int64_t>(), hi = ids.max().item<std::int64_t>(), v = vocab_of(m);
   if (lo < 0 || hi >= v)
@@ -78,7 +89,7 @@ struct py_trainer {
 
 constexpr const char* rollout_fields =
     "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, rollout_is_weights, old_values, "
-    "returns";
+    "returns, routed_experts";
 
 // `custom`: a custom loss reads the batch, so any other tensor field (with the batch's rows) is
 // kept for it, and no field beyond the ids and the mask is required.
@@ -116,6 +127,10 @@ rollout_batch rollout_of(const dynamic_model& m, const py::dict& d, bool custom 
                      : key == "old_values"    ? &r.old_values
                      : key == "returns"       ? &r.returns
                                               : nullptr;
+    if (key == "routed_experts") {  // router replay: (b, s, layers, top_k) int64
+      r.routed_experts = routing_of(tensor(v, key), r.input_ids, device);
+      continue;
+    }
     if (to == nullptr && custom) {
       const at::Tensor t = tensor(v, key);
       if (t.dim() == 0 || t.size(0) != r.input_ids.size(0))
@@ -289,16 +304,45 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
   model.def(
       "forward",
       [](dynamic_model& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-         double temperature, bool entropy, bool logits) {
+         double temperature, bool entropy, bool logits, bool record_routing, const std::optional<at::Tensor>& routed_experts,
+         std::optional<std::int64_t> micro_batch_size) {
         if (!(temperature > 0)) throw py::value_error("megadsl: temperature must be positive");
         if (logits && !self.config().head.actor) throw py::value_error("megadsl: logits=True goes with the actor; a critic has values");
-        const batch b = batch_of(self, input_ids, attention_mask);
+        if (micro_batch_size && *micro_batch_size < 1) throw py::value_error("megadsl: micro_batch_size must be positive");
+        batch b = batch_of(self, input_ids, attention_mask);
+        if (routed_experts) b.routed_experts = routing_of(*routed_experts, b.input_ids, self.config().options.device);
+        const forward_options fo{.temperature = temperature, .entropy = entropy, .return_logits = logits,
+                                 .record_routing = record_routing};
         model_output out;
         {
           py::gil_scoped_release release;
-          out = self.forward(b, {.temperature = temperature, .entropy = entropy, .return_logits = logits});
+          // Micro-batched inference: rows a chunk at a time (the outputs concatenated), so the
+          // activations held are those of one chunk.
+          const std::int64_t rows = b.input_ids.size(0), chunk = micro_batch_size.value_or(rows);
+          if (chunk >= rows) {
+            out = self.forward(b, fo);
+          } else {
+            std::vector<model_output> parts;
+            for (std::int64_t at = 0; at < rows; at += chunk) {
+              const std::int64_t n = std::min(chunk, rows - at);
+              batch part{.input_ids = b.input_ids.narrow(0, at, n), .attention_mask = b.attention_mask.narrow(0, at, n)};
+              if (b.routed_experts.defined()) part.routed_experts = b.routed_experts.narrow(0, at, n);
+              parts.push_back(self.forward(part, fo));
+            }
+            auto cat = [&](at::Tensor model_output::*field) {
+              std::vector<at::Tensor> ts;
+              for (const model_output& p : parts)
+                if ((p.*field).defined()) ts.push_back(p.*field);
+              return ts.empty() ? at::Tensor() : at::cat(ts, 0);
+            };
+            for (at::Tensor model_output::*field : {&model_output::log_probs, &model_output::entropy, &model_output::logits,
+                                                    &model_output::values, &model_output::valid,
+                                                    &model_output::routed_experts})
+              out.*field = cat(field);
+          }
         }
         py::dict d;
+        if (record_routing && out.routed_experts.defined()) d["routed_experts"] = out.routed_experts;
         if (self.config().head.actor) {
           d["log_probs"] = out.log_probs;
           if (entropy && out.entropy.defined()) d["entropy"] = out.entropy;
@@ -310,11 +354,15 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
         return d;
       },
       py::arg("input_ids"), py::arg("attention_mask") = py::none(), py::kw_only(), py::arg("temperature") = 1.0,
-      py::arg("entropy") = true, py::arg("logits") = false,
+      py::arg("entropy") = true, py::arg("logits") = false, py::arg("record_routing") = false,
+      py::arg("routed_experts") = py::none(), py::arg("micro_batch_size") = py::none(),
       R"(The whole batch's outputs on every rank, as a dict of tensors: actor log_probs (b, s) (log p of
 the next token), entropy (b, s), logits (b, s, vocab) on request; critic values (b, s); valid (b, s)
-bool. Collective: every rank of the job calls it with the same batch. With pp = 1 the outputs carry
-the autograd graph when torch's grad mode is on (use torch.no_grad() for inference).)");
+bool. A mixture of experts: record_routing=True adds routed_experts (b, s, layers, top_k), which a
+later forward or Trainer.step replays (routed_experts=..., or the batch field): router replay.
+micro_batch_size runs the rows that many at a time (less activation memory, the same outputs).
+Collective: every rank of the job calls it with the same batch. With pp = 1 the outputs carry the
+autograd graph when torch's grad mode is on (use torch.no_grad() for inference).)");
 
   model.def(
       "parameters",

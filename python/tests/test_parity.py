@@ -1,0 +1,76 @@
+"""Python at par with C++: Megatron's LR schedules, router replay, micro-batched inference, and one
+line for a keyword a function does not take."""
+
+import math
+
+import pytest
+import torch
+
+import megadsl
+from helpers import lp_valid, max_diff
+from test_train import rollout
+
+
+def test_lr_schedule_is_megatrons(gqa, reference):
+    model = megadsl.Model.from_hf(gqa)
+    batch = rollout(reference, model)  # 4 rows: the schedule counts samples, as Megatron's does
+    trainer = model.trainer(lr=1e-3, min_lr=1e-4, lr_decay_style="cosine", lr_warmup_samples=4, lr_decay_samples=16)
+    lrs = [trainer.step(batch)["lr"] for _ in range(6)]
+
+    def megatron(n, warmup=4, decay=16, max_lr=1e-3, min_lr=1e-4):
+        if n <= warmup:
+            return max_lr * n / warmup
+        if n > decay:
+            return min_lr
+        ratio = (n - warmup) / (decay - warmup)
+        return min_lr + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (max_lr - min_lr)
+
+    assert lrs == pytest.approx([megatron(4 * i) for i in range(6)], abs=1e-12)
+    with pytest.raises(ValueError, match="lr_decay_style \"cosin\" is not one of Megatron's"):
+        model.trainer(lr_decay_style="cosin")
+
+
+def test_router_replay_from_python(fixtures):
+    from safetensors.torch import load_file
+
+    path = fixtures / "qwen2-moe-tf5"
+    ref = load_file(str(path / "reference.safetensors"))
+    ids, mask = ref["left.input_ids"], ref["left.attention_mask"]
+    model = megadsl.Model.from_hf(path)
+    with torch.no_grad():
+        recorded = model.forward(ids, mask, record_routing=True)
+        routing = recorded["routed_experts"]
+        assert routing.shape[:2] == ids.shape and routing.dtype == torch.long
+        replayed = model.forward(ids, mask, routed_experts=routing)
+    assert torch.equal(replayed["log_probs"], recorded["log_probs"])
+    batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": recorded["valid"].float(),
+             "old_log_probs": recorded["log_probs"], "advantages": torch.randn(ids.shape),
+             "routed_experts": routing}
+    m = model.trainer(lr=1e-4).step(batch, microbatches=2)
+    assert math.isfinite(m["loss"]) and not m["skipped"]
+    with pytest.raises(ValueError, match=r"routed_experts has shape \[4, 12\]"):
+        model.forward(ids, mask, routed_experts=routing[:, :, 0, 0])
+
+
+def test_micro_batched_inference_gives_the_same_outputs(gqa, reference):
+    model = megadsl.Model.from_hf(gqa)
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    with torch.no_grad():
+        whole = model.forward(ids, mask)
+        parts = model.forward(ids, mask, micro_batch_size=1)
+    assert torch.equal(whole["valid"], parts["valid"])
+    assert max_diff(whole["log_probs"], parts["log_probs"], lp_valid(mask)) < 1e-6
+    assert max_diff(whole["entropy"], parts["entropy"], mask.bool()) < 1e-6
+
+
+def test_a_wrong_keyword_is_one_line(gqa, reference):
+    with pytest.raises(TypeError, match=r"^megadsl.Model.from_hf\(\) got an unexpected keyword argument 'tpp'; it takes path, "):
+        megadsl.Model.from_hf(gqa, tpp=2)
+    model = megadsl.Model.from_hf(gqa)
+    for call, pattern in [(lambda: model.forward(reference["left.input_ids"], temp=2), r"Model.forward\(\) got an unexpected keyword argument 'temp'"),
+                          (lambda: model.forward([1, 2]), r"Model.forward\(list\): the arguments do not fit"),
+                          (lambda: model.trainer().step({}, micro=2), r"Trainer.step\(\) got an unexpected keyword argument 'micro'"),
+                          (lambda: model.trainer(lrr=1e-3), r"Model.trainer\(\) got an unexpected keyword argument 'lrr'")]:
+        with pytest.raises(TypeError, match=pattern) as e:
+            call()
+        assert "\n" not in str(e.value)
