@@ -173,11 +173,13 @@ rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t
 
 }  // namespace
 
-step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches, const custom_loss& loss) {
+step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches, const step_options& o) {
   auto& s = *impl_;
-  agree_on_batch(*s.groups->world, batch_call::train_step, -1, {fields_of(global)}, s.batch_checksum);
+  agree_on_batch(*s.groups->world, batch_call::train_step, o.dp_local ? s.groups->me.dp : -1, {fields_of(global)},
+                 s.batch_checksum);
   const std::int64_t rows = global.input_ids.size(0);
-  const std::int64_t dp = s.groups->dp->size(), dp_rank = s.groups->dp->rank();
+  // dp-local rows are this rank's own; else its share of the global batch.
+  const std::int64_t dp = o.dp_local ? 1 : s.groups->dp->size(), dp_rank = o.dp_local ? 0 : s.groups->dp->rank();
   if (microbatches < 1)
     throw std::invalid_argument("megadsl: microbatches = " + std::to_string(microbatches) + " must be at least 1");
   if (rows < dp)
@@ -200,12 +202,14 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
   const std::int64_t per_micro = rows / dp / microbatches;
   std::vector<rollout_batch> parts;
   for (std::int64_t i = 0; i < microbatches; ++i) parts.push_back(slice_rows(mine, i * per_micro, (i + 1) * per_micro));
-  return run(global, std::move(parts), loss);
+  return run(global, std::move(parts), o);
 }
 
-step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options, const custom_loss& loss) {
-  agree_on_batch(*impl_->groups->world, batch_call::train_step, -1, {fields_of(global)}, impl_->batch_checksum);
-  const std::int64_t dp = impl_->groups->dp->size(), dp_rank = impl_->groups->dp->rank();
+step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options, const step_options& o) {
+  const parallel_groups& g = *impl_->groups;
+  agree_on_batch(*g.world, batch_call::train_step, o.dp_local ? g.me.dp : -1, {fields_of(global)}, impl_->batch_checksum);
+  // dp-local rows: this rank's own, balanced by the dispatcher; else the global batch's share.
+  const std::int64_t dp = o.dp_local ? 1 : g.dp->size(), dp_rank = o.dp_local ? 0 : g.dp->rank();
   const at::Tensor lengths = global.attention_mask.sum(1).to(at::kLong).contiguous();
   const std::vector<std::int64_t> seqlens(lengths.data_ptr<std::int64_t>(), lengths.data_ptr<std::int64_t>() + lengths.numel());
   // verl: balance the workload over dp ranks (Karmarkar-Karp, equal sizes), then split this rank's
@@ -224,6 +228,11 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
   micro_batch_options same = options;
   if (same.num_micro_batches == 0)
     for (const auto& rows : ranks) same.num_micro_batches = std::max(same.num_micro_batches, micro_batch_count(lengths_of(rows), options));
+  if (o.dp_local && options.num_micro_batches == 0) {  // the other dp ranks' rows are theirs: ask them
+    at::Tensor most = at::full({1}, same.num_micro_batches, at::kLong);
+    g.dp->all_reduce(most, reduce_op::max);
+    same.num_micro_batches = most.item<std::int64_t>();
+  }
   const micro_batches mbs = rearrange_micro_batches(my_lengths, same);
   std::vector<rollout_batch> parts;
   for (const auto& part : mbs.indices) {
@@ -231,7 +240,7 @@ step_metrics trainer::step(const rollout_batch& global, const micro_batch_option
     for (std::int64_t i : part) rows.push_back(my_rows[static_cast<std::size_t>(i)]);
     parts.push_back(select_rows(global, rows));
   }
-  return run(global, std::move(parts), loss);
+  return run(global, std::move(parts), o);
 }
 
 namespace {
@@ -292,13 +301,18 @@ std::map<std::string, double> mean_over_ranks(const std::map<std::string, double
 
 }  // namespace
 
-step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch> parts, const custom_loss& custom) {
+step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch> parts, const step_options& o) {
   auto& s = *impl_;
+  const custom_loss& custom = o.loss;
   const auto start = std::chrono::steady_clock::now();
-  // The global batch's counts: every rank sees the whole batch, so no collective is needed.
-  const at::Tensor per_row = global.loss_mask.sum(1);
-  const loss_norm counts{.tokens = std::max(1.0, per_row.sum().item<double>()),
-                       .sequences = std::max(1.0, (per_row > 0).sum().item<double>())};
+  // The global batch's counts: loss tokens, rows with any, rows, real tokens. Every rank sees the
+  // whole batch, so no collective is needed, unless each dp rank holds only its own rows.
+  const at::Tensor per_row = given.loss_mask.sum(1);
+  at::Tensor totals = at::tensor({per_row.sum().item<double>(), (per_row > 0).sum().item<double>(),
+                                  static_cast<double>(given.input_ids.size(0)), given.attention_mask.sum().item<double>()},
+                                 at::kDouble);
+  if (o.dp_local) s.groups->dp->all_reduce(totals);
+  const loss_norm counts{.tokens = std::max(1.0, totals[0].item<double>()), .sequences = std::max(1.0, totals[1].item<double>())};
   std::vector<batch> inputs;
   for (const rollout_batch& part : parts)
     inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts});
@@ -346,7 +360,7 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   }
   for (const auto& [name, v] : custom_means) m.losses[name] = v;
   m.grad_norm = norm;
-  m.tokens = global.attention_mask.sum().item<std::int64_t>();
+  m.tokens = static_cast<std::int64_t>(totals[3].item<double>());
   if (s.aux_loss) m.moe_aux_loss = s.aux_loss();
   // Megatron's rule: a step whose gradient norm (or loss) is not finite is not applied. The norm
   // and the loss are the same on every rank, so every rank skips alike; the schedule's counters
@@ -374,7 +388,7 @@ step_metrics trainer::run(const rollout_batch& global, std::vector<rollout_batch
   }
   s.adamw->step();
   ++s.steps;
-  s.samples += global.input_ids.size(0);
+  s.samples += static_cast<std::int64_t>(totals[2].item<double>());
 
   m.lr = lr;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

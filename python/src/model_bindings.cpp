@@ -497,7 +497,7 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
       .def(
           "step",
           [](py_trainer& self, const py::dict& batch, std::int64_t microbatches, std::optional<std::int64_t> max_token_len,
-             const py::object& loss_fn) {
+             const py::object& loss_fn, bool dp_local) {
             if (self.model->closed())
               throw std::runtime_error("megadsl: this Trainer's Model is closed (Model.close(), megadsl.shutdown() or exit)");
             const bool custom = !loss_fn.is_none();
@@ -505,8 +505,9 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
               throw py::type_error("megadsl: Trainer.step: loss_fn must be callable (outputs, micro_batch, counts)");
             const rollout_batch r = rollout_of(*self.model, batch, custom);
             if (microbatches < 1) throw py::value_error("megadsl: microbatches must be positive");
-            custom_loss loss;
-            if (custom) loss = python_loss(loss_fn);
+            step_options so;
+            so.dp_local = dp_local;
+            if (custom) so.loss = python_loss(loss_fn);
             step_metrics out;
             {
               py::gil_scoped_release release;
@@ -515,15 +516,15 @@ model cannot be used afterwards. megadsl.shutdown() and exit close every model.)
                 o.max_token_len = *max_token_len;
                 o.min_num_micro_batch = self.model->config().l.pp.get();
                 o.divisible_by = self.model->config().l.vpp.get() > 1 ? self.model->config().l.pp.get() : 1;
-                out = self.t->step(r, o, loss);
+                out = self.t->step(r, o, so);
               } else {
-                out = self.t->step(r, microbatches, loss);
+                out = self.t->step(r, microbatches, so);
               }
             }
             return metrics_of(out);
           },
           py::arg("batch"), py::arg("microbatches") = 1, py::kw_only(), py::arg("max_token_len") = py::none(),
-          py::arg("loss_fn") = py::none(),
+          py::arg("loss_fn") = py::none(), py::arg("dp_local") = false,
           R"(One optimizer step on the global batch (the same tensors on every rank; each dp rank trains on
 its rows), split into `microbatches` per dp rank, or with max_token_len into micro-batches of at
 most that many real tokens (verl's dynamic batching). Batch fields: input_ids, attention_mask,
@@ -534,6 +535,8 @@ metrics), your loss runs per micro-batch on the last pipeline stage in place of 
 every field of the batch (any extra tensor field too) for that micro-batch's rows; counts the
 global batch's batch_num_tokens and global_batch_size (loss tokens, and rows with any), which your
 loss divides by so that it adds up over micro-batches and dp ranks; its metrics are averaged.
+dp_local=True: each dp rank passes its own rows (verl dispatches each its share) instead of every
+rank the global batch; the global counts are summed over the dp ranks.
 Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second,
 moe_aux_loss, and skipped: True when the gradient norm or the loss was NaN or infinite, in which
 case the update was not applied (Megatron's rule; Trainer.skipped counts them).)")

@@ -75,3 +75,16 @@ def train_with_custom_loss(path, layout, batch, steps):
     trainer = model.trainer(lr=1e-3)
     metrics = [trainer.step(batch, microbatches=2, loss_fn=verl_style_loss) for _ in range(steps)]
     return metrics, {name: t.clone() for name, t in model.export_weights(dtype="fp32")}
+
+
+def train_dp_local(path, batch, steps, dynamic):
+    """dp 2 over two ranks, each given only its own half of the rows (dp_local=True, as verl
+    dispatches); the metrics and the updated weights."""
+    model = megadsl.Model.from_hf(path, tp=1)
+    trainer = model.trainer(lr=1e-3)
+    half = batch["input_ids"].shape[0] // 2
+    rows = slice(megadsl.rank() * half, (megadsl.rank() + 1) * half)
+    mine = {k: v[rows] for k, v in batch.items()}
+    split = dict(max_token_len=16) if dynamic else dict(microbatches=1)
+    metrics = [trainer.step(mine, dp_local=True, **split) for _ in range(steps)]
+    return metrics, {name: t.clone() for name, t in model.export_weights(dtype="fp32")}

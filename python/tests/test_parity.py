@@ -74,3 +74,22 @@ def test_a_wrong_keyword_is_one_line(gqa, reference):
         with pytest.raises(TypeError, match=pattern) as e:
             call()
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_dp_local_batches_equal_the_global_batch(gqa, reference, dynamic):
+    """Each dp rank given only its rows (verl's dispatch) trains as one process on the whole batch."""
+    import helpers
+
+    model = megadsl.Model.from_hf(gqa)
+    batch = rollout(reference, model)
+    split = dict(max_token_len=16) if dynamic else dict(microbatches=2)
+    trainer = model.trainer(lr=1e-3)
+    expected = [trainer.step(batch, **split) for _ in range(2)]
+    weights = dict(model.export_weights(dtype="fp32"))
+    for metrics, got in megadsl.launch_local(2, helpers.train_dp_local, str(gqa), batch, 2, dynamic, timeout=180):
+        for m, e in zip(metrics, expected):
+            assert abs(m["loss"] - e["loss"]) < 1e-6 and m["tokens"] == e["tokens"]
+            assert abs(m["grad_norm"] - e["grad_norm"]) < 1e-5
+        for k, v in weights.items():
+            assert torch.allclose(got[k], v, atol=1e-6), k

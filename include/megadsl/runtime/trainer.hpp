@@ -56,6 +56,14 @@ struct rollout_batch {
 // are averaged over the micro-batches and dp ranks and reach every rank.
 using custom_loss = std::function<loss_result(const model_output& out, const rollout_batch& mb, const loss_norm& global)>;
 
+struct step_options {
+  custom_loss loss;       // the caller's loss in place of the configured one
+  // Each dp rank passes its own rows (verl dispatches each dp rank its share) instead of every
+  // rank the global batch: the ranks of one replica must agree, the global counts are summed
+  // over dp, and with dynamic batching the dp ranks take the most micro-batches any of them needs.
+  bool dp_local = false;
+};
+
 struct step_metrics {
   double loss = 0;        // global token-mean loss
   double grad_norm = 0;   // before clipping
@@ -103,13 +111,13 @@ class trainer {
   trainer(trainer&&) noexcept;
   trainer& operator=(trainer&&) noexcept;
 
-  // One optimizer step on the global batch, split over dp ranks, then into `microbatches`; with
-  // `loss`, the caller's loss in place of the configured one.
-  step_metrics step(const rollout_batch& global, std::int64_t microbatches, const custom_loss& loss = {});
+  // One optimizer step on the global batch, split over dp ranks, then into `microbatches` (with
+  // o.dp_local: this dp rank's own rows); with o.loss, the caller's loss in place of the configured one.
+  step_metrics step(const rollout_batch& global, std::int64_t microbatches, const step_options& o = {});
   // The same with verl's dynamic batching: rows balanced over dp ranks by Karmarkar-Karp, then
   // micro-batches that never exceed `options.max_token_len` real tokens (with the interleaved
   // schedule set options.divisible_by = pp). The result does not depend on the split.
-  step_metrics step(const rollout_batch& global, const micro_batch_options& options, const custom_loss& loss = {});
+  step_metrics step(const rollout_batch& global, const micro_batch_options& options, const step_options& o = {});
   // Where step_metrics::moe_aux_loss comes from (make_trainer sets it to the model's).
   void report_aux_loss(std::function<double()> source);
   // Before anything else, step() checks that every rank was given the same global batch: its
@@ -129,7 +137,7 @@ class trainer {
   void import_state(const training_state& state);
 
  private:
-  step_metrics run(const rollout_batch& global, std::vector<rollout_batch> parts, const custom_loss& custom);
+  step_metrics run(const rollout_batch& given, std::vector<rollout_batch> parts, const step_options& o);
   std::unique_ptr<detail::trainer_impl> impl_;
 };
 
