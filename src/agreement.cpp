@@ -168,7 +168,7 @@ field_list fields_of(const runtime_config& c) {
 
 named_tensors fields_of(const batch& b) {
   return {{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}, {"labels", b.labels},
-          {"routed_experts", b.routed_experts}};
+          {"routed_experts", b.routed_experts}, {"temperature", b.temperature}};
 }
 
 void agree_on(const comm_group& world, std::string_view what, const field_list& fields, std::string_view fix) {

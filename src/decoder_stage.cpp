@@ -362,11 +362,16 @@ class decoder_stage final : public model_core, public pipeline_stage {
       at::Tensor full = x;
       if constexpr (Tp) full = sp_ ? gather_from_sp(x, *tp_) : copy_to_tp(x, *tp_);
       if (full.size(0) != tokens) full = full.narrow(0, 0, tokens);
-      const auto logits_of = [&](const at::Tensor& rows) {
-        at::Tensor l = at::linear(rows, w(lm_head_));  // (rows, V'/tp), compute dtype
+      if (pk.temperature.defined() && o.temperature != 1.0)
+        throw std::invalid_argument("megadsl: the batch gives per-row temperatures and forward_options::temperature is " +
+                                    std::to_string(o.temperature) + "; give one or the other");
+      // Tokens [first, first + n) of the stream: their logits, each divided by its temperature.
+      const auto logits_of = [&](std::int64_t first, std::int64_t n) {
+        at::Tensor l = at::linear(full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
         // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
         if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
         if (o.temperature != 1.0) l = l / o.temperature;
+        if (pk.temperature.defined()) l = l / pk.temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
         return l;
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
@@ -374,7 +379,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() || o.return_logits) {
-        logits = logits_of(full);
+        logits = logits_of(0, tokens);
         le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy);
       } else {
         // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
@@ -384,7 +389,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
         std::vector<at::Tensor> lp, ent;
         for (std::int64_t i = 0; i < tokens; i += rows) {
           const std::int64_t n = std::min(rows, tokens - i);
-          const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(full.narrow(0, i, n)),
+          const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(i, n),
                                                                       labels.narrow(0, i, n), shard, tp_group(), o.entropy);
           lp.push_back(part.log_probs);
           if (o.entropy) ent.push_back(part.entropy);

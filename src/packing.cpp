@@ -57,6 +57,15 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
   auto take = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, pk.index); };
   at::Tensor s_ids = take(ids), s_pos = take(positions), s_labels = take(labels);
   at::Tensor s_label_valid = take(label_valid).to(at::kFloat);
+  if (b.temperature.defined()) {
+    const at::Tensor t = b.temperature.to(at::kCPU, at::kFloat);
+    if (t.dim() != 1 || t.size(0) != pk.batch)
+      throw std::invalid_argument("megadsl: temperature has shape " + c10::str(t.sizes()) + "; per-row temperatures are (" +
+                                  std::to_string(pk.batch) + ",), one per row of input_ids");
+    if (!(t > 0).all().item<bool>())
+      throw std::invalid_argument("megadsl: every row's temperature must be positive");
+    pk.temperature = take(t.unsqueeze(1).expand({pk.batch, pk.seq}).contiguous());
+  }
   pk.token_valid = take(mask).to(at::kFloat);
   pk.tokens = s_ids.size(0);
   pk.max_position = pk.tokens > 0 ? s_pos.max().item<std::int64_t>() : 0;
@@ -75,7 +84,7 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
 }
 
 void packed_tokens::to(const at::Device& device) {
-  for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index})
+  for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index, &temperature})
     if (t->defined() && t->device() != device) *t = t->to(device, /*non_blocking=*/true);
 }
 

@@ -20,7 +20,7 @@ namespace {
 template <class F>
 rollout_batch each_tensor(rollout_batch b, F f) {
   for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.loss_mask, &b.old_log_probs, &b.advantages, &b.ref_log_probs,
-                        &b.old_values, &b.returns, &b.rollout_is_weights, &b.routed_experts})
+                        &b.old_values, &b.returns, &b.rollout_is_weights, &b.routed_experts, &b.temperature})
     if (t->defined()) *t = f(*t);
   for (auto& [name, t] : b.extra)
     if (t.defined()) t = f(t);
@@ -34,7 +34,7 @@ named_tensors fields_of(const rollout_batch& b) {
   named_tensors out{{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
           {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
           {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts},
-          {"rollout_is_weights", b.rollout_is_weights}};
+          {"rollout_is_weights", b.rollout_is_weights}, {"temperature", b.temperature}};
   for (const auto& [name, t] : b.extra) out.emplace_back(name, t);
   return out;
 }
@@ -315,7 +315,8 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
   const loss_norm counts{.tokens = std::max(1.0, totals[0].item<double>()), .sequences = std::max(1.0, totals[1].item<double>())};
   std::vector<batch> inputs;
   for (const rollout_batch& part : parts)
-    inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts});
+    inputs.push_back({.input_ids = part.input_ids, .attention_mask = part.attention_mask, .routed_experts = part.routed_experts,
+                      .temperature = part.temperature});
   // Metrics of the micro-batches this rank's last stage computed: sums and counts per entry.
   at::Tensor sums = at::zeros({2, static_cast<std::int64_t>(metric_count)}, at::kDouble);
   std::map<std::string, double> custom_sums;  // a custom loss's metrics, summed over micro-batches
@@ -339,6 +340,9 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     return r.loss;
   };
   const forward_options options{.temperature = s.actor ? s.actor_cfg.temperature : 1.0};
+  if (given.temperature.defined() && options.temperature != 1.0)
+    throw std::invalid_argument("megadsl: the batch gives per-row temperatures and the actor loss's temperature is " +
+                                std::to_string(options.temperature) + "; give one or the other");
 
   s.adamw->zero_grad();
   double total = s.forward_backward(inputs, loss, options);

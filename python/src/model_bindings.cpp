@@ -89,7 +89,7 @@ struct py_trainer {
 
 constexpr const char* rollout_fields =
     "input_ids, attention_mask, loss_mask, old_log_probs, advantages, ref_log_probs, rollout_is_weights, old_values, "
-    "returns, routed_experts";
+    "returns, routed_experts, temperature";
 
 // `custom`: a custom loss reads the batch, so any other tensor field (with the batch's rows) is
 // kept for it, and no field beyond the ids and the mask is required.
@@ -127,6 +127,14 @@ rollout_batch rollout_of(const dynamic_model& m, const py::dict& d, bool custom 
                      : key == "old_values"    ? &r.old_values
                      : key == "returns"       ? &r.returns
                                               : nullptr;
+    if (key == "temperature") {  // each row's sampling temperature: (b,)
+      const at::Tensor t = tensor(v, key);
+      if (t.dim() != 1 || t.size(0) != r.input_ids.size(0))
+        throw py::value_error("megadsl: batch[\"temperature\"] has shape " + c10::str(t.sizes()) + "; it is (" +
+                              std::to_string(r.input_ids.size(0)) + ",), one temperature per row");
+      r.temperature = t.to(at::kFloat);
+      continue;
+    }
     if (key == "routed_experts") {  // router replay: (b, s, layers, top_k) int64
       r.routed_experts = routing_of(tensor(v, key), r.input_ids, device);
       continue;
@@ -304,13 +312,26 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
   model.def(
       "forward",
       [](dynamic_model& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-         double temperature, bool entropy, bool logits, bool record_routing, const std::optional<at::Tensor>& routed_experts,
-         std::optional<std::int64_t> micro_batch_size) {
+         const py::object& temperature_arg, bool entropy, bool logits, bool record_routing,
+         const std::optional<at::Tensor>& routed_experts, std::optional<std::int64_t> micro_batch_size) {
+        // A number, or a (b,) tensor of per-row temperatures.
+        double temperature = 1.0;
+        at::Tensor row_temperatures;
+        if (py::isinstance<py::float_>(temperature_arg) || py::isinstance<py::int_>(temperature_arg)) {
+          temperature = temperature_arg.cast<double>();
+        } else {
+          try {
+            row_temperatures = temperature_arg.cast<at::Tensor>();
+          } catch (const py::cast_error&) {
+            throw py::type_error("megadsl: temperature is a number or a (batch,) tensor of per-row temperatures");
+          }
+        }
         if (!(temperature > 0)) throw py::value_error("megadsl: temperature must be positive");
         if (logits && !self.config().head.actor) throw py::value_error("megadsl: logits=True goes with the actor; a critic has values");
         if (micro_batch_size && *micro_batch_size < 1) throw py::value_error("megadsl: micro_batch_size must be positive");
         batch b = batch_of(self, input_ids, attention_mask);
         if (routed_experts) b.routed_experts = routing_of(*routed_experts, b.input_ids, self.config().options.device);
+        if (row_temperatures.defined()) b.temperature = row_temperatures;
         const forward_options fo{.temperature = temperature, .entropy = entropy, .return_logits = logits,
                                  .record_routing = record_routing};
         model_output out;
@@ -327,6 +348,7 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
               const std::int64_t n = std::min(chunk, rows - at);
               batch part{.input_ids = b.input_ids.narrow(0, at, n), .attention_mask = b.attention_mask.narrow(0, at, n)};
               if (b.routed_experts.defined()) part.routed_experts = b.routed_experts.narrow(0, at, n);
+              if (b.temperature.defined()) part.temperature = b.temperature.narrow(0, at, n);
               parts.push_back(self.forward(part, fo));
             }
             auto cat = [&](at::Tensor model_output::*field) {
@@ -358,7 +380,8 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
       py::arg("routed_experts") = py::none(), py::arg("micro_batch_size") = py::none(),
       R"(The whole batch's outputs on every rank, as a dict of tensors: actor log_probs (b, s) (log p of
 the next token), entropy (b, s), logits (b, s, vocab) on request; critic values (b, s); valid (b, s)
-bool. A mixture of experts: record_routing=True adds routed_experts (b, s, layers, top_k), which a
+bool. temperature: a number, or a (b,) tensor of each row's temperature. A mixture of experts:
+record_routing=True adds routed_experts (b, s, layers, top_k), which a
 later forward or Trainer.step replays (routed_experts=..., or the batch field): router replay.
 micro_batch_size runs the rows that many at a time (less activation memory, the same outputs).
 Collective: every rank of the job calls it with the same batch. With pp = 1 the outputs carry the

@@ -88,3 +88,10 @@ def train_dp_local(path, batch, steps, dynamic):
     split = dict(max_token_len=16) if dynamic else dict(microbatches=1)
     metrics = [trainer.step(mine, dp_local=True, **split) for _ in range(steps)]
     return metrics, {name: t.clone() for name, t in model.export_weights(dtype="fp32")}
+
+
+def forward_with_row_temperatures(path, ids, mask, temps, layout):
+    model = megadsl.Model.from_hf(path, **layout)
+    with torch.no_grad():
+        out = model.forward(ids, mask, temperature=temps)
+    return {k: v.clone() for k, v in out.items()}

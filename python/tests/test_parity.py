@@ -93,3 +93,32 @@ def test_dp_local_batches_equal_the_global_batch(gqa, reference, dynamic):
             assert abs(m["grad_norm"] - e["grad_norm"]) < 1e-5
         for k, v in weights.items():
             assert torch.allclose(got[k], v, atol=1e-6), k
+
+
+def test_per_row_temperatures(gqa, reference):
+    """Each row's logits divided by its own temperature: equal to a forward of that row alone at that
+    temperature, in every layout, and in a training step."""
+    import helpers
+
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    temps = torch.tensor([0.5, 1.0, 2.0, 0.7])
+    model = megadsl.Model.from_hf(gqa)
+    with torch.no_grad():
+        mixed = model.forward(ids, mask, temperature=temps)
+        for r, t in enumerate(temps.tolist()):
+            alone = model.forward(ids[r:r + 1], mask[r:r + 1], temperature=t)
+            if lp_valid(mask[r:r + 1]).any():  # (a row of one token has no log-prob)
+                assert max_diff(mixed["log_probs"][r:r + 1], alone["log_probs"], lp_valid(mask[r:r + 1])) < 1e-6
+            assert max_diff(mixed["entropy"][r:r + 1], alone["entropy"], mask[r:r + 1].bool()) < 1e-6
+    for layout in ({"tp": 2, "sp": True, "rmpad": True}, {"pp": 2}):
+        for out in megadsl.launch_local(2, helpers.forward_with_row_temperatures, str(gqa), ids, mask, temps, layout,
+                                        timeout=120):
+            assert max_diff(out["log_probs"], mixed["log_probs"], lp_valid(mask)) < 1e-5, layout
+    batch = rollout(reference, model)
+    batch["temperature"] = temps
+    m = model.trainer(lr=1e-3).step(batch)
+    assert math.isfinite(m["loss"]) and not m["skipped"]
+    with pytest.raises(ValueError, match="give one or the other"):
+        model.trainer(temperature=2.0).step(batch)
+    with pytest.raises(ValueError, match=r"temperature has shape \[3\]"):
+        model.forward(ids, mask, temperature=temps[:3])

@@ -30,6 +30,7 @@ struct packed_tokens {
   at::Tensor index;               // (T,) int64 flat position in b*s of each stream token
   std::vector<std::int64_t> cu_seqlens;  // (b+1) offsets into the packed stream (rmpad)
   std::int64_t max_position = 0;
+  at::Tensor temperature;         // (T,) float: each token's row's temperature, when the batch gives them
 
   // (T, ...) -> (b, s, ...), zeros at padding.
   [[nodiscard]] at::Tensor unpack(const at::Tensor& per_token) const;

@@ -74,6 +74,10 @@ struct batch {
   // rollout engine reported them. The router's weights for them still come from the live router
   // (so it keeps learning); a position holding -1 (padding) is routed live.
   at::Tensor routed_experts;
+  // Optional (b,) float: each row's sampling temperature (logits / t_row before log-probs and
+  // entropy), for rows a rollout sampled at different temperatures. forward_options::temperature
+  // must then stay 1.
+  at::Tensor temperature;
 };
 
 struct forward_options {

@@ -41,6 +41,7 @@ struct rollout_batch {
   at::Tensor ref_log_probs;              // actor, when kl_coeff > 0
   at::Tensor old_values, returns;        // critic (B, s)
   at::Tensor rollout_is_weights;         // actor, optional (B, s): verl's rollout importance-sampling weights
+  at::Tensor temperature;                // actor, optional (B,): each row's sampling temperature in the update
   // Router replay (R2: recorded by the log-prob pass, model_output::routed_experts; R3: from the
   // rollout engine): (B, s, layers, top_k) int64, replayed in the update's forward and backward.
   // It travels with its rows through the dp split, the balancer and the micro-batches.
