@@ -8,8 +8,9 @@
 //
 // Every rank of the model calls next() in step (a collective); each gets the whole bucket. The
 // stages take turns: the stage that holds the next parameters gathers them over its tp group (and
-// an expert's over its ep group) and broadcasts them over the pipeline. At most one bucket (plus a
-// parameter larger than a bucket) is held beyond the model. With `shard_tp` > 1 each rank gets,
+// an expert's over its ep group) and broadcasts them over the pipeline. Beyond the model a rank
+// holds one bucket (a parameter larger than a bucket makes its own) and, while one parameter is
+// gathered, that parameter's shards and HF tensors. With `shard_tp` > 1 each rank gets,
 // instead of the full tensor, the slice a rollout engine's tp rank `shard_rank` loads (vLLM's
 // column / row split; kv heads replicated when fewer than shard_tp).
 #pragma once
