@@ -86,8 +86,9 @@ hf_tensor_list gather_parameter(const named_parameter& p, const runtime_config& 
                                 at::ScalarType dtype) {
   if (p.plan->tied) return {};  // the last stage's copy of the embedding
   c10::NoGradGuard no_grad;
-  // Cast first (elementwise, so the same bits as casting after), then gather fewer bytes.
-  const at::Tensor local = p.tensor.detach().to(at::kCPU, dtype);
+  // Cast first (elementwise, so the same bits as casting after), then gather fewer bytes, where
+  // the parameter lives (NCCL on a GPU); the HF tensors then go to the CPU.
+  const at::Tensor local = p.tensor.detach().to(dtype);
   const auto hf = gather_hf(*p.plan, c.s, c.l, g.tp.get(), local);  // every tp rank takes part
   hf_tensor_list out;
   if (p.plan->row->where == placement::expert && g.ep != nullptr) {
@@ -97,12 +98,12 @@ hf_tensor_list gather_parameter(const named_parameter& p, const runtime_config& 
     for (std::size_t i = 0; i < hf.size(); ++i) {
       const at::Tensor all = g.ep->all_gather(hf[i].contiguous().unsqueeze(0), 0);  // (ep, ...)
       for (std::int64_t r = 0; r < g.ep->size(); ++r)
-        out.emplace_back(names_of(*p.plan, {p.at.layer, r * per + slot})[i], all[r].contiguous());
+        out.emplace_back(names_of(*p.plan, {p.at.layer, r * per + slot})[i], all[r].to(at::kCPU).contiguous());
     }
     return out;
   }
   const auto names = names_of(*p.plan, p.at);
-  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i], hf[i].contiguous());
+  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i], hf[i].to(at::kCPU).contiguous());
   return out;
 }
 
