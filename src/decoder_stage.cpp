@@ -152,9 +152,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
                           const forward_options& o) override {
     const auto m = static_cast<std::int64_t>(microbatches.size());
     if (m == 0) throw std::invalid_argument("megadsl: forward_backward needs at least one micro-batch");
-    std::vector<named_tensors> given;
-    for (const batch& b : microbatches) given.push_back(fields_of(b));
-    agree_on_batch(*groups_->world, batch_call::forward_backward, groups_->me.dp, given, cfg_.options.batch_checksum);
+    if (!o.batch_checked) {
+      std::vector<named_tensors> given;
+      for (const batch& b : microbatches) given.push_back(fields_of(b));
+      agree_on_batch(*groups_->world, batch_call::forward_backward, groups_->me.dp, given, cfg_.options.batch_checksum);
+    }
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
     const running_inputs running(inputs_);
     // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp

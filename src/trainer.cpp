@@ -26,15 +26,20 @@ rollout_batch each_tensor(rollout_batch b, F f) {
     if (t.defined()) t = f(t);
   return b;
 }
-}  // namespace
 
-namespace {
 // The global batch's fields by name, for the ranks' agreement check.
 named_tensors fields_of(const rollout_batch& b) {
-  named_tensors out{{"input_ids", b.input_ids},         {"attention_mask", b.attention_mask}, {"loss_mask", b.loss_mask},
-          {"old_log_probs", b.old_log_probs}, {"advantages", b.advantages},         {"ref_log_probs", b.ref_log_probs},
-          {"old_values", b.old_values},       {"returns", b.returns},               {"routed_experts", b.routed_experts},
-          {"rollout_is_weights", b.rollout_is_weights}, {"temperature", b.temperature}};
+  named_tensors out{{"input_ids", b.input_ids},
+                    {"attention_mask", b.attention_mask},
+                    {"loss_mask", b.loss_mask},
+                    {"old_log_probs", b.old_log_probs},
+                    {"advantages", b.advantages},
+                    {"ref_log_probs", b.ref_log_probs},
+                    {"old_values", b.old_values},
+                    {"returns", b.returns},
+                    {"routed_experts", b.routed_experts},
+                    {"rollout_is_weights", b.rollout_is_weights},
+                    {"temperature", b.temperature}};
   for (const auto& [name, t] : b.extra) out.emplace_back(name, t);
   return out;
 }
@@ -339,7 +344,8 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     }
     return r.loss;
   };
-  const forward_options options{.temperature = s.actor ? s.actor_cfg.temperature : 1.0};
+  // step() checked the batch these micro-batches come from: forward_backward need not again.
+  const forward_options options{.temperature = s.actor ? s.actor_cfg.temperature : 1.0, .batch_checked = true};
   if (given.temperature.defined() && options.temperature != 1.0)
     throw std::invalid_argument("megadsl: the batch gives per-row temperatures and the actor loss's temperature is " +
                                 std::to_string(options.temperature) + "; give one or the other");

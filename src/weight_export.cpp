@@ -28,7 +28,7 @@ struct entry {
   at::ScalarType dtype = at::kFloat;
   std::vector<std::int64_t> shape;
   int split_dim = -1;
-  std::int64_t head = 0;
+  std::int64_t head = 0;  // 0, or the head size of a k or v; -1: several projections in one HF tensor
 };
 
 std::string header_text(const std::vector<entry>& es, bool stage_done) {
@@ -69,6 +69,10 @@ std::vector<entry> parse_header(const std::string& text, bool& stage_done) {
 // replicated when there are fewer than `tp` of them (each rollout rank holds its query group's).
 at::Tensor rollout_slice(const at::Tensor& t, const entry& e, std::int64_t tp, std::int64_t rank) {
   if (tp == 1 || e.split_dim < 0) return t;
+  if (e.head < 0)
+    throw std::invalid_argument("megadsl: weight export: " + e.name + " holds several projections in one HF tensor (" +
+                                "q/k/v or gate/up), which a rollout engine splits per projection; export full tensors "
+                                "(shard_tp = 1) for this family");
   const std::int64_t n = t.size(e.split_dim);
   if (e.head > 0 && n % e.head == 0 && n / e.head < tp && tp % (n / e.head) == 0) {
     const std::int64_t heads = n / e.head;  // fewer kv heads than ranks: each rank its group's head
@@ -143,7 +147,7 @@ hf_tensor_list weight_stream::next() {
   if (s.stage >= pp) return {};
   const comm_group& stages = *s.g->pp;
   const bool owner = stages.rank() == s.stage;
-  const auto& head_dim = effective_head_dim(s.c.s);
+  const std::int64_t head_dim = effective_head_dim(s.c.s).get();
 
   // The owner stage gathers parameters until the bucket is full, into one byte buffer.
   std::vector<entry> entries;
@@ -169,8 +173,14 @@ hf_tensor_list weight_stream::next() {
     for (std::size_t j = first; j < s.cursor; ++j) {
       const named_parameter& p = params[j];
       for (auto& [name, t] : gather_parameter(p, s.c, *s.g, s.o.dtype)) {
-        const bool kv = p.plan->row->kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos;
-        entries.push_back({name, t.scalar_type(), t.sizes().vec(), p.plan->split_dim, kv ? head_dim.get() : 0});
+        // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
+        // ranks); one HF tensor holding several projections (Phi-3, GPT-NeoX) cannot be sliced evenly.
+        const shard_kind kind = p.plan->row->kind;
+        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
+        const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
+                                  : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
+                                                                                                           : 0;
+        entries.push_back({name, t.scalar_type(), t.sizes().vec(), p.plan->split_dim, head});
         const std::int64_t n = t.numel() * t.element_size();
         flat.narrow(0, at, n).copy_(t.reshape({-1}).view(at::kByte));
         at += n;

@@ -85,6 +85,9 @@ struct forward_options {
   bool entropy = true;
   bool return_logits = false; // gathers the full vocab: (b, s, vocab); costly, off by default
   bool record_routing = false; // a mixture of experts: return the routing (model_output::routed_experts)
+  // The caller has checked already that the ranks agree on these batches (a trainer's step checks
+  // the batch they come from): forward_backward skips its own check.
+  bool batch_checked = false;
 };
 
 struct model_output {

@@ -12,7 +12,8 @@
 // holds one bucket (a parameter larger than a bucket makes its own) and, while one parameter is
 // gathered, that parameter's shards and HF tensors. With `shard_tp` > 1 each rank gets,
 // instead of the full tensor, the slice a rollout engine's tp rank `shard_rank` loads (vLLM's
-// column / row split; kv heads replicated when fewer than shard_tp).
+// column / row split; kv heads replicated when fewer than shard_tp; refused for an HF tensor that
+// holds several projections, as Phi-3's qkv_proj and gate_up_proj and GPT-NeoX's query_key_value do).
 #pragma once
 
 #include <ATen/core/Tensor.h>
