@@ -1,6 +1,7 @@
 // This rank's stage of any decoder composition, once with tensor parallelism and once without
-// (explicitly instantiated below): its parameters, its chunks of layers and the head. The block
-// knobs arrive as run-time enums, so a new family adds no instantiation. The pipeline executor
+// (explicitly instantiated below): its parameters, its chunks of layers and the head. Each layer
+// is one module built from the family's blocks (layers/layer_plan.hpp); the stage runs them and
+// knows no block kind, so a new family adds no instantiation. The pipeline executor
 // (runtime/pipeline_executor.hpp) runs its chunks in the layout's schedule. Activations are
 // token-major (T, h); under SP each rank holds T/tp rows.
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/layer_plan.hpp"
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
@@ -54,15 +56,6 @@ at::Tensor init_full(std::string_view hf_name, const dims& d, const model_option
   return t.to(o.dtype);  // on the CPU: the same generator stream on every device
 }
 
-struct layer_weights {
-  at::Tensor attn_norm, attn_norm_bias, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, attn_post_norm;
-  at::Tensor mlp_norm, mlp_norm_bias, gate_up, fc, fc_bias, down, down_bias, mlp_post_norm;
-  // A mixture of experts: the router, this rank's experts (local index: expert - first), the
-  // shared expert and its gate.
-  at::Tensor router, shared_gate_up, shared_down, shared_gate;
-  std::vector<at::Tensor> expert_gate_up, expert_down;
-};
-
 // One virtual pipeline chunk of this rank: global stage chunk * pp + pp_rank.
 struct chunk_info {
   std::int64_t first_layer = 0, count = 0;
@@ -76,8 +69,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   decoder_stage(const runtime_config& c, parallel_groups& g)
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), executor_(*g.pp, c.l.vpp.get()),
         device_(c.options.device),
-        compute_(c.options.compute()), norm_(c.s.norm.get()), act_(c.s.mlp_activation.get()),
-        qk_norm_(c.s.qk_norm.get()), residual_(c.s.residual.get()), mlp_(c.s.mlp.get()) {
+        compute_(c.options.compute()), routing_slots_(routing_slots(c.s)) {
     if (c.options.deterministic) {
       ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
       at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -101,7 +93,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
                                     " ranks but the layout says tp = " + std::to_string(c.l.tp.get()));
       sp_ = c.l.sp.get();
     }
-    if (mlp_ == mlp_kind::moe) {
+    if (c.s.experts.get() > 0) {
       const std::int64_t ep = c.l.ep.get();
       if (expert_tp(c.l) != c.l.tp.get())
         throw std::invalid_argument("megadsl: etp = " + std::to_string(expert_tp(c.l)) + " with tp = " +
@@ -138,7 +130,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     model_output out;
     executor_.forward(*this, 0, [&](const at::Tensor& hidden) { out = head(hidden, inputs_[0], o); });
     out = broadcast_outputs(out, inputs_[0], o);
-    if (o.record_routing && mlp_ == mlp_kind::moe) {
+    if (o.record_routing && routing_slots_ > 0) {
       // Each stage knows its own layers' routing: the sum over stages of (routing + 1), zero
       // where a layer ran elsewhere.
       at::Tensor all = routing_of(inputs_[0]) + 1;
@@ -162,13 +154,13 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp
     // rank routes the same tokens, and their gradients are summed over tp (copy_to_tp, the
     // router's tp-partial gradient), so each holds 1 / tp of it.
-    aux_scale_ = 1.0 / static_cast<double>(m * groups_->dp->size() * tp_size_);
-    aux_total_ = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    run_.aux_scale = 1.0 / static_cast<double>(m * groups_->dp->size() * tp_size_);
+    run_.aux_total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     struct training_run {
       bool& flag;
       explicit training_run(bool& f) : flag(f) { flag = true; }
       ~training_run() { flag = false; }
-    } const in_training(training_);
+    } const in_training(run_.training);
     inputs_.reserve(microbatches.size());
     for (const batch& b : microbatches) inputs_.push_back(prepare(b));
     return executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
@@ -214,8 +206,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // The same answer on every rank without a collective when there is nothing to sum (a dense
     // model, or the coefficients at 0: the configuration is every rank's).
     const model_options& o = cfg_.options;
-    if (mlp_ != mlp_kind::moe || (o.moe_aux_loss_coeff == 0 && o.moe_z_loss_coeff == 0)) return 0.0;
-    at::Tensor t = aux_total_.defined() ? aux_total_.clone()
+    if (routing_slots_ == 0 || (o.moe_aux_loss_coeff == 0 && o.moe_z_loss_coeff == 0)) return 0.0;
+    at::Tensor t = run_.aux_total.defined() ? run_.aux_total.clone()
                                         : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     groups_->world->all_reduce(t);  // tp ranks' shares, the stages' layers, the dp ranks' means
     return t.item<double>();
@@ -269,10 +261,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
     const shape& s = cfg_.s;
-    if (b.routed_experts.defined() && mlp_ != mlp_kind::moe)
+    if (b.routed_experts.defined() && routing_slots_ == 0)
       throw std::invalid_argument("megadsl: the batch carries routed_experts, but this model has no experts to route to");
-    if (mlp_ != mlp_kind::moe) return in;
-    const std::int64_t layers = s.layers.get(), k = s.top_k.get();
+    if (routing_slots_ == 0) return in;
+    const std::int64_t layers = s.layers.get(), k = routing_slots_;
     in.routed = at::full({in.pk.tokens, layers, k}, -1, at::TensorOptions().dtype(at::kLong).device(device_));
     if (b.routed_experts.defined()) {
       const at::Tensor& r = b.routed_experts;
@@ -328,7 +320,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
   // The chunk's layers; on the first stage from the token ids, else from `input`.
   at::Tensor run_chunk(std::int64_t chunk, const micro_input& in, const at::Tensor& input) {
     const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
-    at::Tensor x = ch.first_stage ? embed(in.pk.ids) : input;  // (T'/tp or T', h)
+    at::Tensor x = input;  // (T'/tp or T', h)
+    if (ch.first_stage) {
+      layer_context c = context(in, 0);
+      x = embedding_->forward(in.pk.ids, c);
+    }
     if (cfg_.l.recompute.get() != recompute_kind::full || !at::GradMode::is_enabled()) {
       for (std::int64_t i = 0; i < ch.count; ++i) x = decoder_layer(x, ch.first_layer + i, in);
       return x;
@@ -343,7 +339,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
           [this, kept, layer](const at::Tensor& input) {
             // The rerun runs with grad mode on: side effects that must happen once (the
             // auxiliary losses' running total) are skipped there.
-            const rerun_scope scope(rerun_, at::GradMode::is_enabled());
+            const rerun_scope scope(run_.rerun, at::GradMode::is_enabled());
             return decoder_layer(input, layer, *kept);
           },
           x);
@@ -356,9 +352,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const shape& s = cfg_.s;
     const packed_tokens& pk = in.pk;
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
-    const at::Tensor x = norm(hidden, final_norm_, final_norm_bias_);
+    layer_context final_context = context(in, s.layers.get());
+    const at::Tensor x = final_norm_->forward(hidden, final_context);
     model_output out;
-    if (o.record_routing && mlp_ == mlp_kind::moe && pp_size_ == 1) out.routed_experts = routing_of(in);
+    if (o.record_routing && routing_slots_ > 0 && pp_size_ == 1) out.routed_experts = routing_of(in);
     if (cfg_.head.actor) {
       // The final norm's output on every tp rank, SP padding rows dropped before the LM head: (T, h).
       at::Tensor full = x;
@@ -441,172 +438,16 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return nullptr;
   }
 
-  // Vocab-parallel embedding: rows outside this rank's range read as zero, then summed over tp.
-  at::Tensor embed(const at::Tensor& ids) {
-    const std::int64_t rows = embed_.size(0), start = tp_rank_ * rows;
-    at::Tensor x;  // (T'/tp or T', h)
-    if constexpr (!Tp) x = at::embedding(w(embed_), ids);
-    else {
-      const at::Tensor mine = (ids >= start) & (ids < start + rows);
-      const at::Tensor local = at::embedding(w(embed_), (ids - start) * mine) * mine.unsqueeze(1);  // (T', h) partial
-      x = sp_ ? reduce_scatter_to_sp(local, *tp_) : reduce_from_tp(local, *tp_);
-    }
-    // Gemma: * sqrt(hidden) as a tensor of the activations' dtype (rounded like HF's normalizer).
-    // After the reduction: the partial sums are exact zeros elsewhere, so the bits are the same.
-    if (cfg_.s.embed_scale.get() == embed_scale_kind::sqrt_hidden)
-      x = x * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.s.hidden.get())), x.scalar_type());
-    return x;
+  // The context of layer `layer`'s blocks on micro-batch `in` (a view: it holds references).
+  layer_context context(const micro_input& in, std::int64_t layer) {
+    return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
+                         in.pk, in.rope, layer, run_, in.replay, in.routed};
   }
 
-  // Column-parallel linear: its input is replicated (or gathered from SP shards) first.
-  at::Tensor column(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& b) {
-    at::Tensor full = x;
-    if constexpr (Tp) full = sp_ ? gather_from_sp(x, *tp_) : copy_to_tp(x, *tp_);
-    return at::linear(full, w(weight), w(b));
-  }
-
-  // Row-parallel linear: partial sums over tp, all-reduced (or reduce-scattered to SP shards).
-  // Row-parallel linear: partial sums over tp, all-reduced (or reduce-scattered to SP shards); its
-  // bias, when it has one, is added once after the reduction.
-  at::Tensor row(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) {
-    at::Tensor y = at::linear(x, w(weight));
-    if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
-    return bias.defined() ? y + w(bias) : y;
-  }
-
-  // The model's norm (norm_kind): RMSNorm in one of its cast orders, or LayerNorm with its bias.
-  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-    if (norm_ == norm_kind::layer_norm)
-      return at::layer_norm(x, {x.size(-1)}, w(weight), w(bias), cfg_.s.rms_eps.get());
-    return rms_norm(x, w(weight), cfg_.s.rms_eps.get(), norm_);
-  }
-
-  // One decoder layer in its residual form: pre_norm x + f(n(x)), post_norm x + n(f(x)), sandwich
-  // x + n'(f(n(x))), parallel x + attn(n1(x)) + mlp(n2(x)).
+  // One decoder layer: its module, built from the family's blocks.
   at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const micro_input& in) {
-    const packed_tokens& pk = in.pk;
-    const rope_tables& rope = in.rope;
-    const shape& s = cfg_.s;
-    const layer_weights& lw = layers_[static_cast<std::size_t>(layer)];
-    const std::int64_t tokens = pk.tokens;
-    const bool pre = residual_ != residual_kind::post_norm;
-    const bool post = residual_ == residual_kind::post_norm || residual_ == residual_kind::sandwich;
-    const at::Tensor h = pre ? norm(x, lw.attn_norm, lw.attn_norm_bias) : x;
-    at::Tensor qkv = column(h, lw.qkv, lw.qkv_bias);  // (T', G*(Q+2)*d)
-    if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
-    const at::Tensor grouped = qkv.view({tokens, qkv_.groups, qkv_.q_per_group + 2, qkv_.head_dim});
-    // One split (its backward is one concatenation), not three views whose backwards each
-    // zero-fill a buffer of qkv's size.
-    const auto qkv_parts = grouped.split_with_sizes({qkv_.q_per_group, 1, 1}, 2);
-    at::Tensor q = qkv_parts[0], k = qkv_parts[1].squeeze(2);         // (T, G, Q, d), (T, G, d)
-    if (qk_norm_ == qk_norm_kind::per_head) {  // per-head q/k RMSNorm before RoPE (Qwen3)
-      q = rms_norm(q, w(lw.q_norm), s.rms_eps, norm_);
-      k = rms_norm(k, w(lw.k_norm), s.rms_eps, norm_);
-    } else if (qk_norm_ == qk_norm_kind::full_width) {  // over all heads of q, of k (OLMo2)
-      const std::int64_t d = qkv_.head_dim;
-      q = full_width_norm(q.reshape({tokens, -1}), w(lw.q_norm), s.heads.get() * d).view(q.sizes());
-      k = full_width_norm(k.reshape({tokens, -1}), w(lw.k_norm), s.kv_heads.get() * d).view(k.sizes());
-    }
-    const at::Tensor v = qkv_parts[2].squeeze(2);                      // (T, G, d)
-    const attention_math math{attention_scale_, s.attn_softcap.get(), cfg_.options.attention_window.of(layer)};
-    // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
-    // selective recompute only q, k, v are kept and the core runs again in the backward.
-    attention_core core = [rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
-                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
-                              const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-      const at::Tensor qr = apply_rope(q_in, rope), kr = apply_rope(k_in, rope);
-      return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
-    };
-    at::Tensor a = cfg_.l.recompute.get() == recompute_kind::selective ? recompute_in_backward(std::move(core), q, k, v)
-                                                                      : core(q, k, v);
-    if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
-    at::Tensor attn_out = row(a, lw.o_proj, lw.o_bias);  // (T'/tp or T', h)
-    if (post) attn_out = norm(attn_out, lw.attn_post_norm, {});
-    // Parallel residual (GPT-NeoX): the MLP reads the layer's input, not the attention's sum.
-    const bool side_by_side = residual_ == residual_kind::parallel;
-    const at::Tensor after_attn = side_by_side ? attn_out : x + attn_out;
-    const at::Tensor mlp_in = side_by_side ? x : after_attn;
-    const at::Tensor h2 = pre ? norm(mlp_in, lw.mlp_norm, lw.mlp_norm_bias) : mlp_in;
-    at::Tensor mlp_out;
-    if (mlp_ == mlp_kind::plain) {  // proj(act(fc x + b)) + b
-      const at::Tensor up = column(h2, lw.fc, lw.fc_bias);  // (T', ffn/tp)
-      mlp_out = row(activate(up, act_), lw.down, lw.down_bias);
-    } else if (mlp_ == mlp_kind::moe && sparse_layer(s, layer)) {  // else a mixture's dense layer
-      mlp_out = mixture(h2, lw, tokens, layer, in);
-    } else {
-      mlp_out = row(gated_activation(column(h2, lw.gate_up, {}), act_), lw.down);
-    }
-    if (post) mlp_out = norm(mlp_out, lw.mlp_post_norm, {});
-    if (side_by_side) return mlp_out + attn_out + x;  // HF's order of the sums
-    return after_attn + mlp_out;
-  }
-
-  // The mixture of experts on the MLP's input (T'/tp or T', h): the whole stream on every tp rank
-  // (gathered under SP), its real tokens routed by the replicated router (the same routing on
-  // every tp rank), sent to their experts over the ep group, each expert this tp rank's shard of
-  // it; the shared expert's shard scaled by its gate. Partial sums over tp until the reduction.
-  at::Tensor mixture(const at::Tensor& h2, const layer_weights& lw, std::int64_t tokens, std::int64_t layer,
-                     const micro_input& in) {
-    const shape& s = cfg_.s;
-    at::Tensor full = h2;                                                   // (T', h)
-    if constexpr (Tp) full = sp_ ? gather_from_sp(h2, *tp_) : copy_to_tp(h2, *tp_);
-    const std::int64_t stream = full.size(0);
-    const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
-    const at::Tensor logits = at::linear(x, w(lw.router));                   // (T, E)
-    routing r = route(logits, s.top_k.get(), s.norm_topk.get());            // (T, k) each
-    if (in.replay.defined()) {
-      // Router replay: the given experts (the live ones where a position holds -1), weighted by
-      // the live router's probabilities for them, renormalised as the live top-k would be.
-      const at::Tensor given = in.replay.select(1, layer);                   // (T, k)
-      const at::Tensor live = given.select(1, 0).lt(0).unsqueeze(1);
-      r.indices = at::where(live, r.indices, given);
-      r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
-      if (s.norm_topk.get()) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
-    }
-    in.routed.select(1, layer).copy_(r.indices);
-    const bool aux = training_ && (cfg_.options.moe_aux_loss_coeff != 0 || cfg_.options.moe_z_loss_coeff != 0);
-    std::vector<at::Tensor> gate_up, down;
-    for (const at::Tensor& t : lw.expert_gate_up) gate_up.push_back(w(t));
-    for (const at::Tensor& t : lw.expert_down) down.push_back(w(t));
-    at::Tensor y = moe_experts(x, r, {s.experts.get(), first_expert_, std::move(gate_up), std::move(down)}, act_, ep_);  // (T, h)
-    if (lw.shared_gate.defined()) {  // + sigmoid(gate(x)) * shared(x), HF's Qwen2-MoE
-      const at::Tensor shared = at::linear(gated_activation(at::linear(x, w(lw.shared_gate_up)), act_), w(lw.shared_down));
-      y = y + at::sigmoid(at::linear(x, w(lw.shared_gate))) * shared;
-    }
-    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, in));
-    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
-    if constexpr (Tp) y = sp_ ? reduce_scatter_to_sp(y, *tp_) : reduce_from_tp(y, *tp_);
-    return y;
-  }
-
-  // This layer's auxiliary losses over the micro-batch's real tokens, scaled (aux_scale_).
-  at::Tensor auxiliary_losses(const at::Tensor& logits, const routing& r, const micro_input& in) {
-    const model_options& o = cfg_.options;
-    const at::Tensor valid = in.pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
-    at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-    if (o.moe_aux_loss_coeff != 0) {
-      const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
-      const at::Tensor balance =
-          o.moe_aux_loss_per_sequence
-              ? sequence_load_balancing_loss(probs, r.indices, valid, at::floor_divide(in.pk.index, in.pk.seq), in.pk.batch)
-              : switch_load_balancing_loss(probs, r.indices, valid);
-      loss = loss + o.moe_aux_loss_coeff * balance;
-    }
-    if (o.moe_z_loss_coeff != 0) loss = loss + o.moe_z_loss_coeff * router_z_loss(logits, valid);
-    loss = loss * aux_scale_;
-    if (!rerun_) aux_total_ += loss.detach().to(at::kDouble);  // once per forward, not again in a recompute
-    return loss;
-  }
-
-  // RMSNorm over a width split across tp ranks (this rank's heads): the fp32 sum of squares is
-  // summed over tp in the forward, and its gradient in the backward (each rank's normalised
-  // values depend on every rank's squares). x: (T, width / tp), weight: (width / tp).
-  at::Tensor full_width_norm(const at::Tensor& x, const at::Tensor& weight, std::int64_t width) {
-    const at::Tensor xf = x.to(at::kFloat);
-    at::Tensor squares = xf.pow(2).sum(-1, true);  // (T, 1)
-    if constexpr (Tp) squares = reduce_from_tp(copy_to_tp(squares, *tp_), *tp_);
-    const at::Tensor normed = xf * at::rsqrt(squares / static_cast<double>(width) + cfg_.s.rms_eps.get());
-    return apply_norm_weight(normed, weight, norm_, x.scalar_type());
+    layer_context c = context(in, layer);
+    return layers_[static_cast<std::size_t>(layer)]->forward(x, c);
   }
 
   bool holds(const param_row& row, param_instance inst) const {
@@ -629,10 +470,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const shape& s = cfg_.s;
     const layout& l = cfg_.l;
     qkv_ = qkv_layout(s, l, tp_rank_);
-    // Gemma2 scales the scores by query_pre_attn_scalar^-1/2 (0: the kernels' 1 / sqrt(head_dim)).
-    if (const double q = s.query_pre_attn_scalar.get(); q != 0) attention_scale_ = std::pow(q, -0.5);  // as Python computes it
-    layers_.resize(static_cast<std::size_t>(s.layers.get()));
     const bool sp = cfg_.l.sp.get();
+    // Each held layer's parameters by local name, and the rest (embedding, final norm, heads).
+    std::vector<module_params> layer_params(static_cast<std::size_t>(s.layers.get()));
+    module_params outer;
     params_.reserve(plans_.count * static_cast<std::size_t>(s.layers.get()));
     for (const param_plan& p : plans_) {
       const param_row& row = *p.row;
@@ -640,9 +481,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
       for (std::int64_t i_th = 0; i_th < count; ++i_th) {
         const param_instance inst = instance_of(row, s, i_th);
         if (!holds(row, inst) || !exists(row, s, i_th)) continue;
+        const std::string name = with_instance(row.name, inst);
         // A tied lm_head sharing a rank with the embedding is the very same tensor (pp = 1).
         if (p.tied && chunks_.front().first_stage) {
-          bind_parameter(row.role, inst, embed_);
+          outer.add(name, outer.require("embed.weight"));
           continue;
         }
         std::vector<at::Tensor> hf;
@@ -650,64 +492,44 @@ class decoder_stage final : public model_core, public pipeline_stage {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
           const std::string_view source = p.tied ? p.tied_source : row.hf[static_cast<std::size_t>(i)];
           hf.push_back(init_full(with_instance(source, inst), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
-                                 norm_ == norm_kind::rms_1p));
+                                 zero_centred_norms(s)));
         }
         at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);
-        bind_parameter(row.role, inst, t);
+        if (row.where == placement::layer || row.where == placement::expert) {
+          const std::string prefix = "layers." + std::to_string(inst.layer) + ".";
+          layer_params[static_cast<std::size_t>(inst.layer)].add(name.substr(prefix.size()), t);
+        } else {
+          outer.add(name, t);
+        }
         // Each element once in the gradient norm: tp-sharded on every rank, replicated on tp rank 0.
         const bool counted = !p.tied && (p.split_dim >= 0 || tp_rank_ == 0);
         // Gradients that are partial per tp rank (summed over tp by finalize_grads): replicated
-        // weights applied to SP shards, and per-head q/k norms (replicated), which each rank
-        // applies to its own heads. Full-width q/k norms are split with the heads: not partial.
-        // The router and the shared expert's gate weigh outputs that are partial sums over tp.
-        const bool qk_norm = row.role == param_role::q_norm || row.role == param_role::k_norm;
-        const bool weighs_partials = row.role == param_role::router || row.role == param_role::shared_gate;
-        const bool partial = row.kind == shard_kind::replicated && (sp || ((qk_norm || weighs_partials) && tp_size_ > 1));
-        params_.push_back({with_instance(row.name, inst), t, &p, partial, counted, inst});
+        // weights applied to SP shards, and the rows that say so (a per-head q/k norm applied to
+        // each rank's own heads; a router or gate weighing outputs that are partial sums over tp).
+        const bool partial = row.kind == shard_kind::replicated && (sp || (row.grad_partial_over_tp && tp_size_ > 1));
+        params_.push_back({name, t, &p, partial, counted, inst});
       }
+    }
+    // The modules, bound to their parameters: each held layer, the embedding and the final norm.
+    layers_.resize(static_cast<std::size_t>(s.layers.get()));
+    const layer_plan_args args{s, l, cfg_.options, tp_rank_, first_expert_, experts_per_rank_};
+    for (const chunk_info& c : chunks_)
+      for (std::int64_t layer = c.first_layer; layer < c.first_layer + c.count; ++layer) {
+        module_params& p = layer_params[static_cast<std::size_t>(layer)];
+        p.layer = layer;
+        layers_[static_cast<std::size_t>(layer)] = build_layer(p, args);
+      }
+    if (chunks_.front().first_stage) embedding_ = build_embedding(outer.require("embed.weight"), s);
+    if (chunks_.back().last_stage) {
+      final_norm_ = build_final_norm(outer, s);
+      lm_head_ = outer.find("lm_head.weight");
+      value_w_ = outer.find("value_head.weight");
+      value_b_ = outer.find("value_head.bias");
     }
     // With pp > 1 a tied actor keeps the embedding on the first stage and a copy on the last.
     if (pp_size_ > 1 && cfg_.head.actor && s.tie_embeddings.get())
       for (auto& p : params_)
-        if (p.plan->tied || p.plan->row->role == param_role::embed) tied_end_ = &p;
-  }
-  void bind_parameter(param_role role, param_instance inst, const at::Tensor& t) {
-    auto& w = layers_[static_cast<std::size_t>(inst.layer)];
-    auto expert_slot = [&](std::vector<at::Tensor>& v) -> at::Tensor& {
-      v.resize(static_cast<std::size_t>(experts_per_rank_));
-      return v[static_cast<std::size_t>(inst.expert - first_expert_)];
-    };
-    switch (role) {
-      case param_role::router: w.router = t; break;
-      case param_role::expert_gate_up: expert_slot(w.expert_gate_up) = t; break;
-      case param_role::expert_down: expert_slot(w.expert_down) = t; break;
-      case param_role::shared_gate_up: w.shared_gate_up = t; break;
-      case param_role::shared_down: w.shared_down = t; break;
-      case param_role::shared_gate: w.shared_gate = t; break;
-      case param_role::embed: embed_ = t; break;
-      case param_role::attn_norm: w.attn_norm = t; break;
-      case param_role::qkv: w.qkv = t; break;
-      case param_role::qkv_bias: w.qkv_bias = t; break;
-      case param_role::q_norm: w.q_norm = t; break;
-      case param_role::k_norm: w.k_norm = t; break;
-      case param_role::o_proj: w.o_proj = t; break;
-      case param_role::attn_post_norm: w.attn_post_norm = t; break;
-      case param_role::attn_norm_bias: w.attn_norm_bias = t; break;
-      case param_role::o_bias: w.o_bias = t; break;
-      case param_role::mlp_norm_bias: w.mlp_norm_bias = t; break;
-      case param_role::fc: w.fc = t; break;
-      case param_role::fc_bias: w.fc_bias = t; break;
-      case param_role::down_bias: w.down_bias = t; break;
-      case param_role::final_norm_bias: final_norm_bias_ = t; break;
-      case param_role::mlp_post_norm: w.mlp_post_norm = t; break;
-      case param_role::mlp_norm: w.mlp_norm = t; break;
-      case param_role::gate_up: w.gate_up = t; break;
-      case param_role::down: w.down = t; break;
-      case param_role::final_norm: final_norm_ = t; break;
-      case param_role::lm_head: lm_head_ = t; break;
-      case param_role::value_weight: value_w_ = t; break;
-      case param_role::value_bias: value_b_ = t; break;
-    }
+        if (p.plan->tied || p.plan->row->where == placement::first_stage) tied_end_ = &p;
   }
 
   runtime_config cfg_;
@@ -723,16 +545,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   bool sp_ = false;
   at::Device device_ = at::kCPU;
   at::ScalarType compute_ = at::kFloat;
-  norm_kind norm_ = norm_kind::rms;           // the block knobs, as run-time enums
-  activation act_ = activation::silu;
-  qk_norm_kind qk_norm_ = qk_norm_kind::none;
-  residual_kind residual_ = residual_kind::pre_norm;
-  mlp_kind mlp_ = mlp_kind::gated;
+  std::int64_t routing_slots_ = 0;  // top_k of the routing a mixture records (0: no mixture)
   const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
-  bool training_ = false;            // inside forward_backward: the auxiliary losses apply
-  double aux_scale_ = 1.0;           // the auxiliary losses' scale in this forward_backward
-  at::Tensor aux_total_;             // their sum (this rank's share), for moe_aux_loss()
-  bool rerun_ = false;               // a layer is running again in the backward (full recompute)
+  run_state run_;                   // training, recompute rerun, the auxiliary losses' scale and sum
   struct rerun_scope {
     bool& flag;
     bool saved;
@@ -743,9 +558,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   };
   std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
   qkv_rank_layout qkv_{};
-  double attention_scale_ = 0;
-  at::Tensor embed_, final_norm_, final_norm_bias_, lm_head_, value_w_, value_b_;
-  std::vector<layer_weights> layers_;
+  std::unique_ptr<layer_module> embedding_, final_norm_;  // on the first and the last stage
+  at::Tensor lm_head_, value_w_, value_b_;               // (V'/tp, h); (1, h), (1)
+  std::vector<std::unique_ptr<layer_module>> layers_;     // by global layer; null where another stage holds it
   std::vector<named_parameter> params_;
 };
 

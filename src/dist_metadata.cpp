@@ -44,7 +44,7 @@ void fill_fields_added_later(json& shape) {
   // added since, with its value in every model written before it (shape{}'s default).
   static const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
                              {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
-                             {"mlp", "gated"}, {"out_bias", false}, {"query_pre_attn_scalar", 0.0},
+                             {"mlp", "gated"}, {"out_bias", false}, {"mlp_bias", false}, {"query_pre_attn_scalar", 0.0},
                              {"attn_softcap", 0.0}, {"final_softcap", 0.0},
                              {"rotary_fraction", 1.0}, {"names", "llama"}, {"experts", 0}, {"top_k", 0},
                              {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},

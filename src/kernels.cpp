@@ -10,21 +10,6 @@
 
 namespace megadsl {
 
-at::Tensor apply_norm_weight(const at::Tensor& normed, const at::Tensor& weight, norm_kind kind, at::ScalarType dtype) {
-  switch (kind) {
-    case norm_kind::rms_1p: return (normed * (1.0 + weight.to(at::kFloat))).to(dtype);
-    case norm_kind::rms_wmul: return (weight * normed).to(dtype);
-    case norm_kind::rms: break;
-  }
-  return weight * normed.to(dtype);
-}
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, norm_kind kind) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return apply_norm_weight(normed, weight, kind, x.scalar_type());
-}
-
 at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
   // Partial rotary (GPT-NeoX): the frequencies of the rotated dimensions only.
   const std::int64_t d = rotary_dim(effective_head_dim(s).get(), s.rotary_fraction.get());
@@ -237,20 +222,6 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   }
   if (parts.empty()) return at::zeros({0, groups * per_group * d}, q.options());
   return at::cat(parts, 0);
-}
-
-at::Tensor activate(const at::Tensor& x, activation act) {
-  switch (act) {
-    case activation::gelu_tanh: return at::gelu(x, "tanh");
-    case activation::gelu: return at::gelu(x);  // exact (erf)
-    case activation::silu: break;
-  }
-  return at::silu(x);
-}
-
-at::Tensor gated_activation(const at::Tensor& gate_up, activation act) {
-  const auto halves = gate_up.chunk(2, -1);
-  return activate(halves[0], act) * halves[1];
 }
 
 }  // namespace megadsl

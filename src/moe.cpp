@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/block_modules.hpp"
 #include "megadsl/parallel/mappings.hpp"
 
 namespace megadsl {
@@ -34,7 +35,7 @@ at::Tensor index_tensor(const std::vector<std::int64_t>& v, const at::Device& de
 
 }  // namespace
 
-at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
+at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation_fn act,
                        const comm_group* ep) {
   const std::int64_t tokens = x.size(0), k = r.indices.size(1), hidden = x.size(1), experts = e.experts;
   const std::int64_t ranks = ep != nullptr ? ep->size() : 1, ep_rank = ep != nullptr ? ep->rank() : 0;
@@ -104,7 +105,7 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const at::Tensor seg = grouped.narrow(0, offset, n);                              // (n, h)
     const auto jj = static_cast<std::size_t>(j);
     const at::Tensor gate_up = at::linear(seg, e.gate_up[jj].to(x.scalar_type()));    // (n, 2 f)
-    outputs.push_back(at::linear(gated_activation(gate_up, act), e.down[jj].to(x.scalar_type())));  // (n, h)
+    outputs.push_back(at::linear(gated(gate_up, act), e.down[jj].to(x.scalar_type())));  // (n, h)
     offset += n;
   }
   const at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);    // (R, h)

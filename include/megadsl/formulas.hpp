@@ -181,12 +181,13 @@ struct flops_per_token {
 };
 
 namespace detail {
-// The roles whose weights multiply every token's activations: the composition's matrices but the
-// embedding lookup.
-constexpr bool multiplies_tokens(param_role r) {
-  return r == param_role::qkv || r == param_role::o_proj || r == param_role::gate_up || r == param_role::fc ||
-         r == param_role::down || r == param_role::lm_head || r == param_role::expert_gate_up ||
-         r == param_role::expert_down || r == param_role::shared_gate_up || r == param_role::shared_down;
+// The weights that multiply every token's activations: the composition's matrices but the
+// embedding lookup, the router and the shared expert's gate (left out by Megatron's formula), and
+// the value head; no vector (biases, norms).
+constexpr bool multiplies_tokens(const param_plan& p) {
+  const param_row& r = *p.row;
+  return p.global.rank == 2 && r.where != placement::first_stage && r.size != extent::experts &&
+         r.size != extent::one_row && r.when != presence::critic;
 }
 // Megatron's per-token FLOPs without the attention-score term: 6 (forward 2, backward 4) per
 // element of those weights, so a gated MLP adds 18 h ffn per layer and a plain one 12 h ffn, and
@@ -196,11 +197,11 @@ constexpr bool multiplies_tokens(param_role r) {
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
   std::int64_t layers = 0, head = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
-    if (!multiplies_tokens(p.row->role)) return;
-    if (p.row->role == param_role::lm_head) head = p.global.numel();  // (V', h), tied or not
+    if (!multiplies_tokens(p)) return;
+    if (is_lm_head_row(*p.row)) head = p.global.numel();  // (V', h), tied or not
     else if (p.row->where == placement::expert)  // top_k experts of each sparse layer
       layers += hf_elements(p) * s.top_k.get() * (existing_instances(*p.row, s) / s.experts.get());
-    else layers += hf_elements(p) * existing_instances(*p.row, s);  // biases have roles of their own
+    else layers += hf_elements(p) * existing_instances(*p.row, s);
   });
   return 6 * (layers + head);
 }

@@ -27,8 +27,9 @@ constexpr std::string_view name_of(rope_type t) {
 }
 
 // The blocks' numeric knobs (DESIGN decision 16). A family's composition of blocks
-// (layers/blocks.hpp) sets them; a user's shape leaves them alone. They are run-time enums to the
-// kernels, so a family adds no LibTorch instantiation.
+// (layers/blocks.hpp) sets them; a user's shape leaves them alone. The layer plan
+// (layers/layer_plan.hpp) picks each layer's block modules from them once, when a model is built,
+// so a family adds no LibTorch instantiation.
 
 // How a norm applies its weight: RMSNorm as Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in
 // fp32, or OLMo2's `(w * x).to(dtype)` in fp32; or LayerNorm with a bias (StarCoder2, NeoX).
@@ -145,7 +146,8 @@ struct shape {
   maybe<residual_kind> residual = residual_kind::pre_norm;
   maybe<tensor_storage> hf_storage = tensor_storage::separate;
   maybe<mlp_kind> mlp = mlp_kind::gated;
-  flag out_bias = false;  // biases on o_proj and the MLP's projections (StarCoder2's use_bias)
+  flag out_bias = false;  // biases on o_proj and a plain MLP's projections (StarCoder2's use_bias, attention_bias)
+  flag mlp_bias = false;  // biases on a gated MLP's gate, up and down projections (Llama's mlp_bias)
   // Attention and head numerics of Gemma2 (0 = off: the Llama behaviour).
   real query_pre_attn_scalar = 0.0;  // scores scaled by this^-0.5 instead of head_dim^-0.5
   real attn_softcap = 0.0;           // scores = cap * tanh(scores / cap) before the mask
@@ -179,7 +181,7 @@ inline constexpr shape dynamic_shape = {
              .high_freq_factor = dynamic, .original_max_positions = dynamic},
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .norm = dynamic, .qk_norm = dynamic,
     .mlp_activation = dynamic, .embed_scale = dynamic, .residual = dynamic,
-    .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .query_pre_attn_scalar = dynamic,
+    .hf_storage = dynamic, .mlp = dynamic, .out_bias = dynamic, .mlp_bias = dynamic, .query_pre_attn_scalar = dynamic,
     .attn_softcap = dynamic, .final_softcap = dynamic, .rotary_fraction = dynamic, .names = dynamic,
     .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic, .shared_expert_ffn = dynamic,
     .norm_topk = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .expert_naming = dynamic,

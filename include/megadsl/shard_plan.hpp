@@ -92,6 +92,7 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::gated_separate: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::separate;
     case presence::gated_concatenated: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::concatenated;
     case presence::gated: return has_dense_mlp(s);
+    case presence::gated_bias: return has_dense_mlp(s) && s.mlp_bias.get() && s.hf_storage.get() == tensor_storage::separate;
     case presence::plain: return s.mlp.get() == mlp_kind::plain;
     case presence::plain_bias: return s.mlp.get() == mlp_kind::plain && s.out_bias.get();
     case presence::out_bias: return s.out_bias.get();
@@ -161,7 +162,8 @@ constexpr bool in_layer(const param_row& row, const shape& s, std::int64_t layer
   switch (row.when) {
     case presence::gated_separate:
     case presence::gated_concatenated:
-    case presence::gated: return !sparse_layer(s, layer);
+    case presence::gated:
+    case presence::gated_bias: return !sparse_layer(s, layer);
     case presence::moe_mixtral:
     case presence::moe_qwen:
     case presence::shared_expert: return sparse_layer(s, layer);
@@ -192,20 +194,20 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       p.local = mat(vpad / tp, h);
       p.global = mat(vpad, h);
       p.split_dim = 0;
-      p.tied = row.role == param_role::lm_head && s.tie_embeddings.get();
+      p.tied = is_lm_head_row(row) && s.tie_embeddings.get();
       if (p.tied) p.tied_source = embedding_hf_name(s.names.get());
       break;
     }
     case shard_kind::replicated:
       if (row.size == extent::experts) p.hf_shapes[0] = p.local = p.global = mat(s.experts, h);
       else if (row.size == extent::one_row) p.hf_shapes[0] = p.local = p.global = mat(1, h);
-      else if (row.role == param_role::value_weight) p.hf_shapes[0] = p.local = p.global = mat(1, h);
-      else if (row.role == param_role::value_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
+      else if (row.when == presence::critic) p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      else if (row.when == presence::critic_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
       else p.hf_shapes[0] = p.local = p.global = vec(row.size == extent::head_dim ? hd : h);
       break;
     case shard_kind::fused_qkv: {
       const std::int64_t rows = qkv_layout(s, l, 0).rows();
-      const bool bias = row.role == param_role::qkv_bias;
+      const bool bias = is_bias(row);
       p.hf_shapes = bias ? std::array<dims, 3>{vec(heads * hd), vec(kv * hd), vec(kv * hd)}
                          : std::array<dims, 3>{mat(heads * hd, h), mat(kv * hd, h), mat(kv * hd, h)};
       p.local = bias ? vec(rows) : mat(rows, h);
@@ -216,6 +218,13 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
     }
     case shard_kind::fused_gate_up: {
       const std::int64_t f = mlp_width(row, s);
+      if (is_bias(row)) {  // (mlp_bias) gate and up biases (f) each; per rank [gate_r ; up_r]
+        p.hf_shapes = {vec(f), vec(f), dims{}};
+        p.local = vec(2 * f / tp);
+        p.global = vec(2 * f);
+        p.split_dim = 0;
+        break;
+      }
       p.hf_shapes = row.concatenated ? std::array<dims, 3>{mat(2 * f, h), dims{}, dims{}}  // [gate; up]
                                      : std::array<dims, 3>{mat(f, h), mat(f, h), dims{}};
       p.local = mat(2 * f / tp, h);
@@ -235,7 +244,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       // and its bias, whose rows are grouped per head, so each rank's heads are contiguous.
       if (row.size == extent::ffn_rows || row.size == extent::qkv_rows) {
         const std::int64_t rows = row.size == extent::ffn_rows ? s.ffn.get() : (heads + 2 * kv) * hd;
-        const bool bias = row.role == param_role::fc_bias || row.role == param_role::qkv_bias;
+        const bool bias = is_bias(row);
         p.hf_shapes[0] = p.global = bias ? vec(rows) : mat(rows, h);
         p.local = bias ? vec(rows / tp) : mat(rows / tp, h);
         p.split_dim = 0;

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/rank_grid.hpp"
 #include "mp_support.hpp"
@@ -57,7 +58,7 @@ moe_run run_layer(const at::Tensor& tokens, const at::Tensor& seen_by_loss, std:
   if (given.defined()) r.weights = at::softmax(at::linear(x, router), -1, at::kFloat).gather(1, given);
   const at::Tensor y = naive ? naive_experts(x, r, gate_up, down)
                              : moe_experts(x, r, {.experts = experts, .first = first, .gate_up = gate_up.unbind(0), .down = down.unbind(0)},
-                                           activation::silu, ep);
+                                           silu_activation, ep);
   (y * seen_by_loss).sum().backward();
   auto grad = [](const at::Tensor& t) { return t.grad().defined() ? t.grad() : at::zeros_like(t); };
   return {y.detach(), grad(x), grad(router), grad(gate_up), grad(down)};
@@ -152,7 +153,7 @@ TEST_CASE("the router: softmax in fp32, top-k, renormalised or not (HF's order)"
   const routing bad{at::tensor({0, 9}, at::kLong).view({1, 2}), at::ones({1, 2})};
   const local_experts all{.experts = 8, .first = 0, .gate_up = at::zeros({8, 2 * ffn, hidden}).unbind(0),
                           .down = at::zeros({8, hidden, ffn}).unbind(0)};
-  CHECK_THROWS_WITH(moe_experts(at::zeros({1, hidden}), bad, all, activation::silu, nullptr), Catch::Contains("names expert 9"));
+  CHECK_THROWS_WITH(moe_experts(at::zeros({1, hidden}), bad, all, silu_activation, nullptr), Catch::Contains("names expert 9"));
 }
 
 }  // namespace megadsl::test

@@ -11,8 +11,9 @@
 // shape fields beside them (query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction),
 // and the sliding window with its layers is a run-time option (sliding_window.hpp). The knobs select the blocks' parameter rows (param_table.hpp: each block's
 // parameters, shard kinds and HF names bound at its slot), the shard plan, the formulas, the HF
-// mapping and config keys, and reach the kernels as run-time enums: a new family is a type alias
-// and compiles no new LibTorch code.
+// mapping and config keys, and the modules each layer is built from (layers/layer_plan.hpp, each
+// block's module in its own file under src/layers/): a new family is a type alias and compiles no
+// new LibTorch code.
 //
 // Numerics of each block (the transformers modules they match):
 //   rms_norm<rms>      LlamaRMSNorm: x.float() * rsqrt(mean(x^2) + eps), cast to x's dtype, * w
@@ -142,8 +143,8 @@ struct lowering {
 template <norm_kind Attention, norm_kind Mlp, norm_kind Final>
 struct norms_agree {
   static constexpr bool holds = Attention == Mlp && Mlp == Final;
-  static_assert(holds, "megadsl: norms_agree: the attention, MLP and final norms (the values above) differ; the kernels "
-                "take one norm kind per model: use the same rms_norm<...> or layer_norm in every slot");
+  static_assert(holds, "megadsl: norms_agree: the attention, MLP and final norms (the values above) differ; the layer "
+                "plan takes one norm kind per model: use the same rms_norm<...> or layer_norm in every slot");
   static constexpr bool ok = true;
 };
 template <residual_kind Attention, residual_kind Mlp>
@@ -347,7 +348,8 @@ constexpr basic_text<1024> composition_tree(const shape& s) {
     }
   }
   else
-    t.add("      gated_mlp<", knob(s.mlp_activation), ">  [mlp", is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
+    t.add("      gated_mlp<", knob(s.mlp_activation), ">", is(s.mlp_bias, true) ? " + biases" : "", "  [mlp",
+          is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
   t.add("  ", norm.view(), "  [norm]\n");
   if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.add("  lm head: tanh soft-cap of the logits\n");
   return t;

@@ -1,5 +1,5 @@
-// Per-rank math of the Llama family: each function sees local tensors and issues no collective.
-// The model (runtime/parallel_model.hpp) composes them with the mappings of parallel/mappings.hpp.
+// Per-rank math the blocks share (RoPE, the attention kernels): each function sees local tensors
+// and issues no collective. The blocks (src/layers/) compose them with parallel/mappings.hpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,14 +10,6 @@
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
-
-// RMSNorm over the last dimension, math in fp32 (HF's order of casts):
-//   rms     y = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)            (Llama, Qwen, Mistral)
-//   rms_1p  y = ((x * rsqrt(mean(x^2) + eps)) * (1 + w.float())).to(x.dtype)   (Gemma)
-//   rms_wmul y = (w * (x * rsqrt(mean(x^2) + eps))).to(x.dtype)          (OLMo2)
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, norm_kind kind = norm_kind::rms);
-// The weight step of `rms_norm` on fp32 normalised values, cast to `dtype`.
-at::Tensor apply_norm_weight(const at::Tensor& normed, const at::Tensor& weight, norm_kind kind, at::ScalarType dtype);
 
 // RoPE inverse frequencies (d/2,) with the shape's scaling (none, linear, dynamic NTK, llama3).
 // `seq_len` (longest position + 1 in the batch) matters only for dynamic NTK.
@@ -50,12 +42,5 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
 // causal inside each sequence, never across; cost sum(s_i^2), no nnz x nnz mask.
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<std::int64_t>& cu_seqlens, const attention_math& m = {});
-
-// The MLP's activation: SiLU, GELU-tanh or the exact GELU.
-at::Tensor activate(const at::Tensor& x, activation act);
-
-// The gated MLP's middle on a fused [gate ; up] projection output (T, 2f) -> (T, f):
-// silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).
-at::Tensor gated_activation(const at::Tensor& gate_up, activation act);
 
 }  // namespace megadsl

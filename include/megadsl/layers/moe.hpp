@@ -5,7 +5,7 @@
 // whether the top-k weights are renormalised.
 //
 //   const routing r = route(at::linear(x, router_weight), /*top_k=*/2, /*renormalise=*/true);
-//   const at::Tensor y = moe_experts(x, r, mine, activation::silu, groups_ep);   // (T, h)
+//   const at::Tensor y = moe_experts(x, r, mine, silu_activation, groups_ep);   // (T, h)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "megadsl/parallel/comm.hpp"
+#include "megadsl/layers/module.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
@@ -45,7 +46,7 @@ struct local_experts {
 // over `ep`; nullptr or a group of one: every expert is here), run through each expert's gated MLP,
 // sent back and summed per token. Differentiable in x, in the routing weights and in the experts'
 // weights; the expert-parallel backward is the same all-to-all with the counts swapped.
-at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation act,
+at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_experts& e, activation_fn act,
                        const comm_group* ep);
 
 // Megatron's auxiliary losses of a router, over the tokens whose `valid` (T) is 1. probs: the

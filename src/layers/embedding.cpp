@@ -1,0 +1,43 @@
+// The vocab-parallel token embedding: ids (T',) -> (T'/tp or T', h). Rows outside this rank's
+// vocabulary range read as zero, then the partial sums are reduced over tp (reduce-scattered to
+// SP shards). Gemma scales the result by sqrt(hidden) rounded to the activations' dtype.
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "megadsl/layers/block_modules.hpp"
+#include "megadsl/parallel/mappings.hpp"
+
+namespace megadsl {
+namespace {
+
+class embedding final : public layer_module {
+ public:
+  embedding(const at::Tensor& weight, bool scaled) : weight_(weight), scaled_(scaled) {}
+  at::Tensor forward(const at::Tensor& ids, layer_context& c) override {
+    at::Tensor x;  // (T'/tp or T', h)
+    if (c.tp == nullptr) x = at::embedding(c.w(weight_), ids);
+    else {
+      const std::int64_t rows = weight_.size(0), start = c.tp_rank * rows;
+      const at::Tensor mine = (ids >= start) & (ids < start + rows);
+      const at::Tensor local = at::embedding(c.w(weight_), (ids - start) * mine) * mine.unsqueeze(1);  // (T', h) partial
+      x = c.from_tp(local);
+    }
+    // A tensor of the activations' dtype (rounded like HF's normalizer), after the reduction: the
+    // partial sums are exact zeros elsewhere, so the bits are the same.
+    if (scaled_) x = x * at::scalar_tensor(std::sqrt(static_cast<double>(c.s.hidden.get())), x.scalar_type());
+    return x;
+  }
+
+ private:
+  at::Tensor weight_;  // (V'/tp, h)
+  bool scaled_;
+};
+
+}  // namespace
+
+std::unique_ptr<layer_module> make_embedding(const at::Tensor& weight, bool scale_by_sqrt_hidden) {
+  return std::make_unique<embedding>(weight, scale_by_sqrt_hidden);
+}
+
+}  // namespace megadsl

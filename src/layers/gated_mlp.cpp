@@ -1,0 +1,32 @@
+// The gated MLP, down(act(gate x) * up x) (SwiGLU, GeGLU): gate/up fused column-parallel (per
+// rank [gate_r ; up_r]), down row-parallel; with Llama's mlp_bias, their biases.
+#include <ATen/ATen.h>
+
+#include "megadsl/layers/block_modules.hpp"
+
+namespace megadsl {
+namespace {
+
+class gated_mlp final : public layer_module {
+ public:
+  gated_mlp(const module_params& p, activation_fn act)
+      : gate_up_(p.require("gate_up.weight")), gate_up_bias_(p.find("gate_up.bias")), down_(p.require("down.weight")),
+        down_bias_(p.find("down.bias")), act_(act) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    // (T', 2f/tp) -> (T', f/tp) -> (T'/tp or T', h)
+    return c.row(gated(c.column(x, gate_up_, gate_up_bias_), act_), down_, down_bias_);
+  }
+
+ private:
+  at::Tensor gate_up_, gate_up_bias_;  // (2 ffn/tp, h), (2 ffn/tp): per rank [gate_r ; up_r]
+  at::Tensor down_, down_bias_;        // (h, ffn/tp), (h) (Llama's mlp_bias; undefined without)
+  activation_fn act_;
+};
+
+}  // namespace
+
+std::unique_ptr<layer_module> make_gated_mlp(const module_params& p, activation_fn act) {
+  return std::make_unique<gated_mlp>(p, act);
+}
+
+}  // namespace megadsl

@@ -1,0 +1,98 @@
+// A mixture of gated experts behind HF's softmax top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE), with
+// Qwen2-MoE's shared expert behind a sigmoid gate, Megatron's auxiliary losses and router replay.
+// The whole stream on every tp rank (gathered under SP), its real tokens routed by the replicated
+// router (the same routing on every tp rank), sent to their experts over the ep group, each
+// expert this tp rank's shard of it; partial sums over tp until the reduction.
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/moe.hpp"
+#include "megadsl/runtime/packing.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
+
+namespace megadsl {
+namespace {
+
+class moe_mlp final : public layer_module {
+ public:
+  moe_mlp(const module_params& p, activation_fn act, moe_settings s)
+      : router_(p.require("router.weight")), shared_gate_up_(p.find("shared_expert.gate_up.weight")),
+        shared_down_(p.find("shared_expert.down.weight")), shared_gate_(p.find("shared_expert_gate.weight")),
+        act_(act), s_(s) {
+    for (std::int64_t e = s.first_expert; e < s.first_expert + s.experts_per_rank; ++e) {
+      const std::string prefix = "experts." + std::to_string(e) + ".";
+      gate_up_.push_back(p.require(prefix + "gate_up.weight"));
+      down_.push_back(p.require(prefix + "down.weight"));
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& h2, layer_context& c) override {
+    const std::int64_t tokens = c.tokens();
+    const at::Tensor full = c.to_tp(h2);                                        // (T', h)
+    const std::int64_t stream = full.size(0);
+    const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
+    const at::Tensor logits = at::linear(x, c.w(router_));                      // (T, E)
+    routing r = route(logits, s_.top_k, s_.norm_topk);                          // (T, k) each
+    if (c.replay.defined()) {
+      // Router replay: the given experts (the live ones where a position holds -1), weighted by
+      // the live router's probabilities for them, renormalised as the live top-k would be.
+      const at::Tensor given = c.replay.select(1, c.layer);  // (T, k)
+      const at::Tensor live = given.select(1, 0).lt(0).unsqueeze(1);
+      r.indices = at::where(live, r.indices, given);
+      r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
+      if (s_.norm_topk) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+    }
+    c.routed.select(1, c.layer).copy_(r.indices);
+    const model_options& o = c.options;
+    const bool aux = c.run.training && (o.moe_aux_loss_coeff != 0 || o.moe_z_loss_coeff != 0);
+    std::vector<at::Tensor> gate_up, down;
+    for (const at::Tensor& t : gate_up_) gate_up.push_back(c.w(t));
+    for (const at::Tensor& t : down_) down.push_back(c.w(t));
+    at::Tensor y = moe_experts(x, r, {s_.experts, s_.first_expert, std::move(gate_up), std::move(down)}, act_, c.ep);  // (T, h)
+    if (shared_gate_.defined()) {  // + sigmoid(gate(x)) * shared(x), HF's Qwen2-MoE
+      const at::Tensor shared = at::linear(gated(at::linear(x, c.w(shared_gate_up_)), act_), c.w(shared_down_));
+      y = y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared;
+    }
+    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c));
+    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
+    return c.from_tp(y);
+  }
+
+ private:
+  // This layer's auxiliary losses over the micro-batch's real tokens, scaled (run.aux_scale).
+  static at::Tensor auxiliary_losses(const at::Tensor& logits, const routing& r, layer_context& c) {
+    const model_options& o = c.options;
+    const packed_tokens& pk = c.pk;
+    const at::Tensor valid = pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
+    at::Tensor loss = at::zeros({}, logits.options().dtype(at::kFloat));
+    if (o.moe_aux_loss_coeff != 0) {
+      const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+      const at::Tensor balance =
+          o.moe_aux_loss_per_sequence
+              ? sequence_load_balancing_loss(probs, r.indices, valid, at::floor_divide(pk.index, pk.seq), pk.batch)
+              : switch_load_balancing_loss(probs, r.indices, valid);
+      loss = loss + o.moe_aux_loss_coeff * balance;
+    }
+    if (o.moe_z_loss_coeff != 0) loss = loss + o.moe_z_loss_coeff * router_z_loss(logits, valid);
+    loss = loss * c.run.aux_scale;
+    if (!c.run.rerun) c.run.aux_total += loss.detach().to(at::kDouble);  // once per forward, not again in a recompute
+    return loss;
+  }
+
+  at::Tensor router_;                                    // (E, h) replicated, gradient partial over tp
+  std::vector<at::Tensor> gate_up_, down_;               // this rank's experts: (2 f/tp, h), (h, f/tp)
+  at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none)
+  activation_fn act_;
+  moe_settings s_;
+};
+
+}  // namespace
+
+std::unique_ptr<layer_module> make_moe_mlp(const module_params& p, activation_fn act, moe_settings s) {
+  return std::make_unique<moe_mlp>(p, act, s);
+}
+
+}  // namespace megadsl

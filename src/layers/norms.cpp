@@ -1,0 +1,85 @@
+// The norms, one class each: RMSNorm in HF's three cast orders and LayerNorm with its bias.
+//   rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)                 (Llama, Qwen, Mistral)
+//   rms_norm_1p    y = ((x * rsqrt(mean(x^2) + eps)) * (1 + w.float())).to(x.dtype)  (Gemma)
+//   rms_norm_wmul  y = (w * (x * rsqrt(mean(x^2) + eps))).to(x.dtype)               (OLMo2)
+//   layer_norm     nn.LayerNorm with its bias                                         (StarCoder2, NeoX)
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "megadsl/layers/block_modules.hpp"
+
+namespace megadsl {
+namespace {
+
+// RMSNorm over the last dimension in fp32; the subclass applies the weight.
+class rms_norm_base : public norm_module {
+ public:
+  rms_norm_base(const module_params& p, std::string_view prefix, double eps)
+      : weight_(p.require(std::string(prefix) + ".weight")), eps_(eps) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    const at::Tensor xf = x.to(at::kFloat);
+    return apply_weight(xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps_), x.scalar_type(), c);
+  }
+
+ protected:
+  at::Tensor weight_;  // (n): (h) replicated, (d) per head, or a tp shard of a full-width q/k norm
+  double eps_;
+};
+
+class rms_norm final : public rms_norm_base {
+ public:
+  using rms_norm_base::rms_norm_base;
+  at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
+    return c.w(weight_) * normed.to(dtype);
+  }
+};
+
+class rms_norm_1p final : public rms_norm_base {
+ public:
+  using rms_norm_base::rms_norm_base;
+  at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
+    return (normed * (1.0 + c.w(weight_).to(at::kFloat))).to(dtype);
+  }
+};
+
+class rms_norm_wmul final : public rms_norm_base {
+ public:
+  using rms_norm_base::rms_norm_base;
+  at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
+    return (c.w(weight_) * normed).to(dtype);
+  }
+};
+
+class layer_norm final : public norm_module {
+ public:
+  layer_norm(const module_params& p, std::string_view prefix, double eps)
+      : weight_(p.require(std::string(prefix) + ".weight")), bias_(p.require(std::string(prefix) + ".bias")), eps_(eps) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    return at::layer_norm(x, {x.size(-1)}, c.w(weight_), c.w(bias_), eps_);
+  }
+  at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
+    return c.w(weight_) * normed.to(dtype) + c.w(bias_);
+  }
+
+ private:
+  at::Tensor weight_, bias_;  // (h) replicated
+  double eps_;
+};
+
+}  // namespace
+
+std::unique_ptr<norm_module> make_rms_norm(const module_params& p, std::string_view prefix, double eps) {
+  return std::make_unique<rms_norm>(p, prefix, eps);
+}
+std::unique_ptr<norm_module> make_rms_norm_1p(const module_params& p, std::string_view prefix, double eps) {
+  return std::make_unique<rms_norm_1p>(p, prefix, eps);
+}
+std::unique_ptr<norm_module> make_rms_norm_wmul(const module_params& p, std::string_view prefix, double eps) {
+  return std::make_unique<rms_norm_wmul>(p, prefix, eps);
+}
+std::unique_ptr<norm_module> make_layer_norm(const module_params& p, std::string_view prefix, double eps) {
+  return std::make_unique<layer_norm>(p, prefix, eps);
+}
+
+}  // namespace megadsl
