@@ -58,7 +58,8 @@ constexpr key_name key_names[] = {
     {"residual", "model_type (where its norms sit)"},
     {"hf_storage", "model_type (fused q/k/v and gate/up tensors)"},
     {"mlp", "model_type (gated or plain MLP)"},
-    {"out_bias", "use_bias"},
+    {"out_bias", "use_bias / attention_bias"},
+    {"mlp_bias", "mlp_bias"},
     {"query_pre_attn_scalar", "query_pre_attn_scalar"},
     {"attn_softcap", "attn_logit_softcapping"},
     {"final_softcap", "final_logit_softcapping"},
@@ -333,6 +334,13 @@ rope_read read_rope(const reader& r) {
   return out;
 }
 
+// The families whose attention takes HF's attention_bias (LlamaAttention's q/k/v and o_proj biases).
+bool attention_bias_family(std::string_view model_type) {
+  for (std::string_view t : {"llama", "qwen3", "gemma", "gemma2", "olmo2", "qwen3_moe"})
+    if (model_type == t) return true;
+  return false;
+}
+
 bool close(double a, double b) { return a == b || std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); }
 
 template <class T>
@@ -415,8 +423,8 @@ constexpr config_key config_keys[] = {
     {"*", "rope_parameters", key_use::read},
     {"*", "tie_word_embeddings", key_use::read},
     {"*", "hidden_act", key_use::read},                // the family's activation only
-    {"llama qwen3 gemma gemma2 olmo2 qwen3_moe", "attention_bias", key_use::read},  // only false (an o_proj bias megadsl lacks)
-    {"llama", "mlp_bias", key_use::read},              // only false
+    {"llama qwen3 gemma gemma2 olmo2 qwen3_moe", "attention_bias", key_use::read},  // q/k/v and o_proj biases
+    {"llama", "mlp_bias", key_use::read},              // gate/up/down biases
     {"gemma gemma2", "hidden_activation", key_use::read},  // Gemma's name of the activation
     {"gemma2", "query_pre_attn_scalar", key_use::read},    // the score scale
     {"gemma2", "attn_logit_softcapping", key_use::read},   // tanh soft-cap of the scores
@@ -722,17 +730,6 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       out.notes.push_back("classifier_dropout = " + printable(d->dump()) +
                           ": megadsl's value head has no dropout (verl's critics set it to 0)");
   }
-  if (fam->model_type == "llama" || fam->model_type == "qwen3" || fam->model_type == "olmo2" || gemma ||
-      fam->model_type == "gemma2" || fam->model_type == "qwen3_moe") {
-    if (const json* b = r.find(root, "attention_bias"); b && r.boolean(*b, "attention_bias"))
-      r.fail("attention_bias",
-             "is true: HF " + std::string(fam->model_type) + " then puts a bias on o_proj as well as on q/k/v, and megadsl has q/k/v "
-             "biases only (as Qwen2)",
-             "this checkpoint is not supported yet; these checkpoints normally have \"attention_bias\": false");
-    if (const json* b = r.find(root, "mlp_bias"); b && r.boolean(*b, "mlp_bias"))
-      r.fail("mlp_bias", "is true: megadsl's SwiGLU MLP has no biases",
-             "this checkpoint is not supported yet");
-  }
 
   shape& s = out.s;
   s.hidden = r.required_int("hidden_size", "the model width");
@@ -777,8 +774,17 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     out.notes.push_back("rope_theta not in config.json: using " + show(fam->rope_theta) + " (transformers' default)");
   }
   s.rope = rope.scaling;
-  s.qkv_bias = fam->qkv_bias;  // llama with attention_bias = true was refused above
+  s.qkv_bias = fam->qkv_bias;
   s.out_bias = neox;  // NeoX: dense and MLP biases (attention_bias false was refused above)
+  // HF's attention_bias: biases on q, k, v and o_proj alike (LlamaAttention and the families
+  // built on it; o_proj's added after the row-parallel reduction).
+  if (attention_bias_family(fam->model_type))
+    s.qkv_bias = s.out_bias = r.optional<bool>("attention_bias", false,
+        [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
+  // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
+  s.mlp_bias = fam->model_type == "llama" &&
+               r.optional<bool>("mlp_bias", false, [&](const json& v, std::string_view k) { return r.boolean(v, k); },
+                                /*note=*/false);
   if (starcoder2) {
     s.qkv_bias = s.out_bias = r.optional<bool>("use_bias", true,
         [&](const json& v, std::string_view k) { return r.boolean(v, k); });
@@ -924,6 +930,8 @@ std::string to_string(const shape& s) {
 
 std::string_view model_type_for(const shape& s, const sliding_window& window) {
   if (blocks::same_knobs(s, knobs_of_llama)) {
+    // An o_proj bias (attention_bias) or the MLP's (mlp_bias): only a Llama config says them.
+    if (s.out_bias.get() || s.mlp_bias.get()) return "llama";
     if (s.qkv_bias.get() || (window.any() && !window.every_layer())) return "qwen2";
     return window.any() ? "mistral" : "llama";
   }
@@ -1016,9 +1024,11 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       throw config_error("megadsl: a Starcoder2 config has one use_bias for q/k/v, o_proj and the MLP; this model has "
                          "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias));
     j["use_bias"] = s.qkv_bias.get();
-  } else if (s.out_bias.get() && model_type != "gpt_neox") {
+  } else if (s.out_bias.get() && model_type != "gpt_neox" && !attention_bias_family(model_type)) {
     throw config_error("megadsl: a " + family + " config cannot express o_proj and MLP biases; save it as model_type starcoder2");
   }
+  if (s.mlp_bias.get() && model_type != "llama")
+    throw config_error("megadsl: a " + family + " config cannot express biases on the gated MLP (mlp_bias); save it as model_type llama");
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
   if (s.mlp.get() == mlp_kind::moe) {
@@ -1051,19 +1061,22 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                          (model_type == "qwen2_moe" ? std::string(" (megadsl writes none)") : std::string()) +
                          ", and this model's window is on some layers only; save it as a distributed checkpoint");
     if (model_type == "qwen3_moe") {
-      if (s.qkv_bias.get())
-        throw config_error("megadsl: a Qwen3Moe config cannot express a q/k/v bias without an o_proj bias; save it as a distributed checkpoint");
-      j["attention_bias"] = false;
+      if (s.qkv_bias.get() != s.out_bias.get())
+        throw config_error("megadsl: a Qwen3Moe config's attention_bias puts biases on q/k/v and o_proj alike; this model has qkv_bias " +
+                           show(s.qkv_bias) + " and out_bias " + show(s.out_bias) + "; save it as a distributed checkpoint");
+      j["attention_bias"] = s.qkv_bias.get();
       j["use_sliding_window"] = window.any();
     }
     if (model_type == "qwen2_moe") j["use_sliding_window"] = false;
     if (model_type != "qwen2_moe") j["sliding_window"] = window.any() ? json(window.size) : json(nullptr);
   } else if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "gemma2" ||
       model_type == "olmo2") {
-    if (s.qkv_bias.get())
-      throw config_error("megadsl: a " + family + " config cannot express a q/k/v bias without an o_proj bias; save it as model_type qwen2");
-    j["attention_bias"] = false;
-    if (model_type == "llama") j["mlp_bias"] = false;
+    if (s.qkv_bias.get() != s.out_bias.get())
+      throw config_error("megadsl: a " + family + " config's attention_bias puts biases on q/k/v and o_proj alike; this model has "
+                         "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias) +
+                         (s.qkv_bias.get() ? "; save it as model_type qwen2" : "; save it as a distributed checkpoint"));
+    j["attention_bias"] = s.qkv_bias.get();
+    if (model_type == "llama") j["mlp_bias"] = s.mlp_bias.get();
   } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
     throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
   }

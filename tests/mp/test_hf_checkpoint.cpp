@@ -39,7 +39,7 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
   static constexpr std::string_view name = "declared";
 };
 
-// The last nine are written by transformers 5 (rope_parameters; Mistral's sliding window of 5
+// The last ten are written by transformers 5 (rope_parameters; Llama's attention_bias and mlp_bias; Mistral's sliding window of 5
 // tokens on every layer, shorter than three of the sequences; the qwen3, gemma, gemma2 and olmo2
 // compositions: per-head q/k norms, (1 + w) norms, scaled embedding, GeGLU, sandwich norms with
 // soft-caps, a score scale and a window on alternate layers, post norms, full-width q/k norms;
@@ -50,7 +50,7 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // expert, Qwen3-MoE, and the two Qwen ones with dense layers among the sparse ones (4 layers:
 // decoder_sparse_step 2; mlp_only_layers [0]).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
-                                        "llama31-rope-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
+                                        "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
                                         "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
                                         "qwen3-moe-mixed-tf5"};

@@ -90,6 +90,12 @@ TEST_CASE("keys config.json leaves out take transformers' defaults, and say so",
   const std::string qwen = edited(minimal, "\"llama\"", "\"qwen2\"");
   CHECK(parse_hf_config(qwen).s.max_positions.get() == 32768);  // Qwen2Config's default
   CHECK(parse_hf_config(qwen).s.qkv_bias.get());
+  CHECK(!parse_hf_config(qwen).s.out_bias.get());
+  // Llama's attention_bias: q/k/v and o_proj biases; mlp_bias: the gated MLP's (read by llama only).
+  const shape biased = parse_hf_config(edited(minimal, "}", ", \"attention_bias\": true, \"mlp_bias\": true}")).s;
+  CHECK((biased.qkv_bias.get() && biased.out_bias.get() && biased.mlp_bias.get()));
+  const shape plain = parse_hf_config(minimal).s;
+  CHECK((!plain.qkv_bias.get() && !plain.out_bias.get() && !plain.mlp_bias.get()));
 }
 
 TEST_CASE("transformers 5's rope_parameters: theta and scaling read from it, agreeing with the 4.x keys", "[spec][hf_config]") {
@@ -172,8 +178,7 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
         "megadsl: models/x/config.json: vocab_size: expected an integer >= 1, got -5; fix the value in "
         "config.json");
   CHECK(error_of(edited(minimal, ", \"vocab_size\": 1000", "")).starts_with("megadsl: models/x/config.json: vocab_size: missing (the vocabulary size)"));
-  CHECK(error_of(edited(minimal, "}", ", \"attention_bias\": true}")).starts_with("megadsl: models/x/config.json: attention_bias: is true: HF llama then puts "
-                                   "a bias on o_proj"));
+  CHECK(error_of(edited(minimal, "}", ", \"attention_bias\": 1}")).starts_with("megadsl: models/x/config.json: attention_bias: expected"));
   CHECK(error_of(edited(minimal, "}", ", \"hidden_act\": \"gelu\"}")).starts_with("megadsl: models/x/config.json: hidden_act: is \"gelu\" (a string)"));
 
   CHECK_THROWS_WITH(megadsl::read_hf_config(data_dir / "no-such-model"),
@@ -238,7 +243,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
-        ".hf_storage = separate, .mlp = gated, .out_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
+        ".hf_storage = separate, .mlp = gated, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .expert_naming = qwen, "
         ".shared_expert = false}");
