@@ -19,6 +19,7 @@
 #include "cli.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/hf_config.hpp"
+#include "megadsl/models/checkpoint_model.hpp"
 #include "megadsl/reflection.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/parallel/distributed.hpp"
@@ -34,12 +35,6 @@ using json = nlohmann::json;
 
 namespace {
 
-struct any_llama : any_decoder<dynamic_shape> {
-  static constexpr std::string_view name = "checkpoint";
-};
-using actor_t = causal_lm<any_llama, dynamic_layout>;
-using critic_t = value_model<any_llama, dynamic_layout>;
-using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
 
 enum class format { hf, dist };
 const char* name_of(format f) { return f == format::hf ? "HF checkpoint" : "distributed checkpoint"; }
@@ -306,9 +301,9 @@ int cmd_convert(const options& o, const std::vector<std::string>& argv, std::ost
   return run_job(j, argv, err, [&](distributed& d) {
     auto groups = parallel_groups::build(d, o.l);
     const bool speak = d.rank() == 0;
-    if (p.src.head.actor) convert<actor_t>(groups, d.world(), o, p, speak, out, err);
-    else if (p.src.head.value_bias) convert<critic_t>(groups, d.world(), o, p, speak, out, err);
-    else convert<critic_nobias_t>(groups, d.world(), o, p, speak, out, err);
+    with_checkpoint_model(p.src.head, [&](auto spec) {
+      convert<typename decltype(spec)::type>(groups, d.world(), o, p, speak, out, err);
+    });
     return 0;
   });
 }

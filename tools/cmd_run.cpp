@@ -36,6 +36,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/models/checkpoint_model.hpp"
 #include "megadsl/models/registry.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
@@ -239,12 +240,6 @@ void progress::stop(bool done) {
 
 namespace {
 
-struct any_llama : any_decoder<dynamic_shape> {
-  static constexpr std::string_view name = "hf-checkpoint";
-};
-using actor_t = causal_lm<any_llama, dynamic_layout>;
-using critic_t = value_model<any_llama, dynamic_layout>;
-using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
 
 // The output is a new file or replaces one that is neither the input nor inside the model's
 // directory (its weights, config.json, tokenizer): a run never overwrites what it reads.
@@ -451,9 +446,9 @@ int cmd_run(const options& o, const std::vector<std::string>& argv, std::ostream
     auto groups = parallel_groups::build(d, o.l);
     const bool speak = d.rank() == 0;
     std::vector<std::pair<std::string, at::Tensor>> result;
-    if (o.head.actor) result = run_model<actor_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
-    else if (o.head.value_bias) result = run_model<critic_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
-    else result = run_model<critic_nobias_t>(groups, plan.s, o, plan.dir, plan.input, speak, err);
+    result = with_checkpoint_model(o.head, [&](auto spec) {
+      return run_model<typename decltype(spec)::type>(groups, plan.s, o, plan.dir, plan.input, speak, err);
+    });
     if (d.rank() == 0) {
       write_output(o.output, result);
       std::string names;

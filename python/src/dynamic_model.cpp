@@ -6,6 +6,7 @@
 
 #include "megadsl/require_valid.hpp"
 #include "megadsl/hf_config.hpp"
+#include "megadsl/models/checkpoint_model.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
@@ -14,14 +15,6 @@ namespace megadsl::python {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The same model types as tools/cmd_run.cpp: every field of the shape and the layout dynamic.
-struct any_llama : any_decoder<dynamic_shape> {
-  static constexpr std::string_view name = "hf-checkpoint";
-};
-using actor_t = causal_lm<any_llama, dynamic_layout>;
-using critic_t = value_model<any_llama, dynamic_layout>;
-using critic_nobias_t = value_model<any_llama, dynamic_layout, value_head{.bias = false}>;
 
 template <class Spec>
 class model_of final : public dynamic_model {
@@ -104,9 +97,9 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   // Weights present and readable, described by config.json, and fitting in memory: before allocating.
   check_before_load(dir, cfg.s, o.l, o.head, at::elementSize(o.options.dtype), local_world_size());
   std::shared_ptr<dynamic_model> m;
-  if (o.head.actor) m = std::make_shared<model_of<actor_t>>(std::move(world), cfg.s, o);
-  else if (o.head.value_bias) m = std::make_shared<model_of<critic_t>>(std::move(world), cfg.s, o);
-  else m = std::make_shared<model_of<critic_nobias_t>>(std::move(world), cfg.s, o);
+  m = with_checkpoint_model(o.head, [&](auto spec) -> std::shared_ptr<dynamic_model> {
+    return std::make_shared<model_of<typename decltype(spec)::type>>(std::move(world), cfg.s, o);
+  });
   m->model_type_ = cfg.model_type;
   m->source_ = dir;
   m->carry_ = dir;

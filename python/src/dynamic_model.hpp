@@ -1,5 +1,5 @@
 // A model whose shape comes from an HF config.json and whose layout is chosen at run time: the
-// `parallel_model<causal_lm<any_llama, dynamic_layout>>` (or value_model) that `megadsl run` and
+// `parallel_model<checkpoint_actor>` (or a critic; models/checkpoint_model.hpp) that `megadsl run` and
 // `convert` build, behind one interface, with the process groups and the job it runs in. No
 // Python here; model_bindings.cpp wraps it.
 #pragma once
