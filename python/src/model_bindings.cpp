@@ -262,7 +262,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
          std::optional<std::int64_t> ep, std::optional<std::string> recompute, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
-         bool batch_checksum) {
+         bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
@@ -283,6 +283,11 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         o.head = {.actor = !critic, .value_bias = value_bias};
         o.options.seed = seed;
         o.options.batch_checksum = batch_checksum;
+        if (moe_aux_loss_coeff < 0 || moe_z_loss_coeff < 0)
+          throw py::value_error("megadsl.Model.from_hf: moe_aux_loss_coeff and moe_z_loss_coeff are >= 0 (0: off)");
+        o.options.moe_aux_loss_coeff = moe_aux_loss_coeff;
+        o.options.moe_aux_loss_per_sequence = moe_aux_loss_per_sequence;
+        o.options.moe_z_loss_coeff = moe_z_loss_coeff;
         o.options.dtype = at::kFloat;  // parameters, gradients and AdamW in fp32
         const at::ScalarType compute = dtype_of(dtype, "dtype");
         if (compute == at::kHalf)
@@ -300,14 +305,18 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
       py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
-      py::arg("seed") = 1234, py::arg("batch_checksum") = true,
+      py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
+      py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
 ...). dtype "bf16" computes in bf16 over fp32 parameters (mixed precision); device "cuda" uses
 GPU LOCAL_RANK and NCCL. The ranks check that they build the same model and, before each forward
 and training step, that they were given the same batch (shapes always; values too unless
-batch_checksum=False); ranks that disagree all raise at once, naming what differs and where.)");
+batch_checksum=False); ranks that disagree all raise at once, naming what differs and where.
+A mixture of experts adds Megatron's auxiliary losses in training when moe_aux_loss_coeff (the
+load-balancing loss, per sequence with moe_aux_loss_per_sequence) or moe_z_loss_coeff is above 0;
+Trainer.step reports their sum as metrics["moe_aux_loss"].)");
 
   model.def(
       "forward",

@@ -127,3 +127,28 @@ def test_distributed_checkpoint_keeps_the_training_state(gqa, reference, tmp_pat
     plain.load_distributed(tmp_path / "ckpt")  # without a trainer: the parameters only
     with pytest.raises(ValueError, match="another model"):
         plain.save_distributed(tmp_path / "x", trainer=trainer)
+
+
+def test_moe_auxiliary_losses_reach_python(fixtures):
+    """Megatron's auxiliary losses of a mixture, set from Python: reported per step and trained on."""
+    path = fixtures / "qwen3-moe-tf5"
+    from safetensors.torch import load_file
+    ref = load_file(str(path / "reference.safetensors"))
+    ids, mask = ref["right.input_ids"], ref["right.attention_mask"]
+    steps = {}
+    for coeff in (0.0, 0.1):
+        model = megadsl.Model.from_hf(path, moe_aux_loss_coeff=coeff, moe_z_loss_coeff=coeff / 10)
+        trainer = model.trainer(lr=1e-3)
+        before = snapshot(model)
+        with torch.no_grad():
+            old = model.forward(ids, mask)
+        batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": old["valid"].float(),
+                 "old_log_probs": old["log_probs"], "advantages": torch.ones(ids.shape)}
+        m = trainer.step(batch)
+        routers = [k for k in before if k.endswith("router.weight")]
+        steps[coeff] = (m, {k: model.parameters()[k] - before[k] for k in routers})
+    assert steps[0.0][0]["moe_aux_loss"] == 0
+    assert steps[0.1][0]["moe_aux_loss"] > 0.1  # several layers near balance (about 1 each when balanced), times 0.1
+    assert any(not torch.allclose(steps[0.0][1][k], steps[0.1][1][k]) for k in steps[0.0][1])
+    with pytest.raises(ValueError, match="moe_aux_loss_coeff"):
+        megadsl.Model.from_hf(path, moe_aux_loss_coeff=-1.0)
