@@ -8,6 +8,7 @@
 #include "megadsl/parallel/agreement.hpp"
 
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cmath>
@@ -64,12 +65,113 @@ class trainer_impl {
   actor_loss_config actor_cfg;
   critic_loss_config critic_cfg;
   std::unique_ptr<torch::optim::AdamW> adamw;
+  // The distributed optimizer: for each parameter (in params' order) the slice this rank updates,
+  // which AdamW holds in the parameter's place. Empty with the replicated optimizer.
+  struct slice {
+    const comm_group* group = nullptr;  // dp (edp for an expert); null: the whole parameter is here
+    std::int64_t chunk = 0;             // elements per rank: ceil(numel / group size)
+    std::int64_t offset = 0, size = 0;  // this rank's [offset, offset + size) of the flat parameter
+    at::Tensor view;                    // (size,) a view of the parameter's storage, no autograd
+  };
+  std::vector<slice> slices;
   std::int64_t steps = 0, samples = 0;
+
+  // The tensor AdamW updates for parameter i: the parameter, or this rank's slice of it.
+  [[nodiscard]] const at::Tensor& optimized(std::size_t i) const {
+    return slices.empty() ? (*params)[i].tensor : slices[i].view;
+  }
+  // Every gradient dropped (the parameters' and the slices' views of them).
+  void zero_grads() {
+    for (auto& sl : slices) sl.view.mutable_grad().reset();  // views: AdamW's zero_grad cannot detach them
+    adamw->zero_grad();
+    for (auto& p : *params) p.tensor.mutable_grad().reset();
+  }
+  // AdamW's step on what it holds; with the distributed optimizer each slice's gradient is its
+  // view of the parameter's (reduced, clipped) gradient, and the slices are all-gathered after.
+  void optimizer_step();
   std::int64_t skipped = 0;  // steps not applied: their gradient norm or loss was not finite
   bool batch_checksum = true;  // the ranks compare the global batch's values too, not only its shapes
 };
 
 }  // namespace detail
+
+namespace {
+
+// Each parameter's slice for the distributed optimizer: the dp group's (an expert's replicas are
+// the expert-data-parallel group's) rank r holds flat elements [r * chunk, (r + 1) * chunk).
+std::vector<detail::trainer_impl::slice> slices_of(std::vector<named_parameter>& params, const parallel_groups& g) {
+  std::vector<detail::trainer_impl::slice> out;
+  for (named_parameter& p : params) {
+    if (!p.tensor.is_contiguous())
+      throw std::logic_error("megadsl: the distributed optimizer needs contiguous parameters; " + p.name + " is not");
+    const bool expert = p.plan->row->where == placement::expert && g.edp != nullptr;
+    const comm_group* group = expert ? g.edp.get() : g.dp.get();
+    const at::Tensor flat = p.tensor.detach().view(-1);
+    const std::int64_t n = flat.numel(), ranks = group->size();
+    detail::trainer_impl::slice sl;
+    if (ranks == 1) {
+      sl.size = sl.chunk = n;
+      sl.view = flat;
+    } else {
+      sl.group = group;
+      sl.chunk = (n + ranks - 1) / ranks;
+      sl.offset = std::min(n, group->rank() * sl.chunk);
+      sl.size = std::min(n, sl.offset + sl.chunk) - sl.offset;
+      sl.view = flat.narrow(0, sl.offset, sl.size);
+    }
+    out.push_back(std::move(sl));
+  }
+  return out;
+}
+
+// A slice's elements padded to its chunk: what each rank contributes to an all-gather.
+at::Tensor padded(const at::Tensor& t, std::int64_t chunk) {
+  return t.numel() == chunk ? t : at::constant_pad_nd(t, {0, chunk - t.numel()});
+}
+
+// Every parameter whole again after the distributed optimizer's step: each group's slices in one
+// buffer, one all-gather per group, each rank's part copied into its place.
+void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices) {
+  std::vector<const comm_group*> groups;
+  for (const auto& sl : slices)
+    if (sl.group != nullptr && std::find(groups.begin(), groups.end(), sl.group) == groups.end()) groups.push_back(sl.group);
+  for (const comm_group* group : groups) {
+    std::vector<at::Tensor> mine;
+    for (const auto& sl : slices)
+      if (sl.group == group) mine.push_back(padded(sl.view, sl.chunk));
+    const at::Tensor all = group->all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, sum of chunks)
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      const auto& sl = slices[i];
+      if (sl.group != group) continue;
+      const at::Tensor flat = params[i].tensor.detach().view(-1);
+      const std::int64_t n = flat.numel();
+      for (std::int64_t r = 0; r < group->size(); ++r) {
+        const std::int64_t begin = std::min(n, r * sl.chunk), count = std::min(n, begin + sl.chunk) - begin;
+        if (r != group->rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
+      }
+      at += sl.chunk;
+    }
+  }
+}
+
+// A moment of the distributed optimizer's slice, whole: gathered over the slice's group.
+at::Tensor whole_moment(const at::Tensor& part, const detail::trainer_impl::slice& sl, const at::Tensor& param) {
+  if (sl.group == nullptr) return part.view(param.sizes()).clone();
+  const at::Tensor all = sl.group->all_gather(padded(part, sl.chunk).unsqueeze(0), 0);  // (ranks, chunk)
+  return all.reshape({-1}).narrow(0, 0, param.numel()).view(param.sizes()).clone();
+}
+
+}  // namespace
+
+void detail::trainer_impl::optimizer_step() {
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const at::Tensor& g = (*params)[i].tensor.grad();
+    slices[i].view.mutable_grad() = g.defined() ? g.view(-1).narrow(0, slices[i].offset, slices[i].size) : at::Tensor();
+  }
+  adamw->step();
+  if (!slices.empty()) gather_slices(*params, slices);
+}
 
 trainer::trainer(std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward,
                  std::vector<named_parameter>& params, std::function<void()> finalize,
@@ -91,7 +193,9 @@ trainer::trainer(std::function<double(const std::vector<batch>&, const loss_func
   s.critic_cfg = critic_cfg;
   // Megatron's default: weight decay on matrices, none on biases and norm weights.
   std::vector<at::Tensor> decayed, plain;
-  for (auto& p : params) (p.tensor.dim() >= 2 ? decayed : plain).push_back(p.tensor);
+  if (opt.distributed) s.slices = slices_of(params, groups);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    (params[i].tensor.dim() >= 2 ? decayed : plain).push_back(s.optimized(i));
   auto options = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(opt.lr).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(wd));
@@ -111,13 +215,24 @@ std::int64_t trainer::samples_done() const { return impl_->samples; }
 std::int64_t trainer::steps_skipped() const { return impl_->skipped; }
 void trainer::set_batch_checksum(bool on) { impl_->batch_checksum = on; }
 
+std::int64_t trainer::optimizer_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& [key, st] : impl_->adamw->state()) {
+    const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
+    for (const at::Tensor& m : {a.exp_avg(), a.exp_avg_sq()})
+      if (m.defined()) bytes += m.numel() * static_cast<std::int64_t>(m.element_size());
+  }
+  return bytes;
+}
+
 training_state trainer::export_state() const {
   const auto& s = *impl_;
   training_state out{.steps = s.steps, .samples = s.samples};
   auto& state = s.adamw->state();
   const named_parameter* first = nullptr;
-  for (const auto& p : *s.params) {
-    const auto it = state.find(p.tensor.unsafeGetTensorImpl());
+  for (std::size_t i = 0; i < s.params->size(); ++i) {
+    const named_parameter& p = (*s.params)[i];
+    const auto it = state.find(s.optimized(i).unsafeGetTensorImpl());
     const auto* st = it == state.end() ? nullptr : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
     const std::int64_t step = st == nullptr ? 0 : st->step();
     if (first == nullptr) {
@@ -128,7 +243,10 @@ training_state trainer::export_state() const {
                              " but " + std::to_string(step) + " for " + p.name +
                              "; a training state holds one step count for every parameter");
     }
-    if (st != nullptr) {
+    if (st != nullptr && !s.slices.empty()) {  // whole, from every rank's slice (a collective)
+      out.exp_avg.push_back(whole_moment(st->exp_avg().detach(), s.slices[i], p.tensor));
+      out.exp_avg_sq.push_back(whole_moment(st->exp_avg_sq().detach(), s.slices[i], p.tensor));
+    } else if (st != nullptr) {
       out.exp_avg.push_back(st->exp_avg().detach().clone());
       out.exp_avg_sq.push_back(st->exp_avg_sq().detach().clone());
     }
@@ -158,11 +276,17 @@ void trainer::import_state(const training_state& state) {
   auto& opt_state = s.adamw->state();
   opt_state.clear();
   for (std::size_t i = 0; moments && i < n; ++i) {
-    const at::Tensor& p = (*s.params)[i].tensor;
+    const at::Tensor& p = s.optimized(i);  // the parameter, or this rank's slice of it
+    // A whole moment as the parameter holds it, or this rank's slice of its elements.
+    const auto mine = [&](const at::Tensor& m) {
+      const at::Tensor t = m.detach().to(p.device(), p.scalar_type());
+      if (s.slices.empty()) return t.clone(at::MemoryFormat::Contiguous);
+      return t.reshape({-1}).narrow(0, s.slices[i].offset, s.slices[i].size).clone();
+    };
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(state.adam_step);
-    st->exp_avg(state.exp_avg[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
-    st->exp_avg_sq(state.exp_avg_sq[i].detach().to(p.device(), p.scalar_type()).clone(at::MemoryFormat::Contiguous));
+    st->exp_avg(mine(state.exp_avg[i]));
+    st->exp_avg_sq(mine(state.exp_avg_sq[i]));
     opt_state[p.unsafeGetTensorImpl()] = std::move(st);
   }
   s.steps = state.steps;
@@ -350,7 +474,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     throw std::invalid_argument("megadsl: the batch gives per-row temperatures and the actor loss's temperature is " +
                                 std::to_string(options.temperature) + "; give one or the other");
 
-  s.adamw->zero_grad();
+  s.zero_grads();
   double total = s.forward_backward(inputs, loss, options);
   at::Tensor total_t = at::full({1}, total, at::kDouble);
   s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the global loss
@@ -376,7 +500,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
   // and the loss are the same on every rank, so every rank skips alike; the schedule's counters
   // stay, as Megatron's scheduler does not advance on a skipped iteration.
   if (!std::isfinite(norm) || !std::isfinite(loss_value)) {
-    s.adamw->zero_grad();
+    s.zero_grads();
     ++s.skipped;
     m.skipped = true;
     m.lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
@@ -396,7 +520,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     o.lr(lr);
     if (g == 0) o.weight_decay(wd);
   }
-  s.adamw->step();
+  s.optimizer_step();
   ++s.steps;
   s.samples += static_cast<std::int64_t>(totals[2].item<double>());
 

@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* optimizer_keys =
     "lr, clip_grad, weight_decay, beta1, beta2, eps, lr_decay_style, min_lr, lr_warmup_init, lr_warmup_samples, "
-    "lr_decay_samples, lr_wsd_decay_samples, lr_wsd_decay_style";
+    "lr_decay_samples, lr_wsd_decay_samples, lr_wsd_decay_style, use_distributed_optimizer";
 constexpr const char* loss_keys =
     "policy_loss, clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_scale_factor, "
     "entropy_coeff, kl_coeff, kl, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, temperature, "
@@ -52,6 +52,11 @@ loss_options loss_options_of(const py::kwargs& kwargs, const char* where, bool w
     else if (with_optimizer && key == "beta1") o.opt.beta1 = number();
     else if (with_optimizer && key == "beta2") o.opt.beta2 = number();
     else if (with_optimizer && key == "eps") o.opt.eps = number();
+    else if (with_optimizer && key == "use_distributed_optimizer") {  // verl's name; on by default
+      if (!py::isinstance<py::bool_>(v))
+        throw py::type_error(std::string("megadsl: ") + where + ": use_distributed_optimizer must be True or False, got " + text_of(v));
+      o.opt.distributed = v.cast<bool>();
+    }
     else if (with_optimizer && key == "lr_decay_style") {
       const std::string n = name();
       bool found = false;

@@ -457,7 +457,8 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
         return t;
       },
       R"(A trainer of this model with verl's losses: AdamW (lr=1e-5, clip_grad=1.0, weight_decay=0.01, beta1,
-beta2, eps) and, for the actor, verl's policy loss (policy_loss="vanilla" | "gspo" | "gpg" |
+beta2, eps; use_distributed_optimizer=True: Megatron's distributed optimizer, the moments sharded
+over dp, the same numbers as the replicated one) and, for the actor, verl's policy loss (policy_loss="vanilla" | "gspo" | "gpg" |
 "clip_cov" | "kl_cov"; clip_ratio=0.2, clip_ratio_low, clip_ratio_high, clip_ratio_c=3.0 (dual-clip),
 loss_agg_mode="token-mean" | "token-sum" | "seq-mean-token-sum" | "seq-mean-token-mean" |
 "seq-mean-token-sum-norm" (with loss_scale_factor), entropy_coeff, kl_coeff with kl="k3" (verl's

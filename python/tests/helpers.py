@@ -95,3 +95,11 @@ def forward_with_row_temperatures(path, ids, mask, temps, layout):
     with torch.no_grad():
         out = model.forward(ids, mask, temperature=temps)
     return {k: v.clone() for k, v in out.items()}
+
+
+def train_on_ranks(path, batch, steps, trainer_kwargs):
+    """`steps` PPO steps of `path` at dp = the job's size; returns the parameters and the losses."""
+    model = megadsl.Model.from_hf(path)
+    trainer = model.trainer(lr=1e-3, **trainer_kwargs)
+    losses = [trainer.step(batch)["loss"] for _ in range(steps)]
+    return {k: v.detach().clone() for k, v in model.parameters().items()}, losses

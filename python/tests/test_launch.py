@@ -47,3 +47,19 @@ def test_a_mixture_of_experts_over_two_ranks_matches_transformers(fixtures):
         assert max_diff(out["log_probs"], ref["left.log_probs"], lp_valid(mask)) < 1e-4
         assert max_diff(out["entropy"], ref["left.entropy"], mask.bool()) < 1e-4
     assert repr(megadsl.Layout(ep=2)) == "Layout(tp=1, pp=1, vpp=1, sp=False, rmpad=False, ep=2)"
+
+
+def test_the_distributed_optimizer_trains_like_the_replicated_one(gqa, reference):
+    """use_distributed_optimizer (verl's default, and megadsl's) at dp 2: each rank keeps half of the
+    AdamW moments, and three steps give the replicated optimizer's parameters."""
+    ids, mask = reference["right.input_ids"], reference["right.attention_mask"]
+    g = torch.Generator().manual_seed(3)
+    batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": mask.float(),
+             "old_log_probs": -torch.rand(ids.shape, generator=g), "advantages": torch.randn(ids.shape, generator=g)}
+    runs = [megadsl.launch_local(2, helpers.train_on_ranks, str(gqa), batch, 3, {"use_distributed_optimizer": d},
+                                 timeout=300) for d in (True, False)]
+    (sharded, losses_a), (replicated, losses_b) = runs[0][0], runs[1][0]
+    assert losses_a == losses_b
+    assert all(torch.allclose(sharded[k], replicated[k], rtol=0, atol=1e-7) for k in replicated)
+    with pytest.raises(TypeError, match="use_distributed_optimizer must be True or False"):
+        megadsl.Model.from_hf(gqa).trainer(use_distributed_optimizer=1)

@@ -146,7 +146,8 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   os << "\n";
 
   // ---- model state per rank ----
-  os << "Model state per rank, GiB (all tp ranks of a pipeline rank hold the same; no distributed optimizer)\n";
+  os << "Model state per rank, GiB (all tp ranks of a pipeline rank hold the same; the optimizer replicated over dp,\n"
+        "the distributed optimizer (the trainer's default, optimizer_config::distributed) in the last line)\n";
   table state;
   state.row({"", "", "", "<fp32", "", "", "", "<bf16 mixed", "", "", ""});
   state.row({"pp rank", "layers", "parameters", "weights", "grads", "Adam", "total", "weights",
@@ -163,11 +164,15 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   }
   state.row({"fp32: 4 + 4 + 8 = 16 B/param; bf16: 2 + 4 (fp32 main_grad) + 12 (fp32 master, Adam m, v) = 18 B/param"});
   if (dp > 1) {
-    double peak_dist = 0;
-    for (std::int64_t r = 0; r < pp; ++r)
+    double peak_dist = 0, peak_dist_fp32 = 0, peak_fp32 = 0;
+    for (std::int64_t r = 0; r < pp; ++r) {
       peak_dist = std::max(peak_dist, training_memory(s, l, head, precision::bf16_mixed, r, dp).total_bytes);
-    state.row({"distributed optimizer over dp " + std::to_string(dp) + " (6 + 12/dp B/param): " +
-               in_gib(peak_dist) + " GiB on the most-loaded rank, instead of " + in_gib(peak_bf16)});
+      peak_dist_fp32 = std::max(peak_dist_fp32, training_memory(s, l, head, precision::fp32, r, dp).total_bytes);
+      peak_fp32 = std::max(peak_fp32, training_memory(s, l, head, precision::fp32, r).total_bytes);
+    }
+    state.row({"distributed optimizer over dp " + std::to_string(dp) + ": fp32 (8 + 8/dp B/param) " + in_gib(peak_dist_fp32) +
+               " GiB on the most-loaded rank instead of " + in_gib(peak_fp32) + "; bf16 (6 + 12/dp B/param) " +
+               in_gib(peak_dist) + " instead of " + in_gib(peak_bf16)});
   }
   state.print(os);
   os << "\n";

@@ -28,6 +28,12 @@ struct optimizer_config {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.01;  // on matrices only (Megatron: no decay for biases and norms)
   double clip_grad = 1.0;      // global gradient norm; <= 0 disables clipping
+  // Megatron's distributed optimizer (verl's default, use_distributed_optimizer): each dp rank
+  // keeps the AdamW moments of 1/dp of every parameter (of an expert's over the expert-data-
+  // parallel group) and updates only that slice; the updated slices are all-gathered over dp. The
+  // same numbers as the replicated optimizer (AdamW is element-wise), 8/dp bytes of state per
+  // parameter instead of 8. Checkpoints hold the whole moments either way (layout-independent).
+  bool distributed = true;
   // Learning rate and weight decay at a step (samples consumed so far); default: constant.
   std::function<double(std::int64_t)> lr_at;
   std::function<double(std::int64_t)> weight_decay_at;
@@ -132,6 +138,8 @@ class trainer {
   // The counters and copies of AdamW's moments. Throws std::logic_error if the parameters
   // disagree on AdamW's step (one step count per checkpoint).
   [[nodiscard]] training_state export_state() const;
+  // Bytes of optimizer state this rank holds (AdamW's two moments; 0 before the first step).
+  [[nodiscard]] std::int64_t optimizer_bytes() const;
   // Continues from `state`: counters set, moments copied into fresh AdamW state (none when the
   // state has no moments). Throws std::invalid_argument naming the parameter whose moment has the
   // wrong shape, or when the number of moments is not the number of parameters.
