@@ -6,6 +6,7 @@
 
 #include "megadsl/batching.hpp"
 #include "megadsl/parallel/agreement.hpp"
+#include "megadsl/runtime/offload.hpp"
 
 
 #include <algorithm>
@@ -74,6 +75,7 @@ class trainer_impl {
     at::Tensor view;                    // (size,) a view of the parameter's storage, no autograd
   };
   std::vector<slice> slices;
+  offload_set optimizer_offload;  // AdamW's moments while offloaded
   std::int64_t steps = 0, samples = 0;
 
   // The tensor AdamW updates for parameter i: the parameter, or this rank's slice of it.
@@ -215,15 +217,25 @@ std::int64_t trainer::samples_done() const { return impl_->samples; }
 std::int64_t trainer::steps_skipped() const { return impl_->skipped; }
 void trainer::set_batch_checksum(bool on) { impl_->batch_checksum = on; }
 
-std::int64_t trainer::optimizer_bytes() const {
-  std::int64_t bytes = 0;
-  for (const auto& [key, st] : impl_->adamw->state()) {
+namespace {
+std::vector<at::Tensor> moments_of(torch::optim::AdamW& adamw) {
+  std::vector<at::Tensor> out;
+  for (const auto& [key, st] : adamw.state()) {
     const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
-    for (const at::Tensor& m : {a.exp_avg(), a.exp_avg_sq()})
-      if (m.defined()) bytes += m.numel() * static_cast<std::int64_t>(m.element_size());
+    out.push_back(a.exp_avg());
+    out.push_back(a.exp_avg_sq());
   }
-  return bytes;
+  return out;
 }
+}  // namespace
+
+std::int64_t trainer::optimizer_bytes() const { return storage_bytes(moments_of(*impl_->adamw)); }
+
+void trainer::offload_optimizer() {
+  if (!impl_->optimizer_offload.offloaded()) impl_->optimizer_offload.offload(moments_of(*impl_->adamw));
+}
+
+void trainer::reload_optimizer() { impl_->optimizer_offload.reload(); }
 
 training_state trainer::export_state() const {
   const auto& s = *impl_;
@@ -432,6 +444,8 @@ std::map<std::string, double> mean_over_ranks(const std::map<std::string, double
 
 step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch> parts, const step_options& o) {
   auto& s = *impl_;
+  if (s.optimizer_offload.offloaded())
+    throw std::logic_error("megadsl: trainer.step: the optimizer state is offloaded to host memory; call reload_optimizer() (Python: Trainer.reload()) first");
   const custom_loss& custom = o.loss;
   const auto start = std::chrono::steady_clock::now();
   // The global batch's counts: loss tokens, rows with any, rows, real tokens. Every rank sees the

@@ -27,13 +27,18 @@ class model_of final : public dynamic_model {
   ~model_of() override { model_.reset(); }
 
   model_output forward(const batch& b, const forward_options& o) override { return live().forward(b, o); }
-  std::vector<named_parameter>& parameters() override { return live().parameters(); }
-  void finalize_grads() override { live().finalize_grads(); }
-  double grad_norm() override { return live().grad_norm(); }
+  std::vector<named_parameter>& parameters() override { return on_device("its parameters").parameters(); }
+  void finalize_grads() override { on_device("finalize_grads").finalize_grads(); }
+  double grad_norm() override { return on_device("grad_norm").grad_norm(); }
+  void offload(bool params, bool grads) override { live().offload(params, grads); }
+  void reload() override { live().reload(); }
+  bool offloaded() override { return live().offloaded(); }
+  std::int64_t parameter_bytes() override { return live().parameter_bytes(); }
+  std::int64_t gradient_bytes() override { return live().gradient_bytes(); }
   std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
-    parallel_model<Spec>& m = live();
+    parallel_model<Spec>& m = on_device("Model.trainer");
     auto t = std::make_unique<trainer>(
         [&m](const std::vector<batch>& mbs, const loss_function& loss, const forward_options& o) {
           return m.forward_backward(mbs, loss, o);
@@ -52,6 +57,14 @@ class model_of final : public dynamic_model {
   parallel_model<Spec>& live() {
     if (!model_) throw_closed();
     return *model_;
+  }
+  // The model, whose tensors are about to be read: refused while they are offloaded.
+  parallel_model<Spec>& on_device(const char* what) {
+    parallel_model<Spec>& m = live();
+    if (m.offloaded())
+      throw std::runtime_error(std::string("megadsl: ") + what + ": the model's parameters or gradients are offloaded to "
+                               "host memory; call Model.reload() first");
+    return m;
   }
   std::unique_ptr<parallel_model<Spec>> model_;
 };

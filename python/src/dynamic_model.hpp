@@ -41,6 +41,12 @@ class dynamic_model {
   // A trainer of this model; it refers to the model, which must outlive it (and stay open).
   virtual std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
                                                 const critic_loss_config& critic) = 0;
+  // parallel_model's offload between phases (runtime/offload.hpp) and its device bytes.
+  virtual void offload(bool params, bool grads) = 0;
+  virtual void reload() = 0;
+  virtual bool offloaded() = 0;
+  virtual std::int64_t parameter_bytes() = 0;
+  virtual std::int64_t gradient_bytes() = 0;
 
   void save_hf(const std::filesystem::path& dir, at::ScalarType dtype);
   void save_distributed(const std::filesystem::path& dir, const trainer* t);

@@ -521,6 +521,35 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
       R"(Frees this rank's shards and process groups now (every rank should close its model); the
 model cannot be used afterwards. megadsl.shutdown() and exit close every model.)");
   model.def_property_readonly("closed", &dynamic_model::closed);
+  model.def(
+      "offload",
+      [](dynamic_model& self, bool parameters, bool gradients) {
+        if (self.closed()) throw std::runtime_error("megadsl: Model.offload: the model is closed");
+        py::gil_scoped_release release;
+        self.offload(parameters, gradients);
+      },
+      py::kw_only(), py::arg("parameters") = true, py::arg("gradients") = true,
+      R"(Moves this rank's parameters and/or gradients to host memory (pinned, asynchronously on CUDA)
+and frees their device storage, so that a colocated rollout engine gets the memory (verl's
+param_offload, grad_offload); Model.reload() brings the same tensors back. forward and Trainer.step
+raise while offloaded.)");
+  model.def(
+      "reload",
+      [](dynamic_model& self) {
+        if (self.closed()) throw std::runtime_error("megadsl: Model.reload: the model is closed");
+        py::gil_scoped_release release;
+        self.reload();
+      },
+      "Brings back what Model.offload moved to host memory (a no-op when nothing is offloaded).");
+  model.def(
+      "device_bytes",
+      [](dynamic_model& self) {
+        py::dict d;
+        d["parameters"] = self.parameter_bytes();
+        d["gradients"] = self.gradient_bytes();
+        return d;
+      },
+      "Bytes of device storage this rank's parameters and gradients hold now (0 while offloaded).");
   model.def_property_readonly("device", [](const dynamic_model& self) { return self.config().options.device.str(); });
   model.def_property_readonly("load_notes", [](const dynamic_model& self) { return self.load_report().notes; },
                               "What loading the checkpoint reported (e.g. a value head that was initialised).");
@@ -573,6 +602,22 @@ rank the global batch; the global counts are summed over the dp ranks.
 Returns loss, grad_norm, lr, tokens, seconds, tokens_per_second,
 moe_aux_loss, and skipped: True when the gradient norm or the loss was NaN or infinite, in which
 case the update was not applied (Megatron's rule; Trainer.skipped counts them).)")
+      .def(
+          "offload",
+          [](py_trainer& self) {
+            py::gil_scoped_release release;
+            self.t->offload_optimizer();
+          },
+          "Moves AdamW's moments to host memory (verl's optimizer_offload); Trainer.reload() brings them back.")
+      .def(
+          "reload",
+          [](py_trainer& self) {
+            py::gil_scoped_release release;
+            self.t->reload_optimizer();
+          },
+          "Brings back the optimizer state Trainer.offload() moved (a no-op when nothing is offloaded).")
+      .def_property_readonly("optimizer_bytes", [](const py_trainer& self) { return self.t->optimizer_bytes(); },
+                             "Bytes of optimizer state on the device on this rank (0 while offloaded).")
       .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })
       .def_property_readonly("samples", [](const py_trainer& self) { return self.t->samples_done(); })
       .def_property_readonly("skipped", [](const py_trainer& self) { return self.t->steps_skipped(); })

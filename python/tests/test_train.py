@@ -152,3 +152,32 @@ def test_moe_auxiliary_losses_reach_python(fixtures):
     assert any(not torch.allclose(steps[0.0][1][k], steps[0.1][1][k]) for k in steps[0.0][1])
     with pytest.raises(ValueError, match="moe_aux_loss_coeff"):
         megadsl.Model.from_hf(path, moe_aux_loss_coeff=-1.0)
+
+
+def test_offload_between_phases(gqa, reference):
+    """Model.offload / Trainer.offload free the device storage of parameters, gradients and AdamW's
+    moments; reloaded, training goes on exactly as without the round trip."""
+    batch = rollout(reference, megadsl.Model.from_hf(gqa))
+    models = [megadsl.Model.from_hf(gqa) for _ in range(2)]
+    trainers = [m.trainer(lr=1e-3) for m in models]
+    for t in trainers:
+        t.step(batch)
+    model, trainer = models[0], trainers[0]
+    held = model.device_bytes()
+    assert held["parameters"] > 0 and held["gradients"] > 0 and trainer.optimizer_bytes > 0
+    model.offload(gradients=False)
+    assert model.device_bytes() == {"parameters": 0, "gradients": held["gradients"]}
+    model.offload()
+    trainer.offload()
+    assert model.device_bytes() == {"parameters": 0, "gradients": 0} and trainer.optimizer_bytes == 0
+    with pytest.raises(RuntimeError, match="offloaded to host memory; call reload"):
+        model.forward(batch["input_ids"], batch["attention_mask"])
+    model.reload()
+    with pytest.raises(RuntimeError, match="reload_optimizer"):
+        trainer.step(batch)
+    trainer.reload()
+    assert model.device_bytes() == held
+    m = [t.step(batch) for t in trainers]
+    assert m[0]["loss"] == m[1]["loss"]
+    a, b = models[0].parameters(), models[1].parameters()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -19,11 +19,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "megadsl/model.hpp"
 #include "megadsl/parallel/distributed.hpp"
+#include "megadsl/runtime/offload.hpp"
 #include "megadsl/shard_plan.hpp"
 #include "megadsl/sliding_window.hpp"
 
@@ -167,13 +169,17 @@ class parallel_model {
   // Outputs for the whole batch on every rank. With pp = 1 they carry the autograd graph (call
   // backward on anything computed from them); with pp > 1 this is inference (no graph) and the
   // last stage's outputs are broadcast over the pipeline.
-  model_output forward(const batch& b, const forward_options& o = {}) { return core_->forward(b, o); }
+  model_output forward(const batch& b, const forward_options& o = {}) {
+    require_on_device("forward");
+    return core_->forward(b, o);
+  }
 
   // Forward and backward of every micro-batch in the pipeline schedule of the layout (no
   // pipelining, 1F1B, or interleaved 1F1B), accumulating gradients; returns the summed loss
   // (the same on every rank). Call finalize_grads() before the optimizer step.
   double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                           const forward_options& o = {}) {
+    require_on_device("forward_backward");
     return core_->forward_backward(microbatches, loss, o);
   }
 
@@ -193,8 +199,46 @@ class parallel_model {
   double moe_aux_loss() { return core_->moe_aux_loss(); }
   const runtime_config& config() const { return core_->config(); }
 
+  // Between phases (verl's param_offload / grad_offload): this rank's parameters and, separately,
+  // their gradients moved to host memory, their device storage freed (runtime/offload.hpp); the
+  // same tensors come back with reload(). forward and forward_backward refuse while offloaded.
+  void offload(bool params = true, bool grads = true) {
+    std::vector<at::Tensor> ps, gs;
+    for (const named_parameter& p : parameters()) {
+      ps.push_back(p.tensor);
+      gs.push_back(p.tensor.grad());
+    }
+    if (params && !parameters_.offloaded()) parameters_.offload(ps);
+    if (grads && !gradients_.offloaded()) gradients_.offload(gs);
+  }
+  void reload() {
+    parameters_.reload();
+    gradients_.reload();
+  }
+  // Whether parameters or gradients are offloaded (their tensors must not be read meanwhile).
+  [[nodiscard]] bool offloaded() const { return parameters_.offloaded() || gradients_.offloaded(); }
+  // Bytes on the device now: the parameters' storage and the gradients' (0 while offloaded).
+  [[nodiscard]] std::int64_t parameter_bytes() {
+    std::vector<at::Tensor> ps;
+    for (const named_parameter& p : parameters()) ps.push_back(p.tensor);
+    return storage_bytes(ps);
+  }
+  [[nodiscard]] std::int64_t gradient_bytes() {
+    std::vector<at::Tensor> gs;
+    for (const named_parameter& p : parameters()) gs.push_back(p.tensor.grad());
+    return storage_bytes(gs);
+  }
+
  private:
+  void require_on_device(const char* what) const {
+    if (parameters_.offloaded() || gradients_.offloaded())
+      throw std::logic_error(std::string("megadsl: ") + what + ": the model's " +
+                             (parameters_.offloaded() ? "parameters are" : "gradients are") +
+                             " offloaded to host memory; call reload() first");
+  }
+
   std::unique_ptr<detail::model_core> core_;
+  offload_set parameters_, gradients_;
 };
 
 }  // namespace megadsl

@@ -138,8 +138,13 @@ class trainer {
   // The counters and copies of AdamW's moments. Throws std::logic_error if the parameters
   // disagree on AdamW's step (one step count per checkpoint).
   [[nodiscard]] training_state export_state() const;
-  // Bytes of optimizer state this rank holds (AdamW's two moments; 0 before the first step).
+  // Bytes of optimizer state this rank holds on the device (AdamW's two moments; 0 before the
+  // first step, and while offloaded).
   [[nodiscard]] std::int64_t optimizer_bytes() const;
+  // verl's optimizer_offload between phases: AdamW's moments moved to host memory and back
+  // (runtime/offload.hpp); step() refuses while they are offloaded.
+  void offload_optimizer();
+  void reload_optimizer();
   // Continues from `state`: counters set, moments copied into fresh AdamW state (none when the
   // state has no moments). Throws std::invalid_argument naming the parameter whose moment has the
   // wrong shape, or when the number of moments is not the number of parameters.
