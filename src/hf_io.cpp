@@ -384,6 +384,9 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
                              ": it is the directory the model was loaded from, and saving would replace its weights "
                              "and every file megadsl does not write (README.md, ...); write to another directory");
   }
+  // config.json is written by one rank at the end; a model it cannot describe is refused here, on
+  // every rank alike, before any collective (not on one rank while the others wait for it).
+  (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window);
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {

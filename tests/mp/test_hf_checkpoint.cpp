@@ -533,3 +533,19 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
 }
 
 }  // namespace megadsl::test
+
+namespace megadsl::test {
+
+TEST_CASE("save_hf refuses a model its config class cannot describe on every rank at once, writing nothing",
+          "[world4][hf]") {
+  constexpr layout l{.tp = 2, .pp = 2};
+  auto groups = parallel_groups::build(dist(), l);
+  parallel_model<causal_lm<tiny8, l>> m(groups, test_options<tiny8>());  // no q/k/v bias
+  const fs::path dir = shared_scratch("unsayable");
+  // Every rank names the problem itself (not a collective's timeout naming a peer).
+  CHECK_THROWS_WITH(save_hf(m, groups, dir, at::kFloat, "qwen2"), Catch::Contains("model_type qwen2 always has the q/k/v bias"));
+  groups.world->barrier();
+  CHECK(!fs::exists(dir));
+}
+
+}  // namespace megadsl::test
