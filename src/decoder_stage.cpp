@@ -123,19 +123,19 @@ class decoder_stage final : public model_core, public pipeline_stage {
       const micro_input in = prepare(b);
       return head(run_chunk(0, in, {}), in, o);
     }
-    // Inference through the stages in order; the last stage broadcasts its outputs.
-    c10::NoGradGuard no_grad;
-    const running_inputs running(inputs_);
-    inputs_ = {prepare(b)};
-    model_output out;
-    executor_.forward(*this, 0, [&](const at::Tensor& hidden) { out = head(hidden, inputs_[0], o); });
-    out = broadcast_outputs(out, inputs_[0], o);
-    if (o.record_routing && routing_slots_ > 0) {
-      // Each stage knows its own layers' routing: the sum over stages of (routing + 1), zero
-      // where a layer ran elsewhere.
-      at::Tensor all = routing_of(inputs_[0]) + 1;
-      groups_->pp->all_reduce(all);
-      out.routed_experts = all - 1;
+    return pipelined_inference({b}, o).front();
+  }
+
+  std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) override {
+    if (microbatches.empty()) throw std::invalid_argument("megadsl: forward needs at least one micro-batch");
+    std::vector<named_tensors> given;
+    for (const batch& b : microbatches) given.push_back(fields_of(b));
+    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, given, cfg_.options.batch_checksum);
+    if (pp_size_ > 1) return pipelined_inference(microbatches, o);
+    std::vector<model_output> out;  // pp = 1: one after the other, each with its graph
+    for (const batch& b : microbatches) {
+      const micro_input in = prepare(b);
+      out.push_back(head(run_chunk(0, in, {}), in, o));
     }
     return out;
   }
@@ -297,6 +297,30 @@ class decoder_stage final : public model_core, public pipeline_stage {
   }
 
   // Outputs of the last stage, broadcast over the pipeline (inference with pp > 1).
+  // Inference of micro-batches through the pipeline, overlapped across the stages; the last stage
+  // broadcasts each micro-batch's outputs over the pipeline.
+  std::vector<model_output> pipelined_inference(const std::vector<batch>& microbatches, const forward_options& o) {
+    c10::NoGradGuard no_grad;
+    const running_inputs running(inputs_);
+    inputs_.reserve(microbatches.size());
+    for (const batch& b : microbatches) inputs_.push_back(prepare(b));
+    std::vector<model_output> out(microbatches.size());
+    executor_.forward(*this, static_cast<std::int64_t>(microbatches.size()), [&](const at::Tensor& hidden, std::int64_t mb) {
+      out[static_cast<std::size_t>(mb)] = head(hidden, inputs_[static_cast<std::size_t>(mb)], o);
+    });
+    for (std::size_t mb = 0; mb < out.size(); ++mb) {
+      out[mb] = broadcast_outputs(out[mb], inputs_[mb], o);
+      if (o.record_routing && routing_slots_ > 0) {
+        // Each stage knows its own layers' routing: the sum over stages of (routing + 1), zero
+        // where a layer ran elsewhere.
+        at::Tensor all = routing_of(inputs_[mb]) + 1;
+        groups_->pp->all_reduce(all);
+        out[mb].routed_experts = all - 1;
+      }
+    }
+    return out;
+  }
+
   model_output broadcast_outputs(model_output out, const micro_input& in, const forward_options& o) {
     const std::int64_t b = in.pk.batch, s = in.pk.seq;
     const int root = static_cast<int>(pp_size_ - 1);

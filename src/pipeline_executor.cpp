@@ -68,17 +68,21 @@ double pipeline_executor::forward_backward(pipeline_stage& stage, std::int64_t m
   return total_loss.item<double>();
 }
 
-void pipeline_executor::forward(pipeline_stage& stage, std::int64_t mb,
-                                const std::function<void(const at::Tensor&)>& at_end) {
+void pipeline_executor::forward(pipeline_stage& stage, std::int64_t microbatches,
+                                const std::function<void(const at::Tensor&, std::int64_t mb)>& at_end) {
   require_chunks(stage);
   const pending_sends_dropped on_exit(sends_);
-  for (std::int64_t c = 0; c < stage.chunk_count(); ++c) {
-    at::Tensor input;
-    if (!stage.is_first(c)) input = receive(stage, c, mb, true);
-    const at::Tensor hidden = stage.forward(c, mb, input);
-    if (stage.is_last(c)) at_end(hidden);
-    else send(hidden, c, mb, true);
-  }
+  // Chunk-major: a chunk's input for micro-batch j comes from the previous global stage's same
+  // chunk (or the last rank's previous chunk), which that rank ran before any later chunk, so the
+  // order cannot deadlock; sends are asynchronous, so no rank waits for its successor.
+  for (std::int64_t c = 0; c < stage.chunk_count(); ++c)
+    for (std::int64_t mb = 0; mb < microbatches; ++mb) {
+      at::Tensor input;
+      if (!stage.is_first(c)) input = receive(stage, c, mb, true);
+      const at::Tensor hidden = stage.forward(c, mb, input);
+      if (stage.is_last(c)) at_end(hidden, mb);
+      else send(hidden, c, mb, true);
+    }
   wait_sends();
 }
 

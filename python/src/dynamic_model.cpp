@@ -27,6 +27,9 @@ class model_of final : public dynamic_model {
   ~model_of() override { model_.reset(); }
 
   model_output forward(const batch& b, const forward_options& o) override { return live().forward(b, o); }
+  std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) override {
+    return live().forward(microbatches, o);
+  }
   std::vector<named_parameter>& parameters() override { return on_device("its parameters").parameters(); }
   void finalize_grads() override { on_device("finalize_grads").finalize_grads(); }
   double grad_norm() override { return on_device("grad_norm").grad_norm(); }

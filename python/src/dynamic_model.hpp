@@ -35,6 +35,8 @@ class dynamic_model {
 
   // Each throws std::runtime_error once the model is closed.
   virtual model_output forward(const batch& b, const forward_options& o) = 0;
+  // Each micro-batch's outputs; pipelined over the stages at pp > 1.
+  virtual std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
   virtual void finalize_grads() = 0;
   virtual double grad_norm() = 0;

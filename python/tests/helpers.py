@@ -103,3 +103,13 @@ def train_on_ranks(path, batch, steps, trainer_kwargs):
     trainer = model.trainer(lr=1e-3, **trainer_kwargs)
     losses = [trainer.step(batch)["loss"] for _ in range(steps)]
     return {k: v.detach().clone() for k, v in model.parameters().items()}, losses
+
+
+def forward_whole_and_micro(path, ids, mask, layout):
+    """The batch's outputs in one pass and one row at a time (pipelined over the stages at pp > 1)."""
+    model = megadsl.Model.from_hf(path, **layout)
+    with torch.no_grad():
+        whole = model.forward(ids, mask)
+        parts = model.forward(ids, mask, micro_batch_size=1)
+    keep = ("log_probs", "entropy", "valid")
+    return {k: whole[k].clone() for k in keep}, {k: parts[k].clone() for k in keep}

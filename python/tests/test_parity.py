@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import megadsl
+import helpers
 from helpers import lp_valid, max_diff
 from test_train import rollout
 
@@ -61,6 +62,14 @@ def test_micro_batched_inference_gives_the_same_outputs(gqa, reference):
     assert torch.equal(whole["valid"], parts["valid"])
     assert max_diff(whole["log_probs"], parts["log_probs"], lp_valid(mask)) < 1e-6
     assert max_diff(whole["entropy"], parts["entropy"], mask.bool()) < 1e-6
+
+
+def test_micro_batched_inference_is_pipelined_at_pp_2(gqa, reference):
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    for whole, parts in megadsl.launch_local(2, helpers.forward_whole_and_micro, str(gqa), ids, mask, {"pp": 2}):
+        assert torch.equal(whole["valid"], parts["valid"])
+        assert max_diff(whole["log_probs"], parts["log_probs"], lp_valid(mask)) < 1e-6
+        assert max_diff(whole["entropy"], parts["entropy"], mask.bool()) < 1e-6
 
 
 def test_a_wrong_keyword_is_one_line(gqa, reference):

@@ -212,6 +212,36 @@ TEST_CASE("dynamic batching (dp balanced by Karmarkar-Karp, a token budget) trai
   check_training<tiny8_tied, layout{.pp = 2}, false>(0, &budget);  // dp 2
 }
 
+template <layout L>
+void check_pipelined_inference() {
+  INFO("tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << " sp=" << L.sp.get()
+             << " rmpad=" << L.rmpad.get());
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<tiny8, L>> model(groups, model_options{.test_init = true});
+  const rollout_batch rb = make_rollout(tiny8::shape.vocab);
+  const model_output whole = model.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask});
+  std::vector<batch> micro;
+  for (std::int64_t i = 0; i < 4; ++i) {
+    const rollout_batch mb = slice_rows(rb, 2 * i, 2 * i + 2);
+    micro.push_back({.input_ids = mb.input_ids, .attention_mask = mb.attention_mask});
+  }
+  const std::vector<model_output> parts = model.forward(micro);
+  REQUIRE(parts.size() == 4);
+  std::vector<at::Tensor> lp, ent;
+  for (const model_output& p : parts) {
+    lp.push_back(p.log_probs);
+    ent.push_back(p.entropy);
+  }
+  CHECK(max_abs_diff(whole.log_probs, at::cat(lp, 0)) <= 1e-6);
+  CHECK(max_abs_diff(whole.entropy, at::cat(ent, 0)) <= 1e-6);
+}
+
+TEST_CASE("micro-batches pipelined over the stages in inference give the whole batch's outputs", "[world4][pipeline]") {
+  check_pipelined_inference<layout{.pp = 4}>();
+  check_pipelined_inference<layout{.pp = 2, .vpp = 2}>();
+  check_pipelined_inference<layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>();
+}
+
 TEST_CASE("log-probs do not depend on how the batch is split into micro-batches", "[world4][pipeline]") {
   auto single = parallel_groups::single();
   const model_options opt{.test_init = true};

@@ -130,6 +130,7 @@ class model_core {
  public:
   virtual ~model_core() = default;
   virtual model_output forward(const batch& b, const forward_options& o) = 0;
+  virtual std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) = 0;
   virtual double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                                   const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
@@ -172,6 +173,14 @@ class parallel_model {
   model_output forward(const batch& b, const forward_options& o = {}) {
     require_on_device("forward");
     return core_->forward(b, o);
+  }
+
+  // Each micro-batch's outputs on every rank: at pp > 1 inference pipelined over the stages (the
+  // stages work on different micro-batches at once; no graph), at pp = 1 one after the other with
+  // the graph. The same outputs as forward() on each micro-batch alone.
+  std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o = {}) {
+    require_on_device("forward");
+    return core_->forward(microbatches, o);
   }
 
   // Forward and backward of every micro-batch in the pipeline schedule of the layout (no

@@ -50,9 +50,12 @@ class pipeline_executor {
   // the summed loss, the same on every rank of the pipeline.
   double forward_backward(pipeline_stage& stage, std::int64_t microbatches, const loss_of& loss);
 
-  // Micro-batch `mb` through every stage in order, as inference (call under NoGradGuard);
-  // `at_end(hidden)` runs on the rank holding the last stage.
-  void forward(pipeline_stage& stage, std::int64_t mb, const std::function<void(const at::Tensor&)>& at_end);
+  // Micro-batches [0, microbatches) through every stage, as inference (call under NoGradGuard);
+  // `at_end(hidden, mb)` runs on the rank holding the last stage. Pipelined: each rank runs a
+  // chunk for every micro-batch in turn and sends each result on at once, so the stages work
+  // on different micro-batches at the same time (the bubble is that of one micro-batch per stage).
+  void forward(pipeline_stage& stage, std::int64_t microbatches,
+               const std::function<void(const at::Tensor&, std::int64_t mb)>& at_end);
 
  private:
   // Point-to-point tags: one per (micro-batch, sending global stage, direction).
