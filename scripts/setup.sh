@@ -40,14 +40,18 @@ then
 fi
 
 # Test dependency, not the library's: verl's own loss functions are the oracle of
-# python/tests/test_verl_losses.py. verl pins an older transformers than the fixtures', so it goes
-# in without its dependencies, with just what `verl.trainer.ppo.core_algos` imports (ray, tensordict,
-# omegaconf, hydra), pinned.
+# python/tests/test_verl_losses.py, and verl's engine interface (BaseEngine, EngineRegistry, its
+# ppo_loss / value_loss) that megadsl.verl implements is exercised by python/tests/test_verl_engine.py.
+# verl pins an older transformers than the fixtures', so it goes in without its dependencies, with
+# just what `verl.trainer.ppo.core_algos` and `verl.workers.engine` / `verl.workers.utils.losses`
+# import (ray, tensordict, omegaconf, hydra, peft, accelerate, datasets and theirs), pinned.
 verl_packages=(ray==2.60.0 tensordict==0.10.0 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3)
-verl_nodeps=(verl==0.9.1 hydra-core==1.3.8 codetiming==1.4.0)
+verl_nodeps=(verl==0.9.1 hydra-core==1.3.8 codetiming==1.4.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0
+             multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 dill==0.4.1 xxhash==4.1.0
+             python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 pillow==13.0.0)
 if ! .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
-sys.exit(m.version("verl") != "0.9.1" or m.version("tensordict") != "0.10.0")
+sys.exit(m.version("verl") != "0.9.1" or m.version("tensordict") != "0.10.0" or m.version("peft") != "0.21.2")
 PY
 then
   echo "setup: installing verl 0.9.1 (test oracle of the losses) into .venv"

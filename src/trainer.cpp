@@ -216,6 +216,13 @@ std::int64_t trainer::steps_done() const { return impl_->steps; }
 std::int64_t trainer::samples_done() const { return impl_->samples; }
 std::int64_t trainer::steps_skipped() const { return impl_->skipped; }
 void trainer::set_batch_checksum(bool on) { impl_->batch_checksum = on; }
+void trainer::set_lr(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr))
+    throw std::invalid_argument("megadsl: the learning rate must be a finite number >= 0, got " + std::to_string(lr));
+  impl_->opt.lr = lr;
+  impl_->opt.lr_at = nullptr;
+}
+double trainer::lr() const { return impl_->opt.lr_at ? impl_->opt.lr_at(impl_->samples) : impl_->opt.lr; }
 
 namespace {
 std::vector<at::Tensor> moments_of(torch::optim::AdamW& adamw) {
@@ -450,7 +457,8 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
   const auto start = std::chrono::steady_clock::now();
   // The global batch's counts: loss tokens, rows with any, rows, real tokens. Every rank sees the
   // whole batch, so no collective is needed, unless each dp rank holds only its own rows.
-  const at::Tensor per_row = given.loss_mask.sum(1);
+  // A custom loss may come without a loss_mask: then the real tokens are what it normalises by.
+  const at::Tensor per_row = (given.loss_mask.defined() ? given.loss_mask : given.attention_mask).sum(1);
   at::Tensor totals = at::tensor({per_row.sum().item<double>(), (per_row > 0).sum().item<double>(),
                                   static_cast<double>(given.input_ids.size(0)), given.attention_mask.sum().item<double>()},
                                  at::kDouble);

@@ -347,19 +347,21 @@ Trainer.step reports their sum as metrics["moe_aux_loss"].)");
         {
           py::gil_scoped_release release;
           // Micro-batched inference: rows a chunk at a time (the outputs concatenated), so the
-          // activations held are those of one chunk.
+          // activations held are those of one chunk; at pp > 1 the chunks are pipelined over the
+          // stages.
           const std::int64_t rows = b.input_ids.size(0), chunk = micro_batch_size.value_or(rows);
           if (chunk >= rows) {
             out = self.forward(b, fo);
           } else {
-            std::vector<model_output> parts;
+            std::vector<batch> micro;
             for (std::int64_t at = 0; at < rows; at += chunk) {
               const std::int64_t n = std::min(chunk, rows - at);
               batch part{.input_ids = b.input_ids.narrow(0, at, n), .attention_mask = b.attention_mask.narrow(0, at, n)};
               if (b.routed_experts.defined()) part.routed_experts = b.routed_experts.narrow(0, at, n);
               if (b.temperature.defined()) part.temperature = b.temperature.narrow(0, at, n);
-              parts.push_back(self.forward(part, fo));
+              micro.push_back(std::move(part));
             }
+            const std::vector<model_output> parts = self.forward(micro, fo);
             auto cat = [&](at::Tensor model_output::*field) {
               std::vector<at::Tensor> ts;
               for (const model_output& p : parts)
@@ -392,7 +394,8 @@ the next token), entropy (b, s), logits (b, s, vocab) on request; critic values 
 bool. temperature: a number, or a (b,) tensor of each row's temperature. A mixture of experts:
 record_routing=True adds routed_experts (b, s, layers, top_k), which a
 later forward or Trainer.step replays (routed_experts=..., or the batch field): router replay.
-micro_batch_size runs the rows that many at a time (less activation memory, the same outputs).
+micro_batch_size runs the rows that many at a time (less activation memory, the same outputs;
+at pp > 1 the micro-batches are pipelined over the stages).
 Collective: every rank of the job calls it with the same batch. With pp = 1 the outputs carry the
 autograd graph when torch's grad mode is on (use torch.no_grad() for inference).)");
 
@@ -618,6 +621,17 @@ case the update was not applied (Megatron's rule; Trainer.skipped counts them).)
           "Brings back the optimizer state Trainer.offload() moved (a no-op when nothing is offloaded).")
       .def_property_readonly("optimizer_bytes", [](const py_trainer& self) { return self.t->optimizer_bytes(); },
                              "Bytes of optimizer state on the device on this rank (0 while offloaded).")
+      .def_property(
+          "lr", [](const py_trainer& self) { return self.t->lr(); },
+          [](py_trainer& self, double lr) {
+            try {
+              self.t->set_lr(lr);
+            } catch (const std::invalid_argument& e) {
+              throw py::value_error(e.what());
+            }
+          },
+          "The learning rate the next step uses; setting it replaces the schedule from then on (an engine "
+          "that runs its own scheduler, as verl's do, sets it before each step).")
       .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })
       .def_property_readonly("samples", [](const py_trainer& self) { return self.t->samples_done(); })
       .def_property_readonly("skipped", [](const py_trainer& self) { return self.t->steps_skipped(); })

@@ -61,3 +61,19 @@ def test_a_bad_loss_fn_is_named(gqa, reference):
     with pytest.raises(KeyError, match="unknown batch field \"token_weights\""):
         trainer.step(batch)  # the built-in loss does not read it
     assert trainer.steps == 0
+
+
+def test_custom_loss_without_a_loss_mask_divides_by_the_real_tokens(gqa, reference):
+    """A custom loss needs no loss_mask: the counts are then the real tokens and rows."""
+    model = megadsl.Model.from_hf(gqa)
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    seen = []
+
+    def loss_fn(outputs, micro, counts):
+        seen.append(dict(counts))
+        return (outputs["log_probs"] * micro["attention_mask"]).sum() / counts["batch_num_tokens"]
+
+    m = model.trainer(lr=1e-4).step({"input_ids": ids, "attention_mask": mask}, microbatches=2, loss_fn=loss_fn)
+    assert not m["skipped"]
+    assert seen and all(c["batch_num_tokens"] == mask.sum().item() for c in seen)
+    assert all(c["global_batch_size"] == (mask.sum(1) > 0).sum().item() for c in seen)

@@ -59,7 +59,8 @@ struct rollout_batch {
 
 // A loss of the caller's own, run per micro-batch on the last pipeline stage with the model's
 // outputs and the micro-batch's fields (on the outputs' device), and the global batch's counts to
-// normalise by (its losses must add up over micro-batches and dp ranks, as verl's do). Its metrics
+// normalise by (its losses must add up over micro-batches and dp ranks, as verl's do: the loss_mask's
+// tokens and rows with any, or without a loss_mask the real tokens and rows). Its metrics
 // are averaged over the micro-batches and dp ranks and reach every rank.
 using custom_loss = std::function<loss_result(const model_output& out, const rollout_batch& mb, const loss_norm& global)>;
 
@@ -130,6 +131,10 @@ class trainer {
   // Before anything else, step() checks that every rank was given the same global batch: its
   // shapes, and its values unless this is off (make_trainer takes model_options::batch_checksum).
   void set_batch_checksum(bool on);
+  // The learning rate of the following steps, in place of optimizer_config's rate and schedule:
+  // for a caller that runs its own scheduler (verl's engines step theirs once per batch).
+  void set_lr(double lr);
+  [[nodiscard]] double lr() const;  // the rate the next step uses
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
   // Steps whose gradient norm or loss was not finite, so not applied (step_metrics::skipped).

@@ -1,0 +1,126 @@
+"""megadsl as a verl engine (megadsl.verl): created through verl's EngineRegistry on ranks that started
+torch.distributed first, as verl's workers do; verl's own ppo_loss and value_loss through megadsl's
+pipeline at tp 2 x pp 2 x dp 2 with remove-padding, 3 steps under verl's cosine schedule. Losses,
+metrics, grad norms, the updated weights and the log-probs / values afterwards equal a single
+process running transformers with verl's loss functions, torch's AdamW and the same schedule."""
+
+import io
+import multiprocessing
+import queue
+import socket
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("verl.workers.engine.base", reason="verl (scripts/setup.sh installs it)")
+
+import verl_engine_ranks as ranks  # noqa: E402
+
+WORLD = 8
+TOL = 1e-5
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(path, critic_path, tmp, timeout=600):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=ranks.engine_rank, args=(r, WORLD, port, str(path), str(critic_path), str(tmp), results))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    out, deadline = {}, time.time() + timeout
+    try:
+        while len(out) < WORLD:
+            try:
+                rank, status, value = results.get(timeout=5)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in out]
+                if dead or time.time() > deadline:
+                    pytest.fail(f"rank {dead[0] if dead else '?'} died or the job timed out")
+                continue
+            if status != "ok":
+                pytest.fail(f"rank {rank} failed: {value}")
+            out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(fixtures, tmp_path_factory):
+    path = fixtures / "qwen3-tf5"
+    return {"ranks": _run(path, path / "critic", tmp_path_factory.mktemp("verl_engine")),
+            "actor": ranks.reference_run(str(path), critic=False),
+            "critic": ranks.reference_run(str(path / "critic"), critic=True)}
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_training_matches_the_single_process_reference(job, role):
+    ref = job[role]
+    reporting = [r[role] for r in job["ranks"].values() if r[role]["steps"]]
+    assert sorted(r["dp_rank"] for r in reporting) == [0, 1]  # one reporting rank per dp rank (tp 0, last stage)
+    for step in range(ranks.STEPS):
+        want = ref["steps"][step]
+        for r in reporting:
+            got = r["steps"][step]
+            assert abs(got["loss"] - want["loss"]) < TOL, (role, step, got["loss"], want["loss"])
+            assert abs(got["grad_norm"] - want["grad_norm"]) < TOL * max(1.0, want["grad_norm"]), (role, step)
+            assert abs(got["lr"] - want["lr"]) < 1e-12
+            mine = want["micro"][2 * r["dp_rank"]: 2 * r["dp_rank"] + 2]  # this dp rank's two micro-batches
+            assert len(got["micro"]) == len(mine)
+            for g, w in zip(got["micro"], mine):
+                assert set(w) <= set(g), (set(w) - set(g))
+                for k in w:
+                    assert abs(g[k] - w[k]) < TOL, (role, step, k, g[k], w[k])
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_updated_weights_and_outputs_match(job, role):
+    ref = job[role]
+    weights = job["ranks"][0][role]["weights"]
+    assert set(weights) == set(ref["weights"])
+    for name, t in weights.items():
+        assert (t - ref["weights"][name]).abs().max().item() < TOL, name
+    # inference after the update (infer_batch), each dp rank its own rows
+    by_dp = {}
+    for r in sorted(job["ranks"]):  # every rank of a dp replica gets its rows' outputs
+        by_dp.setdefault(job["ranks"][r][role]["dp_rank"], job["ranks"][r][role]["final"])
+    final = torch.cat([by_dp[d] for d in sorted(by_dp)])
+    keep = ref["keep"]
+    assert final.numel() == keep.numel()
+    assert (final - ref["final"])[keep].abs().max().item() < TOL
+
+
+def test_shards_assemble_the_full_tensors(job):
+    """get_per_tensor_param_shard: the tp ranks' blocks at their offsets rebuild every tensor."""
+    full = job["ranks"][0]["actor"]["weights"]
+    built = {n: torch.full(t.shape, float("nan")) for n, t in full.items()}
+    for r in job["ranks"].values():
+        for name, local, shape, offset, local_shape, contributes in r["actor"]["shards"]:
+            assert tuple(full[name].shape) == tuple(shape)
+            if not contributes:
+                continue
+            if offset is None:
+                built[name].copy_(local.reshape(shape).float())
+                continue
+            block = built[name]
+            for d, (o, n) in enumerate(zip(offset, local_shape)):
+                block = block.narrow(d, o, n)
+            block.copy_(local.reshape(local_shape).float())
+    for name, t in full.items():
+        assert torch.equal(built[name], t.float()), name
+
+
+def test_optimizer_state_was_offloaded(job):
+    """optimizer_offload: out of train_mode the moments live in host memory."""
+    assert all(r["actor"]["optimizer_bytes_offloaded"] == 0 for r in job["ranks"].values())
