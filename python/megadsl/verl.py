@@ -114,13 +114,14 @@ def _free_port():
 def join_torch_job(timeout=None):
     """Joins megadsl to the job torch.distributed runs (its ranks and world size): rank 0 picks a
     free port for megadsl's rendezvous and publishes it through torch's store. Does nothing when
-    megadsl has joined a job already; without torch.distributed, megadsl.init() (the launcher's
-    environment)."""
+    megadsl has joined a job already; without torch.distributed, megadsl.init() from the launcher's
+    environment, or nothing (a world of one process) when there is none."""
     if _C.is_initialized():
         return
     if not dist.is_available() or not dist.is_initialized():
-        megadsl.init(timeout=timeout)
-        return
+        if any(os.environ.get(k) for k in ("RANK", "SLURM_PROCID")):
+            megadsl.init(timeout=timeout)  # a launcher's job without torch.distributed
+        return  # else a world of one process
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
     key = "megadsl/rendezvous_port"

@@ -236,3 +236,34 @@ def engine_rank(rank, world, port, path, critic_path, tmp, results):
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     results.close()
     results.join_thread()
+
+
+def single_process_run(path, critic, max_token_len):
+    """The engine in this process (a world of one, no torch.distributed) with verl's dynamic
+    batching: micro-batches of at most max_token_len tokens. Per step the loss and grad norm, and
+    the weights after the last step."""
+    import megadsl.verl
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.base import EngineRegistry
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss, value_loss
+
+    engine = EngineRegistry.new(
+        model_type="value_model" if critic else "language_model", backend="megadsl",
+        model_config=HFModelConfig(path=path, use_remove_padding=True, load_tokenizer=False),
+        engine_config=megadsl.verl.MegadslEngineConfig(use_dynamic_bsz=True, max_token_len_per_gpu=max_token_len,
+                                                       export_dtype="fp32"),
+        optimizer_config=optimizer_config(), checkpoint_config=None)
+    engine.initialize()
+    loss_fn = partial(value_loss, config=critic_config()) if critic else partial(ppo_loss, config=actor_config())
+    steps = []
+    for step in range(STEPS):
+        data = make_batch(step, engine.model.vocab)
+        tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=max_token_len)
+        with engine.train_mode():
+            o = engine.train_batch(data, loss_function=loss_fn)
+            engine.lr_scheduler_step()
+        steps.append({"loss": sum(o["loss"]), "grad_norm": o["metrics"]["grad_norm"], "micro": len(o["loss"])})
+    weights = {n: t.clone() for n, t in engine.get_per_tensor_param()[0]}
+    engine.model.close()
+    return {"steps": steps, "weights": weights}
