@@ -23,6 +23,7 @@
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/pipeline_executor.hpp"
+#include "megadsl/runtime/squared_sum.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "cpu_allocator.hpp"
@@ -182,14 +183,14 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return at::empty({rows, cfg_.s.hidden.get()}, at::TensorOptions().dtype(compute_).device(device_));
   }
 
-  void finalize_grads() override {
+  void finalize_grads(bool over_dp) override {
     for (auto& p : params_) {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       at::Tensor g = p.tensor.grad();
       // An expert's replicas are the expert-data-parallel group's: the ep group's ranks hold
       // other experts, and their tokens' gradients arrived through the all-to-all.
       const bool expert = p.plan->row->where == placement::expert;
-      (expert && groups_->edp != nullptr ? *groups_->edp : *groups_->dp).all_reduce(g);
+      if (over_dp) (expert && groups_->edp != nullptr ? *groups_->edp : *groups_->dp).all_reduce(g);
       if constexpr (Tp) {
         if (p.tp_partial_grad) tp_->all_reduce(g);
         if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
@@ -213,21 +214,38 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return t.item<double>();
   }
 
+  std::vector<std::int64_t> norm_elements() override {
+    std::vector<std::int64_t> out;
+    out.reserve(params_.size());
+    for (const auto& p : params_) {
+      const std::int64_t n = p.tensor.numel();
+      if (p.plan->row->where == placement::expert) {
+        out.push_back(n);
+      } else if (p.plan->row->kind == shard_kind::fused_qkv) {
+        const bool replica = cfg_.s.kv_heads.get() < tp_size_ && !owns_kv();
+        out.push_back(replica ? qkv_.q_per_group * qkv_.head_dim * (n / p.tensor.size(0)) : n);
+      } else {
+        out.push_back(p.counted_in_norm ? n : 0);
+      }
+    }
+    return out;
+  }
+
   double grad_norm() override {
     at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     at::Tensor expert_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     for (auto& p : params_) {
       if (p.plan->row->where == placement::expert) {  // other experts on the other ep ranks
-        if (p.tensor.grad().defined()) expert_sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+        if (p.tensor.grad().defined()) expert_sq += squared_sum(p.tensor.grad());
         continue;
       }
       if (!p.tensor.grad().defined()) continue;
-      at::Tensor g = p.tensor.grad().to(at::kDouble);
+      at::Tensor g = p.tensor.grad();
       if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_ && !owns_kv()) {
         // kv rows are replicas here: count only this rank's query rows.
         g = g.narrow(0, 0, qkv_.q_per_group * qkv_.head_dim);
       }
-      if (p.counted_in_norm || p.plan->row->kind == shard_kind::fused_qkv) sq += g.pow(2).sum();
+      if (p.counted_in_norm || p.plan->row->kind == shard_kind::fused_qkv) sq += squared_sum(g);
     }
     if (ep_ != nullptr) ep_->all_reduce(expert_sq);
     sq += expert_sq;

@@ -1,5 +1,6 @@
 #include "megadsl/require_valid.hpp"
 #include "megadsl/runtime/trainer.hpp"
+#include "megadsl/runtime/squared_sum.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
@@ -55,11 +56,8 @@ namespace detail {
 
 class trainer_impl {
  public:
-  std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward;
+  model_hooks model;
   std::vector<named_parameter>* params = nullptr;
-  std::function<void()> finalize;
-  std::function<double()> grad_norm;
-  std::function<double()> aux_loss;  // the model's auxiliary losses of the last forward_backward
   const parallel_groups* groups = nullptr;
   bool actor = true;
   optimizer_config opt;
@@ -88,8 +86,18 @@ class trainer_impl {
     adamw->zero_grad();
     for (auto& p : *params) p.tensor.mutable_grad().reset();
   }
+  // With the distributed optimizer over a group of more than one rank, the gradients are
+  // reduce-scattered: each rank receives the dp-summed gradient of its slices only.
+  [[nodiscard]] bool scatters() const {
+    return std::any_of(slices.begin(), slices.end(), [](const slice& sl) { return sl.group != nullptr; });
+  }
+  // The dp (edp) sums of the finalized-over-tp gradients, each rank's slices only, in buckets of
+  // about `bucket_elements` per collective; the parameters' whole gradients are dropped after.
+  void scatter_grads(std::int64_t bucket_elements);
+  // The global gradient norm from the slices: each element of the model is in one rank's slice.
+  double slice_norm();
   // AdamW's step on what it holds; with the distributed optimizer each slice's gradient is its
-  // view of the parameter's (reduced, clipped) gradient, and the slices are all-gathered after.
+  // part of the reduced, clipped gradient, and the slices are all-gathered after.
   void optimizer_step();
   std::int64_t skipped = 0;  // steps not applied: their gradient norm or loss was not finite
   bool batch_checksum = true;  // the ranks compare the global batch's values too, not only its shapes
@@ -131,29 +139,44 @@ at::Tensor padded(const at::Tensor& t, std::int64_t chunk) {
   return t.numel() == chunk ? t : at::constant_pad_nd(t, {0, chunk - t.numel()});
 }
 
-// Every parameter whole again after the distributed optimizer's step: each group's slices in one
-// buffer, one all-gather per group, each rank's part copied into its place.
-void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices) {
+// Every parameter whole again after the distributed optimizer's step: each group's slices in
+// buckets of about `bucket_elements` (per rank), one all-gather per bucket, each rank's part copied
+// into its place.
+void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices,
+                   std::int64_t bucket_elements) {
+  const auto flush = [&](const comm_group& group, const std::vector<std::size_t>& bucket) {
+    std::vector<at::Tensor> mine;
+    for (std::size_t i : bucket) mine.push_back(padded(slices[i].view, slices[i].chunk));
+    const at::Tensor all = group.all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, sum of chunks)
+    std::int64_t at = 0;
+    for (std::size_t i : bucket) {
+      const auto& sl = slices[i];
+      const at::Tensor flat = params[i].tensor.detach().view(-1);
+      const std::int64_t n = flat.numel();
+      for (std::int64_t r = 0; r < group.size(); ++r) {
+        const std::int64_t begin = std::min(n, r * sl.chunk), count = std::min(n, begin + sl.chunk) - begin;
+        if (r != group.rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
+      }
+      at += sl.chunk;
+    }
+  };
   std::vector<const comm_group*> groups;
   for (const auto& sl : slices)
     if (sl.group != nullptr && std::find(groups.begin(), groups.end(), sl.group) == groups.end()) groups.push_back(sl.group);
   for (const comm_group* group : groups) {
-    std::vector<at::Tensor> mine;
-    for (const auto& sl : slices)
-      if (sl.group == group) mine.push_back(padded(sl.view, sl.chunk));
-    const at::Tensor all = group->all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, sum of chunks)
-    std::int64_t at = 0;
+    std::vector<std::size_t> bucket;
+    std::int64_t filled = 0;
     for (std::size_t i = 0; i < slices.size(); ++i) {
-      const auto& sl = slices[i];
-      if (sl.group != group) continue;
-      const at::Tensor flat = params[i].tensor.detach().view(-1);
-      const std::int64_t n = flat.numel();
-      for (std::int64_t r = 0; r < group->size(); ++r) {
-        const std::int64_t begin = std::min(n, r * sl.chunk), count = std::min(n, begin + sl.chunk) - begin;
-        if (r != group->rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
+      if (slices[i].group != group) continue;
+      if (!bucket.empty() && filled + slices[i].chunk > bucket_elements) {
+        flush(*group, bucket);
+        bucket.clear();
+        filled = 0;
       }
-      at += sl.chunk;
+      bucket.push_back(i);
+      filled += slices[i].chunk;
     }
+    if (!bucket.empty()) flush(*group, bucket);
   }
 }
 
@@ -166,26 +189,102 @@ at::Tensor whole_moment(const at::Tensor& part, const detail::trainer_impl::slic
 
 }  // namespace
 
-void detail::trainer_impl::optimizer_step() {
+void detail::trainer_impl::scatter_grads(std::int64_t bucket_elements) {
+  std::vector<named_parameter>& ps = *params;
+  const auto flush = [&](const comm_group& group, const std::vector<std::size_t>& bucket) {
+    const std::int64_t ranks = group.size();
+    std::int64_t total = 0;
+    for (std::size_t i : bucket) total += slices[i].chunk;
+    const at::Tensor& first = ps[bucket.front()].tensor;
+    // (ranks, total): row r holds rank r's chunk of every gradient of the bucket, padded.
+    at::Tensor rows = at::zeros({ranks, total}, first.options());
+    std::int64_t at = 0;
+    for (std::size_t i : bucket) {
+      const at::Tensor g = ps[i].tensor.grad().view(-1);
+      const std::int64_t n = g.numel(), chunk = slices[i].chunk;
+      for (std::int64_t r = 0; r < ranks; ++r) {
+        const std::int64_t begin = std::min(n, r * chunk), count = std::min(n, begin + chunk) - begin;
+        if (count > 0) rows[r].narrow(0, at, count).copy_(g.narrow(0, begin, count));
+      }
+      at += chunk;
+    }
+    const at::Tensor mine = group.reduce_scatter(rows, 0).view(-1);  // (total): this rank's sums
+    at = 0;
+    for (std::size_t i : bucket) {
+      slices[i].view.mutable_grad() = mine.narrow(0, at, slices[i].size);
+      ps[i].tensor.mutable_grad().reset();  // the whole gradient is not needed any more
+      at += slices[i].chunk;
+    }
+  };
+  std::vector<const comm_group*> groups;
   for (std::size_t i = 0; i < slices.size(); ++i) {
-    const at::Tensor& g = (*params)[i].tensor.grad();
-    slices[i].view.mutable_grad() = g.defined() ? g.view(-1).narrow(0, slices[i].offset, slices[i].size) : at::Tensor();
+    if (slices[i].group == nullptr) {  // no replicas: the whole gradient is the slice's
+      slices[i].view.mutable_grad() = ps[i].tensor.grad().view(-1);
+    } else if (std::find(groups.begin(), groups.end(), slices[i].group) == groups.end()) {
+      groups.push_back(slices[i].group);
+    }
   }
-  adamw->step();
-  if (!slices.empty()) gather_slices(*params, slices);
+  for (const comm_group* group : groups) {
+    std::vector<std::size_t> bucket;
+    std::int64_t filled = 0;  // elements per rank; the buffer holds the group's size times that
+    const std::int64_t per_rank = std::max<std::int64_t>(1, bucket_elements / group->size());
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      if (slices[i].group != group) continue;
+      // A bucket holds one dtype (the parameters' are one, fp32; checked to be safe).
+      if (!bucket.empty() && (filled + slices[i].chunk > per_rank ||
+                              ps[i].tensor.scalar_type() != ps[bucket.front()].tensor.scalar_type())) {
+        flush(*group, bucket);
+        bucket.clear();
+        filled = 0;
+      }
+      bucket.push_back(i);
+      filled += slices[i].chunk;
+    }
+    if (!bucket.empty()) flush(*group, bucket);
+  }
 }
 
-trainer::trainer(std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward,
-                 std::vector<named_parameter>& params, std::function<void()> finalize,
-                 std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
+double detail::trainer_impl::slice_norm() {
+  const std::vector<std::int64_t> counted = model.norm_elements();
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  bool on_device = false;
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const at::Tensor& g = slices[i].view.grad();
+    if (!g.defined()) continue;
+    // The counted elements are a prefix [0, counted) of the flat parameter; the slice holds
+    // [offset, offset + size).
+    const std::int64_t begin = slices[i].offset, end = std::min(counted[i], begin + slices[i].size);
+    if (end <= begin) continue;
+    if (!on_device) {
+      sq = sq.to(g.device());
+      on_device = true;
+    }
+    sq += squared_sum(g.narrow(0, 0, end - begin));
+  }
+  groups->world->all_reduce(sq);
+  return std::sqrt(sq.item<double>());
+}
+
+void detail::trainer_impl::optimizer_step() {
+  if (!scatters())
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      const at::Tensor& g = (*params)[i].tensor.grad();
+      slices[i].view.mutable_grad() = g.defined() ? g.view(-1).narrow(0, slices[i].offset, slices[i].size) : at::Tensor();
+    }
+  adamw->step();
+  if (!slices.empty()) gather_slices(*params, slices, opt.grad_bucket_elements / std::max<std::int64_t>(1, groups->dp->size()));
+  // The reduce-scattered gradients are spent: nothing of them is kept between steps.
+  if (scatters())
+    for (auto& sl : slices) sl.view.mutable_grad().reset();
+}
+
+trainer::trainer(model_hooks model, std::vector<named_parameter>& params, const parallel_groups& groups, bool actor,
                  const optimizer_config& opt, const actor_loss_config& actor_cfg,
                  const critic_loss_config& critic_cfg)
     : impl_(std::make_unique<detail::trainer_impl>()) {
   auto& s = *impl_;
-  s.forward_backward = std::move(forward_backward);
+  s.model = std::move(model);
   s.params = &params;
-  s.finalize = std::move(finalize);
-  s.grad_norm = std::move(grad_norm);
   s.groups = &groups;
   s.actor = actor;
   s.opt = opt;
@@ -211,7 +310,6 @@ trainer::trainer(std::function<double(const std::vector<batch>&, const loss_func
 trainer::~trainer() = default;
 trainer::trainer(trainer&&) noexcept = default;
 trainer& trainer::operator=(trainer&&) noexcept = default;
-void trainer::report_aux_loss(std::function<double()> source) { impl_->aux_loss = std::move(source); }
 std::int64_t trainer::steps_done() const { return impl_->steps; }
 std::int64_t trainer::samples_done() const { return impl_->samples; }
 std::int64_t trainer::steps_skipped() const { return impl_->skipped; }
@@ -497,7 +595,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
                                 std::to_string(options.temperature) + "; give one or the other");
 
   s.zero_grads();
-  double total = s.forward_backward(inputs, loss, options);
+  double total = s.model.forward_backward(inputs, loss, options);
   at::Tensor total_t = at::full({1}, total, at::kDouble);
   s.groups->dp->all_reduce(total_t);  // each dp rank summed its share of the global loss
   // The last stage's metrics to every stage, then over the dp ranks (tp ranks hold the same).
@@ -505,8 +603,12 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
   s.groups->dp->all_reduce(sums);
   std::map<std::string, double> custom_means;
   if (custom) custom_means = mean_over_ranks(custom_sums, static_cast<double>(parts.size()), *s.groups);
-  s.finalize();
-  const double norm = s.grad_norm();
+  // Megatron's distributed optimizer: the gradients reduce-scattered over dp, each rank summing
+  // only its slices; otherwise all-reduced.
+  const bool scatter = s.scatters();
+  s.model.finalize(!scatter);
+  if (scatter) s.scatter_grads(s.opt.grad_bucket_elements);
+  const double norm = scatter ? s.slice_norm() : s.model.grad_norm();
   const double loss_value = total_t.item<double>();
   step_metrics m;
   m.loss = loss_value;
@@ -517,7 +619,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
   for (const auto& [name, v] : custom_means) m.losses[name] = v;
   m.grad_norm = norm;
   m.tokens = static_cast<std::int64_t>(totals[3].item<double>());
-  if (s.aux_loss) m.moe_aux_loss = s.aux_loss();
+  if (s.model.aux_loss) m.moe_aux_loss = s.model.aux_loss();
   // Megatron's rule: a step whose gradient norm (or loss) is not finite is not applied. The norm
   // and the loss are the same on every rank, so every rank skips alike; the schedule's counters
   // stay, as Megatron's scheduler does not advance on a skipped iteration.
@@ -533,6 +635,9 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     const double coeff = s.opt.clip_grad / (norm + 1e-6);
     for (auto& p : *s.params)
       if (p.tensor.grad().defined()) p.tensor.mutable_grad().mul_(coeff);
+    if (scatter)
+      for (auto& sl : s.slices)
+        if (sl.view.grad().defined() && sl.group != nullptr) sl.view.mutable_grad().mul_(coeff);
   }
   const double lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
   const double wd = s.opt.weight_decay_at ? s.opt.weight_decay_at(s.samples) : s.opt.weight_decay;

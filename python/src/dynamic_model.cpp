@@ -42,13 +42,7 @@ class model_of final : public dynamic_model {
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
     parallel_model<Spec>& m = on_device("Model.trainer");
-    auto t = std::make_unique<trainer>(
-        [&m](const std::vector<batch>& mbs, const loss_function& loss, const forward_options& o) {
-          return m.forward_backward(mbs, loss, o);
-        },
-        m.parameters(), [&m] { m.finalize_grads(); }, [&m] { return m.grad_norm(); }, *groups_, Spec::is_actor, opt,
-        actor, critic);
-    t->report_aux_loss([&m] { return m.moe_aux_loss(); });
+    auto t = std::make_unique<trainer>(model_hooks_of(m), m.parameters(), *groups_, Spec::is_actor, opt, actor, critic);
     t->set_batch_checksum(m.config().options.batch_checksum);
     return t;
   }

@@ -38,7 +38,7 @@ class dynamic_model {
   // Each micro-batch's outputs; pipelined over the stages at pp > 1.
   virtual std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
-  virtual void finalize_grads() = 0;
+  virtual void finalize_grads() = 0;  // over dp too (after a backward of the caller's own)
   virtual double grad_norm() = 0;
   // A trainer of this model; it refers to the model, which must outlive it (and stay open).
   virtual std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,

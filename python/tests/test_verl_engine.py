@@ -139,3 +139,33 @@ def test_dynamic_batching_in_one_process_matches(job, fixtures, role):
         assert abs(got["steps"][step]["grad_norm"] - ref["steps"][step]["grad_norm"]) < TOL * max(1.0, ref["steps"][step]["grad_norm"])
     for name, t in got["weights"].items():
         assert (t - ref["weights"][name]).abs().max().item() < TOL, name
+
+
+def test_router_replay_fields_reach_the_model(fixtures):
+    """A batch's routed_experts (verl's router replay, jagged per sequence) route the mixture's
+    tokens in infer_batch: the engine's log-probs are the model's under that routing, not the live."""
+    import megadsl.verl
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.base import EngineRegistry
+
+    path = str(fixtures / "qwen3-moe-tf5")
+    engine = EngineRegistry.new(model_type="language_model", backend="megadsl",
+                                model_config=HFModelConfig(path=path, use_remove_padding=True, load_tokenizer=False),
+                                engine_config=megadsl.verl.MegadslEngineConfig(forward_only=True),
+                                optimizer_config=None, checkpoint_config=None)
+    engine.initialize()
+    data = ranks.make_batch(0, engine.model.vocab)
+    ids, mask = ranks._padded(data)
+    with torch.no_grad():
+        live = engine.model.forward(ids, mask.long(), temperature=ranks.TEMPERATURE, record_routing=True)
+    recorded = live["routed_experts"]  # (b, s, layers, top_k)
+    fixed = torch.arange(recorded.shape[-1]).expand_as(recorded).clone()  # every token to experts 0..k-1
+    data["routed_experts"] = torch.nested.as_nested_tensor([fixed[i, : int(n)] for i, n in enumerate(mask.sum(1))],
+                                                           layout=torch.jagged)
+    with engine.eval_mode():
+        out = engine.infer_batch(data)["model_output"]["log_probs"].values()
+    with torch.no_grad():
+        want = engine.model.forward(ids, mask.long(), temperature=ranks.TEMPERATURE, routed_experts=fixed)["log_probs"]
+    assert torch.equal(out, want[mask])
+    assert not torch.allclose(out, live["log_probs"][mask])
+    engine.model.close()

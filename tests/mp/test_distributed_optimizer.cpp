@@ -34,7 +34,7 @@ std::int64_t parameter_elements(std::vector<named_parameter>& params) {
 }
 
 // Five steps with the distributed and with the replicated optimizer at layout L: the same
-// losses, norms and parameters (AdamW is element-wise: bit for bit here), and the sharded state
+// losses, norms and parameters (within 1e-6: reduce-scatter sums in another order), and the sharded state
 // is 1/dp of the replicated one (up to each parameter's padding to a multiple of dp).
 template <class M, layout L>
 void check_same_training() {
@@ -48,8 +48,10 @@ void check_same_training() {
   for (int step = 0; step < 5; ++step) {
     INFO("step " << step);
     const step_metrics ma = ta.step(rb, 2), mb = tb.step(rb, 2);
-    CHECK(ma.loss == mb.loss);
-    CHECK(ma.grad_norm == mb.grad_norm);
+    // The gradients are reduce-scattered (the distributed optimizer) instead of all-reduced, and
+    // the norm summed over slices: the same sums in another order.
+    CHECK(std::abs(ma.loss - mb.loss) <= 1e-6 * std::max(1.0, std::abs(mb.loss)));
+    CHECK(std::abs(ma.grad_norm - mb.grad_norm) <= 1e-6 * std::max(1.0, mb.grad_norm));
   }
   const auto pa = snapshot(a.parameters()), pb = snapshot(b.parameters());
   double worst = 0;
@@ -60,8 +62,8 @@ void check_same_training() {
   REQUIRE(sa.exp_avg.size() == sb.exp_avg.size());
   CHECK(sa.adam_step == sb.adam_step);
   for (std::size_t i = 0; i < sa.exp_avg.size(); ++i) {
-    CHECK(max_abs_diff(sa.exp_avg[i], sb.exp_avg[i]) <= 1e-9);
-    CHECK(max_abs_diff(sa.exp_avg_sq[i], sb.exp_avg_sq[i]) <= 1e-12);
+    CHECK(max_abs_diff(sa.exp_avg[i], sb.exp_avg[i]) <= 1e-7);
+    CHECK(max_abs_diff(sa.exp_avg_sq[i], sb.exp_avg_sq[i]) <= 1e-9);
   }
   // State per rank: 8 bytes per parameter replicated; distributed, 8/dp (an expert's 8/(dp/ep),
   // its replicas being the expert-data-parallel group's), up to each parameter's padding.

@@ -134,8 +134,9 @@ class model_core {
   virtual double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                                   const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
-  virtual void finalize_grads() = 0;
+  virtual void finalize_grads(bool over_dp) = 0;
   virtual double grad_norm() = 0;
+  virtual std::vector<std::int64_t> norm_elements() = 0;
   virtual double moe_aux_loss() = 0;
   virtual const runtime_config& config() const = 0;
 };
@@ -198,10 +199,18 @@ class parallel_model {
   // Megatron's finalize_model_grads: sum over dp (an expert's over the expert-data-parallel
   // group), over tp for partial gradients (SP-applied norms, value head, router) and kv-head
   // replicas, and over the embedding group for tied embeddings across stages.
-  void finalize_grads() { core_->finalize_grads(); }
+  // `over_dp` false leaves out the sums over dp and edp: the distributed optimizer reduce-scatters
+  // those itself, each rank keeping the summed gradient of its slice only.
+  void finalize_grads(bool over_dp = true) { core_->finalize_grads(over_dp); }
 
   // Global gradient 2-norm over tp and pp, each parameter element counted once.
   double grad_norm() { return core_->grad_norm(); }
+  // For each parameter (in parameters()' order), how many of its leading flat elements the
+  // gradient norm counts on this rank: all, none (a copy: replicated over tp, the tied copy), or
+  // the query rows of a fused q/k/v whose kv rows are another rank's replicas. Summed over the
+  // world once each rank holds a distinct part of every gradient (the distributed optimizer's
+  // slices), this gives grad_norm().
+  std::vector<std::int64_t> norm_elements() { return core_->norm_elements(); }
   // The auxiliary losses (model_options::moe_*) the last forward_backward added, summed over
   // layers, as Megatron scales them; the same on every rank (a collective: call it on all). 0 for
   // a dense model or with the coefficients at 0.

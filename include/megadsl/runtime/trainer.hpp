@@ -31,9 +31,15 @@ struct optimizer_config {
   // Megatron's distributed optimizer (verl's default, use_distributed_optimizer): each dp rank
   // keeps the AdamW moments of 1/dp of every parameter (of an expert's over the expert-data-
   // parallel group) and updates only that slice; the updated slices are all-gathered over dp. The
-  // same numbers as the replicated optimizer (AdamW is element-wise), 8/dp bytes of state per
-  // parameter instead of 8. Checkpoints hold the whole moments either way (layout-independent).
+  // same numbers as the replicated optimizer (AdamW is element-wise; the gradients are
+  // reduce-scattered instead of all-reduced, which sums them in another order), 8/dp bytes of
+  // state per parameter instead of 8. Checkpoints hold the whole moments either way.
   bool distributed = true;
+  // The distributed optimizer reduce-scatters the gradients (and all-gathers the parameters) in
+  // buckets of about this many elements, each a (dp, elements / dp) buffer for one collective.
+  // Megatron's buckets are 40M elements of its contiguous gradient buffer; megadsl copies the
+  // gradients into the bucket, so a smaller one bounds the transient memory (64 MB in fp32).
+  std::int64_t grad_bucket_elements = std::int64_t{16} << 20;
   // Learning rate and weight decay at a step (samples consumed so far); default: constant.
   std::function<double(std::int64_t)> lr_at;
   std::function<double(std::int64_t)> weight_decay_at;
@@ -108,12 +114,29 @@ namespace detail {
 class trainer_impl;
 }
 
+// What the trainer asks of its model (a parallel_model<Spec>; model_hooks_of below).
+struct model_hooks {
+  std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward;
+  std::function<void(bool over_dp)> finalize;            // parallel_model::finalize_grads
+  std::function<double()> grad_norm;                     // of finalized (dp-summed) gradients
+  std::function<std::vector<std::int64_t>()> norm_elements;  // parallel_model::norm_elements
+  std::function<double()> aux_loss;                      // parallel_model::moe_aux_loss
+};
+
+template <ModelSpec Spec>
+model_hooks model_hooks_of(parallel_model<Spec>& model) {
+  return {.forward_backward = [&model](const std::vector<batch>& mbs, const loss_function& loss,
+                                       const forward_options& o) { return model.forward_backward(mbs, loss, o); },
+          .finalize = [&model](bool over_dp) { model.finalize_grads(over_dp); },
+          .grad_norm = [&model] { return model.grad_norm(); },
+          .norm_elements = [&model] { return model.norm_elements(); },
+          .aux_loss = [&model] { return model.moe_aux_loss(); }};
+}
+
 class trainer {
  public:
-  // `model` is a parallel_model<Spec>'s core view; use make_trainer below.
-  trainer(std::function<double(const std::vector<batch>&, const loss_function&, const forward_options&)> forward_backward,
-          std::vector<named_parameter>& params, std::function<void()> finalize,
-          std::function<double()> grad_norm, const parallel_groups& groups, bool actor,
+  // Use make_trainer below.
+  trainer(model_hooks model, std::vector<named_parameter>& params, const parallel_groups& groups, bool actor,
           const optimizer_config& opt, const actor_loss_config& actor_cfg, const critic_loss_config& critic_cfg);
   ~trainer();
   trainer(trainer&&) noexcept;
@@ -126,8 +149,6 @@ class trainer {
   // micro-batches that never exceed `options.max_token_len` real tokens (with the interleaved
   // schedule set options.divisible_by = pp). The result does not depend on the split.
   step_metrics step(const rollout_batch& global, const micro_batch_options& options, const step_options& o = {});
-  // Where step_metrics::moe_aux_loss comes from (make_trainer sets it to the model's).
-  void report_aux_loss(std::function<double()> source);
   // Before anything else, step() checks that every rank was given the same global batch: its
   // shapes, and its values unless this is off (make_trainer takes model_options::batch_checksum).
   void set_batch_checksum(bool on);
@@ -163,13 +184,7 @@ class trainer {
 template <ModelSpec Spec>
 trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
                      const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
-  trainer t(
-      [&model](const std::vector<batch>& mbs, const loss_function& loss, const forward_options& o) {
-        return model.forward_backward(mbs, loss, o);
-      },
-      model.parameters(), [&model] { model.finalize_grads(); }, [&model] { return model.grad_norm(); }, groups,
-      Spec::is_actor, opt, actor_cfg, critic_cfg);
-  t.report_aux_loss([&model] { return model.moe_aux_loss(); });
+  trainer t(model_hooks_of(model), model.parameters(), groups, Spec::is_actor, opt, actor_cfg, critic_cfg);
   t.set_batch_checksum(model.config().options.batch_checksum);
   return t;
 }
