@@ -499,9 +499,10 @@ class MegadslEngine(BaseEngine):
 
     def get_per_tensor_param_shard(self, **kwargs):
         """Each HF tensor's slice for this rank's tp rank (gathered over pp and ep), with verl's
-        ShardSpec: a block of the full tensor gathered over this rank's tp group; the first dp
-        replica contributes (a tensor whole on every tp rank: its tp rank 0). A tensor whose tp
-        slices are not a partition into equal blocks (kv heads fewer than tp) is refused."""
+        ShardSpec: a block of the full tensor gathered over this rank's tp group, contributed by
+        the tp group of the first dp replica's first pipeline stage (a tensor whole on every
+        rank: by rank 0). A tensor whose tp slices are not a partition into equal blocks (kv heads
+        fewer than tp) is refused."""
         from verl.workers.engine.spec import BlockPlacement, ShardSpec
 
         model = self._model()
@@ -517,8 +518,8 @@ class MegadslEngine(BaseEngine):
             for name, local in model.export_weights(dtype=dtype, bucket_mb=bucket, shard_tp=tp, shard_rank=model.tp_rank):
                 shape = full[name]
                 split = [d for d, (a, b) in enumerate(zip(local.shape, shape)) if a != b]
-                if not split:
-                    spec = ShardSpec(full_shape=shape, contributes=model.dp_rank == 0 and model.tp_rank == 0)
+                if not split:  # whole on every rank: the first rank contributes it
+                    spec = ShardSpec(full_shape=shape, place=0, gather_group=None, contributes=model.rank == 0)
                 else:
                     d = split[0]
                     if len(split) > 1 or local.shape[d] * tp != shape[d]:
@@ -528,7 +529,7 @@ class MegadslEngine(BaseEngine):
                     offset = tuple(local.shape[d] * model.tp_rank if i == d else 0 for i in range(len(shape)))
                     spec = ShardSpec(full_shape=shape,
                                      place=BlockPlacement(local_shape=tuple(local.shape), global_offset=offset, full_shape=shape),
-                                     gather_group=group, contributes=model.dp_rank == 0)
+                                     gather_group=group, contributes=model.dp_rank == 0 and model.pp_rank == 0)
                 yield name, local.reshape(-1), spec
 
         return gen(), None

@@ -105,6 +105,7 @@ def test_shards_assemble_the_full_tensors(job):
     """get_per_tensor_param_shard: the tp ranks' blocks at their offsets rebuild every tensor."""
     full = job["ranks"][0]["actor"]["weights"]
     built = {n: torch.full(t.shape, float("nan")) for n, t in full.items()}
+    written = {n: torch.zeros(t.shape, dtype=torch.int64) for n, t in full.items()}  # each element exactly once
     for r in job["ranks"].values():
         for name, local, shape, offset, local_shape, contributes in r["actor"]["shards"]:
             assert tuple(full[name].shape) == tuple(shape)
@@ -112,13 +113,16 @@ def test_shards_assemble_the_full_tensors(job):
                 continue
             if offset is None:
                 built[name].copy_(local.reshape(shape).float())
+                written[name] += 1
                 continue
-            block = built[name]
+            block, count = built[name], written[name]
             for d, (o, n) in enumerate(zip(offset, local_shape)):
-                block = block.narrow(d, o, n)
+                block, count = block.narrow(d, o, n), count.narrow(d, o, n)
             block.copy_(local.reshape(local_shape).float())
+            count += 1
     for name, t in full.items():
         assert torch.equal(built[name], t.float()), name
+        assert bool((written[name] == 1).all()), name
 
 
 def test_optimizer_state_was_offloaded(job):
