@@ -191,54 +191,72 @@ at::Tensor whole_moment(const at::Tensor& part, const detail::trainer_impl::slic
 
 void detail::trainer_impl::scatter_grads(std::int64_t bucket_elements) {
   std::vector<named_parameter>& ps = *params;
-  const auto flush = [&](const comm_group& group, const std::vector<std::size_t>& bucket) {
+  // A piece of a parameter's chunk, [from, from + length) of each rank's chunk: a parameter larger
+  // than a bucket (an embedding) is reduced in several pieces, so no buffer exceeds a bucket.
+  struct piece {
+    std::size_t param;
+    std::int64_t from, length;
+  };
+  const auto flush = [&](const comm_group& group, const std::vector<piece>& bucket) {
     const std::int64_t ranks = group.size();
     std::int64_t total = 0;
-    for (std::size_t i : bucket) total += slices[i].chunk;
-    const at::Tensor& first = ps[bucket.front()].tensor;
-    // (ranks, total): row r holds rank r's chunk of every gradient of the bucket, padded.
-    at::Tensor rows = at::zeros({ranks, total}, first.options());
+    for (const piece& pc : bucket) total += pc.length;
+    // (ranks, total): row r holds its part of rank r's chunk of each piece, padded with zeros.
+    at::Tensor rows = at::zeros({ranks, total}, ps[bucket.front().param].tensor.options());
     std::int64_t at = 0;
-    for (std::size_t i : bucket) {
-      const at::Tensor g = ps[i].tensor.grad().view(-1);
-      const std::int64_t n = g.numel(), chunk = slices[i].chunk;
+    for (const piece& pc : bucket) {
+      const at::Tensor g = ps[pc.param].tensor.grad().view(-1);
+      const std::int64_t n = g.numel(), chunk = slices[pc.param].chunk;
       for (std::int64_t r = 0; r < ranks; ++r) {
-        const std::int64_t begin = std::min(n, r * chunk), count = std::min(n, begin + chunk) - begin;
+        const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
         if (count > 0) rows[r].narrow(0, at, count).copy_(g.narrow(0, begin, count));
       }
-      at += chunk;
+      at += pc.length;
     }
     const at::Tensor mine = group.reduce_scatter(rows, 0).view(-1);  // (total): this rank's sums
     at = 0;
-    for (std::size_t i : bucket) {
-      slices[i].view.mutable_grad() = mine.narrow(0, at, slices[i].size);
-      ps[i].tensor.mutable_grad().reset();  // the whole gradient is not needed any more
-      at += slices[i].chunk;
+    for (const piece& pc : bucket) {
+      slice& sl = slices[pc.param];
+      const std::int64_t count = std::min(sl.size, pc.from + pc.length) - std::min(sl.size, pc.from);
+      // Allocated at its first piece, when the gradients reduced before it are freed already.
+      if (pc.from == 0) sl.view.mutable_grad() = at::empty({sl.size}, ps[pc.param].tensor.options());
+      if (count > 0) sl.view.mutable_grad().narrow(0, pc.from, count).copy_(mine.narrow(0, at, count));
+      // The whole gradient is not needed once its last piece is reduced.
+      if (pc.from + pc.length >= sl.chunk) ps[pc.param].tensor.mutable_grad().reset();
+      at += pc.length;
     }
   };
   std::vector<const comm_group*> groups;
   for (std::size_t i = 0; i < slices.size(); ++i) {
     if (slices[i].group == nullptr) {  // no replicas: the whole gradient is the slice's
       slices[i].view.mutable_grad() = ps[i].tensor.grad().view(-1);
-    } else if (std::find(groups.begin(), groups.end(), slices[i].group) == groups.end()) {
-      groups.push_back(slices[i].group);
+      continue;
     }
+    if (std::find(groups.begin(), groups.end(), slices[i].group) == groups.end()) groups.push_back(slices[i].group);
   }
   for (const comm_group* group : groups) {
-    std::vector<std::size_t> bucket;
+    std::vector<piece> bucket;
     std::int64_t filled = 0;  // elements per rank; the buffer holds the group's size times that
     const std::int64_t per_rank = std::max<std::int64_t>(1, bucket_elements / group->size());
     for (std::size_t i = 0; i < slices.size(); ++i) {
       if (slices[i].group != group) continue;
       // A bucket holds one dtype (the parameters' are one, fp32; checked to be safe).
-      if (!bucket.empty() && (filled + slices[i].chunk > per_rank ||
-                              ps[i].tensor.scalar_type() != ps[bucket.front()].tensor.scalar_type())) {
+      if (!bucket.empty() && ps[i].tensor.scalar_type() != ps[bucket.front().param].tensor.scalar_type()) {
         flush(*group, bucket);
         bucket.clear();
         filled = 0;
       }
-      bucket.push_back(i);
-      filled += slices[i].chunk;
+      for (std::int64_t from = 0; from < slices[i].chunk;) {
+        const std::int64_t length = std::min(slices[i].chunk - from, per_rank - filled);
+        bucket.push_back({i, from, length});
+        filled += length;
+        from += length;
+        if (filled == per_rank) {
+          flush(*group, bucket);
+          bucket.clear();
+          filled = 0;
+        }
+      }
     }
     if (!bucket.empty()) flush(*group, bucket);
   }
