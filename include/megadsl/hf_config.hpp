@@ -35,9 +35,11 @@ struct hf_config {
   sliding_window attention_window;
 };
 
-// The model types whose architecture is megadsl's Llama family.
+// The HF model types megadsl composes (each a family's composition of blocks), in the order of
+// src/spec/hf_config.cpp's defaults (checked there at compile time).
 inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo2",
-                                                             "phi3", "starcoder2", "gpt_neox"};
+                                                             "phi3", "starcoder2", "gpt_neox", "mixtral", "qwen2_moe",
+                                                             "qwen3_moe"};
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.
 std::string_view hf_key_of(std::string_view field);

@@ -111,6 +111,12 @@ constexpr family_defaults defaults_table[] = {
     {"qwen2_moe", "Qwen2Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, true, 0, false, blocks::lowering<qwen2_moe_blocks>::apply(shape{})},
     {"qwen3_moe", "Qwen3Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, false, 0, false, blocks::lowering<qwen3_moe_blocks>::apply(shape{})},
 };
+static_assert([] {
+  if (std::size(defaults_table) != std::size(supported_model_types)) return false;
+  for (std::size_t i = 0; i < std::size(defaults_table); ++i)
+    if (defaults_table[i].model_type != supported_model_types[i]) return false;
+  return true;
+}(), "megadsl: supported_model_types (hf_config.hpp) and defaults_table list the same model types in the same order");
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
 std::string format_double(double v) {
@@ -686,9 +692,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
   const json* mt = r.find(root, "model_type");
-  const std::string types =
-      "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", "
-      "\"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"";
+  std::string types;  // "llama", "mistral", ... or "qwen3_moe"
+  for (std::size_t i = 0; i < std::size(supported_model_types); ++i)
+    types += (i == 0 ? "" : i + 1 == std::size(supported_model_types) ? " or " : ", ") + std::string("\"") +
+             std::string(supported_model_types[i]) + "\"";
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
