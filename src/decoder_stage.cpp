@@ -222,6 +222,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (p.plan->row->where == placement::expert) {
         out.push_back(n);
       } else if (p.plan->row->kind == shard_kind::fused_qkv) {
+        // kv rows that are another rank's replicas: only this rank's query rows count.
         const bool replica = cfg_.s.kv_heads.get() < tp_size_ && !owns_kv();
         out.push_back(replica ? qkv_.q_per_group * qkv_.head_dim * (n / p.tensor.size(0)) : n);
       } else {
@@ -234,18 +235,12 @@ class decoder_stage final : public model_core, public pipeline_stage {
   double grad_norm() override {
     at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     at::Tensor expert_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    for (auto& p : params_) {
-      if (p.plan->row->where == placement::expert) {  // other experts on the other ep ranks
-        if (p.tensor.grad().defined()) expert_sq += squared_sum(p.tensor.grad());
-        continue;
-      }
-      if (!p.tensor.grad().defined()) continue;
-      at::Tensor g = p.tensor.grad();
-      if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_ && !owns_kv()) {
-        // kv rows are replicas here: count only this rank's query rows.
-        g = g.narrow(0, 0, qkv_.q_per_group * qkv_.head_dim);
-      }
-      if (p.counted_in_norm || p.plan->row->kind == shard_kind::fused_qkv) sq += squared_sum(g);
+    const std::vector<std::int64_t> counted = norm_elements();  // copies and kv replicas left out
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = params_[i].tensor.grad();
+      if (!g.defined() || counted[i] == 0) continue;
+      // An expert's: other experts are on the other ep ranks.
+      (params_[i].plan->row->where == placement::expert ? expert_sq : sq) += squared_sum(g.reshape({-1}).narrow(0, 0, counted[i]));
     }
     if (ep_ != nullptr) ep_->all_reduce(expert_sq);
     sq += expert_sq;

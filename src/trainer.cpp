@@ -139,45 +139,71 @@ at::Tensor padded(const at::Tensor& t, std::int64_t chunk) {
   return t.numel() == chunk ? t : at::constant_pad_nd(t, {0, chunk - t.numel()});
 }
 
-// Every parameter whole again after the distributed optimizer's step: each group's slices in
-// buckets of about `bucket_elements` (per rank), one all-gather per bucket, each rank's part copied
-// into its place.
-void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices,
-                   std::int64_t bucket_elements) {
-  const auto flush = [&](const comm_group& group, const std::vector<std::size_t>& bucket) {
-    std::vector<at::Tensor> mine;
-    for (std::size_t i : bucket) mine.push_back(padded(slices[i].view, slices[i].chunk));
-    const at::Tensor all = group.all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, sum of chunks)
-    std::int64_t at = 0;
-    for (std::size_t i : bucket) {
-      const auto& sl = slices[i];
-      const at::Tensor flat = params[i].tensor.detach().view(-1);
-      const std::int64_t n = flat.numel();
-      for (std::int64_t r = 0; r < group.size(); ++r) {
-        const std::int64_t begin = std::min(n, r * sl.chunk), count = std::min(n, begin + sl.chunk) - begin;
-        if (r != group.rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
-      }
-      at += sl.chunk;
-    }
-  };
-  std::vector<const comm_group*> groups;
-  for (const auto& sl : slices)
-    if (sl.group != nullptr && std::find(groups.begin(), groups.end(), sl.group) == groups.end()) groups.push_back(sl.group);
-  for (const comm_group* group : groups) {
-    std::vector<std::size_t> bucket;
-    std::int64_t filled = 0;
-    for (std::size_t i = 0; i < slices.size(); ++i) {
-      if (slices[i].group != group) continue;
-      if (!bucket.empty() && filled + slices[i].chunk > bucket_elements) {
-        flush(*group, bucket);
+// A piece of a parameter's slice chunk: [from, from + length) of each rank's chunk of parameter
+// `param`. A parameter larger than a bucket (an embedding) travels in several pieces, so that no
+// collective's buffer exceeds a bucket.
+struct slice_piece {
+  std::size_t param;
+  std::int64_t from, length;
+};
+
+// The pieces of every slice over `group`, in parameter order, `flush`ed in buckets of at most
+// `bucket_elements` in all (`bucket_elements / group size` per rank).
+template <class Flush>
+void in_buckets(const std::vector<detail::trainer_impl::slice>& slices, const comm_group& group,
+                std::int64_t bucket_elements, Flush&& flush) {
+  const std::int64_t per_rank = std::max<std::int64_t>(1, bucket_elements / group.size());
+  std::vector<slice_piece> bucket;
+  std::int64_t filled = 0;
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].group != &group) continue;
+    for (std::int64_t from = 0; from < slices[i].chunk;) {
+      const std::int64_t length = std::min(slices[i].chunk - from, per_rank - filled);
+      bucket.push_back({i, from, length});
+      filled += length;
+      from += length;
+      if (filled == per_rank) {
+        flush(bucket);
         bucket.clear();
         filled = 0;
       }
-      bucket.push_back(i);
-      filled += slices[i].chunk;
     }
-    if (!bucket.empty()) flush(*group, bucket);
   }
+  if (!bucket.empty()) flush(bucket);
+}
+
+// The groups the slices are sharded over, each once.
+std::vector<const comm_group*> slice_groups(const std::vector<detail::trainer_impl::slice>& slices) {
+  std::vector<const comm_group*> groups;
+  for (const auto& sl : slices)
+    if (sl.group != nullptr && std::find(groups.begin(), groups.end(), sl.group) == groups.end()) groups.push_back(sl.group);
+  return groups;
+}
+
+// Every parameter whole again after the distributed optimizer's step: the slices all-gathered in
+// buckets, each rank's part copied into its place.
+void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices,
+                   std::int64_t bucket_elements) {
+  for (const comm_group* group : slice_groups(slices))
+    in_buckets(slices, *group, bucket_elements, [&](const std::vector<slice_piece>& bucket) {
+      std::vector<at::Tensor> mine;  // this rank's part of each piece, padded to the piece's length
+      for (const slice_piece& pc : bucket) {
+        const auto& sl = slices[pc.param];
+        const std::int64_t begin = std::min(sl.size, pc.from), count = std::min(sl.size, pc.from + pc.length) - begin;
+        mine.push_back(padded(sl.view.narrow(0, begin, count), pc.length));
+      }
+      const at::Tensor all = group->all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, bucket / ranks)
+      std::int64_t at = 0;
+      for (const slice_piece& pc : bucket) {
+        const at::Tensor flat = params[pc.param].tensor.detach().view(-1);
+        const std::int64_t n = flat.numel(), chunk = slices[pc.param].chunk;
+        for (std::int64_t r = 0; r < group->size(); ++r) {
+          const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
+          if (r != group->rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
+        }
+        at += pc.length;
+      }
+    });
 }
 
 // A moment of the distributed optimizer's slice, whole: gathered over the slice's group.
@@ -191,75 +217,38 @@ at::Tensor whole_moment(const at::Tensor& part, const detail::trainer_impl::slic
 
 void detail::trainer_impl::scatter_grads(std::int64_t bucket_elements) {
   std::vector<named_parameter>& ps = *params;
-  // A piece of a parameter's chunk, [from, from + length) of each rank's chunk: a parameter larger
-  // than a bucket (an embedding) is reduced in several pieces, so no buffer exceeds a bucket.
-  struct piece {
-    std::size_t param;
-    std::int64_t from, length;
-  };
-  const auto flush = [&](const comm_group& group, const std::vector<piece>& bucket) {
-    const std::int64_t ranks = group.size();
-    std::int64_t total = 0;
-    for (const piece& pc : bucket) total += pc.length;
-    // (ranks, total): row r holds its part of rank r's chunk of each piece, padded with zeros.
-    at::Tensor rows = at::zeros({ranks, total}, ps[bucket.front().param].tensor.options());
-    std::int64_t at = 0;
-    for (const piece& pc : bucket) {
-      const at::Tensor g = ps[pc.param].tensor.grad().view(-1);
-      const std::int64_t n = g.numel(), chunk = slices[pc.param].chunk;
-      for (std::int64_t r = 0; r < ranks; ++r) {
-        const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
-        if (count > 0) rows[r].narrow(0, at, count).copy_(g.narrow(0, begin, count));
-      }
-      at += pc.length;
-    }
-    const at::Tensor mine = group.reduce_scatter(rows, 0).view(-1);  // (total): this rank's sums
-    at = 0;
-    for (const piece& pc : bucket) {
-      slice& sl = slices[pc.param];
-      const std::int64_t count = std::min(sl.size, pc.from + pc.length) - std::min(sl.size, pc.from);
-      // Allocated at its first piece, when the gradients reduced before it are freed already.
-      if (pc.from == 0) sl.view.mutable_grad() = at::empty({sl.size}, ps[pc.param].tensor.options());
-      if (count > 0) sl.view.mutable_grad().narrow(0, pc.from, count).copy_(mine.narrow(0, at, count));
-      // The whole gradient is not needed once its last piece is reduced.
-      if (pc.from + pc.length >= sl.chunk) ps[pc.param].tensor.mutable_grad().reset();
-      at += pc.length;
-    }
-  };
-  std::vector<const comm_group*> groups;
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    if (slices[i].group == nullptr) {  // no replicas: the whole gradient is the slice's
-      slices[i].view.mutable_grad() = ps[i].tensor.grad().view(-1);
-      continue;
-    }
-    if (std::find(groups.begin(), groups.end(), slices[i].group) == groups.end()) groups.push_back(slices[i].group);
-  }
-  for (const comm_group* group : groups) {
-    std::vector<piece> bucket;
-    std::int64_t filled = 0;  // elements per rank; the buffer holds the group's size times that
-    const std::int64_t per_rank = std::max<std::int64_t>(1, bucket_elements / group->size());
-    for (std::size_t i = 0; i < slices.size(); ++i) {
-      if (slices[i].group != group) continue;
-      // A bucket holds one dtype (the parameters' are one, fp32; checked to be safe).
-      if (!bucket.empty() && ps[i].tensor.scalar_type() != ps[bucket.front().param].tensor.scalar_type()) {
-        flush(*group, bucket);
-        bucket.clear();
-        filled = 0;
-      }
-      for (std::int64_t from = 0; from < slices[i].chunk;) {
-        const std::int64_t length = std::min(slices[i].chunk - from, per_rank - filled);
-        bucket.push_back({i, from, length});
-        filled += length;
-        from += length;
-        if (filled == per_rank) {
-          flush(*group, bucket);
-          bucket.clear();
-          filled = 0;
+  for (std::size_t i = 0; i < slices.size(); ++i)
+    if (slices[i].group == nullptr) slices[i].view.mutable_grad() = ps[i].tensor.grad().view(-1);  // no replicas
+  for (const comm_group* group : slice_groups(slices))
+    in_buckets(slices, *group, bucket_elements, [&](const std::vector<slice_piece>& bucket) {
+      const std::int64_t ranks = group->size();
+      std::int64_t total = 0;
+      for (const slice_piece& pc : bucket) total += pc.length;
+      // (ranks, total): row r holds its part of rank r's chunk of each piece, padded with zeros.
+      at::Tensor rows = at::zeros({ranks, total}, ps[bucket.front().param].tensor.options());
+      std::int64_t at = 0;
+      for (const slice_piece& pc : bucket) {
+        const at::Tensor g = ps[pc.param].tensor.grad().view(-1);
+        const std::int64_t n = g.numel(), chunk = slices[pc.param].chunk;
+        for (std::int64_t r = 0; r < ranks; ++r) {
+          const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
+          if (count > 0) rows[r].narrow(0, at, count).copy_(g.narrow(0, begin, count));
         }
+        at += pc.length;
       }
-    }
-    if (!bucket.empty()) flush(*group, bucket);
-  }
+      const at::Tensor mine = group->reduce_scatter(rows, 0).view(-1);  // (total): this rank's sums
+      at = 0;
+      for (const slice_piece& pc : bucket) {
+        slice& sl = slices[pc.param];
+        const std::int64_t begin = std::min(sl.size, pc.from), count = std::min(sl.size, pc.from + pc.length) - begin;
+        // Allocated at its first piece, when the gradients reduced before it are freed already.
+        if (pc.from == 0) sl.view.mutable_grad() = at::empty({sl.size}, ps[pc.param].tensor.options());
+        if (count > 0) sl.view.mutable_grad().narrow(0, begin, count).copy_(mine.narrow(0, at, count));
+        // The whole gradient is not needed once its last piece is reduced.
+        if (pc.from + pc.length >= sl.chunk) ps[pc.param].tensor.mutable_grad().reset();
+        at += pc.length;
+      }
+    });
 }
 
 double detail::trainer_impl::slice_norm() {
@@ -290,7 +279,7 @@ void detail::trainer_impl::optimizer_step() {
       slices[i].view.mutable_grad() = g.defined() ? g.view(-1).narrow(0, slices[i].offset, slices[i].size) : at::Tensor();
     }
   adamw->step();
-  if (!slices.empty()) gather_slices(*params, slices, opt.grad_bucket_elements / std::max<std::int64_t>(1, groups->dp->size()));
+  if (!slices.empty()) gather_slices(*params, slices, opt.grad_bucket_elements);
   // The reduce-scattered gradients are spent: nothing of them is kept between steps.
   if (scatters())
     for (auto& sl : slices) sl.view.mutable_grad().reset();
@@ -645,7 +634,7 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
     s.zero_grads();
     ++s.skipped;
     m.skipped = true;
-    m.lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
+    m.lr = lr();
     m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return m;
   }
@@ -657,19 +646,19 @@ step_metrics trainer::run(const rollout_batch& given, std::vector<rollout_batch>
       for (auto& sl : s.slices)
         if (sl.view.grad().defined() && sl.group != nullptr) sl.view.mutable_grad().mul_(coeff);
   }
-  const double lr = s.opt.lr_at ? s.opt.lr_at(s.samples) : s.opt.lr;
+  const double rate = lr();
   const double wd = s.opt.weight_decay_at ? s.opt.weight_decay_at(s.samples) : s.opt.weight_decay;
   auto& groups = s.adamw->param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(groups[g].options());
-    o.lr(lr);
+    o.lr(rate);
     if (g == 0) o.weight_decay(wd);
   }
   s.optimizer_step();
   ++s.steps;
   s.samples += static_cast<std::int64_t>(totals[2].item<double>());
 
-  m.lr = lr;
+  m.lr = rate;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_second = static_cast<double>(m.tokens) / std::max(m.seconds, 1e-9);
   return m;

@@ -33,7 +33,7 @@ import os
 import shutil
 import socket
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -92,7 +92,6 @@ class MegadslEngineConfig(BaseConfig):
     export_dtype: str = "bf16"
     export_bucket_mb: float = 512.0
     timeout: Optional[float] = None
-    extra: dict = field(default_factory=dict)
 
 
 def _cfg(obj, name, default=None):
@@ -145,7 +144,7 @@ class _Rows:
     """A verl no-padding batch as the rows megadsl takes: input_ids right-padded (b, s) with their
     attention_mask, the lengths, each row's temperature and a replayed routing."""
 
-    def __init__(self, data: TensorDict, device):
+    def __init__(self, data: TensorDict):
         pad_mode = tu.get_non_tensor_data(data=data, key="pad_mode", default=DatasetPadMode.NO_PADDING)
         if pad_mode != DatasetPadMode.NO_PADDING:
             raise ValueError(f"megadsl.verl: pad_mode {pad_mode} is not supported; the engine takes verl's "
@@ -260,7 +259,7 @@ class MegadslEngine(BaseEngine):
             device=device, seed=int(_cfg(ec, "seed", 42)),
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
             moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)))
-        self._build_dp_groups()
+        self._build_groups()
         if not _cfg(ec, "forward_only", False):
             self.trainer = self.model.trainer(**self._adamw_options())
             self._scheduler = self._build_scheduler()
@@ -310,24 +309,31 @@ class MegadslEngine(BaseEngine):
                 zero_indexed_step=bool(_cfg(oc, "zero_indexed_step", True)))
         raise ValueError(f"megadsl.verl: lr_scheduler_type {style!r} is not supported; use \"constant\" or \"cosine\"")
 
-    def _build_dp_groups(self):
-        """torch process groups of the ranks that hold the same model part (same tp, pp): verl
-        all-reduces losses and counts over them."""
-        self._tp_pp = (self.model.tp_rank, self.model.pp_rank)
+    def _build_groups(self):
+        """torch process groups for verl: the dp groups (the ranks that hold the same model part,
+        same tp and pp: verl all-reduces losses and counts over them) and the tp groups (a shard
+        export's gather groups). Every rank creates every group, in the same order."""
+        m = self.model
+        self._dp_group = self._tp_group = None
         if not dist.is_initialized():
-            self._dp_group = None
             return
-        coords = [None] * dist.get_world_size()
-        dist.all_gather_object(coords, (self.model.tp_rank, self.model.pp_rank, self.model.dp_rank))
-        groups = {}
-        for rank, (tp, pp, dp) in enumerate(coords):
-            groups.setdefault((tp, pp), []).append((dp, rank))
-        self._dp_group = None
-        for key in sorted(groups):
-            ranks = [r for _, r in sorted(groups[key])]
-            g = dist.new_group(ranks)  # every rank creates every group, in the same order
-            if key == self._tp_pp:
-                self._dp_group = g
+        coords = [None] * dist.get_world_size()  # (tp, pp, dp) of every rank
+        dist.all_gather_object(coords, (m.tp_rank, m.pp_rank, m.dp_rank))
+
+        def group_of(key, order):
+            """This rank's group among those of the ranks with equal key(coords), ordered by order."""
+            members = {}
+            for rank, c in enumerate(coords):
+                members.setdefault(key(c), []).append((order(c), rank))
+            mine = None
+            for k in sorted(members):
+                g = dist.new_group([r for _, r in sorted(members[k])])
+                if k == key(coords[dist.get_rank()]):
+                    mine = g
+            return mine
+
+        self._dp_group = group_of(lambda c: (c[0], c[1]), lambda c: c[2])
+        self._tp_group = group_of(lambda c: (c[1], c[2]), lambda c: c[0])
 
     # ---- verl's engine interface -----------------------------------------------------------
 
@@ -407,7 +413,7 @@ class MegadslEngine(BaseEngine):
                 "micro-batch, then the optimizer); forward_backward_batch takes forward_only=True")
         model = self._model()
         self._assign_counts(data)
-        rows = _Rows(data, model.device)
+        rows = _Rows(data)
         entropy = bool(tu.get_non_tensor_data(data=data, key="calculate_entropy", default=False))
         per = self._infer_rows(data, rows)
         kwargs = {} if self.critic else {"temperature": rows.temperature, "entropy": entropy}
@@ -444,7 +450,7 @@ class MegadslEngine(BaseEngine):
             raise RuntimeError("megadsl.verl: the engine has no optimizer (forward_only, or not initialized)")
         tu.maybe_fix_3d_position_ids(data)
         self._assign_counts(data)
-        rows = _Rows(data, self.model.device)
+        rows = _Rows(data)
         entropy = bool(tu.get_non_tensor_data(data=data, key="calculate_entropy", default=False))
         dp = self.get_data_parallel_size()
         n = len(rows.lengths)
@@ -510,7 +516,7 @@ class MegadslEngine(BaseEngine):
         if getattr(self, "_full_shapes", None) is None:  # once: the HF shapes, from a full export
             self._full_shapes = {name: tuple(t.shape) for name, t in model.export_weights(dtype="bf16", bucket_mb=64.0)}
         full = self._full_shapes
-        group = self._tp_group()
+        group = self._tp_group
         dtype = _cfg(self.engine_config, "export_dtype", "bf16")
         bucket = float(_cfg(self.engine_config, "export_bucket_mb", 512.0))
 
@@ -533,21 +539,6 @@ class MegadslEngine(BaseEngine):
                 yield name, local.reshape(-1), spec
 
         return gen(), None
-
-    def _tp_group(self):
-        if getattr(self, "_tp_group_cached", None) is not None or not dist.is_initialized():
-            return getattr(self, "_tp_group_cached", None)
-        coords = [None] * dist.get_world_size()
-        m = self.model
-        dist.all_gather_object(coords, (m.pp_rank, m.dp_rank, m.tp_rank))
-        groups = {}
-        for rank, (pp, dp, tp) in enumerate(coords):
-            groups.setdefault((pp, dp), []).append((tp, rank))
-        for key in sorted(groups):
-            g = dist.new_group([r for _, r in sorted(groups[key])])
-            if key == (m.pp_rank, m.dp_rank):
-                self._tp_group_cached = g
-        return self._tp_group_cached
 
     # ---- memory between phases -------------------------------------------------------------
 
