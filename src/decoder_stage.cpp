@@ -94,6 +94,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
                                     " ranks but the layout says tp = " + std::to_string(c.l.tp.get()));
       sp_ = c.l.sp.get();
     }
+    if (c.l.cp.get() > 1) {
+      if (g.cp == nullptr || g.cp->size() != c.l.cp.get())
+        throw std::invalid_argument("megadsl: the layout has cp = " + std::to_string(c.l.cp.get()) +
+                                    " but the groups have no cp group of that size; build them with "
+                                    "parallel_groups::build(dist, layout) for this layout");
+      cp_ = g.cp.get();
+      cp_size_ = cp_->size();
+      cp_rank_ = cp_->rank();
+    }
     if (c.s.experts.get() > 0) {
       const std::int64_t ep = c.l.ep.get();
       if (expert_tp(c.l) != c.l.tp.get())
@@ -190,7 +199,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       // An expert's replicas are the expert-data-parallel group's: the ep group's ranks hold
       // other experts, and their tokens' gradients arrived through the all-to-all.
       const bool expert = p.plan->row->where == placement::expert;
-      if (over_dp) (expert && groups_->edp != nullptr ? *groups_->edp : *groups_->dp).all_reduce(g);
+      if (over_dp) (expert && groups_->edp != nullptr ? *groups_->edp : groups_->gradient_dp()).all_reduce(g);
       if constexpr (Tp) {
         if (p.tp_partial_grad) tp_->all_reduce(g);
         if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
@@ -251,11 +260,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
  private:
   struct micro_input {
-    packed_tokens pk;
-    rope_tables rope;
+    packed_tokens pk;     // this rank's tokens: its cp share of `whole` (the whole stream at cp = 1)
+    packed_tokens whole;  // cp > 1: the whole stream, whose sequences attention and the outputs see
+    rope_tables rope;     // at the whole stream's positions
     // A mixture of experts: the routing to replay (T, layers, k) int64 (undefined: route live),
-    // and the routing each layer took, filled as the layers run (T, layers, k), -1 until then.
+    // and the routing each layer took, filled as the layers run (T, layers, k), -1 until then;
+    // both of this rank's tokens.
     at::Tensor replay, routed;
+
+    [[nodiscard]] const packed_tokens& sequences() const { return whole.ids.defined() ? whole : pk; }
   };
 
   // The micro-batches of one run of the executor, emptied when it ends, by return or by exception.
@@ -269,10 +282,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
   };
 
   micro_input prepare(const batch& b) const {
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), sp_ ? tp_size_ : 1, cfg_.s.vocab.get()), {}, {}, {}};
+    // Padded to a multiple of cp (and of tp within each cp share under SP).
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
+    if (cp_ != nullptr) {
+      in.whole = std::move(in.pk);
+      in.pk = cp_share(in.whole, cp_size_, cp_rank_);
+    }
     const shape& s = cfg_.s;
     if (b.routed_experts.defined() && routing_slots_ == 0)
       throw std::invalid_argument("megadsl: the batch carries routed_experts, but this model has no experts to route to");
@@ -288,8 +306,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
                                     std::to_string(in.pk.batch) + ", " + std::to_string(in.pk.seq) + ", " +
                                     std::to_string(layers) + ", " + std::to_string(k) +
                                     ") int64: batch, sequence, layers, top_k, as a recorded forward returns it");
-      in.replay = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k}).index_select(0, in.pk.index);  // (T, L, k)
-      const at::Tensor given = in.replay;
+      const at::Tensor given = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k})
+                                   .index_select(0, in.sequences().index);  // (T, L, k) of the whole stream
       // A position is replayed whole or routed live whole: -1 in every slot or in none.
       if (given.numel() > 0 && !at::equal(given.lt(0).all(-1), given.lt(0).any(-1)))
         throw std::invalid_argument("megadsl: routed_experts holds a position with -1 in some of its top_k slots only; "
@@ -297,12 +315,26 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (given.numel() > 0 && (given.max().item<std::int64_t>() >= s.experts.get() || given.min().item<std::int64_t>() < -1))
         throw std::invalid_argument("megadsl: routed_experts names experts outside 0.." + std::to_string(s.experts.get() - 1) +
                                     " (or below -1, the padding mark); was it recorded for another model?");
+      in.replay = cp_ == nullptr ? given
+                                 : r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k}).index_select(0, in.pk.index);
     }
     return in;
   }
 
   // (b, s, layers, k) from a micro-batch's routing, -1 at padding (and at layers not run here).
-  at::Tensor routing_of(const micro_input& in) const { return in.pk.unpack(in.routed + 1) - 1; }
+  // The routing each token of the batch took: (b, s, layers, k), -1 at padding.
+  at::Tensor routing_of(const micro_input& in) const { return in.sequences().unpack(whole_stream(in.routed + 1, in)) - 1; }
+
+  // Per-token values of this rank's tokens (T_cp, ...) -> the whole stream's (T, ...): gathered
+  // over cp, the backward keeping this rank's rows (every cp rank computes the same loss from
+  // them). The identity at cp = 1.
+  at::Tensor whole_stream(const at::Tensor& mine, const micro_input& in) const {
+    if (cp_ == nullptr) return mine;
+    std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * mine.dim()), 0);
+    pad.back() = in.pk.ids.size(0) - mine.size(0);  // to this rank's rows, T'/cp
+    return gather_from_sp(at::constant_pad_nd(mine, pad), *cp_, /*tensor_parallel_output_grad=*/false)
+        .narrow(0, 0, in.whole.tokens);
+  }
 
   // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).
   at::Tensor w(const at::Tensor& p) const {
@@ -436,21 +468,23 @@ class decoder_stage final : public model_core, public pipeline_stage {
         le.log_probs = joined(lp);
         if (o.entropy) le.entropy = joined(ent);
       }
+      const packed_tokens& whole = in.sequences();
       const at::Tensor label_ok = pk.label_valid.narrow(0, 0, tokens);
-      out.log_probs = pk.unpack(le.log_probs * label_ok);
-      out.valid = pk.unpack(label_ok).to(at::kBool);
-      if (o.entropy) out.entropy = pk.unpack(le.entropy);
+      out.log_probs = whole.unpack(whole_stream(le.log_probs * label_ok, in));
+      out.valid = whole.unpack(whole.label_valid.narrow(0, 0, whole.tokens)).to(at::kBool);
+      if (o.entropy) out.entropy = whole.unpack(whole_stream(le.entropy, in));
       if (o.return_logits) {
         at::Tensor full = logits;
         if constexpr (Tp) full = gather_from_tp_last(logits, *tp_);
-        out.logits = pk.unpack(full.narrow(1, 0, s.vocab.get()).to(at::kFloat));
+        out.logits = whole.unpack(whole_stream(full.narrow(1, 0, s.vocab.get()).to(at::kFloat), in));
       }
     } else {
       at::Tensor v = at::linear(x, w(value_w_), w(value_b_));  // (T'/tp or T', 1)
       if constexpr (Tp)
         if (sp_) v = gather_from_sp(v, *tp_, /*tensor_parallel_output_grad=*/false);
-      out.values = pk.unpack(v.narrow(0, 0, tokens).squeeze(1).to(at::kFloat));
-      out.valid = pk.unpack(at::ones({tokens}, at::TensorOptions().dtype(at::kBool).device(device_)));
+      const packed_tokens& whole = in.sequences();
+      out.values = whole.unpack(whole_stream(v.narrow(0, 0, tokens).squeeze(1).to(at::kFloat), in));
+      out.valid = whole.unpack(at::ones({whole.tokens}, at::TensorOptions().dtype(at::kBool).device(device_)));
     }
     return out;
   }
@@ -478,7 +512,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   // The context of layer `layer`'s blocks on micro-batch `in` (a view: it holds references).
   layer_context context(const micro_input& in, std::int64_t layer) {
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
-                         in.pk, in.rope, layer, run_, in.replay, in.routed};
+                         in.pk, in.rope, layer, run_, in.replay, in.routed, cp_, cp_ != nullptr ? &in.whole : nullptr};
   }
 
   // One decoder layer: its module, built from the family's blocks.
@@ -579,6 +613,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
   named_parameter* tied_end_ = nullptr;  // this rank's end of a tied embedding across stages
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
+  const comm_group* cp_ = nullptr;  // null at cp = 1
+  std::int64_t cp_size_ = 1, cp_rank_ = 0;
   bool sp_ = false;
   at::Device device_ = at::kCPU;
   at::ScalarType compute_ = at::kFloat;

@@ -116,11 +116,11 @@ std::string source_name(const param_plan& p, int slot, param_instance at) {
   return with_instance(p.row->hf[static_cast<std::size_t>(slot)], at);
 }
 
-// Which ranks write: the main replica of each dense parameter is dp rank 0's; an expert's, with
-// ep > 1, is its expert-data-parallel rank 0's: dp ranks 0 .. ep - 1, each holding other experts
-// (the expert grid's dp rank is ep rank + ep * edp rank).
+// Which ranks write: the main replica of each dense parameter is dp (and cp) rank 0's; an
+// expert's, with ep > 1, is its expert-data-parallel rank 0's: dp-cp ranks 0 .. ep - 1 (cp +
+// cp_size * dp), each holding other experts (the expert grid's ep rank is the dp-cp rank % ep).
 bool writes_dense(const rank_coords& rc) { return rc.dp == 0 && rc.cp == 0; }
-bool writes_experts(const rank_coords& rc, const layout& l) { return rc.dp < l.ep.get() && rc.cp == 0; }
+bool writes_experts(const rank_coords& rc, const layout& l) { return rc.cp + l.cp.get() * rc.dp < l.ep.get(); }
 
 struct needed_tensor {
   std::string name;

@@ -180,6 +180,10 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
   g.tp = d.make_group("tp", g.grid.tp_group(r), gen);
   g.pp = d.make_group("pp", g.grid.pp_group(r), gen);
   g.dp = d.make_group("dp", g.grid.dp_group(r), gen);
+  if (g.grid.cp > 1) {
+    g.cp = d.make_group("cp", g.grid.cp_group(r), gen);
+    g.dp_cp = d.make_group("dp_cp", g.grid.dp_cp_group(r), gen);
+  }
   if (g.grid.in_embedding_group(r)) g.embedding = d.make_group("embedding", g.grid.embedding_group(r), gen);
   if (l.ep.get() > 1) {
     const expert_grid experts = expert_grid::from(l, d.world());

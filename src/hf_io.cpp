@@ -387,14 +387,14 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   // config.json is written by one rank at the end; a model it cannot describe is refused here, on
   // every rank alike, before any collective (not on one rank while the others wait for it).
   (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window);
-  const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0;
+  const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0 && g.me.cp == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
     hf_tensor_list hf = gather_parameter(p, c, g, dtype);  // every tp (and ep) rank takes part
     if (writer) std::move(hf.begin(), hf.end(), std::back_inserter(tensors));
   }
   if (!writer) return;
-  // The writers (one per stage: the pp group of tp rank 0, dp rank 0) fill one staging directory,
+  // The writers (one per stage: the pp group of tp, dp and cp rank 0) fill one staging directory,
   // which replaces `dir` in one rename: a reader sees the old checkpoint or the new one.
   const comm_group& stages = *g.pp;
   const std::int64_t pp = c.l.pp.get(), pp_rank = stages.rank();

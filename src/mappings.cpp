@@ -109,6 +109,29 @@ at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>&
   return g.size() == 1 ? x : all_to_all_fn::apply(x, send_rows, recv_rows, &g);
 }
 
+at::Tensor cp_tokens_to_heads(const at::Tensor& x, const comm_group& cp) {
+  const std::int64_t n = cp.size(), rows = x.size(0), groups = x.size(1);
+  if (n == 1) return x;
+  TORCH_CHECK(groups % n == 0, "megadsl: ", groups, " head groups do not split over the cp group of ", n, " ranks");
+  std::vector<std::int64_t> out_shape = x.sizes().vec();
+  out_shape[0] = n * rows;
+  out_shape[1] = groups / n;
+  // Block j of the send buffer (rank j's share of the groups) holds this rank's rows: (n L, G/n ...).
+  const at::Tensor send = x.reshape({rows, n, -1}).transpose(0, 1).reshape({n * rows, -1});
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(n), rows);
+  return all_to_all_rows(send, counts, counts, cp).view(out_shape);  // from rank i: its rows, in rank order
+}
+
+at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp) {
+  const std::int64_t n = cp.size();
+  if (n == 1) return y;
+  TORCH_CHECK(y.size(0) % n == 0, "megadsl: ", y.size(0), " tokens do not split over the cp group of ", n, " ranks");
+  const std::int64_t rows = y.size(0) / n;
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(n), rows);
+  const at::Tensor got = all_to_all_rows(y.reshape({n * rows, -1}).contiguous(), counts, counts, cp);  // by source: its groups
+  return got.view({n, rows, -1}).transpose(0, 1).reshape({rows, -1});
+}
+
 at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp) {
   return tp.size() == 1 ? x : copy_to_fn::apply(x, &tp);
 }

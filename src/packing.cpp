@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -81,6 +82,18 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
   pk.labels = at::constant_pad_nd(s_labels, {0, extra});
   pk.label_valid = at::constant_pad_nd(s_label_valid, {0, extra});
   return pk;
+}
+
+packed_tokens cp_share(const packed_tokens& whole, std::int64_t cp, std::int64_t rank) {
+  const std::int64_t rows = whole.ids.size(0) / cp, first = rank * rows;
+  packed_tokens mine = whole;
+  mine.tokens = std::clamp<std::int64_t>(whole.tokens - first, 0, rows);
+  const auto real = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, std::min(first, whole.tokens), mine.tokens) : t; };
+  for (at::Tensor* t : {&mine.ids, &mine.positions, &mine.labels, &mine.label_valid}) *t = t->narrow(0, first, rows);
+  mine.token_valid = real(whole.token_valid);
+  mine.index = real(whole.index);
+  mine.temperature = real(whole.temperature);
+  return mine;
 }
 
 void packed_tokens::to(const at::Device& device) {

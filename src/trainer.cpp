@@ -107,15 +107,15 @@ class trainer_impl {
 
 namespace {
 
-// Each parameter's slice for the distributed optimizer: the dp group's (an expert's replicas are
-// the expert-data-parallel group's) rank r holds flat elements [r * chunk, (r + 1) * chunk).
+// Each parameter's slice for the distributed optimizer: the dp (x cp) group's (an expert's
+// replicas are the expert-data-parallel group's) rank r holds flat elements [r * chunk, (r + 1) * chunk).
 std::vector<detail::trainer_impl::slice> slices_of(std::vector<named_parameter>& params, const parallel_groups& g) {
   std::vector<detail::trainer_impl::slice> out;
   for (named_parameter& p : params) {
     if (!p.tensor.is_contiguous())
       throw std::logic_error("megadsl: the distributed optimizer needs contiguous parameters; " + p.name + " is not");
     const bool expert = p.plan->row->where == placement::expert && g.edp != nullptr;
-    const comm_group* group = expert ? g.edp.get() : g.dp.get();
+    const comm_group* group = expert ? g.edp.get() : &g.gradient_dp();
     const at::Tensor flat = p.tensor.detach().view(-1);
     const std::int64_t n = flat.numel(), ranks = group->size();
     detail::trainer_impl::slice sl;

@@ -45,7 +45,7 @@ std::string closest(std::string_view word, const Range& candidates) {
 }
 
 constexpr std::string_view layout_flags[] = {
-    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--ep", "--etp",
+    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--cp", "--ep", "--etp",
     "--recompute", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
     "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute"};
@@ -111,6 +111,7 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     if (flag == "--tp") o.l.tp = number();
     else if (flag == "--pp") o.l.pp = number();
     else if (flag == "--vpp") o.l.vpp = number();
+    else if (flag == "--cp") o.l.cp = number();
     else if (flag == "--ep") o.l.ep = number();
     else if (flag == "--etp") o.l.etp = number();
     else if (flag == "--first-stage-layers") o.l.first_stage_layers = number();
@@ -250,6 +251,7 @@ std::string layout_summary(const options& o) {
   std::ostringstream s;
   s << "tp=" << l.tp.get() << " pp=" << l.pp.get() << " vpp=" << l.vpp.get()
     << " sp=" << (l.sp.get() ? "on" : "off") << " rmpad=" << (l.rmpad.get() ? "on" : "off");
+  if (l.cp.get() != 1) s << " cp=" << l.cp.get();
   if (l.ep.get() != 1) s << " ep=" << l.ep.get();
   if (l.etp.get() != 0) s << " etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << " recompute=" << name_of(l.recompute.get());

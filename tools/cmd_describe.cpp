@@ -164,8 +164,13 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
   out << "activations between blocks: ";
   const std::string tokens = l.rmpad.get() ? "nnz" : "s";
   const std::string batch = l.rmpad.get() ? "1" : "b";
-  if (l.sp.get()) out << "(" << tokens << "/" << tp << ", " << batch << ", " << h << ") per tp rank (sequence parallel)\n";
-  else out << "(" << tokens << ", " << batch << ", " << h << ") on every tp rank\n";
+  const std::int64_t cp = l.cp.get(), split = (l.sp.get() ? tp : 1) * cp;
+  const std::string shard = split > 1 ? tokens + "/" + std::to_string(split) : tokens;
+  out << "(" << shard << ", " << batch << ", " << h << ")";
+  if (l.sp.get() && cp > 1) out << " per tp and cp rank (sequence parallel, context parallel)\n";
+  else if (l.sp.get()) out << " per tp rank (sequence parallel)\n";
+  else if (cp > 1) out << " per cp rank (context parallel), on every tp rank\n";
+  else out << " on every tp rank\n";
   const std::int64_t total = hf_parameters(plan, s);
   out << "parameters: " << grouped(total) << " (" << short_count(total) << ", HF count: true vocab, tied counted once)";
   if (m.published_params > 0 && o.head.actor) out << "; published: " << grouped(m.published_params);
@@ -238,6 +243,14 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
       << " ... +" << vpad / tp;
   if (vpad != vocab) out << "; rows >= " << vocab << " are padding";
   out << '\n';
+  if (l.cp.get() > 1) {
+    const std::int64_t cp = l.cp.get(), groups = q0.groups, per_rank = heads / tp;
+    out << "context parallel, cp " << cp << ": each cp rank runs 1/" << cp << " of the token stream through every "
+        << "layer; per layer the attention all-to-alls over cp (Ulysses) to the whole stream of ";
+    if (groups % cp == 0) out << groups / cp << " kv group(s) of q/k/v per cp rank";
+    else out << per_rank / cp << " query head(s) of one kv group per cp rank, that group's k and v all-gathered";
+    out << ", and its output back; the outputs are gathered over cp, the gradients summed over dp x cp\n";
+  }
   if (s.mlp.get() == mlp_kind::moe) describe_experts(s, l, o.head, out);
   return exit_ok;
 }

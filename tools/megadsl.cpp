@@ -50,6 +50,7 @@ layout:
   --first-stage-layers N    layers on the first pipeline stage (default 0: even split)
   --last-stage-layers N     layers on the last pipeline stage (default 0: even split)
   --sp                      sequence parallelism (needs tp > 1)
+  --cp N                    context-parallel degree: each rank 1/cp of every sequence (default 1)
   --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
   --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)

@@ -102,7 +102,7 @@ constexpr rank_memory training_memory(const shape& s, const layout& l, head_info
 using recompute = recompute_kind;
 
 // Bytes of activations one transformer layer keeps for the backward pass of one micro-batch, per
-// tp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
+// tp and cp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
 // b = micro_batch, h = hidden, a = heads, t = tp):
 //   no recompute       TP: sbh(10 + 24/t + 5as/(ht))     TP+SP: sbh(34 + 5as/h) / t
 //   selective          TP: sbh(10 + 24/t)                TP+SP: 34 sbh / t
@@ -113,8 +113,10 @@ using recompute = recompute_kind;
 constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std::int64_t seq,
                                             std::int64_t micro_batch, bool sequence_parallel,
                                             recompute r = recompute::none) {
+  // Context parallelism: each cp rank keeps 1/cp of the tokens, and its attention core the whole
+  // sequence of 1/cp of the heads (Ulysses), so every term divides by cp.
   const double sbh = static_cast<double>(seq) * static_cast<double>(micro_batch) *
-                     static_cast<double>(s.hidden.get());
+                     static_cast<double>(s.hidden.get()) / static_cast<double>(l.cp.get());
   const double t = static_cast<double>(l.tp.get());
   const double as_over_h = static_cast<double>(s.heads.get()) * static_cast<double>(seq) /
                            static_cast<double>(s.hidden.get());

@@ -2,7 +2,7 @@
 //
 //   megadsl::layout{.tp = 4, .pp = 2, .sp = true}
 //
-// Context parallelism is reserved at 1 until implemented (rule `reserved_degrees`); expert
+// Context parallelism gives each cp rank a share of the query heads (rule `cp_splits_heads`); expert
 // parallelism needs a mixture of experts (rule `ep_needs_experts`).
 #pragma once
 
@@ -46,7 +46,7 @@ struct layout {
   flag sp = false;             // sequence parallelism (needs tp > 1)
   flag rmpad = false;          // remove padding: packed tokens with cu_seqlens
   dim vocab_pad_multiple = 128;  // vocab padded to a multiple of this times tp (Megatron's rule)
-  dim cp = 1;                  // context parallel: reserved
+  dim cp = 1;                  // context parallel: each rank 1/cp of every sequence's tokens (Ulysses attention)
   dim ep = 1;                  // expert parallel: whole experts per rank of the ep group
   dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
   maybe<recompute_kind> recompute = recompute_kind::none;  // activation recompute in the backward

@@ -31,7 +31,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 26> rule_table{{
+inline constexpr std::array<rule_info, 25> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -50,13 +50,12 @@ inline constexpr std::array<rule_info, 26> rule_table{{
     {"vpp_needs_pp", "virtual pipeline chunks (vpp > 1) need pp > 1"},
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
     {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
-    {"reserved_degrees", "context parallelism is reserved at 1"},
+    {"cp_splits_heads", "context parallelism (Ulysses) gives each cp rank an equal share of a tp rank's query heads, in whole kv groups or within one"},
     {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
     {"rope_scaling_valid", "rope scaling parameters are in range"},
     {"world_fits_layout", "world % (tp * pp * cp) == 0"},
     {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
     {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
-    {"rmpad_needs_no_cp", "remove-padding with cp > 1 is not implemented"},
     {"expert_grid_fits_world", "world % (etp * ep * pp) == 0: the expert grid's data-parallel size is whole"},
 }};
 
@@ -82,13 +81,12 @@ enum class rule_id : std::int8_t {
   vpp_needs_pp,
   layers_fit_stages,
   stage_counts_need_pp,
-  reserved_degrees,
+  cp_splits_heads,
   vocab_pad_multiple_positive,
   rope_scaling_valid,
   world_fits_layout,
   global_batch_divisible,
   interleaved_microbatches,
-  rmpad_needs_no_cp,
   expert_grid_fits_world,
 };
 static_assert(static_cast<std::size_t>(rule_id::expert_grid_fits_world) == rule_table.size(),
@@ -396,10 +394,27 @@ constexpr void check_pipeline(const shape& s, const layout& l, violations& out) 
   }
 }
 
-constexpr void check_reserved(const layout& l, violations& out) {
-  if (l.cp.is_static() && l.cp.get() != 1)
-    out.add("reserved_degrees", {l.cp.get()})
-        .add("cp = ", l.cp.get(), " is reserved: context parallelism is not implemented yet; use cp = 1");
+// Context parallelism all-to-alls q (and k, v) from a sequence shard of every head to the whole
+// sequence of a 1/cp share of the heads (Ulysses; src/layers/attention.cpp): each cp rank takes
+// whole kv groups of its tp rank, or an equal part of one group's query heads (its k and v then
+// all-gathered over cp, as DeepSpeed-Ulysses does when kv heads are fewer than its degree).
+constexpr bool cp_splits_heads(std::int64_t q_heads, std::int64_t groups, std::int64_t cp) {
+  return q_heads % cp == 0 && (groups % cp == 0 || cp % groups == 0);
+}
+
+constexpr void check_context_parallel(const shape& s, const layout& l, violations& out) {
+  if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || l.cp.get() == 1) return;
+  const std::int64_t cp = l.cp.get(), tp = l.tp.get(), kv = s.kv_heads.get();
+  if (s.heads.get() % tp != 0 || (kv % tp != 0 && tp % kv != 0)) return;  // the tp rules say it
+  const std::int64_t q_heads = s.heads.get() / tp, groups = kv >= tp ? kv / tp : 1;  // per tp rank
+  if (cp_splits_heads(q_heads, groups, cp)) return;
+  text& m = out.add("cp_splits_heads", {q_heads, groups, cp});
+  m.add("a tp rank's ", q_heads, " query heads in ", groups, " kv group(s) (heads ", s.heads.get(), ", kv heads ", kv,
+        ", tp ", tp, ") do not split into cp = ", cp, " equal shares of whole groups or of one group; valid cp: ");
+  list_values(m, q_heads, [&](std::int64_t c) { return cp_splits_heads(q_heads, groups, c); });
+}
+
+constexpr void check_vocab_padding(const layout& l, violations& out) {
   if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() < 1)
     out.add("vocab_pad_multiple_positive")
         .add("vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " must be >= 1 (Megatron's default is 128)");
@@ -458,8 +473,6 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
     if (m / pp > 0) msg.add((m / pp) * pp, " or ");
     msg.add((m / pp + 1) * pp, " microbatches");
   }
-  if (l.rmpad.is_static() && l.rmpad.get() && l.cp.is_static() && l.cp.get() > 1)
-    out.add("rmpad_needs_no_cp").add("remove-padding with cp > 1 is not implemented; use cp = 1");
   // The expert grid only when the decoder grid fits: otherwise world_fits_layout said it already.
   if (!positive(f.world, l.tp, l.pp, l.cp) || f.world.get() % (l.tp.get() * l.pp.get() * l.cp.get()) == 0)
     check_expert_grid(l, f, out);
@@ -475,7 +488,8 @@ constexpr violations check(const shape& s, const layout& l, const run_facts& f =
   detail::check_shape(s, out);
   detail::check_tensor_parallel(s, l, out);
   detail::check_pipeline(s, l, out);
-  detail::check_reserved(l, out);
+  detail::check_context_parallel(s, l, out);
+  detail::check_vocab_padding(l, out);
   detail::check_run(l, f, out);
   return out;
 }

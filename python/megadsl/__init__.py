@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",
-                  "ep", "etp", "recompute")
+                  "ep", "etp", "recompute", "cp")
 
 
 def _layout_of(where, layout, kwargs):

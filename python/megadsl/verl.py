@@ -72,6 +72,7 @@ class MegadslEngineConfig(BaseConfig):
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     expert_model_parallel_size: int = 1
+    context_parallel_size: int = 1
     recompute: Optional[str] = None
     dtype: str = "fp32"
     use_distributed_optimizer: bool = True
@@ -236,8 +237,6 @@ class MegadslEngine(BaseEngine):
         if int(_cfg(model_config, "lora_rank", 0) or 0) > 0:
             raise ValueError("megadsl.verl: LoRA (model_config.lora_rank > 0) is not supported; megadsl trains all "
                              "parameters")
-        if int(_cfg(self.engine_config, "context_parallel_size", 1) or 1) != 1:
-            raise ValueError("megadsl.verl: context_parallel_size > 1 is not supported yet; use tp / pp / sp")
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -254,7 +253,7 @@ class MegadslEngine(BaseEngine):
             self.path, tp=int(_cfg(ec, "tensor_model_parallel_size", 1)),
             pp=int(_cfg(ec, "pipeline_model_parallel_size", 1)), vpp=int(vpp),
             sp=bool(_cfg(ec, "sequence_parallel", False)), rmpad=self.use_remove_padding,
-            ep=int(_cfg(ec, "expert_model_parallel_size", 1)),
+            ep=int(_cfg(ec, "expert_model_parallel_size", 1)), cp=int(_cfg(ec, "context_parallel_size", 1) or 1),
             recompute=_cfg(ec, "recompute", None), critic=self.critic, dtype=_cfg(ec, "dtype", "fp32"),
             device=device, seed=int(_cfg(ec, "seed", 42)),
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
@@ -311,14 +310,15 @@ class MegadslEngine(BaseEngine):
 
     def _build_groups(self):
         """torch process groups for verl: the dp groups (the ranks that hold the same model part,
-        same tp and pp: verl all-reduces losses and counts over them) and the tp groups (a shard
-        export's gather groups). Every rank creates every group, in the same order."""
+        same tp, cp and pp: verl all-reduces losses and counts over them; the cp ranks of a replica
+        see the same data) and the tp groups (a shard export's gather groups). Every rank creates
+        every group, in the same order."""
         m = self.model
         self._dp_group = self._tp_group = None
         if not dist.is_initialized():
             return
-        coords = [None] * dist.get_world_size()  # (tp, pp, dp) of every rank
-        dist.all_gather_object(coords, (m.tp_rank, m.pp_rank, m.dp_rank))
+        coords = [None] * dist.get_world_size()  # (tp, pp, dp, cp) of every rank
+        dist.all_gather_object(coords, (m.tp_rank, m.pp_rank, m.dp_rank, m.cp_rank))
 
         def group_of(key, order):
             """This rank's group among those of the ranks with equal key(coords), ordered by order."""
@@ -332,8 +332,8 @@ class MegadslEngine(BaseEngine):
                     mine = g
             return mine
 
-        self._dp_group = group_of(lambda c: (c[0], c[1]), lambda c: c[2])
-        self._tp_group = group_of(lambda c: (c[1], c[2]), lambda c: c[0])
+        self._dp_group = group_of(lambda c: (c[0], c[1], c[3]), lambda c: c[2])
+        self._tp_group = group_of(lambda c: (c[1], c[2], c[3]), lambda c: c[0])
 
     # ---- verl's engine interface -----------------------------------------------------------
 
@@ -363,7 +363,7 @@ class MegadslEngine(BaseEngine):
 
     def is_mp_src_rank_with_outputs(self):
         m = self._model()
-        return m.tp_rank == 0 and m.pp_rank == m.layout.pp - 1
+        return m.tp_rank == 0 and m.cp_rank == 0 and m.pp_rank == m.layout.pp - 1
 
     def optimizer_zero_grad(self):
         """Nothing to do: each megadsl step starts from zero gradients."""

@@ -260,11 +260,11 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> pp, std::optional<std::int64_t> vpp, std::optional<bool> sp,
          std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
-         std::optional<std::int64_t> ep, std::optional<std::string> recompute, bool critic,
+         std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff) {
         layout l = given.value_or(layout{});
-        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute))
+        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute || cp))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
         if (tp) l.tp = *tp;
         if (pp) l.pp = *pp;
@@ -275,6 +275,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         if (last_stage_layers) l.last_stage_layers = *last_stage_layers;
         if (vocab_pad_multiple) l.vocab_pad_multiple = *vocab_pad_multiple;
         if (ep) l.ep = *ep;
+        if (cp) l.cp = *cp;
         if (recompute) l.recompute = recompute_of(*recompute);
         if (!critic && !value_bias)
           throw py::value_error("megadsl.Model.from_hf: value_bias=False goes with critic=True (the value head's bias)");
@@ -304,7 +305,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("pp") = py::none(), py::arg("vpp") = py::none(), py::arg("sp") = py::none(),
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
-      py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
+      py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
@@ -514,6 +515,7 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
   model.def_property_readonly("tp_rank", [](const dynamic_model& self) { return self.coords().tp; });
   model.def_property_readonly("pp_rank", [](const dynamic_model& self) { return self.coords().pp; });
   model.def_property_readonly("dp_rank", [](const dynamic_model& self) { return self.coords().dp; });
+  model.def_property_readonly("cp_rank", [](const dynamic_model& self) { return self.coords().cp; });
   model.def_property_readonly("dp_size", &dynamic_model::dp_size);
   model.def(
       "close",

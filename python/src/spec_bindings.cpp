@@ -121,6 +121,7 @@ std::string layout_repr(const layout& l) {
   if (l.first_stage_layers.get() != 0) s << ", first_stage_layers=" << l.first_stage_layers.get();
   if (l.last_stage_layers.get() != 0) s << ", last_stage_layers=" << l.last_stage_layers.get();
   if (l.vocab_pad_multiple.get() != 128) s << ", vocab_pad_multiple=" << l.vocab_pad_multiple.get();
+  if (l.cp.get() != 1) s << ", cp=" << l.cp.get();
   if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
   if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << ", recompute=\"" << name_of(l.recompute.get()) << "\"";
@@ -133,7 +134,8 @@ bool same_layout(const layout& a, const layout& b) {
          a.first_stage_layers.get() == b.first_stage_layers.get() &&
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
          a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
-         a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() && a.recompute.get() == b.recompute.get();
+         a.cp.get() == b.cp.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
+         a.recompute.get() == b.recompute.get();
 }
 
 }  // namespace
@@ -154,13 +156,15 @@ auto property(T layout::*field) {
 
 void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
-virtual pipeline chunks, remove-padding, expert-parallel degree (ep: whole experts per rank of an ep
+virtual pipeline chunks, remove-padding, context-parallel degree (cp: each rank 1/cp of every sequence's
+tokens, attention all-to-all over heads), expert-parallel degree (ep: whole experts per rank of an ep
 group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                        std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp,
-                       const std::string& recompute) {
+                       const std::string& recompute, std::int64_t cp) {
              layout l;
+             l.cp = cp;
              l.recompute = recompute_of(recompute);
              l.ep = ep;
              l.etp = etp;
@@ -176,11 +180,12 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
            py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
-           py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none")
+           py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none", py::arg("cp") = 1)
       .def_property(
           "recompute", [](const layout& l) { return std::string(name_of(l.recompute.get())); },
           [](layout& l, const std::string& v) { l.recompute = recompute_of(v); },
           "activations the backward recomputes: \"none\", \"selective\" (the attention core) or \"full\" (each layer)")
+      .def_property("cp", property(&layout::cp), [](layout& l, std::int64_t v) { l.cp = v; })
       .def_property("ep", property(&layout::ep), [](layout& l, std::int64_t v) { l.ep = v; })
       .def_property("etp", property(&layout::etp), [](layout& l, std::int64_t v) { l.etp = v; })
       .def_property("tp", property(&layout::tp), [](layout& l, std::int64_t v) { l.tp = v; })
@@ -202,7 +207,7 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
                         return py::make_tuple(l.tp.get(), l.pp.get(), l.vpp.get(), l.sp.get(), l.rmpad.get(),
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
                                               l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get(),
-                                              std::string(name_of(l.recompute.get())));
+                                              std::string(name_of(l.recompute.get())), l.cp.get());
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -219,6 +224,7 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
                           l.etp = t[9].cast<std::int64_t>();
                         }
                         if (t.size() > 10) l.recompute = recompute_of(t[10].cast<std::string>());
+                        if (t.size() > 11) l.cp = t[11].cast<std::int64_t>();
                         return l;
                       }));
 

@@ -1,8 +1,9 @@
 """megadsl as a verl engine (megadsl.verl): created through verl's EngineRegistry on ranks that started
 torch.distributed first, as verl's workers do; verl's own ppo_loss and value_loss through megadsl's
-pipeline at tp 2 x pp 2 x dp 2 with remove-padding, 3 steps under verl's cosine schedule. Losses,
-metrics, grad norms, the updated weights and the log-probs / values afterwards equal a single
-process running transformers with verl's loss functions, torch's AdamW and the same schedule."""
+pipeline (the actor at tp 2 x pp 2 x dp 2, the critic at cp 2 x pp 2 x dp 2) with remove-padding,
+3 steps under verl's cosine schedule. Losses, metrics, grad norms, the updated weights and the
+log-probs / values afterwards equal a single process running transformers with verl's loss
+functions, torch's AdamW and the same schedule."""
 
 import io
 import multiprocessing
@@ -67,6 +68,7 @@ def job(fixtures, tmp_path_factory):
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_training_matches_the_single_process_reference(job, role):
     ref = job[role]
+    assert {r[role]["cp"] for r in job["ranks"].values()} == {2 if role == "critic" else 1}
     reporting = [r[role] for r in job["ranks"].values() if r[role]["steps"]]
     assert sorted(r["dp_rank"] for r in reporting) == [0, 1]  # one reporting rank per dp rank (tp 0, last stage)
     for step in range(ranks.STEPS):

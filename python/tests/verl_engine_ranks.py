@@ -172,8 +172,9 @@ def reference_run(path, critic):
 
 
 def engine_rank(rank, world, port, path, critic_path, tmp, results):
-    """One rank: torch.distributed, then the actor and the critic engines from verl's registry at
-    tp 2 x pp 2 x dp 2 with remove-padding, 3 training steps, a checkpoint, the weights, inference."""
+    """One rank: torch.distributed, then the actor and the critic engines from verl's registry, the
+    actor at tp 2 x pp 2 x dp 2, the critic at cp 2 x pp 2 x dp 2 (context parallelism), both with
+    remove-padding: 3 training steps, a checkpoint, the weights, inference."""
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "MEGADSL_TIMEOUT_S": "120"})
@@ -193,7 +194,8 @@ def engine_rank(rank, world, port, path, critic_path, tmp, results):
                 model_type="value_model" if critic else "language_model", backend="megadsl",
                 model_config=HFModelConfig(path=p, use_remove_padding=True, load_tokenizer=False),
                 engine_config=megadsl.verl.MegadslEngineConfig(
-                    tensor_model_parallel_size=2, pipeline_model_parallel_size=2, use_dynamic_bsz=False,
+                    tensor_model_parallel_size=1 if critic else 2, context_parallel_size=2 if critic else 1,
+                    pipeline_model_parallel_size=2, use_dynamic_bsz=False,
                     micro_batch_size_per_gpu=MICRO, export_dtype="fp32", optimizer_offload=True),
                 optimizer_config=optimizer_config(), checkpoint_config=None)
             engine.initialize()
@@ -226,7 +228,7 @@ def engine_rank(rank, world, port, path, critic_path, tmp, results):
             key = "values" if critic else "log_probs"
             out["critic" if critic else "actor"] = {
                 "steps": steps, "weights": weights if rank == 0 else None, "shards": shards,
-                "tp_rank": engine.model.tp_rank, "dp_rank": dp_rank,
+                "tp_rank": engine.model.tp_rank, "dp_rank": dp_rank, "cp": engine.model.layout.cp,
                 "final": inferred["model_output"][key].values().clone(), "rows": rows,
                 "optimizer_bytes_offloaded": engine.trainer.optimizer_bytes}
         buf = io.BytesIO()

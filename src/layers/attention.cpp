@@ -1,11 +1,15 @@
 // Grouped-query self-attention split over tp by kv groups: the fused q/k/v projection
 // (column-parallel, per local group [q heads | k | v]), optional q/k norms, RoPE, causal attention
-// over padded rows or packed sequences (cu_seqlens), the row-parallel output projection.
+// over padded rows or packed sequences (cu_seqlens), the row-parallel output projection. Under
+// context parallelism q, k and v travel by all-to-all from this rank's tokens of every head to the
+// whole stream of 1/cp of the heads (Ulysses: the core sees whole sequences, any window or
+// length), and the heads' output back.
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 
 namespace megadsl {
@@ -18,18 +22,19 @@ class attention final : public layer_module {
         o_bias_(p.find("o_proj.bias")), s_(std::move(s)) {}
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
-    const packed_tokens& pk = c.pk;
-    const std::int64_t tokens = pk.tokens;
+    const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
+    const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0);
     const qkv_rank_layout& g = s_.qkv;
-    at::Tensor qkv = c.column(h, qkv_, qkv_bias_);               // (T', G*(Q+2)*d)
-    if (qkv.size(0) != tokens) qkv = qkv.narrow(0, 0, tokens);  // SP padding rows: (T, ...)
-    const at::Tensor grouped = qkv.view({tokens, g.groups, g.q_per_group + 2, g.head_dim});
+    at::Tensor qkv = c.column(h, qkv_, qkv_bias_);            // (T'/cp, G*(Q+2)*d)
+    const std::int64_t rows = c.cp != nullptr ? qkv.size(0) : tokens;
+    if (qkv.size(0) != rows) qkv = qkv.narrow(0, 0, rows);   // SP padding rows: (T, ...)
+    const at::Tensor grouped = qkv.view({rows, g.groups, g.q_per_group + 2, g.head_dim});
     // One split (its backward is one concatenation), not three views whose backwards each
     // zero-fill a buffer of qkv's size.
     const auto parts = grouped.split_with_sizes({g.q_per_group, 1, 1}, 2);
-    at::Tensor q = parts[0], k = parts[1].squeeze(2);  // (T, G, Q, d), (T, G, d)
-    if (s_.qk_norm) s_.qk_norm->apply(q, k, c);
-    const at::Tensor v = parts[2].squeeze(2);          // (T, G, d)
+    at::Tensor q = parts[0], k = parts[1].squeeze(2), v = parts[2].squeeze(2);  // (rows, G, Q, d), (rows, G, d) x2
+    if (s_.qk_norm) s_.qk_norm->apply(q, k, c);  // this rank's tokens of all its heads (a full-width norm spans them)
+    if (c.cp != nullptr) to_whole_stream(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
     const attention_math math{s_.scale, s_.softcap, s_.window};
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
@@ -40,11 +45,38 @@ class attention final : public layer_module {
       return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
     };
     at::Tensor a = s_.selective_recompute ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);
-    if (pk.ids.size(0) > tokens) a = at::constant_pad_nd(a, {0, 0, 0, pk.ids.size(0) - tokens});
-    return c.row(a, o_, o_bias_);  // (T'/tp or T', h)
+    if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', G*Q*d)
+    if (c.cp != nullptr) a = cp_heads_to_tokens(a, *c.cp);                         // (T'/cp, G*Q*d)
+    return c.row(a, o_, o_bias_);  // (T'/cp/tp or T'/cp, h)
   }
 
  private:
+  // Context parallelism (Ulysses, rule cp_splits_heads): this rank's rows of all its heads -> the
+  // whole stream's real tokens of this cp rank's share of them. Whole groups travel in one
+  // all-to-all of [q | k | v] (`grouped`, when it still holds them); a share of one group's query
+  // heads travels alone, and that group's k and v are gathered whole over cp (their gradients
+  // summed back by the gather's reduce-scatter).
+  static void to_whole_stream(const at::Tensor& grouped, at::Tensor& q, at::Tensor& k, at::Tensor& v,
+                              std::int64_t tokens, const comm_group& cp) {
+    const std::int64_t n = cp.size(), rows = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
+    if (groups % n == 0) {
+      const at::Tensor both = grouped.defined() ? grouped : at::cat({q, k.unsqueeze(2), v.unsqueeze(2)}, 2);
+      const auto parts = cp_tokens_to_heads(both, cp).narrow(0, 0, tokens).split_with_sizes({per_group, 1, 1}, 2);
+      q = parts[0];             // (T, G/cp, Q, d)
+      k = parts[1].squeeze(2);  // (T, G/cp, d)
+      v = parts[2].squeeze(2);
+      return;
+    }
+    const std::int64_t share = groups * per_group / n, group = cp.rank() * share / per_group;
+    q = cp_tokens_to_heads(q.reshape({rows, groups * per_group, d}), cp).narrow(0, 0, tokens).unsqueeze(1);  // (T, 1, share, d)
+    const auto whole = [&](const at::Tensor& t) {  // (rows, G, d) -> (T, 1, d): this rank's group
+      return gather_from_sp(t.contiguous(), cp).narrow(0, 0, tokens).narrow(1, group, 1);
+    };
+    k = whole(k);
+    v = whole(v);
+  }
+
+
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups
   at::Tensor o_, o_bias_;      // (h, heads*d/tp), (h)
   attention_settings s_;

@@ -10,6 +10,7 @@
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/moe.hpp"
+#include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
@@ -63,22 +64,32 @@ class moe_mlp final : public layer_module {
 
  private:
   // This layer's auxiliary losses over the micro-batch's real tokens, scaled (run.aux_scale).
-  static at::Tensor auxiliary_losses(const at::Tensor& logits, const routing& r, layer_context& c) {
+  static at::Tensor auxiliary_losses(const at::Tensor& local_logits, const routing& r, layer_context& c) {
     const model_options& o = c.options;
-    const packed_tokens& pk = c.pk;
+    const packed_tokens& pk = c.sequences();
+    at::Tensor logits = local_logits, indices = r.indices;  // (T, E), (T, k)
+    if (c.cp != nullptr) {
+      // Over the whole stream: every cp rank computes the same losses, and each one's gradient
+      // reaches the router through its own tokens' logits (the gather's backward keeps its rows).
+      const std::int64_t rows = c.pk.ids.size(0), pad = rows - local_logits.size(0);
+      logits = gather_from_sp(at::constant_pad_nd(local_logits, {0, 0, 0, pad}), *c.cp, /*tensor_parallel_output_grad=*/false)
+                   .narrow(0, 0, pk.tokens);
+      indices = c.cp->all_gather(at::constant_pad_nd(r.indices, {0, 0, 0, pad}), 0).narrow(0, 0, pk.tokens);
+    }
     const at::Tensor valid = pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
     at::Tensor loss = at::zeros({}, logits.options().dtype(at::kFloat));
     if (o.moe_aux_loss_coeff != 0) {
       const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
       const at::Tensor balance =
           o.moe_aux_loss_per_sequence
-              ? sequence_load_balancing_loss(probs, r.indices, valid, at::floor_divide(pk.index, pk.seq), pk.batch)
-              : switch_load_balancing_loss(probs, r.indices, valid);
+              ? sequence_load_balancing_loss(probs, indices, valid, at::floor_divide(pk.index, pk.seq), pk.batch)
+              : switch_load_balancing_loss(probs, indices, valid);
       loss = loss + o.moe_aux_loss_coeff * balance;
     }
     if (o.moe_z_loss_coeff != 0) loss = loss + o.moe_z_loss_coeff * router_z_loss(logits, valid);
     loss = loss * c.run.aux_scale;
-    if (!c.run.rerun) c.run.aux_total += loss.detach().to(at::kDouble);  // once per forward, not again in a recompute
+    // Once per forward, not again in a recompute; each cp rank holds the whole value.
+    if (!c.run.rerun) c.run.aux_total += loss.detach().to(at::kDouble) / static_cast<double>(c.cp ? c.cp->size() : 1);
     return loss;
   }
 

@@ -97,13 +97,14 @@ class table {
 
 void print_plan(std::ostream& os, std::string_view model_name, const shape& s, const layout& l,
                 const plan_options& o) {
-  const std::int64_t tp = l.tp, pp = l.pp, vpp = l.vpp;
-  // Without --world: the smallest world both grids fit (with experts over ep ranks of dp).
-  const std::int64_t world = o.world > 0 ? o.world : std::lcm(tp * pp, expert_tp(l) * l.ep.get() * pp);
+  const std::int64_t tp = l.tp, pp = l.pp, vpp = l.vpp, cp = l.cp;
+  // Without --world: the smallest world both grids fit (with experts over ep ranks of dp x cp).
+  const std::int64_t world = o.world > 0 ? o.world : std::lcm(tp * pp * cp, expert_tp(l) * l.ep.get() * pp);
   run_facts facts{.world = world};
   if (o.microbatches > 0) facts.microbatches = o.microbatches;
   require_valid(s, l, facts);  // throws before anything is printed
-  const std::int64_t dp = world / (tp * pp);
+  const std::int64_t dp = world / (tp * pp * cp);
+  const std::int64_t shards = dp * cp;  // the distributed optimizer's: the gradients' domain
   const head_info head{o.actor, o.value_bias};
   const std::int64_t vpad = padded_vocab(s, l);
 
@@ -111,7 +112,8 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   os << "megadsl plan: " << model_name << " ("
      << (o.actor ? "actor, lm_head" : o.value_bias ? "critic, value head with bias" : "critic, value head")
      << ")\n";
-  os << "  layout    tp " << tp << " x pp " << pp << " (vpp " << vpp << "), sp " << on_off(l.sp.get())
+  os << "  layout    tp " << tp << " x pp " << pp << " (vpp " << vpp << ")" << (cp > 1 ? " x cp " + std::to_string(cp) : "")
+     << ", sp " << on_off(l.sp.get())
      << ", rmpad " << on_off(l.rmpad.get()) << "; world " << world << " -> dp " << dp << "\n";
   os << "  workload  seq " << grouped(o.seq) << ", micro batch " << o.micro_batch << "\n\n";
 
@@ -163,14 +165,15 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
                in_gib(b.optimizer_bytes), in_gib(b.total_bytes)});
   }
   state.row({"fp32: 4 + 4 + 8 = 16 B/param; bf16: 2 + 4 (fp32 main_grad) + 12 (fp32 master, Adam m, v) = 18 B/param"});
-  if (dp > 1) {
+  if (shards > 1) {
     double peak_dist = 0, peak_dist_fp32 = 0, peak_fp32 = 0;
     for (std::int64_t r = 0; r < pp; ++r) {
-      peak_dist = std::max(peak_dist, training_memory(s, l, head, precision::bf16_mixed, r, dp).total_bytes);
-      peak_dist_fp32 = std::max(peak_dist_fp32, training_memory(s, l, head, precision::fp32, r, dp).total_bytes);
+      peak_dist = std::max(peak_dist, training_memory(s, l, head, precision::bf16_mixed, r, shards).total_bytes);
+      peak_dist_fp32 = std::max(peak_dist_fp32, training_memory(s, l, head, precision::fp32, r, shards).total_bytes);
       peak_fp32 = std::max(peak_fp32, training_memory(s, l, head, precision::fp32, r).total_bytes);
     }
-    state.row({"distributed optimizer over dp " + std::to_string(dp) + ": fp32 (8 + 8/dp B/param) " + in_gib(peak_dist_fp32) +
+    state.row({"distributed optimizer over " + (cp > 1 ? "dp x cp " + std::to_string(shards) : "dp " + std::to_string(dp)) +
+               ": fp32 (8 + 8/dp B/param) " + in_gib(peak_dist_fp32) +
                " GiB on the most-loaded rank instead of " + in_gib(peak_fp32) + "; bf16 (6 + 12/dp B/param) " +
                in_gib(peak_dist) + " instead of " + in_gib(peak_bf16)});
   }
@@ -189,8 +192,8 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
               : in_flight_microbatches(l, o.microbatches);
   const std::string stage = "first stage (" + std::to_string(layers_on_pp_rank(s, l, 0)) +
                             " layers x " + short_number(in_flight) + " micro-batches)";
-  os << "Activations per tp rank, GiB (16-bit; micro-batch " << o.micro_batch << " x "
-     << grouped(o.seq) << " tokens)\n";
+  os << "Activations per tp" << (cp > 1 ? " and cp" : "") << " rank, GiB (16-bit; micro-batch " << o.micro_batch << " x "
+     << grouped(o.seq) << " tokens" << (cp > 1 ? ", 1/" + std::to_string(cp) + " of them per cp rank" : "") << ")\n";
   table acts;
   acts.row({"", "without SP", "with SP"});
   // Every granularity, the layout's own (layout::recompute) marked: what the runtime keeps.

@@ -35,11 +35,13 @@ std::int64_t parameter_elements(std::vector<named_parameter>& params) {
 
 // Five steps with the distributed and with the replicated optimizer at layout L: the same
 // losses, norms and parameters (within 1e-6: reduce-scatter sums in another order), and the sharded state
-// is 1/dp of the replicated one (up to each parameter's padding to a multiple of dp).
+// is 1/(dp cp) of the replicated one (up to each parameter's padding to a multiple of dp cp).
 template <class M, layout L>
 void check_same_training() {
+  // The gradients' domain, over which the state is sharded: dp x cp.
   const std::int64_t dp = dist().world() / (L.tp.get() * L.pp.get());
-  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " dp=" << dp);
+  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " cp=" << L.cp.get()
+               << " dp x cp=" << dp);
   const rollout_batch rb = make_rollout(M::shape.vocab);
   auto groups = parallel_groups::build(dist(), L);
   parallel_model<causal_lm<M, L>> a(groups, test_options<M>()), b(groups, test_options<M>());
@@ -84,7 +86,7 @@ void check_same_training() {
 // two more steps give the same parameters.
 template <layout L>
 void resume_elsewhere(const fs::path& dir, const rollout_batch& rb) {
-  INFO("resumed at tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get());
+  INFO("resumed at tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << " cp=" << L.cp.get());
   std::map<std::string, at::Tensor> resumed[2];
   for (bool distributed : {true, false}) {
     auto groups = parallel_groups::build(dist(), L);
@@ -108,11 +110,13 @@ TEST_CASE("the distributed optimizer trains like the replicated one at dp 2 (tp 
   check_same_training<tiny8, layout{.tp = 2}>();
   check_same_training<tiny8, layout{}>();
   check_same_training<tiny8_tied, layout{.pp = 2}>();
+  check_same_training<tiny8, layout{.rmpad = true, .cp = 2}>();  // sliced over dp 2 x cp 2
 }
 
 TEST_CASE("the distributed optimizer shards an expert's state over the expert-data-parallel group (ep 2)",
           "[world4][training][distributed_optimizer][moe]") {
   check_same_training<tiny8_mixtral, layout{.ep = 2}>();
+  check_same_training<tiny8_mixtral, layout{.cp = 2, .ep = 2}>();  // ep across the cp ranks
 }
 
 TEST_CASE("a checkpoint of the distributed optimizer resumes at dp 4 as the run would have gone on, and at another layout "
@@ -146,6 +150,7 @@ TEST_CASE("a checkpoint of the distributed optimizer resumes at dp 4 as the run 
   // Another layout: the distributed and the replicated optimizer resume alike.
   resume_elsewhere<layout{.tp = 2}>(dir, rb);           // dp 4 -> tp 2 x dp 2
   resume_elsewhere<layout{.pp = 2, .vpp = 2}>(dir, rb);  // dp 4 -> pp 2 (interleaved) x dp 2
+  resume_elsewhere<layout{.rmpad = true, .cp = 2}>(dir, rb);  // dp 4 -> cp 2 x dp 2
   auto groups = parallel_groups::build(dist(), four);
   groups.world->barrier();
   if (dist().rank() == 0) fs::remove_all(dir);

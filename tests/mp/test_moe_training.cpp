@@ -25,8 +25,8 @@ std::int64_t routing_differences(const at::Tensor& a, const at::Tensor& b, const
 // (not the one the router would choose) is followed to the expert in every layout.
 template <class M, layout L>
 void check_moe_inference() {
-  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get()
-               << " rmpad=" << L.rmpad.get());
+  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " cp=" << L.cp.get()
+               << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
   const model_options opt = test_options<M>();
   auto single = parallel_groups::single();
   parallel_model<causal_lm<M>> ref(single, opt);
@@ -59,15 +59,15 @@ enum class aux_losses { off, token, sequence };
 template <class M, layout L>
 void check_moe_training(std::int64_t microbatches, bool replay, const micro_batch_options* budget = nullptr,
                         aux_losses aux = aux_losses::off) {
-  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get()
-               << " rmpad=" << L.rmpad.get() << " replay=" << replay << " aux=" << static_cast<int>(aux));
+  INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " cp=" << L.cp.get()
+               << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get() << " replay=" << replay << " aux=" << static_cast<int>(aux));
   model_options mopt = test_options<M>();
   if (aux != aux_losses::off) {
     mopt.moe_aux_loss_coeff = 0.05;
     mopt.moe_aux_loss_per_sequence = aux == aux_losses::sequence;
     mopt.moe_z_loss_coeff = 0.01;
   }
-  const std::int64_t dp = dist().world() / (L.tp.get() * L.pp.get());
+  const std::int64_t dp = dist().world() / (L.tp.get() * L.pp.get() * L.cp.get());
   const std::int64_t ref_microbatches = aux != aux_losses::off ? dp * microbatches : 1;
   const optimizer_config opt{.lr = 1e-4, .eps = 1e-6, .weight_decay = 0.01, .clip_grad = 1.0};
   const actor_loss_config acfg{.clip_ratio = 0.2, .entropy_coeff = 0.01, .kl_coeff = 0.05};
@@ -149,6 +149,17 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // The balancer reorders rows over dp and into micro-batches; the routing travels with its rows.
   const micro_batch_options budget{.max_token_len = 20};
   check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .ep = 4}>(0, true, &budget);
+}
+
+TEST_CASE("mixtures of experts under context parallelism: routing, replay, the auxiliary losses over the whole "
+          "sequences, experts over ep across the cp ranks",
+          "[world4][moe][cp]") {
+  check_moe_inference<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>();
+  check_moe_inference<tiny8_mixtral, layout{.pp = 2, .cp = 2}>();
+  // The switch and z losses see every token of the micro-batch (gathered over cp), not a share.
+  check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>(2, true, nullptr, aux_losses::token);
+  check_moe_training<tiny8_mixtral, layout{.cp = 2}>(1, false, nullptr, aux_losses::sequence);
+  check_moe_training<tiny8_qwen2_moe, layout{.pp = 2, .rmpad = true, .cp = 2}>(2, true, nullptr, aux_losses::token);
 }
 
 TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and without router replay",

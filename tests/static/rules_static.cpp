@@ -91,7 +91,14 @@ static_assert(violates<llama3_8b, layout{.pp = 2, .vpp = 2, .first_stage_layers 
     "layers_fit_stages"));
 static_assert(violates<llama3_8b, layout{.first_stage_layers = 4}>("stage_counts_need_pp"));
 
-static_assert(violates<llama3_8b, layout{.cp = 2}>("reserved_degrees"));
+// Context parallelism gives each cp rank whole kv groups of its tp rank, or a share of one group.
+static_assert(valid_layout<llama3_8b, layout{.tp = 2, .sp = true, .cp = 4}>);
+static_assert(valid_layout<llama3_8b, layout{.rmpad = true, .cp = 8}>);
+static_assert(valid_layout<megadsl::llama3_70b, layout{.tp = 8, .sp = true, .cp = 4}>);  // 8 query heads, one kv head per tp rank
+static_assert(first_message<llama3_8b, layout{.tp = 8, .cp = 8}>() ==
+              "cp_splits_heads: a tp rank's 4 query heads in 1 kv group(s) (heads 32, kv heads 8, tp 8) do not split "
+              "into cp = 8 equal shares of whole groups or of one group; valid cp: 1, 2, 4");
+static_assert(violates<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4}>("cp_splits_heads"));  // 14 query heads, 2 groups
 static_assert(violates<llama3_8b, layout{.ep = 4}>("ep_needs_experts"));
 // Mixtures of experts: whole experts per ep rank, each expert split over etp (= tp).
 static_assert(valid_layout<megadsl::mixtral_8x7b, layout{.tp = 2, .pp = 4, .ep = 8}>);
@@ -116,7 +123,6 @@ static_assert(first_message<greedy_router, layout{}>() ==
 static_assert(violates<llama3_8b, layout{.vocab_pad_multiple = 0}>("vocab_pad_multiple_positive"));
 static_assert(violates<llama3_8b, layout{.tp = 0}>("positive_sizes"));
 static_assert(first_message<llama3_8b, layout{.tp = 0}>() == "positive_sizes: tp = 0 must be positive");
-static_assert(violates<llama3_8b, layout{.rmpad = true, .cp = 2}>("rmpad_needs_no_cp"));
 
 struct odd_width : megadsl::llama<shape{.hidden = 1000, .layers = 2, .heads = 3, .kv_heads = 3,
                                         .ffn = 3000, .vocab = 1000, .max_positions = 128}> {};

@@ -67,14 +67,20 @@ struct layer_context {
   bool sp = false;
   const comm_group* ep = nullptr;  // null at ep = 1
   at::ScalarType compute;
-  const packed_tokens& pk;
-  const rope_tables& rope;
+  const packed_tokens& pk;   // this rank's tokens (its cp share of the stream)
+  const rope_tables& rope;   // RoPE at the positions of the whole stream (sequences())
   std::int64_t layer = 0;
   run_state& run;
   // A mixture of experts: the routing to replay (T, layers, k) (undefined: route live) and the
   // routing each layer took (T, layers, k), written as the layers run.
   const at::Tensor& replay;
   const at::Tensor& routed;
+  // Context parallelism: the cp group (null at cp = 1) and the whole stream `pk` is a share of,
+  // whose sequences the attention core runs over after its all-to-all (null: `pk` itself).
+  const comm_group* cp = nullptr;
+  const packed_tokens* whole = nullptr;
+
+  [[nodiscard]] const packed_tokens& sequences() const { return whole != nullptr ? *whole : pk; }
 
   // A parameter as the blocks use it: cast to the compute dtype (a no-op without mixed precision).
   [[nodiscard]] at::Tensor w(const at::Tensor& p) const;

@@ -88,10 +88,18 @@ struct parallel_groups {
   rank_coords me{};
   std::unique_ptr<comm_group> tp, pp, dp, embedding;
   std::unique_ptr<comm_group> world;  // every rank: checkpoint barriers and agreement on errors
+  // With cp > 1: the ranks sharing one sequence's tokens (Ulysses attention's all-to-all, the
+  // outputs' gather), and dp x cp, where the gradients are summed (each cp rank's are partial).
+  // Null at cp = 1.
+  std::unique_ptr<comm_group> cp, dp_cp;
   // With ep > 1 (Megatron's expert grid, rank_grid.hpp): the ranks whose tokens meet at the
   // experts (all-to-all), and the replicas of one rank's experts (their gradients' sum). Null at
   // ep = 1, where experts are replicated like every other weight: over dp.
   std::unique_ptr<comm_group> ep, edp;
+
+  // Where the gradients of a dense parameter are summed (and the distributed optimizer's slices
+  // lie): dp x cp, which is dp at cp = 1.
+  [[nodiscard]] const comm_group& gradient_dp() const { return dp_cp ? *dp_cp : *dp; }
 
   // Checks the layout against the world size with the rules' words (world_fits_layout).
   static parallel_groups build(distributed& d, const layout& l);

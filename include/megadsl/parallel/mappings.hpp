@@ -11,6 +11,8 @@
 //   gather_from_sp          all-gather dim 0            reduce-scatter dim 0 (split if !tp_grad)
 //   reduce_scatter_to_sp    reduce-scatter dim 0        all-gather dim 0
 //   all_to_all_rows         rows to each rank (uneven)  the same with the counts swapped
+//   cp_tokens_to_heads      all-to-all (Ulysses)        the inverse all-to-all
+//   cp_heads_to_tokens      all-to-all (Ulysses)        the inverse all-to-all
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,5 +33,11 @@ at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const comm_group& tp);
 // Expert-parallel token dispatch: send_rows[i] rows of x to rank i of `g`, recv_rows[i] from it.
 at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>& send_rows,
                            const std::vector<std::int64_t>& recv_rows, const comm_group& g);
+
+// Context parallelism (Ulysses): a cp rank's L consecutive tokens of all its G head groups become
+// all cp L tokens of its G / cp groups: (L, G, ...) -> (cp L, G / cp, ...), tokens in stream order.
+at::Tensor cp_tokens_to_heads(const at::Tensor& x, const comm_group& cp);
+// The inverse: (cp L, n) of this rank's groups -> (L, cp n), groups in rank order.
+at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp);
 
 }  // namespace megadsl

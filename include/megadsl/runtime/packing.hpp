@@ -40,4 +40,11 @@ struct packed_tokens {
 
 packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std::int64_t vocab);
 
+// Context parallelism: cp rank `rank`'s share of a stream packed to a multiple of cp (rows
+// [rank T'/cp, (rank + 1) T'/cp)), what every block but the attention core runs on. Its `tokens`
+// are the real tokens among those rows (a prefix: the padding is at the stream's end, so a rank
+// may hold none); `index`, `token_valid` and `temperature` are theirs. The sequences' structure
+// (cu_seqlens, attention_mask, batch, seq) stays the whole stream's: `unpack` belongs to it.
+packed_tokens cp_share(const packed_tokens& whole, std::int64_t cp, std::int64_t rank);
+
 }  // namespace megadsl

@@ -5,11 +5,12 @@
 //   megadsl::parallel_model<actor> model(groups);
 //   auto out = model.forward({.input_ids = ids, .attention_mask = mask});   // out.log_probs (b, s)
 //
-// One runtime for every family: the composition's knobs reach the stage as run-time enums. The
-// heavy code lives in two explicit instantiations of one stage (src/decoder_stage.cpp): with
-// tensor parallelism, and without it. A static tp of 1 selects the second, which contains no
-// collective at all (DESIGN §10). The pipeline schedule and the transfers between stages are the
-// executor's (runtime/pipeline_executor.hpp), not the model's.
+// One runtime for every family: the composition's blocks become each layer's modules
+// (layers/layer_plan.hpp). The stage lives in two explicit instantiations (src/decoder_stage.cpp):
+// with tensor parallelism, and without it. A static tp of 1 selects the second, which contains no
+// tensor-parallel collective (DESIGN §10); at cp = 1 it issues none at all (context parallelism's
+// are the attention's all-to-alls and the outputs' gather). The pipeline schedule and the
+// transfers between stages are the executor's (runtime/pipeline_executor.hpp), not the model's.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -32,3 +32,10 @@ expect_err("^positive_sizes: tp = 0 must be positive\n$")
 megadsl(check qwen2.5-0.5b --tp 4)
 expect_exit(1)
 expect_err("^heads_divisible_by_tp: num_heads = 14 is not divisible by tp = 4; valid tp: 1, 2, 7, 14\n")
+
+# Context parallelism: each cp rank takes an equal share of a tp rank's query heads.
+megadsl(check llama3-8b --tp 8 --cp 8)
+expect_exit(1)
+expect_err("^cp_splits_heads: a tp rank's 4 query heads in 1 kv group\\(s\\) [^\n]*valid cp: 1, 2, 4\n")
+megadsl(check llama3-70b --tp 8 --cp 4 --sp --rmpad)
+expect_exit(0)

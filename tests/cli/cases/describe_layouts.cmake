@@ -40,3 +40,12 @@ expect_no_out("lm_head\\.weight +lm_head")
 megadsl(describe llama3-8b --tp 2 --critic --no-value-bias)
 expect_exit(0)
 expect_no_out("value_head\\.bias")
+
+# Context parallelism: tokens split over tp and cp, the attention's all-to-all named.
+megadsl(describe llama3-8b --tp 2 --sp --cp 4)
+expect_exit(0)
+expect_out("activations between blocks: \\(s/8, b, 4096\\) per tp and cp rank")
+expect_out("context parallel, cp 4: each cp rank runs 1/4 of the token stream[^\n]* 1 kv group\\(s\\) of q/k/v per cp rank")
+megadsl(describe llama3-70b --tp 8 --cp 2)
+expect_exit(0)
+expect_out("to the whole stream of 4 query head\\(s\\) of one kv group per cp rank, that group's k and v all-gathered")
