@@ -591,7 +591,9 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
       r.fail("use_sliding_window", "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl does not implement",
              "this checkpoint is not supported yet (Qwen1.5-MoE and Qwen2-MoE publish it false)");
   }
-  if (family == "llama" || family == "gemma" || family == "olmo2" || (w == nullptr && !gemma2)) return {};
+  // GPT-NeoX's attention has no window in transformers: its sliding_window is an unknown key (noted).
+  if (family == "llama" || family == "gemma" || family == "olmo2" || family == "gpt_neox" || (w == nullptr && !gemma2))
+    return {};
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
   out.layers.assign(static_cast<std::size_t>(layers), true);
@@ -604,8 +606,9 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
   }
   if (gemma2)
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
-  // Mistral's, Mixtral's and Qwen3-MoE's attention slides every layer whatever layer_types says.
-  if (const json* types = r.find(root, "layer_types"); types && family != "mistral" && family != "mixtral" && family != "qwen3_moe") {
+  // Only Qwen2's, Qwen3's and Gemma2's attention reads layer_types; Mistral's, Mixtral's, Phi-3's,
+  // StarCoder2's and Qwen3-MoE's slide every layer whatever it says.
+  if (const json* types = r.find(root, "layer_types"); types && (family == "qwen2" || family == "qwen3" || gemma2)) {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
       r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
              "one \"full_attention\" or \"sliding_attention\" per layer");
@@ -1088,11 +1091,11 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
   }
   const bool slides = window.any();
-  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2") && slides)
+  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2" || model_type == "gpt_neox") && slides)
     throw config_error("megadsl: a " + family + " config has no sliding window, and this model has one of " +
                        std::to_string(window.size) + " tokens; save it as model_type mistral");
-  if (model_type == "phi3" && s.qkv_bias.get())
-    throw config_error("megadsl: a Phi3 config has no q/k/v bias, and this model has one; save it as model_type qwen2");
+  if ((model_type == "phi3" || model_type == "mistral") && s.qkv_bias.get())
+    throw config_error("megadsl: a " + family + " config has no q/k/v bias, and this model has one; save it as model_type qwen2");
   const auto layers = s.layers.get();
   json types = json::array();
   std::int64_t first_sliding = layers;

@@ -285,6 +285,17 @@ TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][h
   const auto llama = parse_hf_config(edited(minimal, "}", R"(, "sliding_window": 16})"));
   CHECK(llama.attention_window == none);
   CHECK_THAT(llama.notes.back(), Catch::Contains("unknown to transformers' llama config") && Catch::Contains("sliding_window"));
+  // GPTNeoXConfig has no window at all, and Phi3's and Starcoder2's attention slides every layer
+  // whatever layer_types says: transformers ignores those keys, and so does megadsl (noted).
+  const auto neox = parse_hf_config(edited(edited(minimal, "\"llama\"", "\"gpt_neox\""), "}",
+                                           R"(, "hidden_act": "gelu", "sliding_window": 16})"));
+  CHECK(neox.attention_window == none);
+  CHECK_THAT(neox.notes.back(), Catch::Contains("unknown to transformers' gpt_neox config") && Catch::Contains("sliding_window"));
+  const auto phi3 = parse_hf_config(edited(edited(minimal, "\"llama\"", "\"phi3\""), "}",
+      R"(, "sliding_window": 8, "layer_types": ["full_attention", "full_attention", "full_attention", "sliding_attention"]})"));
+  CHECK(phi3.attention_window.every_layer());
+  CHECK_THAT(phi3.notes.back(), Catch::Contains("unknown to transformers' phi3 config") && Catch::Contains("layer_types"));
+  CHECK_THROWS_WITH(megadsl::hf_config_json(neox.s, "gpt_neox", false, "float32", {32}), Catch::Contains("has no sliding window"));
   CHECK(error_of(edited(edited(minimal, "\"llama\"", "\"qwen2\""), "}", R"(, "sliding_window": 8, "use_sliding_window": true, "layer_types": ["chunked_attention", "full_attention", "full_attention", "full_attention"]})"))
             .starts_with("megadsl: models/x/config.json: layer_types: holds \"chunked_attention\" (a string), a layer "
                          "type megadsl does not have"));
@@ -297,6 +308,7 @@ TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][h
   with_bias.qkv_bias = true;
   const sliding_window upper = on(32, {false, true, true, true});
   CHECK(parse_hf_config(megadsl::hf_config_json(with_bias, "qwen2", false, "float32", upper)).attention_window == upper);
+  CHECK_THROWS_WITH(megadsl::hf_config_json(with_bias, "mistral", false), Catch::Contains("has no q/k/v bias"));
   CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "llama", false, "float32", {32}),
                     Catch::Contains("save it as model_type mistral"));
   CHECK_THROWS_WITH(megadsl::hf_config_json(mistral.s, "mistral", false, "float32", upper),
