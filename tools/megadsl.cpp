@@ -15,6 +15,7 @@
 
 #include "cli.hpp"
 #include "megadsl/hf_config.hpp"
+#include "megadsl/models/registry.hpp"
 #include "megadsl/plan_report.hpp"
 
 namespace megadsl::cli {
@@ -39,9 +40,7 @@ commands:
   help                      this text
 
 MODEL is a preset name (megadsl presets), an HF model directory, or its config.json
-(model_type llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2, gpt_neox, mixtral,
-qwen2_moe or qwen3_moe). A path that looks like
-a preset name: write ./name.
+(model_type MODEL_TYPES). A path that looks like a preset name: write ./name.
 
 layout:
   --tp N                    tensor-parallel degree (default 1)
@@ -96,6 +95,16 @@ exit status: 0 ok, 1 invalid model or layout (or --config disagrees; run/convert
 input, checkpoint or output file, or a failed rank), 2 unusable command line or config.json.
 )";
 
+// The usage text with the model types of the registry's families.
+std::string usage_text() {
+  std::string types;
+  for (std::size_t i = 0; i < megadsl::families.size(); ++i)
+    types += (i == 0 ? "" : i + 1 == megadsl::families.size() ? " or " : ", ") + std::string(megadsl::families[i]->model_type);
+  std::string text(usage);
+  text.replace(text.find("MODEL_TYPES"), 11, types);
+  return text;
+}
+
 }  // namespace
 
 int cmd_plan(const options& o, std::ostream& out, std::ostream& err) {
@@ -132,18 +141,18 @@ int cmd_convert(const options&, const std::vector<std::string>&, std::ostream&, 
 int run(const std::vector<std::string_view>& args, const std::vector<std::string>& argv, std::ostream& out,
         std::ostream& err) {
   if (args.empty()) {
-    err << usage;
+    err << usage_text();
     return exit_usage;
   }
   const std::string_view command = args[0];
   const std::vector<std::string_view> rest(args.begin() + 1, args.end());
   if (command == "help" || command == "--help" || command == "-h") {
-    out << usage;
+    out << usage_text();
     return exit_ok;
   }
   for (std::string_view a : rest)
     if (a == "--help" || a == "-h") {
-      out << usage;
+      out << usage_text();
       return exit_ok;
     }
   try {

@@ -20,26 +20,21 @@
 
 namespace megadsl {
 
-// A config.json that cannot be read, is not a Llama-family config, or disagrees with a declaration.
+// A config.json that cannot be read, is not a family's megadsl composes (models/registry.hpp:
+// `families`), or disagrees with a declaration.
 struct config_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
 struct hf_config {
   std::filesystem::path file;       // the config.json that was read
-  std::string model_type;           // "llama", "mistral" or "qwen2"
+  std::string model_type;           // one of models/registry.hpp's `families`
   shape s;                          // every field static; HF's defaults where config.json is silent
   std::vector<std::string> notes;   // what was defaulted or is worth knowing (e.g. sliding windows)
   // The sliding-window attention HF applies and on which layers (sliding_window.hpp); a model
   // built for this checkpoint takes it as `model_options::attention_window`.
   sliding_window attention_window;
 };
-
-// The HF model types megadsl composes (each a family's composition of blocks), in the order of
-// src/spec/hf_config.cpp's defaults (checked there at compile time).
-inline constexpr std::string_view supported_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo2",
-                                                             "phi3", "starcoder2", "gpt_neox", "mixtral", "qwen2_moe",
-                                                             "qwen3_moe"};
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.
 std::string_view hf_key_of(std::string_view field);
@@ -63,15 +58,17 @@ shape resolve(const shape& declared, const shape& from_config, std::string_view 
 
 // The config.json of a fully static shape, as transformers writes it: an actor is
 // `<Family>ForCausalLM`, a critic `<Family>ForTokenClassification` with one label (its value head
-// is `score`). `model_type` is one of supported_model_types; qwen2 implies the q/k/v bias. A
-// window is written as the family writes it (`sliding_window`, with `layer_types` where the
-// family has them); a family without windows (llama, gemma, olmo2) refuses one.
+// is `score`). `model_type` is one of models/registry.hpp's `families`, which must describe the
+// model (qwen2 implies the q/k/v bias, ...). A window is written as the family writes it
+// (`sliding_window`, with `layer_types` where the family has them); a family without windows
+// refuses one.
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
                            std::string_view torch_dtype = "float32", const sliding_window& window = {});
 
-// The model_type whose config class describes a composition (its knobs) with this window: the
-// family whose knobs these are; among Llama's, qwen2 for a q/k/v bias or a window on some layers,
-// mistral for a window on every layer, else llama. Empty when no config class describes it.
+// The model_type whose config class describes this model with this window: the first of the
+// registry's families (models/registry.hpp) with the model's blocks whose config can say its
+// biases, window, rotary share and score caps (among Llama's blocks: llama, then mistral for a
+// window on every layer, then qwen2 for a q/k/v bias). Empty when no config class describes it.
 std::string_view model_type_for(const shape& s, const sliding_window& window = {});
 
 // "a window of 4096 tokens on layers 0, 2, 4, ..." / "no sliding window" (messages).

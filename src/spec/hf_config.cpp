@@ -1,6 +1,7 @@
 // HF config.json reader and the declared-vs-config comparison (include/megadsl/hf_config.hpp).
 //
-// Keys and defaults follow transformers' LlamaConfig / MistralConfig / Qwen2Config: a key that
+// Generic over the families: each family's header says what its config class holds (models/
+// family_config.hpp, listed in models/registry.hpp), and nothing here names a family. A key that
 // config.json leaves out takes the default of its model_type's config class, and every such
 // default is recorded in `notes` so that nothing is filled in silently.
 #include "megadsl/hf_config.hpp"
@@ -9,7 +10,7 @@
 #include "json_bounded.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/layers/blocks.hpp"
-#include "megadsl/models/presets.hpp"  // every family's composition
+#include "megadsl/models/registry.hpp"  // every family's config.json data
 
 #include <boost/hana/at_key.hpp>
 #include <boost/hana/for_each.hpp>
@@ -78,45 +79,6 @@ constexpr key_name key_names[] = {
     {"rope.high_freq_factor", "rope_scaling.high_freq_factor"},
     {"rope.original_max_positions", "rope_scaling.original_max_position_embeddings"},
 };
-
-// Each model_type: the family whose composition of blocks it is (its knobs), and transformers'
-// class defaults for the keys a config.json may leave out.
-struct family_defaults {
-  std::string_view model_type;
-  std::string_view hf_class;       // transformers' class prefix: <hf_class>ForCausalLM
-  std::string_view eps_key;        // the norms' epsilon
-  std::string_view activation_key; // the MLP's activation
-  std::int64_t max_positions;
-  double rms_eps;
-  double rope_theta;
-  bool qkv_bias;             // Qwen2 always has q/k/v biases
-  std::int64_t head_dim;     // 0: hidden / heads
-  bool tie_embeddings;
-  shape knobs;               // the family's block knobs (layers/blocks.hpp)
-  bool norm_topk = false;    // a mixture's norm_topk_prob default (Mixtral: always renormalised)
-};
-constexpr shape knobs_of_llama = blocks::lowering<llama_blocks>::apply(shape{});
-constexpr family_defaults defaults_table[] = {
-    {"llama", "Llama", "rms_norm_eps", "hidden_act", 2048, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
-    {"mistral", "Mistral", "rms_norm_eps", "hidden_act", 4096 * 32, 1e-6, 10000.0, false, 0, false, knobs_of_llama},
-    {"qwen2", "Qwen2", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, true, 0, false, knobs_of_llama},
-    {"qwen3", "Qwen3", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, false, 128, false, blocks::lowering<qwen3_blocks>::apply(shape{})},
-    {"gemma", "Gemma", "rms_norm_eps", "hidden_act", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma_blocks>::apply(shape{})},
-    {"gemma2", "Gemma2", "rms_norm_eps", "hidden_activation", 8192, 1e-6, 10000.0, false, 256, true, blocks::lowering<gemma2_blocks>::apply(shape{})},
-    {"olmo2", "Olmo2", "rms_norm_eps", "hidden_act", 2048, 1e-5, 10000.0, false, 0, false, blocks::lowering<olmo2_blocks>::apply(shape{})},
-    {"phi3", "Phi3", "rms_norm_eps", "hidden_act", 4096, 1e-5, 10000.0, false, 0, false, blocks::lowering<phi3_blocks>::apply(shape{})},
-    {"starcoder2", "Starcoder2", "norm_epsilon", "hidden_act", 4096, 1e-5, 10000.0, true, 0, true, blocks::lowering<starcoder2_blocks>::apply(shape{})},
-    {"gpt_neox", "GPTNeoX", "layer_norm_eps", "hidden_act", 2048, 1e-5, 10000.0, true, 0, false, blocks::lowering<gpt_neox_blocks>::apply(shape{})},
-    {"mixtral", "Mixtral", "rms_norm_eps", "hidden_act", 4096 * 32, 1e-5, 1000000.0, false, 0, false, blocks::lowering<mixtral_blocks>::apply(shape{}), true},
-    {"qwen2_moe", "Qwen2Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, true, 0, false, blocks::lowering<qwen2_moe_blocks>::apply(shape{})},
-    {"qwen3_moe", "Qwen3Moe", "rms_norm_eps", "hidden_act", 32768, 1e-6, 10000.0, false, 0, false, blocks::lowering<qwen3_moe_blocks>::apply(shape{})},
-};
-static_assert([] {
-  if (std::size(defaults_table) != std::size(supported_model_types)) return false;
-  for (std::size_t i = 0; i < std::size(defaults_table); ++i)
-    if (defaults_table[i].model_type != supported_model_types[i]) return false;
-  return true;
-}(), "megadsl: supported_model_types (hf_config.hpp) and defaults_table list the same model types in the same order");
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
 std::string format_double(double v) {
@@ -340,13 +302,6 @@ rope_read read_rope(const reader& r) {
   return out;
 }
 
-// The families whose attention takes HF's attention_bias (LlamaAttention's q/k/v and o_proj biases).
-bool attention_bias_family(std::string_view model_type) {
-  for (std::string_view t : {"llama", "qwen3", "gemma", "gemma2", "olmo2", "qwen3_moe"})
-    if (model_type == t) return true;
-  return false;
-}
-
 bool close(double a, double b) { return a == b || std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); }
 
 template <class T>
@@ -372,183 +327,117 @@ void fill(rope_scaling& d, const rope_scaling& c) {
   hana::for_each(hana::keys(d), [&](auto key) { fill(hana::at_key(d, key), hana::at_key(c, key)); });
 }
 
-// Every config.json key of the families megadsl reads, and what megadsl does with it: one table,
-// so that no key that changes the numbers is passed over. Keys are transformers 5's LlamaConfig /
-// MistralConfig / Qwen2Config fields (and 4.x's names of the same settings), plus PreTrainedConfig's
-// own. A key in no row is unknown to these families' config classes: transformers ignores it too,
-// and megadsl says so in a note.
-enum class key_use {
-  read,       // honoured: it sets a shape field, the window, or is checked against the weights
-  refused,    // refused unless it holds its neutral value (checked where it is read, or below)
-  no_effect,  // cannot change the forward/backward numbers (ids, init, generation, bookkeeping)
-};
-struct config_key {
-  std::string_view families;  // "*" or model types separated by spaces
-  std::string_view key;
-  key_use use;
-};
-constexpr config_key config_keys[] = {
+// The keys of every family's config class (PreTrainedConfig's own and the shape's), and what megadsl
+// does with them; each family's own keys are in its header (family_config::keys), found first. A
+// key in neither is unknown to the family's config class: transformers ignores it too, and megadsl
+// says so in a note.
+constexpr config_key_rule common_keys[] = {
     // Shape: read by parse_hf_config.
-    {"*", "model_type", key_use::read},
-    {"*", "hidden_size", key_use::read},
-    {"*", "num_hidden_layers", key_use::read},
-    {"*", "num_attention_heads", key_use::read},
-    {"*", "num_key_value_heads", key_use::read},
-    {"*", "intermediate_size", key_use::read},
-    {"*", "vocab_size", key_use::read},
-    {"*", "head_dim", key_use::read},
-    {"*", "max_position_embeddings", key_use::read},
-    {"llama mistral qwen2 qwen3 gemma gemma2 olmo2 phi3 mixtral qwen2_moe qwen3_moe", "rms_norm_eps", key_use::read},
-    // A mixture of experts: read by parse_hf_config (mlp_only_layers and decoder_sparse_step only
-    // when every layer stays sparse).
-    {"mixtral qwen2_moe qwen3_moe", "num_experts_per_tok", key_use::read},
-    {"mixtral qwen3_moe", "num_local_experts", key_use::read},
-    {"mixtral qwen2_moe qwen3_moe", "num_experts", key_use::read},
-    {"qwen2_moe qwen3_moe", "moe_intermediate_size", key_use::read},
-    {"qwen2_moe", "shared_expert_intermediate_size", key_use::read},
-    {"qwen2_moe qwen3_moe", "norm_topk_prob", key_use::read},
-    {"qwen2_moe qwen3_moe", "decoder_sparse_step", key_use::read},
-    {"qwen2_moe qwen3_moe", "mlp_only_layers", key_use::read},
-    {"qwen2_moe", "qkv_bias", key_use::read},
-    {"mixtral", "router_jitter_noise", key_use::refused},  // training-time noise on the router's input
-    // The load-balancing loss's weight and whether HF returns the router logits: the trainer's
-    // business (its own coefficient), not the log-probs'.
-    {"mixtral qwen2_moe qwen3_moe", "router_aux_loss_coef", key_use::no_effect},
-    {"mixtral qwen2_moe qwen3_moe", "output_router_logits", key_use::no_effect},
-    {"starcoder2", "norm_epsilon", key_use::read},     // its LayerNorms' eps
-    {"gpt_neox", "layer_norm_eps", key_use::read},     // its LayerNorms' eps
-    {"gpt_neox", "rotary_pct", key_use::read},         // 4.x's partial_rotary_factor
-    {"gpt_neox", "rotary_emb_base", key_use::read},    // 4.x's rope_theta
-    {"gpt_neox", "use_parallel_residual", key_use::read},  // only true (the family's composition)
-    {"gpt_neox", "attention_bias", key_use::read},     // only true (q/k/v and dense biases)
-    {"gpt_neox", "hidden_dropout", key_use::refused},
-    {"gpt_neox", "classifier_dropout", key_use::no_effect},  // noted: the value head has no dropout (verl sets 0)
-    {"starcoder2", "use_bias", key_use::read},         // q/k/v, o_proj and MLP biases
-    {"*", "rope_theta", key_use::read},
-    {"*", "rope_scaling", key_use::read},
-    {"*", "rope_parameters", key_use::read},
-    {"*", "tie_word_embeddings", key_use::read},
-    {"*", "hidden_act", key_use::read},                // the family's activation only
-    {"llama qwen3 gemma gemma2 olmo2 qwen3_moe", "attention_bias", key_use::read},  // q/k/v and o_proj biases
-    {"llama", "mlp_bias", key_use::read},              // gate/up/down biases
-    {"gemma gemma2", "hidden_activation", key_use::read},  // Gemma's name of the activation
-    {"gemma2", "query_pre_attn_scalar", key_use::read},    // the score scale
-    {"gemma2", "attn_logit_softcapping", key_use::read},   // tanh soft-cap of the scores
-    {"gemma2", "final_logit_softcapping", key_use::read},  // tanh soft-cap of the logits
-    {"gemma2", "cache_implementation", key_use::no_effect},  // generation's kv cache
-    {"mistral qwen2 qwen3 gemma2 phi3 starcoder2 mixtral qwen2_moe qwen3_moe", "sliding_window", key_use::read},  // applied on the sliding layers
-    {"qwen2 qwen3 qwen2_moe qwen3_moe", "use_sliding_window", key_use::read},
-    {"qwen2 qwen3 qwen2_moe", "max_window_layers", key_use::read},
-    {"qwen3_moe", "max_window_layers", key_use::no_effect},  // Qwen3MoeAttention slides every layer or none
-    {"qwen2 qwen3 gemma2 qwen2_moe", "layer_types", key_use::read},
-    {"mistral mixtral qwen3_moe", "layer_types", key_use::no_effect},  // their attention slides every layer whatever it says
+    {"model_type", key_use::read},
+    {"hidden_size", key_use::read},
+    {"num_hidden_layers", key_use::read},
+    {"num_attention_heads", key_use::read},
+    {"num_key_value_heads", key_use::read},
+    {"intermediate_size", key_use::read},
+    {"vocab_size", key_use::read},
+    {"head_dim", key_use::read},
+    {"max_position_embeddings", key_use::read},
+    {"rope_theta", key_use::read},
+    {"rope_scaling", key_use::read},
+    {"rope_parameters", key_use::read},
+    {"tie_word_embeddings", key_use::read},
+    {"hidden_act", key_use::read},                // the family's activation only
     // Refused unless neutral (checked in check_keys).
-    {"*", "attention_dropout", key_use::refused},      // megadsl has no dropout
-    {"*", "classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
-    {"*", "quantization_config", key_use::refused},    // quantized weights
-    {"*", "pruned_heads", key_use::refused},
-    {"qwen2", "use_mrope", key_use::refused},          // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
-    {"gemma gemma2", "use_bidirectional_attention", key_use::refused},  // non-causal attention
-    {"phi3", "resid_pdrop", key_use::refused},         // dropout
-    {"starcoder2", "residual_dropout", key_use::refused},
-    {"starcoder2", "embedding_dropout", key_use::refused},
-    {"phi3", "embd_pdrop", key_use::refused},
-    {"phi3", "partial_rotary_factor", key_use::read},  // 4.x's place for it
-    {"phi3", "original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
+    {"attention_dropout", key_use::refused},      // megadsl has no dropout
+    {"classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
+    {"quantization_config", key_use::refused},    // quantized weights
+    {"pruned_heads", key_use::refused},
     // No effect on the numbers.
-    {"llama", "pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
-    {"*", "torch_dtype", key_use::no_effect},          // the weights carry their dtype; convert writes it
-    {"*", "dtype", key_use::no_effect},
-    {"*", "architectures", key_use::no_effect},        // the head comes from the weights and the command
-    {"*", "transformers_version", key_use::no_effect},
-    {"*", "_name_or_path", key_use::no_effect},
-    {"*", "name_or_path", key_use::no_effect},
-    {"*", "initializer_range", key_use::no_effect},
-    {"*", "use_cache", key_use::no_effect},
-    {"*", "pad_token_id", key_use::no_effect},
-    {"*", "bos_token_id", key_use::no_effect},
-    {"*", "eos_token_id", key_use::no_effect},
-    {"*", "sep_token_id", key_use::no_effect},
-    {"*", "decoder_start_token_id", key_use::no_effect},
-    {"*", "id2label", key_use::no_effect},             // a critic's score shape is checked on the weights
-    {"*", "label2id", key_use::no_effect},
-    {"*", "num_labels", key_use::no_effect},
-    {"*", "problem_type", key_use::no_effect},
-    {"*", "tokenizer_class", key_use::no_effect},
-    {"*", "_attn_implementation", key_use::no_effect},  // eager, sdpa and flash compute the same attention
-    {"*", "attn_implementation", key_use::no_effect},
-    {"*", "_attn_implementation_autoset", key_use::no_effect},
-    {"*", "output_attentions", key_use::no_effect},
-    {"*", "output_hidden_states", key_use::no_effect},
-    {"*", "return_dict", key_use::no_effect},
-    {"*", "use_return_dict", key_use::no_effect},
-    {"*", "torchscript", key_use::no_effect},
-    {"*", "chunk_size_feed_forward", key_use::no_effect},  // chunking gives the same product
-    {"*", "is_encoder_decoder", key_use::no_effect},
-    {"*", "is_decoder", key_use::no_effect},
-    {"*", "add_cross_attention", key_use::no_effect},
-    {"*", "tie_encoder_decoder", key_use::no_effect},
-    {"*", "task_specific_params", key_use::no_effect},
-    {"*", "finetuning_task", key_use::no_effect},
-    {"*", "prefix", key_use::no_effect},
-    {"*", "auto_map", key_use::no_effect},
-    {"*", "keys_to_ignore_at_inference", key_use::no_effect},
+    {"torch_dtype", key_use::no_effect},          // the weights carry their dtype; convert writes it
+    {"dtype", key_use::no_effect},
+    {"architectures", key_use::no_effect},        // the head comes from the weights and the command
+    {"transformers_version", key_use::no_effect},
+    {"_name_or_path", key_use::no_effect},
+    {"name_or_path", key_use::no_effect},
+    {"initializer_range", key_use::no_effect},
+    {"use_cache", key_use::no_effect},
+    {"pad_token_id", key_use::no_effect},
+    {"bos_token_id", key_use::no_effect},
+    {"eos_token_id", key_use::no_effect},
+    {"sep_token_id", key_use::no_effect},
+    {"decoder_start_token_id", key_use::no_effect},
+    {"id2label", key_use::no_effect},             // a critic's score shape is checked on the weights
+    {"label2id", key_use::no_effect},
+    {"num_labels", key_use::no_effect},
+    {"problem_type", key_use::no_effect},
+    {"tokenizer_class", key_use::no_effect},
+    {"_attn_implementation", key_use::no_effect},  // eager, sdpa and flash compute the same attention
+    {"attn_implementation", key_use::no_effect},
+    {"_attn_implementation_autoset", key_use::no_effect},
+    {"output_attentions", key_use::no_effect},
+    {"output_hidden_states", key_use::no_effect},
+    {"return_dict", key_use::no_effect},
+    {"use_return_dict", key_use::no_effect},
+    {"torchscript", key_use::no_effect},
+    {"chunk_size_feed_forward", key_use::no_effect},  // chunking gives the same product
+    {"is_encoder_decoder", key_use::no_effect},
+    {"is_decoder", key_use::no_effect},
+    {"add_cross_attention", key_use::no_effect},
+    {"tie_encoder_decoder", key_use::no_effect},
+    {"task_specific_params", key_use::no_effect},
+    {"finetuning_task", key_use::no_effect},
+    {"prefix", key_use::no_effect},
+    {"auto_map", key_use::no_effect},
+    {"keys_to_ignore_at_inference", key_use::no_effect},
     // 4.x configs still carry generation settings; they concern sampling, not the model's numbers.
-    {"*", "max_length", key_use::no_effect},
-    {"*", "min_length", key_use::no_effect},
-    {"*", "do_sample", key_use::no_effect},
-    {"*", "early_stopping", key_use::no_effect},
-    {"*", "num_beams", key_use::no_effect},
-    {"*", "num_beam_groups", key_use::no_effect},
-    {"*", "diversity_penalty", key_use::no_effect},
-    {"*", "temperature", key_use::no_effect},
-    {"*", "top_k", key_use::no_effect},
-    {"*", "top_p", key_use::no_effect},
-    {"*", "typical_p", key_use::no_effect},
-    {"*", "repetition_penalty", key_use::no_effect},
-    {"*", "length_penalty", key_use::no_effect},
-    {"*", "no_repeat_ngram_size", key_use::no_effect},
-    {"*", "encoder_no_repeat_ngram_size", key_use::no_effect},
-    {"*", "bad_words_ids", key_use::no_effect},
-    {"*", "num_return_sequences", key_use::no_effect},
-    {"*", "output_scores", key_use::no_effect},
-    {"*", "return_dict_in_generate", key_use::no_effect},
-    {"*", "forced_bos_token_id", key_use::no_effect},
-    {"*", "forced_eos_token_id", key_use::no_effect},
-    {"*", "remove_invalid_values", key_use::no_effect},
-    {"*", "exponential_decay_length_penalty", key_use::no_effect},
-    {"*", "suppress_tokens", key_use::no_effect},
-    {"*", "begin_suppress_tokens", key_use::no_effect},
+    {"max_length", key_use::no_effect},
+    {"min_length", key_use::no_effect},
+    {"do_sample", key_use::no_effect},
+    {"early_stopping", key_use::no_effect},
+    {"num_beams", key_use::no_effect},
+    {"num_beam_groups", key_use::no_effect},
+    {"diversity_penalty", key_use::no_effect},
+    {"temperature", key_use::no_effect},
+    {"top_k", key_use::no_effect},
+    {"top_p", key_use::no_effect},
+    {"typical_p", key_use::no_effect},
+    {"repetition_penalty", key_use::no_effect},
+    {"length_penalty", key_use::no_effect},
+    {"no_repeat_ngram_size", key_use::no_effect},
+    {"encoder_no_repeat_ngram_size", key_use::no_effect},
+    {"bad_words_ids", key_use::no_effect},
+    {"num_return_sequences", key_use::no_effect},
+    {"output_scores", key_use::no_effect},
+    {"return_dict_in_generate", key_use::no_effect},
+    {"forced_bos_token_id", key_use::no_effect},
+    {"forced_eos_token_id", key_use::no_effect},
+    {"remove_invalid_values", key_use::no_effect},
+    {"exponential_decay_length_penalty", key_use::no_effect},
+    {"suppress_tokens", key_use::no_effect},
+    {"begin_suppress_tokens", key_use::no_effect},
 };
 
-bool for_family(const config_key& k, std::string_view family) {
-  if (k.families == "*") return true;
-  std::string_view rest = k.families;
-  while (!rest.empty()) {
-    const std::size_t sp = rest.find(' ');
-    if (rest.substr(0, sp) == family) return true;
-    if (sp == std::string_view::npos) break;
-    rest.remove_prefix(sp + 1);
-  }
-  return false;
-}
-
-const config_key* find_key(std::string_view family, std::string_view key) {
-  for (const config_key& k : config_keys)
-    if (k.key == key && for_family(k, family)) return &k;
+const config_key_rule* find_key(const family_config& family, std::string_view key) {
+  for (const config_key_rule& k : family.keys)
+    if (k.key == key) return &k;
+  for (const config_key_rule& k : common_keys)
+    if (k.key == key) return &k;
   return nullptr;
 }
 
 // Refused keys must hold their neutral value; unknown keys get a note (transformers ignores them
 // too, since its config class has no such field).
-void check_keys(const reader& r, std::string_view family, std::vector<std::string>& notes) {
+void check_keys(const reader& r, const family_config& family, std::vector<std::string>& notes) {
   std::vector<std::string> unknown;
   for (const auto& [key, value] : r.root().items()) {
-    const config_key* k = find_key(family, key);
+    const config_key_rule* k = find_key(family, key);
     if (k == nullptr) {
       unknown.push_back(printable(key));
       continue;
     }
+    if (k->use == key_use::no_effect && !k->note.empty() && !value.is_null() &&
+        !(value.is_number() && value.get<double>() == 0.0))
+      notes.push_back(key + " = " + printable(value.dump()) + ": " + std::string(k->note));
     if (k->use != key_use::refused || value.is_null()) continue;
     if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
     if (key == "router_jitter_noise") {
@@ -571,44 +460,40 @@ void check_keys(const reader& r, std::string_view family, std::vector<std::strin
   if (!unknown.empty()) {
     std::string list;
     for (std::size_t i = 0; i < unknown.size(); ++i) list += (i ? ", " : "") + unknown[i];
-    notes.push_back("keys unknown to transformers' " + std::string(family) + " config, ignored as transformers ignores them: " + list);
+    notes.push_back("keys unknown to transformers' " + std::string(family.model_type) +
+                    " config, ignored as transformers ignores them: " + list);
   }
 }
 
-// The attention window HF applies and its layers, as transformers 5 derives them: Mistral's,
-// Phi-3's and StarCoder2's `sliding_window` on every layer; Qwen2's and Qwen3's only with
-// `use_sliding_window`, on the layers from `max_window_layers` on; Gemma2's on alternate layers
-// from the first. An explicit `layer_types` list overrides the family's pattern.
-sliding_window read_attention_window(const reader& r, std::string_view family, std::int64_t layers) {
+// The attention window HF applies and its layers, as transformers 5 derives them from the family's
+// rule (family_config::window): `sliding_window` on every layer; only with `use_sliding_window`,
+// on the layers from `max_window_layers` on; on alternate layers from the first. An explicit
+// `layer_types` list overrides the pattern in the families whose attention reads it.
+sliding_window read_attention_window(const reader& r, const family_config& family, std::int64_t layers) {
   const json& root = r.root();
   const json* w = r.find(root, "sliding_window");
-  const bool gemma2 = family == "gemma2";
-  if (family == "qwen2_moe" || family == "qwen3_moe") {
-    // Without use_sliding_window their configs clear the window whatever sliding_window says.
+  if (family.window_needs_use_flag || !family.use_flag_refusal.empty()) {
+    // Without use_sliding_window these configs clear the window whatever sliding_window says.
     const json* use = r.find(root, "use_sliding_window");
     if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return {};
-    if (family == "qwen2_moe")
-      r.fail("use_sliding_window", "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl does not implement",
-             "this checkpoint is not supported yet (Qwen1.5-MoE and Qwen2-MoE publish it false)");
+    if (!family.use_flag_refusal.empty())
+      r.fail("use_sliding_window", std::string(family.use_flag_refusal),
+             "this checkpoint is not supported yet (the published " + std::string(family.display) +
+                 " checkpoints have it false)");
   }
-  // GPT-NeoX's attention has no window in transformers: its sliding_window is an unknown key (noted).
-  if (family == "llama" || family == "gemma" || family == "olmo2" || family == "gpt_neox" || (w == nullptr && !gemma2))
-    return {};
+  const bool alternate = family.window == window_rule::alternate;
+  if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
   out.layers.assign(static_cast<std::size_t>(layers), true);
-  if (family == "qwen2" || family == "qwen3") {
-    const json* use = r.find(root, "use_sliding_window");
-    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return {};
+  if (family.window == window_rule::from_max_window_layers) {
     const json* mwl = r.find(root, "max_window_layers");
     const std::int64_t first = mwl ? r.integer(*mwl, "max_window_layers", 0) : 28;
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = i >= first;
   }
-  if (gemma2)
+  if (alternate)
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
-  // Only Qwen2's, Qwen3's and Gemma2's attention reads layer_types; Mistral's, Mixtral's, Phi-3's,
-  // StarCoder2's and Qwen3-MoE's slide every layer whatever it says.
-  if (const json* types = r.find(root, "layer_types"); types && (family == "qwen2" || family == "qwen3" || gemma2)) {
+  if (const json* types = r.find(root, "layer_types"); types && family.reads_layer_types) {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
       r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
              "one \"full_attention\" or \"sliding_attention\" per layer");
@@ -624,37 +509,33 @@ sliding_window read_attention_window(const reader& r, std::string_view family, s
   return out;
 }
 
-// A mixture of experts' keys. Mixtral names its count num_local_experts, Qwen2-MoE num_experts,
-// and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
-void read_experts(const reader& r, const family_defaults& fam, shape& s) {
+// A mixture of experts' keys (family_config::moe). Mixtral names its count num_local_experts,
+// Qwen2-MoE num_experts, and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
+void read_experts(const reader& r, const family_config& family, shape& s) {
   const json& root = r.root();
-  const bool mixtral = fam.model_type == "mixtral";
-  // Qwen2MoeConfig knows num_experts only; Mixtral's and Qwen3-MoE's configs map one name to the other.
-  const json* local = fam.model_type == "qwen2_moe" ? nullptr : r.find(root, "num_local_experts");
-  const json* named = r.find(root, "num_experts");
+  const moe_config& m = *family.moe;
+  const bool both = m.reads_both_counts;
+  const json* local = both || m.count_key == "num_local_experts" ? r.find(root, "num_local_experts") : nullptr;
+  const json* named = both || m.count_key == "num_experts" ? r.find(root, "num_experts") : nullptr;
   if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
     r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
-           "keep one of them (transformers reads num_local_experts for " + std::string(fam.model_type) + ")");
+           "keep one of them (transformers reads " + std::string(m.count_key) + " for " + std::string(family.model_type) + ")");
   if (!local && !named)
-    r.fail(mixtral ? "num_local_experts" : "num_experts", "missing (the number of experts per layer)",
-           "point megadsl at the model's own config.json or add the key");
+    r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
   s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, "num_experts", 1);
-  const std::int64_t default_k = mixtral ? 2 : fam.model_type == "qwen2_moe" ? 4 : 8;
-  s.top_k = r.optional<std::int64_t>("num_experts_per_tok", default_k,
+  s.top_k = r.optional<std::int64_t>("num_experts_per_tok", m.top_k,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  if (mixtral) {
+  if (m.experts_as_wide_as_ffn) {
     s.expert_ffn = 0;  // intermediate_size
     s.norm_topk = true;
     return;
   }
-  s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", fam.model_type == "qwen2_moe" ? 1408 : 768,
+  s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", m.expert_ffn,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  s.norm_topk = r.optional<bool>("norm_topk_prob", fam.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  s.norm_topk = r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
   if (s.shared_expert.get())
-    s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", 5632,
+    s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  if (fam.model_type == "qwen2_moe")
-    s.qkv_bias = r.optional<bool>("qkv_bias", true, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, false);
   // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
   // (i + 1) % decoder_sparse_step == 0; the dense ones have a gated MLP of intermediate_size.
   s.sparse_step = r.optional<std::int64_t>("decoder_sparse_step", 1,
@@ -695,51 +576,42 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
   const json* mt = r.find(root, "model_type");
-  std::string types;  // "llama", "mistral", ... or "qwen3_moe"
-  for (std::size_t i = 0; i < std::size(supported_model_types); ++i)
-    types += (i == 0 ? "" : i + 1 == std::size(supported_model_types) ? " or " : ", ") + std::string("\"") +
-             std::string(supported_model_types[i]) + "\"";
+  std::string types, names;  // "llama", "mistral", ... or "qwen3_moe"; what they read, for the fix
+  for (std::size_t i = 0; i < families.size(); ++i) {
+    types += (i == 0 ? "" : i + 1 == families.size() ? " or " : ", ") + std::string("\"") +
+             std::string(families[i]->model_type) + "\"";
+    names += (i == 0 ? "" : ", ") + std::string(families[i]->display);
+  }
   if (!mt) r.fail("model_type", "missing", "megadsl reads model_type " + types + ": add the model's");
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
-  const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
-                                 [&](const family_defaults& f) { return f.model_type == out.model_type; });
-  if (fam == std::end(defaults_table))
+  const family_config* fam = find_family(out.model_type);
+  if (fam == nullptr)
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
-           "megadsl reads model_type " + types + " (Llama 2/3/3.1/3.2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma, Gemma 2, OLMo2, Phi-3, StarCoder2, GPT-NeoX/Pythia, "
-           "Mixtral, Qwen1.5/2-MoE, Qwen3-MoE)");
+           "megadsl reads model_type " + types + " (" + names + ")");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
-  // Gemma's "gelu" is transformers' legacy spelling of the tanh approximation (it rewrites it).
-  // The activation is the family's composition's; Gemma's "gelu" is transformers' legacy spelling of
-  // the tanh approximation (it rewrites it), StarCoder2's is the exact GELU.
-  const bool gemma = fam->model_type == "gemma";
+  // The activation is the family's composition's (or the family's legacy spelling of it: Gemma's
+  // "gelu" is transformers' old name of the tanh approximation, which it rewrites).
   const activation family_act = fam->knobs.mlp_activation.get();
   const bool tanh = family_act == activation::gelu_tanh;
   for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
     const json* act = r.find(root, key);
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
     const std::string a = act->is_string() ? act->get<std::string>() : std::string();
-    const bool ok = tanh ? (a == "gelu_pytorch_tanh" || (gemma && a == "gelu"))
-                    : family_act == activation::gelu ? a == "gelu" : a == "silu";
+    const bool ok = (!fam->legacy_activation.empty() && a == fam->legacy_activation) ||
+                    (tanh ? a == "gelu_pytorch_tanh" : family_act == activation::gelu ? a == "gelu" : a == "silu");
     const std::string_view want = tanh ? "\"gelu_pytorch_tanh\"" : family_act == activation::gelu ? "\"gelu\"" : "\"silu\"";
     if (!ok)
       r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's MLP uses " +
                       (tanh ? "GELU with the tanh approximation" : family_act == activation::gelu ? "the exact GELU" : "SiLU"),
              "only " + std::string(want) + " is supported");
   }
-  if (fam->model_type == "gpt_neox") {
-    for (std::string_view key : {std::string_view("use_parallel_residual"), std::string_view("attention_bias")})
-      if (const json* b = r.find(root, key); b && !r.boolean(*b, key))
-        r.fail(key, "is false; the gpt_neox composition has " +
-                        std::string(key == "attention_bias" ? "biases on query_key_value and dense (beside the MLP's)"
-                                                            : "attention and MLP side by side (parallel residual)"),
-               "this checkpoint is not supported yet; Pythia and GPT-NeoX checkpoints have it true");
-    if (const json* d = r.find(root, "classifier_dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
-      out.notes.push_back("classifier_dropout = " + printable(d->dump()) +
-                          ": megadsl's value head has no dropout (verl's critics set it to 0)");
-  }
+  for (const required_key& k : fam->required)
+    if (const json* b = r.find(root, k.key); b && !r.boolean(*b, k.key))
+      r.fail(k.key, "is false; the " + std::string(fam->model_type) + " composition has " + std::string(k.what),
+             "this checkpoint is not supported yet; " + std::string(fam->display) + " checkpoints have it true");
 
   shape& s = out.s;
   s.hidden = r.required_int("hidden_size", "the model width");
@@ -753,12 +625,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  const bool starcoder2 = fam->model_type == "starcoder2", neox = fam->model_type == "gpt_neox";
   s.rms_eps = r.optional<double>(fam->eps_key, fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
   rope_read rope = read_rope(r);
-  // 4.x NeoX configs name the theta rotary_emb_base and the rotated share rotary_pct (0.25 by
-  // default); Phi-3's 4.x configs keep partial_rotary_factor at the top level.
+  // 4.x configs may name the theta otherwise (NeoX's rotary_emb_base) and keep the rotated share
+  // at the top level (NeoX's rotary_pct, 0.25 by default; Phi-3's partial_rotary_factor).
   auto agree_with = [&](std::optional<double>& slot, std::string_view key, std::string_view what) {
     const json* v = r.find(root, key);
     if (v == nullptr) return;
@@ -767,14 +638,13 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       r.fail(key, "is " + show(x) + " but rope_parameters says " + show(*slot), "keep one " + std::string(what));
     slot = x;
   };
-  if (neox) {
-    agree_with(rope.theta, "rotary_emb_base", "theta");
-    agree_with(rope.partial, "rotary_pct", "partial rotary share");
-    if (!rope.partial) rope.partial = 0.25;  // GPTNeoXConfig's default
+  if (!fam->theta_key.empty()) agree_with(rope.theta, fam->theta_key, "theta");
+  if (!fam->partial_rotary_key.empty()) {
+    agree_with(rope.partial, fam->partial_rotary_key, "partial rotary share");
+    if (!rope.partial && fam->partial_rotary_default != 1.0) rope.partial = fam->partial_rotary_default;
   }
-  if (fam->model_type == "phi3") agree_with(rope.partial, "partial_rotary_factor", "partial rotary share");
   s.rotary_fraction = rope.partial.value_or(1.0);
-  if (!neox && fam->model_type != "phi3" && s.rotary_fraction.get() != 1.0)
+  if (fam->partial_rotary_key.empty() && s.rotary_fraction.get() != 1.0)
     r.fail("rope_parameters.partial_rotary_factor", "is " + show(s.rotary_fraction.get()) + ": transformers' " +
                std::string(fam->model_type) + " attention rotates the whole head and ignores it",
            "remove it (the " + std::string(fam->model_type) + " checkpoints transformers writes do not have it)");
@@ -784,26 +654,31 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     out.notes.push_back("rope_theta not in config.json: using " + show(fam->rope_theta) + " (transformers' default)");
   }
   s.rope = rope.scaling;
-  s.qkv_bias = fam->qkv_bias;
-  s.out_bias = neox;  // NeoX: dense and MLP biases (attention_bias false was refused above)
-  // HF's attention_bias: biases on q, k, v and o_proj alike (LlamaAttention and the families
-  // built on it; o_proj's added after the row-parallel reduction).
-  if (attention_bias_family(fam->model_type))
-    s.qkv_bias = s.out_bias = r.optional<bool>("attention_bias", false,
-        [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
-  // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
-  s.mlp_bias = fam->model_type == "llama" &&
-               r.optional<bool>("mlp_bias", false, [&](const json& v, std::string_view k) { return r.boolean(v, k); },
-                                /*note=*/false);
-  if (starcoder2) {
-    s.qkv_bias = s.out_bias = r.optional<bool>("use_bias", true,
-        [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  const auto flag = [&](std::string_view key, bool fallback, bool note) {
+    return r.optional<bool>(key, fallback, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, note);
+  };
+  switch (fam->bias) {
+    case bias_rule::fixed:
+      s.qkv_bias = fam->qkv_bias;
+      s.out_bias = fam->out_bias;
+      break;
+    case bias_rule::attention_bias:  // LlamaAttention's q, k, v and o_proj biases (o_proj's after the reduction)
+      s.qkv_bias = s.out_bias = flag("attention_bias", false, /*note=*/false);
+      break;
+    case bias_rule::use_bias:  // StarCoder2's: q, k, v, o_proj and the MLP's
+      s.qkv_bias = s.out_bias = flag("use_bias", true, /*note=*/true);
+      break;
+    case bias_rule::qkv_bias:  // Qwen2-MoE's: q, k and v
+      s.qkv_bias = flag("qkv_bias", true, /*note=*/false);
+      s.out_bias = false;
+      break;
   }
-  s.tie_embeddings = r.optional<bool>("tie_word_embeddings", fam->tie_embeddings,
-      [&](const json& v, std::string_view k) { return r.boolean(v, k); }, /*note=*/false);
+  // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
+  s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
+  s.tie_embeddings = flag("tie_word_embeddings", fam->tie_embeddings, /*note=*/false);
   // Gemma2's score scale and soft-caps (null: no cap); 0 = off in every other family.
   s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
-  if (fam->model_type == "gemma2") {
+  if (fam->score_caps) {
     s.query_pre_attn_scalar = r.optional<double>("query_pre_attn_scalar", 256.0,
         [&](const json& v, std::string_view k) { return r.number(v, k); });
     auto cap = [&](std::string_view key, double fallback) {
@@ -817,8 +692,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   blocks::copy_knobs(s, fam->knobs);
   if (s.mlp.get() == mlp_kind::moe) read_experts(r, *fam, s);
 
-  out.attention_window = read_attention_window(r, fam->model_type, s.layers.get());
-  check_keys(r, fam->model_type, out.notes);
+  out.attention_window = read_attention_window(r, *fam, s.layers.get());
+  check_keys(r, *fam, out.notes);
   return out;
 }
 
@@ -938,18 +813,6 @@ std::string to_string(const shape& s) {
   return out + "}";
 }
 
-std::string_view model_type_for(const shape& s, const sliding_window& window) {
-  if (blocks::same_knobs(s, knobs_of_llama)) {
-    // An o_proj bias (attention_bias) or the MLP's (mlp_bias): only a Llama config says them.
-    if (s.out_bias.get() || s.mlp_bias.get()) return "llama";
-    if (s.qkv_bias.get() || (window.any() && !window.every_layer())) return "qwen2";
-    return window.any() ? "mistral" : "llama";
-  }
-  for (const family_defaults& f : defaults_table)
-    if (blocks::same_knobs(s, f.knobs)) return f.model_type;
-  return {};
-}
-
 std::string describe(const sliding_window& w) {
   if (!w.any()) return "no sliding window";
   std::string out = "a window of " + std::to_string(w.size) + " tokens on ";
@@ -964,14 +827,101 @@ std::string describe(const sliding_window& w) {
   return out;
 }
 
+namespace {
+
+// Why `family`'s config class cannot describe this model (its blocks being the family's), or empty.
+std::string why_not(const shape& s, const sliding_window& window, const family_config& family) {
+  const std::string f(family.hf_class);
+  if (s.rotary_fraction.get() != 1.0 && family.partial_rotary_key.empty())
+    return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
+  if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
+    return "megadsl writes a " + f + " config with plain RoPE only, and this model's is scaled (" + show(s.rope.type) + ")";
+  if (!family.score_caps && (s.query_pre_attn_scalar.get() != 0 || s.attn_softcap.get() != 0 || s.final_softcap.get() != 0))
+    return "a " + f + " config has no score scale or soft-caps, and this model has them (query_pre_attn_scalar " +
+           show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) + ", final_softcap " +
+           show(s.final_softcap) + ")";
+  const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
+  switch (family.bias) {
+    case bias_rule::fixed:
+      if (s.qkv_bias.get() != family.qkv_bias)
+        return family.qkv_bias ? "a " + f + " config always has the q/k/v bias, and this model has none"
+                               : "a " + f + " config has no q/k/v bias, and this model has one";
+      if (s.out_bias.get() != family.out_bias)
+        return family.out_bias ? "a " + f + " config has biases on o_proj and the MLP, and this model has none"
+                               : "a " + f + " config cannot express o_proj and MLP biases";
+      break;
+    case bias_rule::attention_bias:
+      if (s.qkv_bias.get() != s.out_bias.get())
+        return "a " + f + " config's attention_bias puts biases on q/k/v and o_proj alike; this model has " + biases;
+      break;
+    case bias_rule::use_bias:
+      if (s.qkv_bias.get() != s.out_bias.get())
+        return "a " + f + " config has one use_bias for q/k/v, o_proj and the MLP; this model has " + biases;
+      break;
+    case bias_rule::qkv_bias:
+      if (s.out_bias.get()) return "a " + f + " config cannot express o_proj and MLP biases";
+      break;
+  }
+  if (s.mlp_bias.get() && !family.reads_mlp_bias)
+    return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
+  if (family.moe != nullptr && family.moe->experts_as_wide_as_ffn &&
+      (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !all_layers_sparse(s)))
+    return "a " + f + " config renormalises the top-k weights, sizes each expert by intermediate_size and has "
+           "experts in every layer; this model has norm_topk " + show(s.norm_topk) + ", expert_ffn " +
+           show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) + " and dense_layers " + show(s.dense_layers);
+  if (!window.any()) return {};
+  switch (family.window) {
+    case window_rule::none:
+      return "a " + f + " config has no sliding window, and this model has one of " + std::to_string(window.size) + " tokens";
+    case window_rule::every_layer:
+      if (!window.every_layer())
+        return "a " + f + " config slides every layer or none, and this model's window of " +
+               std::to_string(window.size) + " tokens is on some layers only";
+      break;
+    case window_rule::from_max_window_layers: {
+      bool seen = false;
+      for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+        seen = seen || window.of(i) != 0;
+        if (seen && window.of(i) == 0)
+          return "a " + f + " config slides the layers from max_window_layers on, and this model's window is on other layers";
+      }
+      break;
+    }
+    case window_rule::alternate: break;  // any pattern, written as layer_types
+  }
+  return {};
+}
+
+// " save it as model_type x or y" for the families of the same blocks that describe the model,
+// else " save it as a distributed checkpoint".
+std::string alternatives(const shape& s, const sliding_window& window) {
+  std::vector<std::string_view> ok;
+  for (const family_config* f : families)
+    if (blocks::same_knobs(s, f->knobs) && why_not(s, window, *f).empty()) ok.push_back(f->model_type);
+  if (ok.empty()) return " save it as a distributed checkpoint";
+  std::string out = " save it as model_type ";
+  for (std::size_t i = 0; i < ok.size(); ++i) out += (i == 0 ? "" : i + 1 == ok.size() ? " or " : ", ") + std::string(ok[i]);
+  return out;
+}
+
+}  // namespace
+
+std::string_view model_type_for(const shape& s, const sliding_window& window) {
+  for (const family_config* f : families)
+    if (blocks::same_knobs(s, f->knobs) && why_not(s, window, *f).empty()) return f->model_type;
+  return {};
+}
+
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
                            std::string_view torch_dtype, const sliding_window& window) {
-  const auto* fam = std::find_if(std::begin(defaults_table), std::end(defaults_table),
-                                 [&](const family_defaults& f) { return f.model_type == model_type; });
-  if (fam == std::end(defaults_table))
+  const family_config* fam = find_family(model_type);
+  if (fam == nullptr) {
+    std::string types;
+    for (std::size_t i = 0; i < families.size(); ++i)
+      types += (i == 0 ? "" : i + 1 == families.size() ? " and " : ", ") + std::string(families[i]->model_type);
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
-                       "\"; megadsl writes llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, starcoder2, gpt_neox, "
-                       "mixtral, qwen2_moe and qwen3_moe");
+                       "\"; megadsl writes " + types);
+  }
   if (!blocks::same_knobs(s, fam->knobs)) {
     std::string differ;  // every knob that is not the family's, with both values
     blocks::every_knob([&](std::string_view name, const auto& mine, const auto& theirs) {
@@ -982,6 +932,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     throw config_error("megadsl: this model's blocks are not those of model_type " + std::string(model_type) + ": " +
                        differ + "; no HF config class describes this composition: save it as a distributed checkpoint");
   }
+  if (const std::string why = why_not(s, window, *fam); !why.empty())
+    throw config_error("megadsl: " + why + ";" + alternatives(s, window));
   const std::string family(fam->hf_class);
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
@@ -998,62 +950,36 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["rope_theta"] = s.rope_theta.get();
   j[std::string(fam->activation_key)] =
       s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : s.mlp_activation.get() == activation::gelu ? "gelu" : "silu";
-  if (s.rotary_fraction.get() != 1.0 && model_type != "gpt_neox" && model_type != "phi3")
-    throw config_error("megadsl: a " + family + " config rotates the whole head, and this model rotates " +
-                       show(s.rotary_fraction) + " of it; save it as model_type phi3 or gpt_neox");
-  if (model_type == "gpt_neox") {
-    if (!s.qkv_bias.get() || !s.out_bias.get())
-      throw config_error("megadsl: a GPTNeoX config has q/k/v, dense and MLP biases, and this model lacks some "
-                         "(qkv_bias " + show(s.qkv_bias) + ", out_bias " + show(s.out_bias) + ")");
-    if (s.rope.type.get() != rope_type::none)
-      throw config_error("megadsl: megadsl writes a GPTNeoX config with plain RoPE only, and this model's is scaled (" +
-                         show(s.rope.type) + "); save it as a distributed checkpoint");
-    j["use_parallel_residual"] = true;
-    j["attention_bias"] = true;
-    j["rotary_pct"] = s.rotary_fraction.get();       // 4.x's keys; 5.x reads rope_parameters
-    j["rotary_emb_base"] = s.rope_theta.get();
+  for (std::string_view key : fam->omitted_keys) j.erase(std::string(key));
+  for (const required_key& k : fam->required) j[std::string(k.key)] = true;
+  if (fam->legacy_rope_keys) {  // 4.x's keys beside 5.x's rope_parameters
+    j[std::string(fam->partial_rotary_key)] = s.rotary_fraction.get();
+    j[std::string(fam->theta_key)] = s.rope_theta.get();
     j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", s.rope_theta.get()},
                             {"partial_rotary_factor", s.rotary_fraction.get()}};
-    j.erase("num_key_value_heads");
-    j.erase("head_dim");
-  } else if (model_type == "phi3" && s.rotary_fraction.get() != 1.0) {
-    j["partial_rotary_factor"] = s.rotary_fraction.get();
+  } else if (!fam->partial_rotary_key.empty() && s.rotary_fraction.get() != 1.0) {
+    j[std::string(fam->partial_rotary_key)] = s.rotary_fraction.get();
   }
-  if (model_type == "gemma2") {
+  if (fam->score_caps) {
     j["query_pre_attn_scalar"] = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
                                                                       : static_cast<double>(effective_head_dim(s).get());
     j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
-  } else if (s.query_pre_attn_scalar.get() != 0 || s.attn_softcap.get() != 0 || s.final_softcap.get() != 0) {
-    throw config_error("megadsl: a " + family + " config has no score scale or soft-caps, and this model has them "
-                       "(query_pre_attn_scalar " + show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) +
-                       ", final_softcap " + show(s.final_softcap) + "); save it as model_type gemma2");
   }
-  if (model_type == "starcoder2") {
-    if (s.qkv_bias.get() != s.out_bias.get())
-      throw config_error("megadsl: a Starcoder2 config has one use_bias for q/k/v, o_proj and the MLP; this model has "
-                         "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias));
-    j["use_bias"] = s.qkv_bias.get();
-  } else if (s.out_bias.get() && model_type != "gpt_neox" && !attention_bias_family(model_type)) {
-    throw config_error("megadsl: a " + family + " config cannot express o_proj and MLP biases; save it as model_type starcoder2");
+  switch (fam->bias) {
+    case bias_rule::fixed: break;
+    case bias_rule::attention_bias: j["attention_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::use_bias: j["use_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::qkv_bias: j["qkv_bias"] = s.qkv_bias.get(); break;
   }
-  if (s.mlp_bias.get() && model_type != "llama")
-    throw config_error("megadsl: a " + family + " config cannot express biases on the gated MLP (mlp_bias); save it as model_type llama");
+  if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
-  if (s.mlp.get() == mlp_kind::moe) {
-    j[model_type == "qwen2_moe" ? "num_experts" : "num_local_experts"] = s.experts.get();
+  if (fam->moe != nullptr) {
+    const moe_config& m = *fam->moe;
+    j[std::string(m.count_key)] = s.experts.get();
     j["num_experts_per_tok"] = s.top_k.get();
-    if (model_type == "mixtral") {
-      if (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !all_layers_sparse(s))
-        throw config_error("megadsl: a Mixtral config renormalises the top-k weights, sizes each expert by "
-                           "intermediate_size and has experts in every layer; this model has norm_topk " + show(s.norm_topk) +
-                           ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
-                           " and dense_layers " + show(s.dense_layers) + "; save it as model_type qwen3_moe");
-      if (s.qkv_bias.get())
-        throw config_error("megadsl: a Mixtral config has no q/k/v bias, and this model has one; save it as model_type qwen2_moe");
-      j["router_jitter_noise"] = 0.0;
-    } else {
+    if (!m.experts_as_wide_as_ffn) {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();
       j["norm_topk_prob"] = s.norm_topk.get();
       j["decoder_sparse_step"] = s.sparse_step.get();
@@ -1061,41 +987,10 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       for (std::int64_t i = 0; i < 63 && i < s.layers.get(); ++i)
         if ((s.dense_layers.get() >> i) & 1) dense.push_back(i);
       j["mlp_only_layers"] = dense;
-      if (model_type == "qwen2_moe") {
-        j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
-        j["qkv_bias"] = s.qkv_bias.get();
-      }
+      if (m.shared_expert_ffn != 0) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
     }
-    if (window.any() && !(window.every_layer() && model_type != "qwen2_moe"))
-      throw config_error("megadsl: a " + family + " config slides every layer or none" +
-                         (model_type == "qwen2_moe" ? std::string(" (megadsl writes none)") : std::string()) +
-                         ", and this model's window is on some layers only; save it as a distributed checkpoint");
-    if (model_type == "qwen3_moe") {
-      if (s.qkv_bias.get() != s.out_bias.get())
-        throw config_error("megadsl: a Qwen3Moe config's attention_bias puts biases on q/k/v and o_proj alike; this model has qkv_bias " +
-                           show(s.qkv_bias) + " and out_bias " + show(s.out_bias) + "; save it as a distributed checkpoint");
-      j["attention_bias"] = s.qkv_bias.get();
-      j["use_sliding_window"] = window.any();
-    }
-    if (model_type == "qwen2_moe") j["use_sliding_window"] = false;
-    if (model_type != "qwen2_moe") j["sliding_window"] = window.any() ? json(window.size) : json(nullptr);
-  } else if (model_type == "llama" || model_type == "qwen3" || model_type == "gemma" || model_type == "gemma2" ||
-      model_type == "olmo2") {
-    if (s.qkv_bias.get() != s.out_bias.get())
-      throw config_error("megadsl: a " + family + " config's attention_bias puts biases on q/k/v and o_proj alike; this model has "
-                         "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias) +
-                         (s.qkv_bias.get() ? "; save it as model_type qwen2" : "; save it as a distributed checkpoint"));
-    j["attention_bias"] = s.qkv_bias.get();
-    if (model_type == "llama") j["mlp_bias"] = s.mlp_bias.get();
-  } else if (model_type == "qwen2" && !s.qkv_bias.get()) {
-    throw config_error("megadsl: model_type qwen2 always has the q/k/v bias; this model has none (save it as llama)");
   }
   const bool slides = window.any();
-  if ((model_type == "llama" || model_type == "gemma" || model_type == "olmo2" || model_type == "gpt_neox") && slides)
-    throw config_error("megadsl: a " + family + " config has no sliding window, and this model has one of " +
-                       std::to_string(window.size) + " tokens; save it as model_type mistral");
-  if ((model_type == "phi3" || model_type == "mistral") && s.qkv_bias.get())
-    throw config_error("megadsl: a " + family + " config has no q/k/v bias, and this model has one; save it as model_type qwen2");
   const auto layers = s.layers.get();
   json types = json::array();
   std::int64_t first_sliding = layers;
@@ -1104,24 +999,10 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     types.push_back(sliding ? "sliding_attention" : "full_attention");
     if (sliding && first_sliding == layers) first_sliding = i;
   }
-  if (model_type == "mistral" || model_type == "phi3" || model_type == "starcoder2") {
-    if (slides && !window.every_layer())
-      throw config_error("megadsl: a " + family + " config slides every layer or none, and this model's window of " +
-                         std::to_string(window.size) + " tokens is on some layers only; save it as model_type qwen2 or gemma2");
-    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
-  } else if (model_type == "qwen2" || model_type == "qwen3") {
-    for (std::int64_t i = first_sliding; i < layers; ++i)
-      if (window.of(i) == 0)
-        throw config_error("megadsl: a " + family + " config slides the layers from max_window_layers on, and this "
-                           "model's window is on other layers; save it as model_type gemma2");
-    j["use_sliding_window"] = slides;
-    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
-    j["max_window_layers"] = first_sliding;
-    j["layer_types"] = types;
-  } else if (model_type == "gemma2") {
-    j["sliding_window"] = slides ? json(window.size) : json(nullptr);
-    j["layer_types"] = types;
-  }
+  if (fam->window_needs_use_flag || !fam->use_flag_refusal.empty()) j["use_sliding_window"] = slides;
+  if (fam->window != window_rule::none) j["sliding_window"] = slides ? json(window.size) : json(nullptr);
+  if (fam->window == window_rule::from_max_window_layers) j["max_window_layers"] = first_sliding;
+  if (fam->reads_layer_types) j["layer_types"] = types;
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {
     j["rope_scaling"] = nullptr;

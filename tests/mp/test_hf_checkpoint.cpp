@@ -543,7 +543,9 @@ TEST_CASE("save_hf refuses a model its config class cannot describe on every ran
   parallel_model<causal_lm<tiny8, l>> m(groups, test_options<tiny8>());  // no q/k/v bias
   const fs::path dir = shared_scratch("unsayable");
   // Every rank names the problem itself (not a collective's timeout naming a peer).
-  CHECK_THROWS_WITH(save_hf(m, groups, dir, at::kFloat, "qwen2"), Catch::Contains("model_type qwen2 always has the q/k/v bias"));
+  CHECK_THROWS_WITH(save_hf(m, groups, dir, at::kFloat, "qwen2"),
+                    Catch::Contains("a Qwen2 config always has the q/k/v bias, and this model has none; save it as "
+                                    "model_type llama or mistral"));
   groups.world->barrier();
   CHECK(!fs::exists(dir));
 }

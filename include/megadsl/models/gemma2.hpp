@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -38,5 +39,25 @@ struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_h
   static constexpr std::string_view hf_repo = "google/gemma-2-9b";
   static constexpr std::int64_t published_params = 9'241'705'984;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule gemma2_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},
+    {"hidden_activation", key_use::read},
+    {"query_pre_attn_scalar", key_use::read},    // the score scale
+    {"attn_logit_softcapping", key_use::read},   // tanh soft-cap of the scores
+    {"final_logit_softcapping", key_use::read},  // tanh soft-cap of the logits
+    {"cache_implementation", key_use::no_effect},  // generation's kv cache
+    {"sliding_window", key_use::read},
+    {"layer_types", key_use::read},
+    {"use_bidirectional_attention", key_use::refused},
+};
+inline constexpr family_config gemma2_config{
+    .model_type = "gemma2", .hf_class = "Gemma2", .display = "Gemma 2",
+    .knobs = knobs_of<gemma2_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
+    .tie_embeddings = true, .activation_key = "hidden_activation", .bias = bias_rule::attention_bias,
+    .score_caps = true, .window = window_rule::alternate, .reads_layer_types = true, .keys = gemma2_keys};
 
 }  // namespace megadsl

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -36,5 +37,28 @@ struct pythia_1_4b : gpt_neox<shape{.hidden = 2048, .layers = 24, .heads = 16, .
   static constexpr std::string_view hf_repo = "EleutherAI/pythia-1.4b";
   static constexpr std::int64_t published_params = 1'414'647'808;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr std::string_view gpt_neox_omitted[] = {"num_key_value_heads", "head_dim"};  // kv_heads = heads
+inline constexpr required_key gpt_neox_required[] = {
+    {"use_parallel_residual", "attention and MLP side by side (parallel residual)"},
+    {"attention_bias", "biases on query_key_value and dense (beside the MLP's)"},
+};
+inline constexpr config_key_rule gpt_neox_keys[] = {
+    {"layer_norm_eps", key_use::read},   // its LayerNorms' eps
+    {"rotary_pct", key_use::read},       // 4.x's partial_rotary_factor
+    {"rotary_emb_base", key_use::read},  // 4.x's rope_theta
+    {"use_parallel_residual", key_use::read},  // only true (the composition's)
+    {"attention_bias", key_use::read},         // only true (q/k/v and dense biases)
+    {"hidden_dropout", key_use::refused},
+    {"classifier_dropout", key_use::no_effect, "megadsl's value head has no dropout (verl's critics set it to 0)"},
+};
+inline constexpr family_config gpt_neox_config{
+    .model_type = "gpt_neox", .hf_class = "GPTNeoX", .display = "GPT-NeoX/Pythia",
+    .knobs = knobs_of<gpt_neox_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .eps_key = "layer_norm_eps",
+    .qkv_bias = true, .out_bias = true, .theta_key = "rotary_emb_base", .partial_rotary_key = "rotary_pct",
+    .partial_rotary_default = 0.25, .legacy_rope_keys = true, .omitted_keys = gpt_neox_omitted,
+    .required = gpt_neox_required, .keys = gpt_neox_keys};
 
 }  // namespace megadsl

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -124,5 +125,18 @@ struct tinyllama_1_1b : llama<shape{.hidden = 2048, .layers = 22, .heads = 32, .
   static constexpr std::string_view hf_repo = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T";
   static constexpr std::int64_t published_params = 1'100'048'384;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule llama_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},        // q/k/v and o_proj biases
+    {"mlp_bias", key_use::read},              // gate/up/down biases
+    {"pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
+};
+inline constexpr family_config llama_config{
+    .model_type = "llama", .hf_class = "Llama", .display = "Llama 2/3/3.1/3.2, TinyLlama",
+    .knobs = knobs_of<llama_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
+    .bias = bias_rule::attention_bias, .reads_mlp_bias = true, .keys = llama_keys};
 
 }  // namespace megadsl

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
@@ -26,5 +27,17 @@ struct mistral_7b : mistral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv
   static constexpr std::string_view hf_repo = "mistralai/Mistral-7B-v0.1";
   static constexpr std::int64_t published_params = 7'241'732'096;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule mistral_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"sliding_window", key_use::read},
+    {"layer_types", key_use::no_effect},  // MistralModel slides every layer whatever it says
+};
+inline constexpr family_config mistral_config{
+    .model_type = "mistral", .hf_class = "Mistral", .display = "Mistral",
+    .knobs = knobs_of<llama_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-6,
+    .window = window_rule::every_layer, .keys = mistral_keys};
 
 }  // namespace megadsl

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -32,5 +33,27 @@ struct mixtral_8x7b : mixtral<shape{.hidden = 4096, .layers = 32, .heads = 32, .
   static constexpr std::string_view hf_repo = "mistralai/Mixtral-8x7B-v0.1";
   static constexpr std::int64_t published_params = 46'702'792'704;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr moe_config mixtral_moe{.count_key = "num_local_experts", .reads_both_counts = true, .top_k = 2,
+                                        .experts_as_wide_as_ffn = true};
+inline constexpr config_key_rule mixtral_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"num_local_experts", key_use::read},
+    {"num_experts", key_use::read},
+    {"router_jitter_noise", key_use::refused},  // training-time noise on the router's input
+    // The load-balancing loss's weight and whether HF returns the router logits: the trainer's
+    // business (its own coefficient), not the log-probs'.
+    {"router_aux_loss_coef", key_use::no_effect},
+    {"output_router_logits", key_use::no_effect},
+    {"sliding_window", key_use::read},
+    {"layer_types", key_use::no_effect},  // its attention slides every layer whatever it says
+};
+inline constexpr family_config mixtral_config{
+    .model_type = "mixtral", .hf_class = "Mixtral", .display = "Mixtral",
+    .knobs = knobs_of<mixtral_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1000000.0,
+    .window = window_rule::every_layer, .moe = &mixtral_moe, .keys = mixtral_keys};
 
 }  // namespace megadsl

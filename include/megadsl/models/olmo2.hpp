@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -30,5 +31,16 @@ struct olmo2_7b : olmo2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_hea
   static constexpr std::string_view hf_repo = "allenai/OLMo-2-1124-7B";
   static constexpr std::int64_t published_params = 7'298'617'344;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule olmo2_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},
+};
+inline constexpr family_config olmo2_config{
+    .model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
+    .knobs = knobs_of<olmo2_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
+    .bias = bias_rule::attention_bias, .keys = olmo2_keys};
 
 }  // namespace megadsl

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -31,5 +32,20 @@ struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_hea
   static constexpr std::string_view hf_repo = "microsoft/Phi-3-mini-4k-instruct";
   static constexpr std::int64_t published_params = 3'821'079'552;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule phi3_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"sliding_window", key_use::read},
+    {"resid_pdrop", key_use::refused},  // dropout
+    {"embd_pdrop", key_use::refused},
+    {"partial_rotary_factor", key_use::read},  // 4.x's place for it
+    {"original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
+};
+inline constexpr family_config phi3_config{
+    .model_type = "phi3", .hf_class = "Phi3", .display = "Phi-3",
+    .knobs = knobs_of<phi3_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
+    .partial_rotary_key = "partial_rotary_factor", .window = window_rule::every_layer, .keys = phi3_keys};
 
 }  // namespace megadsl

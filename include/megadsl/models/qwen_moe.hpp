@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -58,5 +59,57 @@ struct qwen3_30b_a3b
   static constexpr std::string_view hf_repo = "Qwen/Qwen3-30B-A3B";
   static constexpr std::int64_t published_params = 30'532'122'624;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr moe_config qwen2_moe_moe{.count_key = "num_experts", .top_k = 4, .expert_ffn = 1408,
+                                          .shared_expert_ffn = 5632};
+inline constexpr config_key_rule qwen2_moe_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"num_experts", key_use::read},
+    {"moe_intermediate_size", key_use::read},
+    {"shared_expert_intermediate_size", key_use::read},
+    {"norm_topk_prob", key_use::read},
+    {"decoder_sparse_step", key_use::read},
+    {"mlp_only_layers", key_use::read},
+    {"qkv_bias", key_use::read},
+    {"router_aux_loss_coef", key_use::no_effect},
+    {"output_router_logits", key_use::no_effect},
+    {"sliding_window", key_use::read},      // cleared without use_sliding_window, which is refused
+    {"use_sliding_window", key_use::read},
+    {"max_window_layers", key_use::read},
+    {"layer_types", key_use::read},
+};
+inline constexpr family_config qwen2_moe_config{
+    .model_type = "qwen2_moe", .hf_class = "Qwen2Moe", .display = "Qwen1.5/2-MoE",
+    .knobs = knobs_of<qwen2_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::qkv_bias,
+    .use_flag_refusal = "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl "
+                        "does not implement",
+    .moe = &qwen2_moe_moe, .keys = qwen2_moe_keys};
+
+inline constexpr moe_config qwen3_moe_moe{.count_key = "num_local_experts", .reads_both_counts = true, .top_k = 8,
+                                          .expert_ffn = 768};
+inline constexpr config_key_rule qwen3_moe_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"num_local_experts", key_use::read},
+    {"num_experts", key_use::read},
+    {"moe_intermediate_size", key_use::read},
+    {"norm_topk_prob", key_use::read},
+    {"decoder_sparse_step", key_use::read},
+    {"mlp_only_layers", key_use::read},
+    {"router_aux_loss_coef", key_use::no_effect},
+    {"output_router_logits", key_use::no_effect},
+    {"attention_bias", key_use::read},
+    {"sliding_window", key_use::read},
+    {"use_sliding_window", key_use::read},
+    {"max_window_layers", key_use::no_effect},  // Qwen3MoeAttention slides every layer or none
+    {"layer_types", key_use::no_effect},
+};
+inline constexpr family_config qwen3_moe_config{
+    .model_type = "qwen3_moe", .hf_class = "Qwen3Moe", .display = "Qwen3-MoE",
+    .knobs = knobs_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::attention_bias,
+    .window = window_rule::every_layer, .window_needs_use_flag = true, .moe = &qwen3_moe_moe, .keys = qwen3_moe_keys};
 
 }  // namespace megadsl

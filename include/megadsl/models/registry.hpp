@@ -1,15 +1,32 @@
-// Run-time lookup of the presets by name (`megadsl plan llama3-8b`), built from the preset types:
-// the shape of each entry is the struct's `::shape`, so there is one source of truth.
+// The families megadsl composes, by HF model_type (each one's config.json data lives in its own
+// header, models/family_config.hpp), and the run-time lookup of the presets by name (`megadsl plan
+// llama3-8b`), built from the preset types: the shape of each entry is the struct's `::shape`, so
+// there is one source of truth.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/models/presets.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
+
+// Every family, in the order messages list them. Where two families' compositions coincide
+// (llama, mistral, qwen2) model_type_for prefers the first that can write the model.
+inline constexpr std::array<const family_config*, 13> families{
+    &llama_config,  &mistral_config,    &qwen2_config,   &qwen3_config,   &gemma_config,
+    &gemma2_config, &olmo2_config,      &phi3_config,    &starcoder2_config, &gpt_neox_config,
+    &mixtral_config, &qwen2_moe_config, &qwen3_moe_config};
+
+// The family whose config.json says `model_type`, or nullptr.
+constexpr const family_config* find_family(std::string_view model_type) {
+  for (const family_config* f : families)
+    if (f->model_type == model_type) return f;
+  return nullptr;
+}
 
 struct preset_entry {
   std::string_view name;          // "llama3-8b"

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/models/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -34,5 +35,20 @@ struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 3
   static constexpr std::string_view hf_repo = "bigcode/starcoder2-7b";
   static constexpr std::int64_t published_params = 7'173'923'840;
 };
+
+// ---- config.json (models/family_config.hpp) ----
+
+inline constexpr config_key_rule starcoder2_keys[] = {
+    {"norm_epsilon", key_use::read},  // its LayerNorms' eps
+    {"use_bias", key_use::read},      // q/k/v, o_proj and MLP biases
+    {"sliding_window", key_use::read},
+    {"residual_dropout", key_use::refused},
+    {"embedding_dropout", key_use::refused},
+};
+inline constexpr family_config starcoder2_config{
+    .model_type = "starcoder2", .hf_class = "Starcoder2", .display = "StarCoder2",
+    .knobs = knobs_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
+    .eps_key = "norm_epsilon", .bias = bias_rule::use_bias, .window = window_rule::every_layer,
+    .keys = starcoder2_keys};
 
 }  // namespace megadsl

@@ -35,7 +35,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
 void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
                        double bytes_per_parameter = 4, std::int64_t local_ranks = 1);
 
-// `model_type`: "llama", "mistral" or "qwen2"; empty: qwen2 when the model has a q/k/v bias.
+// `model_type`: one of models/registry.hpp's families; empty: the one model_type_for picks.
 // Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a
 // reader sees the old checkpoint or the new one, a second writer gets a clear error, no file of
 // an earlier layout survives. `carry_from` (an HF directory, usually the source of a conversion,

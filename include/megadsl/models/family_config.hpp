@@ -1,0 +1,106 @@
+// What a family's HF config.json holds and how megadsl reads it: the data each family declares in
+// its own header beside its composition and presets (models/<family>.hpp), listed once in the
+// registry (models/registry.hpp). The config reader (src/spec/hf_config.cpp) follows it and
+// compares no family name. Torch-free.
+//
+//   inline constexpr config_key_rule olmo2_keys[] = {{"rms_norm_eps", key_use::read}, {"attention_bias", key_use::read}};
+//   inline constexpr family_config olmo2_config{.model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
+//                                               .knobs = knobs_of<olmo2_blocks>, .max_positions = 2048,
+//                                               .rms_eps = 1e-5, .bias = bias_rule::attention_bias, .keys = olmo2_keys};
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "megadsl/layers/blocks.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// A composition's block knobs (layers/blocks.hpp), as a family's config data records them.
+template <class Composition>
+inline constexpr shape knobs_of = blocks::lowering<Composition>::apply(shape{});
+
+// What megadsl does with a config.json key. Every key of the family's transformers config class
+// is in the family's rows or in every family's (src/spec/hf_config.cpp); a key in none is unknown
+// to the class, ignored by transformers and so by megadsl, which says so in a note.
+enum class key_use : std::int8_t {
+  read,       // honoured: it sets a shape field, the window, or is checked against the weights
+  refused,    // refused unless it holds its neutral value (0, false, {}, null)
+  no_effect,  // cannot change the forward/backward numbers (ids, init, generation, bookkeeping)
+};
+struct config_key_rule {
+  std::string_view key;
+  key_use use;
+  std::string_view note = {};  // said when the key holds something else than 0 or null
+};
+
+// Where the attention's sliding window applies, as the family's config class derives it.
+enum class window_rule : std::int8_t {
+  none,                    // no window (the key, if present, is not the class's, or is cleared)
+  every_layer,             // `sliding_window` on every layer
+  from_max_window_layers,  // the layers from `max_window_layers` on (28 by default)
+  alternate,               // alternate layers from the first, 4096 tokens by default
+};
+
+// The keys that switch biases on.
+enum class bias_rule : std::int8_t {
+  fixed,           // none: the family's own (family_config::qkv_bias, out_bias)
+  attention_bias,  // `attention_bias`: q, k, v and o_proj (LlamaAttention), default false
+  use_bias,        // `use_bias`: q, k, v, o_proj and the MLP's (StarCoder2), default true
+  qkv_bias,        // `qkv_bias`: q, k and v (Qwen2-MoE), default true
+};
+
+// A mixture of experts' keys and their defaults.
+struct moe_config {
+  std::string_view count_key;          // the one transformers' class reads: num_local_experts | num_experts
+  bool reads_both_counts = false;      // the class maps num_experts and num_local_experts to one value
+  std::int64_t top_k = 0;              // num_experts_per_tok
+  bool experts_as_wide_as_ffn = false; // Mixtral: experts of intermediate_size, top-k always renormalised
+  std::int64_t expert_ffn = 0;         // moe_intermediate_size
+  std::int64_t shared_expert_ffn = 0;  // shared_expert_intermediate_size
+  bool norm_topk = false;              // norm_topk_prob
+};
+
+// A switch the composition has on: false is refused, saying what the composition does.
+struct required_key {
+  std::string_view key;
+  std::string_view what;
+};
+
+struct family_config {
+  std::string_view model_type;  // HF's model_type
+  std::string_view hf_class;    // transformers' class prefix: <hf_class>ForCausalLM
+  std::string_view display;     // the checkpoints it reads, for messages: "Llama 2/3/3.1/3.2, TinyLlama"
+  shape knobs;                  // the composition's block knobs (knobs_of<...>)
+  // transformers' class defaults for the keys a config.json may leave out
+  std::int64_t max_positions = 2048;
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::int64_t head_dim = 0;  // 0: hidden / heads
+  bool tie_embeddings = false;
+  std::string_view eps_key = "rms_norm_eps";
+  std::string_view activation_key = "hidden_act";
+  std::string_view legacy_activation = {};  // also the composition's activation (Gemma's "gelu" for the tanh GELU)
+  bias_rule bias = bias_rule::fixed;
+  bool qkv_bias = false, out_bias = false;  // under bias_rule::fixed
+  bool reads_mlp_bias = false;              // `mlp_bias`: gate, up and down biases (Llama)
+  std::string_view theta_key = {};          // 4.x's other name of rope_theta (GPT-NeoX's rotary_emb_base)
+  std::string_view partial_rotary_key = {}; // the top-level rotated share of each head; empty: the whole head only
+  double partial_rotary_default = 1.0;
+  // The config carries 4.x's rope keys (theta_key, partial_rotary_key) beside 5.x's rope_parameters
+  // with the partial factor, and plain RoPE only (GPT-NeoX).
+  bool legacy_rope_keys = false;
+  std::span<const std::string_view> omitted_keys = {};  // shape keys the config class does not have
+  bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
+  window_rule window = window_rule::none;
+  bool window_needs_use_flag = false;       // `use_sliding_window` gates the window
+  bool reads_layer_types = false;           // an explicit `layer_types` overrides the pattern
+  std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
+  const moe_config* moe = nullptr;
+  std::span<const required_key> required = {};
+  std::span<const config_key_rule> keys = {};  // the family's own keys (found before every family's)
+};
+
+}  // namespace megadsl
