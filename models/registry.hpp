@@ -1,5 +1,5 @@
 // The families megadsl composes, by HF model_type (each one's config.json data lives in its own
-// header, models/family_config.hpp), and the run-time lookup of the presets by name (`megadsl plan
+// header, megadsl/family_config.hpp), and the run-time lookup of the presets by name (`megadsl plan
 // llama3-8b`), built from the preset types: the shape of each entry is the struct's `::shape`, so
 // there is one source of truth.
 #pragma once
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/models/presets.hpp"
 #include "megadsl/shape.hpp"
 

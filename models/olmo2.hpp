@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -32,7 +32,7 @@ struct olmo2_7b : olmo2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_hea
   static constexpr std::int64_t published_params = 7'298'617'344;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule olmo2_keys[] = {
     {"rms_norm_eps", key_use::read},

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
@@ -28,7 +28,7 @@ struct mistral_7b : mistral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv
   static constexpr std::int64_t published_params = 7'241'732'096;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule mistral_keys[] = {
     {"rms_norm_eps", key_use::read},

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -126,7 +126,7 @@ struct tinyllama_1_1b : llama<shape{.hidden = 2048, .layers = 22, .heads = 32, .
   static constexpr std::int64_t published_params = 1'100'048'384;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule llama_keys[] = {
     {"rms_norm_eps", key_use::read},

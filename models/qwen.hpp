@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/shape.hpp"
 
@@ -48,7 +48,7 @@ struct qwen2_5_72b : qwen2<shape{.hidden = 8192, .layers = 80, .heads = 64, .kv_
   static constexpr std::int64_t published_params = 72'706'203'648;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule qwen2_keys[] = {
     {"rms_norm_eps", key_use::read},

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -38,7 +38,7 @@ struct pythia_1_4b : gpt_neox<shape{.hidden = 2048, .layers = 24, .heads = 16, .
   static constexpr std::int64_t published_params = 1'414'647'808;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr std::string_view gpt_neox_omitted[] = {"num_key_value_heads", "head_dim"};  // kv_heads = heads
 inline constexpr required_key gpt_neox_required[] = {

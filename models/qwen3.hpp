@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -41,7 +41,7 @@ struct qwen3_8b : qwen3<shape{.hidden = 4096, .layers = 36, .heads = 32, .kv_hea
   static constexpr std::int64_t published_params = 8'190'735'360;  // index total_size 16381470720 / 2 (bf16)
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule qwen3_keys[] = {
     {"rms_norm_eps", key_use::read},

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -36,7 +36,7 @@ struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 3
   static constexpr std::int64_t published_params = 7'173'923'840;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule starcoder2_keys[] = {
     {"norm_epsilon", key_use::read},  // its LayerNorms' eps

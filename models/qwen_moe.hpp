@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -60,7 +60,7 @@ struct qwen3_30b_a3b
   static constexpr std::int64_t published_params = 30'532'122'624;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr moe_config qwen2_moe_moe{.count_key = "num_experts", .top_k = 4, .expert_ffn = 1408,
                                           .shared_expert_ffn = 5632};

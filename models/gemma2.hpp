@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -40,7 +40,7 @@ struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_h
   static constexpr std::int64_t published_params = 9'241'705'984;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule gemma2_keys[] = {
     {"rms_norm_eps", key_use::read},

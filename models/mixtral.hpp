@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -34,7 +34,7 @@ struct mixtral_8x7b : mixtral<shape{.hidden = 4096, .layers = 32, .heads = 32, .
   static constexpr std::int64_t published_params = 46'702'792'704;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr moe_config mixtral_moe{.count_key = "num_local_experts", .reads_both_counts = true, .top_k = 2,
                                         .experts_as_wide_as_ffn = true};

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -33,7 +33,7 @@ struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_hea
   static constexpr std::int64_t published_params = 3'821'079'552;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule phi3_keys[] = {
     {"rms_norm_eps", key_use::read},

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "megadsl/models/family_config.hpp"
+#include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/shape.hpp"
 
@@ -42,7 +42,7 @@ struct gemma_7b : gemma<shape{.hidden = 3072, .layers = 28, .heads = 16, .kv_hea
   static constexpr std::int64_t published_params = 8'537'680'896;
 };
 
-// ---- config.json (models/family_config.hpp) ----
+// ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule gemma_keys[] = {
     {"rms_norm_eps", key_use::read},
