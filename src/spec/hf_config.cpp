@@ -236,7 +236,7 @@ rope_scaling read_rope_object(const reader& r, const json& v, const std::string&
   else if (type == "dynamic") out.type = rope_type::dynamic_ntk;
   else if (type == "llama3") out.type = rope_type::llama3;
   else
-    r.fail(type_key, "\"" + type + "\" is not supported",
+    r.fail(type_key, "\"" + printable(type) + "\" is not supported",
            "megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\" (or none: \"default\")");
 
   auto need = [&](std::string_view key) -> const json& {

@@ -151,6 +151,10 @@ TEST_CASE("rope_scaling: null, default, linear, dynamic, llama3", "[spec][hf_con
 }
 
 TEST_CASE("a malformed config.json is refused naming the file, the field and the fix", "[spec][hf_config]") {
+  // A value with control characters is quoted printably (the fuzzer's find: a raw ESC in the line).
+  const std::string esc = error_of(edited(minimal, "}", R"(, "rope_parameters": {"rope_type": "\u001b", "factor": 8.0}})"));
+  CHECK(esc.find('\x1b') == std::string::npos);
+  CHECK_THAT(esc, Catch::Contains("rope_type: \"\\x1b\" is not supported"));
   CHECK(error_of(R"({"model_type": "llama", "hidden_size": 4096,)")
             .starts_with("megadsl: models/x/config.json: not valid JSON: "));
   // Hostile files: deep nesting and out-of-range numbers are one line, not a crash or a raw exception.
