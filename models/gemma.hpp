@@ -17,10 +17,24 @@ using gemma_blocks = blocks::decoder<
                   blocks::pre_norm<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
     blocks::rms_norm<norm_kind::rms_1p>>;
 
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule gemma_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},
+    {"hidden_activation", key_use::read},               // Gemma's name of the activation
+    {"use_bidirectional_attention", key_use::refused},  // non-causal attention
+};
+inline constexpr family_config gemma_config{
+    .model_type = "gemma", .hf_class = "Gemma", .display = "Gemma",
+    .knobs = knobs_of<gemma_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
+    .tie_embeddings = true, .legacy_activation = "gelu",  // transformers' old spelling of the tanh GELU
+    .bias = bias_rule::attention_bias, .keys = gemma_keys};
+
 // Gemma: (1 + w) RMSNorm, embedding scaled by sqrt(hidden), GELU-tanh gated MLP, tied embeddings.
 template <shape S>
 struct gemma : decoder_family<gemma_blocks, S> {
-  static constexpr std::string_view family = "gemma";
+  static constexpr std::string_view family = gemma_config.model_type;
   static constexpr std::string_view name = "gemma";
 };
 
@@ -41,19 +55,5 @@ struct gemma_7b : gemma<shape{.hidden = 3072, .layers = 28, .heads = 16, .kv_hea
   static constexpr std::string_view hf_repo = "google/gemma-7b";
   static constexpr std::int64_t published_params = 8'537'680'896;
 };
-
-// ---- config.json (megadsl/family_config.hpp) ----
-
-inline constexpr config_key_rule gemma_keys[] = {
-    {"rms_norm_eps", key_use::read},
-    {"attention_bias", key_use::read},
-    {"hidden_activation", key_use::read},               // Gemma's name of the activation
-    {"use_bidirectional_attention", key_use::refused},  // non-causal attention
-};
-inline constexpr family_config gemma_config{
-    .model_type = "gemma", .hf_class = "Gemma", .display = "Gemma",
-    .knobs = knobs_of<gemma_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
-    .tie_embeddings = true, .legacy_activation = "gelu",  // transformers' old spelling of the tanh GELU
-    .bias = bias_rule::attention_bias, .keys = gemma_keys};
 
 }  // namespace megadsl

@@ -22,24 +22,6 @@ using gemma2_blocks = blocks::decoder<
                   blocks::sandwich<blocks::rms_norm<norm_kind::rms_1p>, blocks::gated_mlp<activation::gelu_tanh>>>,
     blocks::rms_norm<norm_kind::rms_1p>>;
 
-// Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by
-// query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped, sliding window on alternate layers.
-template <shape S>
-struct gemma2 : decoder_family<gemma2_blocks, S> {
-  static constexpr std::string_view family = "gemma2";
-  static constexpr std::string_view name = "gemma2";
-};
-
-// 16 query heads, 8 kv heads of 256; four norms per layer.
-struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_heads = 8, .ffn = 14336,
-                                .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,
-                                .rope_theta = 10000.0, .tie_embeddings = true, .query_pre_attn_scalar = 256.0,
-                                .attn_softcap = 50.0, .final_softcap = 30.0}> {
-  static constexpr std::string_view name = "gemma-2-9b";
-  static constexpr std::string_view hf_repo = "google/gemma-2-9b";
-  static constexpr std::int64_t published_params = 9'241'705'984;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule gemma2_keys[] = {
@@ -59,5 +41,23 @@ inline constexpr family_config gemma2_config{
     .knobs = knobs_of<gemma2_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
     .tie_embeddings = true, .activation_key = "hidden_activation", .bias = bias_rule::attention_bias,
     .score_caps = true, .window = window_rule::alternate, .reads_layer_types = true, .keys = gemma2_keys};
+
+// Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by
+// query_pre_attn_scalar^-1/2 and soft-capped, logits soft-capped, sliding window on alternate layers.
+template <shape S>
+struct gemma2 : decoder_family<gemma2_blocks, S> {
+  static constexpr std::string_view family = gemma2_config.model_type;
+  static constexpr std::string_view name = "gemma2";
+};
+
+// 16 query heads, 8 kv heads of 256; four norms per layer.
+struct gemma2_9b : gemma2<shape{.hidden = 3584, .layers = 42, .heads = 16, .kv_heads = 8, .ffn = 14336,
+                                .vocab = 256000, .head_dim = 256, .max_positions = 8192, .rms_eps = 1e-6,
+                                .rope_theta = 10000.0, .tie_embeddings = true, .query_pre_attn_scalar = 256.0,
+                                .attn_softcap = 50.0, .final_softcap = 30.0}> {
+  static constexpr std::string_view name = "gemma-2-9b";
+  static constexpr std::string_view hf_repo = "google/gemma-2-9b";
+  static constexpr std::int64_t published_params = 9'241'705'984;
+};
 
 }  // namespace megadsl

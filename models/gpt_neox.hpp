@@ -21,23 +21,6 @@ using gpt_neox_blocks = blocks::decoder<
                   blocks::parallel<blocks::layer_norm, blocks::plain_mlp<activation::gelu>>>,
     blocks::layer_norm, name_scheme::gpt_neox>;
 
-// The family: biases everywhere (qkv_bias, out_bias); the critic's head is HF's `classifier`.
-template <shape S>
-struct gpt_neox : decoder_family<gpt_neox_blocks, S> {
-  static constexpr std::string_view family = "gpt_neox";
-  static constexpr std::string_view name = "gpt_neox";
-};
-
-// 16 heads of 128, 32 of whose dims rotate; vocab 50304 (the tokenizer's 50277, padded by EleutherAI).
-struct pythia_1_4b : gpt_neox<shape{.hidden = 2048, .layers = 24, .heads = 16, .kv_heads = 16, .ffn = 8192,
-                                    .vocab = 50304, .max_positions = 2048, .rms_eps = 1e-5,
-                                    .rope_theta = 10000.0, .qkv_bias = true, .tie_embeddings = false,
-                                    .out_bias = true, .rotary_fraction = 0.25}> {
-  static constexpr std::string_view name = "pythia-1.4b";
-  static constexpr std::string_view hf_repo = "EleutherAI/pythia-1.4b";
-  static constexpr std::int64_t published_params = 1'414'647'808;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr std::string_view gpt_neox_omitted[] = {"num_key_value_heads", "head_dim"};  // kv_heads = heads
@@ -60,5 +43,22 @@ inline constexpr family_config gpt_neox_config{
     .qkv_bias = true, .out_bias = true, .theta_key = "rotary_emb_base", .partial_rotary_key = "rotary_pct",
     .partial_rotary_default = 0.25, .legacy_rope_keys = true, .omitted_keys = gpt_neox_omitted,
     .required = gpt_neox_required, .keys = gpt_neox_keys};
+
+// The family: biases everywhere (qkv_bias, out_bias); the critic's head is HF's `classifier`.
+template <shape S>
+struct gpt_neox : decoder_family<gpt_neox_blocks, S> {
+  static constexpr std::string_view family = gpt_neox_config.model_type;
+  static constexpr std::string_view name = "gpt_neox";
+};
+
+// 16 heads of 128, 32 of whose dims rotate; vocab 50304 (the tokenizer's 50277, padded by EleutherAI).
+struct pythia_1_4b : gpt_neox<shape{.hidden = 2048, .layers = 24, .heads = 16, .kv_heads = 16, .ffn = 8192,
+                                    .vocab = 50304, .max_positions = 2048, .rms_eps = 1e-5,
+                                    .rope_theta = 10000.0, .qkv_bias = true, .tie_embeddings = false,
+                                    .out_bias = true, .rotary_fraction = 0.25}> {
+  static constexpr std::string_view name = "pythia-1.4b";
+  static constexpr std::string_view hf_repo = "EleutherAI/pythia-1.4b";
+  static constexpr std::int64_t published_params = 1'414'647'808;
+};
 
 }  // namespace megadsl

@@ -24,11 +24,24 @@ using llama_blocks =
                                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
                     blocks::rms_norm<>>;
 
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule llama_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},        // q/k/v and o_proj biases
+    {"mlp_bias", key_use::read},              // gate/up/down biases
+    {"pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
+};
+inline constexpr family_config llama_config{
+    .model_type = "llama", .hf_class = "Llama", .display = "Llama 2/3/3.1/3.2, TinyLlama",
+    .knobs = knobs_of<llama_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
+    .bias = bias_rule::attention_bias, .reads_mlp_bias = true, .keys = llama_keys};
+
 // The Llama family (Llama 2/3/3.1/3.2, TinyLlama); Mistral and Qwen2 are the same composition
 // under their own names (models/mistral.hpp, models/qwen.hpp).
 template <shape S>
 struct llama : decoder_family<llama_blocks, S> {
-  static constexpr std::string_view family = "llama";
+  static constexpr std::string_view family = llama_config.model_type;
   static constexpr std::string_view name = "llama";
 };
 
@@ -125,18 +138,5 @@ struct tinyllama_1_1b : llama<shape{.hidden = 2048, .layers = 22, .heads = 32, .
   static constexpr std::string_view hf_repo = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T";
   static constexpr std::int64_t published_params = 1'100'048'384;
 };
-
-// ---- config.json (megadsl/family_config.hpp) ----
-
-inline constexpr config_key_rule llama_keys[] = {
-    {"rms_norm_eps", key_use::read},
-    {"attention_bias", key_use::read},        // q/k/v and o_proj biases
-    {"mlp_bias", key_use::read},              // gate/up/down biases
-    {"pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
-};
-inline constexpr family_config llama_config{
-    .model_type = "llama", .hf_class = "Llama", .display = "Llama 2/3/3.1/3.2, TinyLlama",
-    .knobs = knobs_of<llama_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
-    .bias = bias_rule::attention_bias, .reads_mlp_bias = true, .keys = llama_keys};
 
 }  // namespace megadsl

@@ -18,22 +18,6 @@ using mixtral_blocks = blocks::decoder<
                                    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::mixtral}>>>,
     blocks::rms_norm<>>;
 
-// Mixtral: each expert is intermediate_size wide (expert_ffn 0 = ffn); the top-k weights are
-// always renormalised (MixtralConfig has no norm_topk_prob).
-template <shape S>
-struct mixtral : decoder_family<mixtral_blocks, S> {
-  static constexpr std::string_view family = "mixtral";
-  static constexpr std::string_view name = "mixtral";
-};
-
-struct mixtral_8x7b : mixtral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 14336,
-                                    .vocab = 32000, .max_positions = 32768, .rms_eps = 1e-5,
-                                    .rope_theta = 1000000.0, .experts = 8, .top_k = 2, .norm_topk = true}> {
-  static constexpr std::string_view name = "mixtral-8x7b";
-  static constexpr std::string_view hf_repo = "mistralai/Mixtral-8x7B-v0.1";
-  static constexpr std::int64_t published_params = 46'702'792'704;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr moe_config mixtral_moe{.count_key = "num_local_experts", .reads_both_counts = true, .top_k = 2,
@@ -55,5 +39,21 @@ inline constexpr family_config mixtral_config{
     .model_type = "mixtral", .hf_class = "Mixtral", .display = "Mixtral",
     .knobs = knobs_of<mixtral_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1000000.0,
     .window = window_rule::every_layer, .moe = &mixtral_moe, .keys = mixtral_keys};
+
+// Mixtral: each expert is intermediate_size wide (expert_ffn 0 = ffn); the top-k weights are
+// always renormalised (MixtralConfig has no norm_topk_prob).
+template <shape S>
+struct mixtral : decoder_family<mixtral_blocks, S> {
+  static constexpr std::string_view family = mixtral_config.model_type;
+  static constexpr std::string_view name = "mixtral";
+};
+
+struct mixtral_8x7b : mixtral<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 14336,
+                                    .vocab = 32000, .max_positions = 32768, .rms_eps = 1e-5,
+                                    .rope_theta = 1000000.0, .experts = 8, .top_k = 2, .norm_topk = true}> {
+  static constexpr std::string_view name = "mixtral-8x7b";
+  static constexpr std::string_view hf_repo = "mistralai/Mixtral-8x7B-v0.1";
+  static constexpr std::int64_t published_params = 46'702'792'704;
+};
 
 }  // namespace megadsl

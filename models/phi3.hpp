@@ -17,22 +17,6 @@ using phi3_blocks = blocks::decoder<
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>>>,
     blocks::rms_norm<>>;
 
-// Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
-template <shape S>
-struct phi3 : decoder_family<phi3_blocks, S> {
-  static constexpr std::string_view family = "phi3";
-  static constexpr std::string_view name = "phi3";
-};
-
-// The 4k-context model (its config.json's sliding_window 2047 becomes model_options::attention_window
-// when loaded from the checkpoint; the 128k variants' longrope scaling is refused).
-struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 8192,
-                              .vocab = 32064, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0}> {
-  static constexpr std::string_view name = "phi3-mini";
-  static constexpr std::string_view hf_repo = "microsoft/Phi-3-mini-4k-instruct";
-  static constexpr std::int64_t published_params = 3'821'079'552;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule phi3_keys[] = {
@@ -47,5 +31,21 @@ inline constexpr family_config phi3_config{
     .model_type = "phi3", .hf_class = "Phi3", .display = "Phi-3",
     .knobs = knobs_of<phi3_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
     .partial_rotary_key = "partial_rotary_factor", .window = window_rule::every_layer, .keys = phi3_keys};
+
+// Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
+template <shape S>
+struct phi3 : decoder_family<phi3_blocks, S> {
+  static constexpr std::string_view family = phi3_config.model_type;
+  static constexpr std::string_view name = "phi3";
+};
+
+// The 4k-context model (its config.json's sliding_window 2047 becomes model_options::attention_window
+// when loaded from the checkpoint; the 128k variants' longrope scaling is refused).
+struct phi3_mini : phi3<shape{.hidden = 3072, .layers = 32, .heads = 32, .kv_heads = 32, .ffn = 8192,
+                              .vocab = 32064, .max_positions = 4096, .rms_eps = 1e-5, .rope_theta = 10000.0}> {
+  static constexpr std::string_view name = "phi3-mini";
+  static constexpr std::string_view hf_repo = "microsoft/Phi-3-mini-4k-instruct";
+  static constexpr std::int64_t published_params = 3'821'079'552;
+};
 
 }  // namespace megadsl

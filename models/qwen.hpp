@@ -14,10 +14,26 @@
 
 namespace megadsl {
 
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule qwen2_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"sliding_window", key_use::read},
+    {"use_sliding_window", key_use::read},
+    {"max_window_layers", key_use::read},
+    {"layer_types", key_use::read},
+    {"use_mrope", key_use::refused},  // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
+};
+inline constexpr family_config qwen2_config{
+    .model_type = "qwen2", .hf_class = "Qwen2", .display = "Qwen2/2.5",
+    .knobs = knobs_of<llama_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .qkv_bias = true,
+    .window = window_rule::from_max_window_layers, .window_needs_use_flag = true, .reads_layer_types = true,
+    .keys = qwen2_keys};
+
 // Qwen2 / Qwen2.5: the Llama composition with a bias on q/k/v (the shape's qkv_bias).
 template <shape S>
 struct qwen2 : decoder_family<llama_blocks, S> {
-  static constexpr std::string_view family = "qwen2";
+  static constexpr std::string_view family = qwen2_config.model_type;
   static constexpr std::string_view name = "qwen2";
 };
 
@@ -47,21 +63,5 @@ struct qwen2_5_72b : qwen2<shape{.hidden = 8192, .layers = 80, .heads = 64, .kv_
   static constexpr std::string_view hf_repo = "Qwen/Qwen2.5-72B";
   static constexpr std::int64_t published_params = 72'706'203'648;
 };
-
-// ---- config.json (megadsl/family_config.hpp) ----
-
-inline constexpr config_key_rule qwen2_keys[] = {
-    {"rms_norm_eps", key_use::read},
-    {"sliding_window", key_use::read},
-    {"use_sliding_window", key_use::read},
-    {"max_window_layers", key_use::read},
-    {"layer_types", key_use::read},
-    {"use_mrope", key_use::refused},  // Qwen2-VL's multimodal RoPE (Qwen2.5 writes false)
-};
-inline constexpr family_config qwen2_config{
-    .model_type = "qwen2", .hf_class = "Qwen2", .display = "Qwen2/2.5",
-    .knobs = knobs_of<llama_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .qkv_bias = true,
-    .window = window_rule::from_max_window_layers, .window_needs_use_flag = true, .reads_layer_types = true,
-    .keys = qwen2_keys};
 
 }  // namespace megadsl

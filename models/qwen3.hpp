@@ -17,10 +17,26 @@ using qwen3_blocks = blocks::decoder<
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
     blocks::rms_norm<>>;
 
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule qwen3_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},
+    {"sliding_window", key_use::read},
+    {"use_sliding_window", key_use::read},
+    {"max_window_layers", key_use::read},
+    {"layer_types", key_use::read},
+};
+inline constexpr family_config qwen3_config{
+    .model_type = "qwen3", .hf_class = "Qwen3", .display = "Qwen3",
+    .knobs = knobs_of<qwen3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 128,
+    .bias = bias_rule::attention_bias, .window = window_rule::from_max_window_layers,
+    .window_needs_use_flag = true, .reads_layer_types = true, .keys = qwen3_keys};
+
 // Qwen3: Llama with per-head q/k RMSNorm before RoPE (and no q/k/v bias by default).
 template <shape S>
 struct qwen3 : decoder_family<qwen3_blocks, S> {
-  static constexpr std::string_view family = "qwen3";
+  static constexpr std::string_view family = qwen3_config.model_type;
   static constexpr std::string_view name = "qwen3";
 };
 
@@ -40,21 +56,5 @@ struct qwen3_8b : qwen3<shape{.hidden = 4096, .layers = 36, .heads = 32, .kv_hea
   static constexpr std::string_view hf_repo = "Qwen/Qwen3-8B";
   static constexpr std::int64_t published_params = 8'190'735'360;  // index total_size 16381470720 / 2 (bf16)
 };
-
-// ---- config.json (megadsl/family_config.hpp) ----
-
-inline constexpr config_key_rule qwen3_keys[] = {
-    {"rms_norm_eps", key_use::read},
-    {"attention_bias", key_use::read},
-    {"sliding_window", key_use::read},
-    {"use_sliding_window", key_use::read},
-    {"max_window_layers", key_use::read},
-    {"layer_types", key_use::read},
-};
-inline constexpr family_config qwen3_config{
-    .model_type = "qwen3", .hf_class = "Qwen3", .display = "Qwen3",
-    .knobs = knobs_of<qwen3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 128,
-    .bias = bias_rule::attention_bias, .window = window_rule::from_max_window_layers,
-    .window_needs_use_flag = true, .reads_layer_types = true, .keys = qwen3_keys};
 
 }  // namespace megadsl

@@ -27,39 +27,6 @@ using qwen3_moe_blocks = blocks::decoder<
                   blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu>>>,
     blocks::rms_norm<>>;
 
-template <shape S>
-struct qwen2_moe : decoder_family<qwen2_moe_blocks, S> {
-  static constexpr std::string_view family = "qwen2_moe";
-  static constexpr std::string_view name = "qwen2_moe";
-};
-
-template <shape S>
-struct qwen3_moe : decoder_family<qwen3_moe_blocks, S> {
-  static constexpr std::string_view family = "qwen3_moe";
-  static constexpr std::string_view name = "qwen3_moe";
-};
-
-// 60 experts of 1408, top 4 not renormalised, and a shared expert of 5632 (intermediate_size, the
-// width a dense layer would have, is unused: every layer is sparse).
-struct qwen1_5_moe_a2_7b
-    : qwen2_moe<shape{.hidden = 2048, .layers = 24, .heads = 16, .kv_heads = 16, .ffn = 5632, .vocab = 151936,
-                      .max_positions = 8192, .rms_eps = 1e-6, .rope_theta = 1000000.0, .qkv_bias = true,
-                      .experts = 60, .top_k = 4, .expert_ffn = 1408, .shared_expert_ffn = 5632, .norm_topk = false}> {
-  static constexpr std::string_view name = "qwen1.5-moe-a2.7b";
-  static constexpr std::string_view hf_repo = "Qwen/Qwen1.5-MoE-A2.7B";
-  static constexpr std::int64_t published_params = 14'315'784'192;
-};
-
-// 128 experts of 768, top 8 renormalised; head_dim 128 with 32 q heads (4096 > hidden 2048).
-struct qwen3_30b_a3b
-    : qwen3_moe<shape{.hidden = 2048, .layers = 48, .heads = 32, .kv_heads = 4, .ffn = 6144, .vocab = 151936,
-                      .head_dim = 128, .max_positions = 40960, .rms_eps = 1e-6, .rope_theta = 1000000.0,
-                      .experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = true}> {
-  static constexpr std::string_view name = "qwen3-30b-a3b";
-  static constexpr std::string_view hf_repo = "Qwen/Qwen3-30B-A3B";
-  static constexpr std::int64_t published_params = 30'532'122'624;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr moe_config qwen2_moe_moe{.count_key = "num_experts", .top_k = 4, .expert_ffn = 1408,
@@ -111,5 +78,38 @@ inline constexpr family_config qwen3_moe_config{
     .model_type = "qwen3_moe", .hf_class = "Qwen3Moe", .display = "Qwen3-MoE",
     .knobs = knobs_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::attention_bias,
     .window = window_rule::every_layer, .window_needs_use_flag = true, .moe = &qwen3_moe_moe, .keys = qwen3_moe_keys};
+
+template <shape S>
+struct qwen2_moe : decoder_family<qwen2_moe_blocks, S> {
+  static constexpr std::string_view family = qwen2_moe_config.model_type;
+  static constexpr std::string_view name = "qwen2_moe";
+};
+
+template <shape S>
+struct qwen3_moe : decoder_family<qwen3_moe_blocks, S> {
+  static constexpr std::string_view family = qwen3_moe_config.model_type;
+  static constexpr std::string_view name = "qwen3_moe";
+};
+
+// 60 experts of 1408, top 4 not renormalised, and a shared expert of 5632 (intermediate_size, the
+// width a dense layer would have, is unused: every layer is sparse).
+struct qwen1_5_moe_a2_7b
+    : qwen2_moe<shape{.hidden = 2048, .layers = 24, .heads = 16, .kv_heads = 16, .ffn = 5632, .vocab = 151936,
+                      .max_positions = 8192, .rms_eps = 1e-6, .rope_theta = 1000000.0, .qkv_bias = true,
+                      .experts = 60, .top_k = 4, .expert_ffn = 1408, .shared_expert_ffn = 5632, .norm_topk = false}> {
+  static constexpr std::string_view name = "qwen1.5-moe-a2.7b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen1.5-MoE-A2.7B";
+  static constexpr std::int64_t published_params = 14'315'784'192;
+};
+
+// 128 experts of 768, top 8 renormalised; head_dim 128 with 32 q heads (4096 > hidden 2048).
+struct qwen3_30b_a3b
+    : qwen3_moe<shape{.hidden = 2048, .layers = 48, .heads = 32, .kv_heads = 4, .ffn = 6144, .vocab = 151936,
+                      .head_dim = 128, .max_positions = 40960, .rms_eps = 1e-6, .rope_theta = 1000000.0,
+                      .experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = true}> {
+  static constexpr std::string_view name = "qwen3-30b-a3b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3-30B-A3B";
+  static constexpr std::int64_t published_params = 30'532'122'624;
+};
 
 }  // namespace megadsl

@@ -18,24 +18,6 @@ using starcoder2_blocks =
                                   blocks::pre_norm<blocks::layer_norm, blocks::plain_mlp<activation::gelu_tanh>>>,
                     blocks::layer_norm>;
 
-// StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
-// and the MLP per the shape (config.json's use_bias), tied embeddings by default.
-template <shape S>
-struct starcoder2 : decoder_family<starcoder2_blocks, S> {
-  static constexpr std::string_view family = "starcoder2";
-  static constexpr std::string_view name = "starcoder2";
-};
-
-// 36 query heads, 4 kv heads of 128.
-struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 36, .kv_heads = 4, .ffn = 18432,
-                                        .vocab = 49152, .max_positions = 16384, .rms_eps = 1e-5,
-                                        .rope_theta = 1000000.0, .qkv_bias = true, .tie_embeddings = true,
-                                        .out_bias = true}> {
-  static constexpr std::string_view name = "starcoder2-7b";
-  static constexpr std::string_view hf_repo = "bigcode/starcoder2-7b";
-  static constexpr std::int64_t published_params = 7'173'923'840;
-};
-
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule starcoder2_keys[] = {
@@ -50,5 +32,23 @@ inline constexpr family_config starcoder2_config{
     .knobs = knobs_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
     .eps_key = "norm_epsilon", .bias = bias_rule::use_bias, .window = window_rule::every_layer,
     .keys = starcoder2_keys};
+
+// StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
+// and the MLP per the shape (config.json's use_bias), tied embeddings by default.
+template <shape S>
+struct starcoder2 : decoder_family<starcoder2_blocks, S> {
+  static constexpr std::string_view family = starcoder2_config.model_type;
+  static constexpr std::string_view name = "starcoder2";
+};
+
+// 36 query heads, 4 kv heads of 128.
+struct starcoder2_7b : starcoder2<shape{.hidden = 4608, .layers = 32, .heads = 36, .kv_heads = 4, .ffn = 18432,
+                                        .vocab = 49152, .max_positions = 16384, .rms_eps = 1e-5,
+                                        .rope_theta = 1000000.0, .qkv_bias = true, .tie_embeddings = true,
+                                        .out_bias = true}> {
+  static constexpr std::string_view name = "starcoder2-7b";
+  static constexpr std::string_view hf_repo = "bigcode/starcoder2-7b";
+  static constexpr std::int64_t published_params = 7'173'923'840;
+};
 
 }  // namespace megadsl

@@ -306,8 +306,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
                                     std::to_string(in.pk.batch) + ", " + std::to_string(in.pk.seq) + ", " +
                                     std::to_string(layers) + ", " + std::to_string(k) +
                                     ") int64: batch, sequence, layers, top_k, as a recorded forward returns it");
-      const at::Tensor given = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k})
-                                   .index_select(0, in.sequences().index);  // (T, L, k) of the whole stream
+      const at::Tensor by_position = r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k});
+      const at::Tensor given = by_position.index_select(0, in.sequences().index);  // (T, L, k) of the whole stream
       // A position is replayed whole or routed live whole: -1 in every slot or in none.
       if (given.numel() > 0 && !at::equal(given.lt(0).all(-1), given.lt(0).any(-1)))
         throw std::invalid_argument("megadsl: routed_experts holds a position with -1 in some of its top_k slots only; "
@@ -315,8 +315,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (given.numel() > 0 && (given.max().item<std::int64_t>() >= s.experts.get() || given.min().item<std::int64_t>() < -1))
         throw std::invalid_argument("megadsl: routed_experts names experts outside 0.." + std::to_string(s.experts.get() - 1) +
                                     " (or below -1, the padding mark); was it recorded for another model?");
-      in.replay = cp_ == nullptr ? given
-                                 : r.to(device_).reshape({in.pk.batch * in.pk.seq, layers, k}).index_select(0, in.pk.index);
+      in.replay = cp_ == nullptr ? given : by_position.index_select(0, in.pk.index);  // this rank's tokens
     }
     return in;
   }
@@ -329,11 +328,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   // over cp, the backward keeping this rank's rows (every cp rank computes the same loss from
   // them). The identity at cp = 1.
   at::Tensor whole_stream(const at::Tensor& mine, const micro_input& in) const {
-    if (cp_ == nullptr) return mine;
-    std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * mine.dim()), 0);
-    pad.back() = in.pk.ids.size(0) - mine.size(0);  // to this rank's rows, T'/cp
-    return gather_from_sp(at::constant_pad_nd(mine, pad), *cp_, /*tensor_parallel_output_grad=*/false)
-        .narrow(0, 0, in.whole.tokens);
+    return cp_ == nullptr ? mine : gather_from_cp(mine, in.pk.ids.size(0), in.whole.tokens, *cp_);
   }
 
   // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).

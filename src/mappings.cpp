@@ -132,6 +132,12 @@ at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp) {
   return got.view({n, rows, -1}).transpose(0, 1).reshape({rows, -1});
 }
 
+at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp) {
+  std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * mine.dim()), 0);
+  pad.back() = rows - mine.size(0);  // dim 0's trailing padding: every rank sends `rows`
+  return gather_from_sp(at::constant_pad_nd(mine, pad), cp, /*tensor_parallel_output_grad=*/false).narrow(0, 0, tokens);
+}
+
 at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp) {
   return tp.size() == 1 ? x : copy_to_fn::apply(x, &tp);
 }

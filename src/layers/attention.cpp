@@ -76,7 +76,6 @@ class attention final : public layer_module {
     v = whole(v);
   }
 
-
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups
   at::Tensor o_, o_bias_;      // (h, heads*d/tp), (h)
   attention_settings s_;

@@ -71,10 +71,8 @@ class moe_mlp final : public layer_module {
     if (c.cp != nullptr) {
       // Over the whole stream: every cp rank computes the same losses, and each one's gradient
       // reaches the router through its own tokens' logits (the gather's backward keeps its rows).
-      const std::int64_t rows = c.pk.ids.size(0), pad = rows - local_logits.size(0);
-      logits = gather_from_sp(at::constant_pad_nd(local_logits, {0, 0, 0, pad}), *c.cp, /*tensor_parallel_output_grad=*/false)
-                   .narrow(0, 0, pk.tokens);
-      indices = c.cp->all_gather(at::constant_pad_nd(r.indices, {0, 0, 0, pad}), 0).narrow(0, 0, pk.tokens);
+      logits = gather_from_cp(local_logits, c.pk.ids.size(0), pk.tokens, *c.cp);
+      indices = gather_from_cp(r.indices, c.pk.ids.size(0), pk.tokens, *c.cp);
     }
     const at::Tensor valid = pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
     at::Tensor loss = at::zeros({}, logits.options().dtype(at::kFloat));

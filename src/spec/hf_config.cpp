@@ -439,7 +439,6 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
         !(value.is_number() && value.get<double>() == 0.0))
       notes.push_back(key + " = " + printable(value.dump()) + ": " + std::string(k->note));
     if (k->use != key_use::refused || value.is_null()) continue;
-    if (key == "partial_rotary_factor" && value.is_number() && value.get<double>() == 1.0) continue;
     if (key == "router_jitter_noise") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
       r.fail(key, "is " + describe_json(value) + ": HF multiplies the router's input by random noise in training, "

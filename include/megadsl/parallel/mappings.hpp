@@ -13,6 +13,7 @@
 //   all_to_all_rows         rows to each rank (uneven)  the same with the counts swapped
 //   cp_tokens_to_heads      all-to-all (Ulysses)        the inverse all-to-all
 //   cp_heads_to_tokens      all-to-all (Ulysses)        the inverse all-to-all
+//   gather_from_cp          all-gather dim 0            this rank's rows
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,5 +40,9 @@ at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>&
 at::Tensor cp_tokens_to_heads(const at::Tensor& x, const comm_group& cp);
 // The inverse: (cp L, n) of this rank's groups -> (L, cp n), groups in rank order.
 at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp);
+// Per-token values of a cp rank's real tokens (its first mine.size(0) <= `rows` rows) -> the whole
+// stream's first `tokens` rows, on every cp rank; the backward keeps this rank's rows (every cp
+// rank computes the same loss from the whole).
+at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp);
 
 }  // namespace megadsl
