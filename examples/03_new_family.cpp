@@ -20,7 +20,7 @@ namespace b = megadsl::blocks;
 // The composition: embedding, one decoder block looped `layers` times, the final norm.
 using qk_gelu_blocks =
     b::decoder<b::embedding<>,
-               b::block<b::pre_norm<b::rms_norm<>, b::attention<b::attention_knobs{.qk_norm = md::qk_norm_kind::per_head}>>,
+               b::block<b::pre_norm<b::rms_norm<>, b::attention<b::attention_knobs{}, b::per_head_qk_norm<b::rms_norm<>>>>,
                         b::pre_norm<b::rms_norm<>, b::gated_mlp<md::activation::gelu_tanh>>>,
                b::rms_norm<>>;
 
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     const double v_diff = (value1.forward(batch).values - c.values).abs().max().item<double>();
 
     if (dist.rank() == 0) {
-      std::printf("megadsl: a family declared in this file\n%s", std::string(md::blocks::composition_tree(tiny_qk_gelu::shape).view()).c_str());
+      std::printf("megadsl: a family declared in this file\n%s", std::string(md::composition_tree(tiny_qk_gelu::shape).view()).c_str());
       std::printf("actor and critic at tp 2 x pp 2, sp and rmpad on, %lld ranks\n", static_cast<long long>(dist.world()));
       std::printf("mean log-prob %.5f, mean value %+.5f\n",
                   (a.log_probs.sum() / a.valid.sum()).item<double>(), (c.values.sum() / mask.sum()).item<double>());

@@ -27,7 +27,7 @@ inline constexpr config_key_rule gemma_keys[] = {
 };
 inline constexpr family_config gemma_config{
     .model_type = "gemma", .hf_class = "Gemma", .display = "Gemma",
-    .knobs = knobs_of<gemma_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
+    .arch = &architecture_of<gemma_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
     .tie_embeddings = true, .legacy_activation = "gelu",  // transformers' old spelling of the tanh GELU
     .bias = bias_rule::attention_bias, .keys = gemma_keys};
 

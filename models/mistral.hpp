@@ -22,7 +22,7 @@ inline constexpr config_key_rule mistral_keys[] = {
 };
 inline constexpr family_config mistral_config{
     .model_type = "mistral", .hf_class = "Mistral", .display = "Mistral",
-    .knobs = knobs_of<llama_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-6,
+    .arch = &architecture_of<llama_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-6,
     .window = window_rule::every_layer, .keys = mistral_keys};
 
 // Mistral: the Llama composition (its sliding window comes with the checkpoint's config.json).

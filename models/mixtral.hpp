@@ -37,7 +37,7 @@ inline constexpr config_key_rule mixtral_keys[] = {
 };
 inline constexpr family_config mixtral_config{
     .model_type = "mixtral", .hf_class = "Mixtral", .display = "Mixtral",
-    .knobs = knobs_of<mixtral_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1000000.0,
+    .arch = &architecture_of<mixtral_blocks>, .max_positions = 4096 * 32, .rms_eps = 1e-5, .rope_theta = 1000000.0,
     .window = window_rule::every_layer, .moe = &mixtral_moe, .keys = mixtral_keys};
 
 // Mixtral: each expert is intermediate_size wide (expert_ffn 0 = ffn); the top-k weights are

@@ -13,7 +13,7 @@ namespace megadsl {
 
 using olmo2_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::block<blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::full_width}>>,
+    blocks::block<blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{}, blocks::full_width_qk_norm<blocks::rms_norm<norm_kind::rms_wmul>>>>,
                   blocks::post_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::gated_mlp<activation::silu>>>,
     blocks::rms_norm<norm_kind::rms_wmul>>;
 
@@ -25,7 +25,7 @@ inline constexpr config_key_rule olmo2_keys[] = {
 };
 inline constexpr family_config olmo2_config{
     .model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
-    .knobs = knobs_of<olmo2_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
+    .arch = &architecture_of<olmo2_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
     .bias = bias_rule::attention_bias, .keys = olmo2_keys};
 
 // OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.

@@ -29,7 +29,7 @@ inline constexpr config_key_rule phi3_keys[] = {
 };
 inline constexpr family_config phi3_config{
     .model_type = "phi3", .hf_class = "Phi3", .display = "Phi-3",
-    .knobs = knobs_of<phi3_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
+    .arch = &architecture_of<phi3_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
     .partial_rotary_key = "partial_rotary_factor", .window = window_rule::every_layer, .keys = phi3_keys};
 
 // Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.

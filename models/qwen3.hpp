@@ -13,7 +13,7 @@ namespace megadsl {
 
 using qwen3_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>>,
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
     blocks::rms_norm<>>;
 
@@ -29,7 +29,7 @@ inline constexpr config_key_rule qwen3_keys[] = {
 };
 inline constexpr family_config qwen3_config{
     .model_type = "qwen3", .hf_class = "Qwen3", .display = "Qwen3",
-    .knobs = knobs_of<qwen3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 128,
+    .arch = &architecture_of<qwen3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 128,
     .bias = bias_rule::attention_bias, .window = window_rule::from_max_window_layers,
     .window_needs_use_flag = true, .reads_layer_types = true, .keys = qwen3_keys};
 

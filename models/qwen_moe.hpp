@@ -1,8 +1,8 @@
 // Qwen's mixtures of experts as strong preset types: Qwen2-MoE (Qwen1.5-MoE; Qwen2 attention with
 // q/k/v biases, routed experts beside a shared expert behind a sigmoid gate) and Qwen3-MoE (Qwen3
 // attention with per-head q/k norms, routed experts only). Both under Qwen's HF names (mlp.gate,
-// mlp.experts.E.*). Every layer is sparse: config.json's mlp_only_layers and decoder_sparse_step,
-// which would make some layers dense, are refused unless they leave every layer sparse.
+// mlp.experts.E.*). config.json's mlp_only_layers and decoder_sparse_step make some layers dense:
+// two kinds of layer, chosen per layer (qwen_sparse_layer).
 #pragma once
 
 #include <cstdint>
@@ -14,18 +14,35 @@
 
 namespace megadsl {
 
-using qwen2_moe_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
-                  blocks::pre_norm<blocks::rms_norm<>,
-                                   blocks::moe_mlp<activation::silu, blocks::moe_knobs{.shared_expert = true}>>>,
-    blocks::rms_norm<>>;
+// Which layers have the mixture (transformers' Qwen2MoeDecoderLayer): layer i does when it is not
+// in mlp_only_layers (the shape's dense_layers bits) and (i + 1) % decoder_sparse_step == 0; the
+// others have a dense gated MLP of intermediate_size. Read from config.json's numbers, so the
+// choice is per checkpoint.
+constexpr int qwen_sparse_layer(const shape& s, std::int64_t layer) {
+  const std::int64_t step = s.sparse_step.get();
+  const bool listed = layer < 63 && ((s.dense_layers.get() >> layer) & 1) != 0;
+  return !listed && step > 0 && (layer + 1) % step == 0 ? 1 : 0;
+}
 
-using qwen3_moe_blocks = blocks::decoder<
-    blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu>>>,
-    blocks::rms_norm<>>;
+// A Qwen mixture's layers: kind 0 dense, kind 1 sparse, chosen by qwen_sparse_layer.
+template <class Attention, class Moe>
+using qwen_moe_layers =
+    blocks::select<&qwen_sparse_layer,
+                   blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>,
+                                 blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+                   blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Moe>>>;
+
+using qwen2_moe_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    qwen_moe_layers<blocks::attention<>,
+                                    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.shared_expert = true}>>,
+                    blocks::rms_norm<>>;
+
+using qwen3_moe_blocks =
+    blocks::decoder<blocks::embedding<>,
+                    qwen_moe_layers<blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>,
+                                    blocks::moe_mlp<activation::silu>>,
+                    blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 
@@ -50,7 +67,7 @@ inline constexpr config_key_rule qwen2_moe_keys[] = {
 };
 inline constexpr family_config qwen2_moe_config{
     .model_type = "qwen2_moe", .hf_class = "Qwen2Moe", .display = "Qwen1.5/2-MoE",
-    .knobs = knobs_of<qwen2_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::qkv_bias,
+    .arch = &architecture_of<qwen2_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::qkv_bias,
     .use_flag_refusal = "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl "
                         "does not implement",
     .moe = &qwen2_moe_moe, .keys = qwen2_moe_keys};
@@ -76,7 +93,7 @@ inline constexpr config_key_rule qwen3_moe_keys[] = {
 };
 inline constexpr family_config qwen3_moe_config{
     .model_type = "qwen3_moe", .hf_class = "Qwen3Moe", .display = "Qwen3-MoE",
-    .knobs = knobs_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::attention_bias,
+    .arch = &architecture_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::attention_bias,
     .window = window_rule::every_layer, .window_needs_use_flag = true, .moe = &qwen3_moe_moe, .keys = qwen3_moe_keys};
 
 template <shape S>

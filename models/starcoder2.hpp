@@ -29,7 +29,7 @@ inline constexpr config_key_rule starcoder2_keys[] = {
 };
 inline constexpr family_config starcoder2_config{
     .model_type = "starcoder2", .hf_class = "Starcoder2", .display = "StarCoder2",
-    .knobs = knobs_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
+    .arch = &architecture_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
     .eps_key = "norm_epsilon", .bias = bias_rule::use_bias, .window = window_rule::every_layer,
     .keys = starcoder2_keys};
 

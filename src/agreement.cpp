@@ -145,6 +145,7 @@ field_list fields_of(const layout& l) {
 field_list fields_of(const runtime_config& c) {
   field_list out;
   add_fields(out, "", c.s);
+  out.emplace_back("architecture", c.s.arch != nullptr ? std::string(c.s.arch->name) : std::string("dynamic"));
   add_fields(out, "layout.", c.l);
   const model_options& o = c.options;
   out.emplace_back("head", c.head.actor ? "actor" : c.head.value_bias ? "critic (value head with bias)" : "critic");

@@ -42,16 +42,17 @@ std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
   return h;
 }
 
-// The full HF tensor of `name`, the same on every rank and under every layout (DESIGN §13).
-// Norm weights start at 1, or at 0 for a (1 + w) norm (Gemma's zero-centred weights).
-at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o, bool zero_centred_norms) {
+// The full HF tensor of `name`, the same on every rank and under every layout (DESIGN §13), as its
+// row says it starts: a norm's weight at 1, or at 0 for a (1 + w) norm (Gemma's zero-centred
+// weights), a bias at 0 (test_init perturbs both), the rest N(0, init_std).
+at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o, const param_row& row) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(hf_name, o.seed));
   const std::vector<std::int64_t> size = d.rank == 1 ? std::vector<std::int64_t>{d.rows}
                                                      : std::vector<std::int64_t>{d.rows, d.cols};
-  const bool bias = hf_name.size() >= 4 && hf_name.substr(hf_name.size() - 4) == "bias";
-  const bool norm = !bias && hf_name.find("norm") != std::string_view::npos;  // a norm's weight
+  const bool bias = is_bias(row);
+  const bool norm = !bias && row.init != param_init::normal;  // a norm's weight
   at::Tensor t;
-  if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (zero_centred_norms ? 0.0 : 1.0);
+  if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (row.init == param_init::zeros ? 0.0 : 1.0);
   else if (bias) t = o.test_init ? at::normal(0.0, o.init_std, size, gen) : at::zeros(size);
   else t = at::normal(0.0, o.init_std, size, gen);
   return t.to(o.dtype);  // on the CPU: the same generator stream on every device
@@ -558,7 +559,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
           const std::string_view source = p.tied ? p.tied_source : row.hf[static_cast<std::size_t>(i)];
           hf.push_back(init_full(with_instance(source, inst), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
-                                 zero_centred_norms(s)));
+                                 p.tied ? *find_row(arch_of(s), "embed.weight") : row));
         }
         at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);
         if (row.where == placement::layer || row.where == placement::expert) {
@@ -585,9 +586,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
         p.layer = layer;
         layers_[static_cast<std::size_t>(layer)] = build_layer(p, args);
       }
-    if (chunks_.front().first_stage) embedding_ = build_embedding(outer.require("embed.weight"), s);
+    if (chunks_.front().first_stage) embedding_ = build_embedding(outer, args);
     if (chunks_.back().last_stage) {
-      final_norm_ = build_final_norm(outer, s);
+      final_norm_ = build_final_norm(outer, args);
       lm_head_ = outer.find("lm_head.weight");
       value_w_ = outer.find("value_head.weight");
       value_b_ = outer.find("value_head.bias");

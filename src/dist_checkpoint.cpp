@@ -164,6 +164,7 @@ json model_json(const runtime_config& c) {
       shape_j[field] = value_json(v);
     }
   });
+  shape_j["architecture"] = std::string(arch_of(c.s).name);
   return {{"shape", shape_j},
           {"head", c.head.actor ? "actor" : "critic"},
           {"value_bias", !c.head.actor && c.head.value_bias}};

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/models/registry.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
@@ -39,19 +40,58 @@ std::string shape_text(const std::vector<std::int64_t>& v) {
   return s + ")";
 }
 
+namespace {
+// Before the architecture was written by name, checkpoints recorded the composition as ten block
+// knobs (Llama's, in checkpoints older still); each family's values of them, in this order.
+constexpr std::array<std::string_view, 10> knob_keys{"norm", "qk_norm", "mlp_activation", "embed_scale", "residual",
+                                                    "hf_storage", "mlp", "names", "expert_naming", "shared_expert"};
+struct legacy_family {
+  std::string_view model_type;
+  std::array<std::string_view, 10> knobs;
+};
+constexpr legacy_family legacy_families[] = {
+    {"llama", {"rms", "none", "silu", "none", "pre_norm", "separate", "gated", "llama", "qwen", "false"}},
+    {"qwen3", {"rms", "per_head", "silu", "none", "pre_norm", "separate", "gated", "llama", "qwen", "false"}},
+    {"gemma", {"rms_1p", "none", "gelu_tanh", "sqrt_hidden", "pre_norm", "separate", "gated", "llama", "qwen", "false"}},
+    {"gemma2", {"rms_1p", "none", "gelu_tanh", "sqrt_hidden", "sandwich", "separate", "gated", "llama", "qwen", "false"}},
+    {"olmo2", {"rms_wmul", "full_width", "silu", "none", "post_norm", "separate", "gated", "llama", "qwen", "false"}},
+    {"phi3", {"rms", "none", "silu", "none", "pre_norm", "concatenated", "gated", "llama", "qwen", "false"}},
+    {"starcoder2", {"layer_norm", "none", "gelu_tanh", "none", "pre_norm", "separate", "plain", "llama", "qwen", "false"}},
+    {"gpt_neox", {"layer_norm", "none", "gelu", "none", "parallel", "interleaved", "plain", "gpt_neox", "qwen", "false"}},
+    {"mixtral", {"rms", "none", "silu", "none", "pre_norm", "separate", "moe", "llama", "mixtral", "false"}},
+    {"qwen2_moe", {"rms", "none", "silu", "none", "pre_norm", "separate", "moe", "llama", "qwen", "true"}},
+    {"qwen3_moe", {"rms", "per_head", "silu", "none", "pre_norm", "separate", "moe", "llama", "qwen", "false"}},
+};
+}  // namespace
+
 void fill_fields_added_later(json& shape) {
-  // Checkpoints written before the shape had block knobs hold Llama-family models: each field
-  // added since, with its value in every model written before it (shape{}'s default).
-  static const json added = {{"norm", "rms"}, {"qk_norm", "none"}, {"mlp_activation", "silu"},
-                             {"embed_scale", "none"}, {"residual", "pre_norm"}, {"hf_storage", "separate"},
-                             {"mlp", "gated"}, {"out_bias", false}, {"mlp_bias", false}, {"query_pre_attn_scalar", 0.0},
+  // Each field added since the first format, with its value in every model written before it.
+  static const json added = {{"out_bias", false}, {"mlp_bias", false}, {"query_pre_attn_scalar", 0.0},
                              {"attn_softcap", 0.0}, {"final_softcap", 0.0},
-                             {"rotary_fraction", 1.0}, {"names", "llama"}, {"experts", 0}, {"top_k", 0},
+                             {"rotary_fraction", 1.0}, {"experts", 0}, {"top_k", 0},
                              {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},
-                             {"sparse_step", 1}, {"dense_layers", 0},
-                             {"expert_naming", "qwen"}, {"shared_expert", false}};
+                             {"sparse_step", 1}, {"dense_layers", 0}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
+  if (shape.contains("architecture")) return;
+  // The knobs (Llama's where absent) name the family, whose composition is the architecture.
+  static const std::array<std::string_view, 10> llama = legacy_families[0].knobs;
+  std::array<std::string, 10> mine;
+  for (std::size_t i = 0; i < knob_keys.size(); ++i) {
+    const std::string key(knob_keys[i]);
+    const json v = shape.contains(key) ? shape[key] : json(std::string(llama[i]));
+    mine[i] = v.is_string() ? v.get<std::string>() : v.dump();
+    shape.erase(key);
+  }
+  for (const legacy_family& f : legacy_families) {
+    bool same = true;
+    for (std::size_t i = 0; i < knob_keys.size(); ++i) same = same && mine[i] == f.knobs[i];
+    if (same) {
+      shape["architecture"] = std::string(find_family(f.model_type)->arch->name);
+      return;
+    }
+  }
+  shape["architecture"] = "(block knobs of no family: " + mine[0] + ", " + mine[4] + ", " + mine[6] + ")";
 }
 
 manifest parse_manifest(std::string_view text, const fs::path& dir) {

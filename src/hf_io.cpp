@@ -114,7 +114,7 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
     }
   }
   std::int64_t last = -1;
-  const std::string layers_prefix = s.names.get() == name_scheme::gpt_neox ? "gpt_neox.layers." : "model.layers.";
+  const std::string layers_prefix(arch_of(s).hf_layers);
   for (const std::string& n : ck.names())
     if (n.rfind(layers_prefix, 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + layers_prefix.size()));
   if (last >= 0 && last + 1 != s.layers.get())
@@ -122,11 +122,13 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
                            ", but the weights hold layers 0.." + std::to_string(last) +
                            "; this config.json does not describe these weights (use the checkpoint's own config.json)");
 
-  const double mlp_matrices = s.mlp.get() == mlp_kind::plain ? 2 : 3;
-  const bool moe = s.mlp.get() == mlp_kind::moe;
+  // An estimate in doubles from the architecture's facts (a plain MLP has two matrices, a gated
+  // three; a mixture every expert, its router and shared expert), not the plan's integer products.
+  const double mlp_matrices = has_extent(s, extent::ffn_rows) ? 2 : 3;
+  const bool moe = routes_any(s);
   const double experts = static_cast<double>(s.experts.get());
   const double mlp = moe ? experts * (h + 3 * h * static_cast<double>(expert_ffn_of(s).get())) +
-                               (s.shared_expert.get() ? 3 * h * static_cast<double>(s.shared_expert_ffn.get()) + h : 0)
+                               (has_extent(s, extent::shared_ffn) ? 3 * h * static_cast<double>(s.shared_expert_ffn.get()) + h : 0)
                          : mlp_matrices * h * f;
   const double per_layer = h * (q + 2 * kv) + q * h + mlp + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
   const double head_params = head.actor ? (s.tie_embeddings.get() ? 0 : v * h) : h + 1;

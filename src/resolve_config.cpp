@@ -65,6 +65,10 @@ runtime_config resolve_config(const shape& declared_shape, const layout& declare
   runtime_config c{declared, declared_layout, head, options};
   std::ostringstream diff;
   merge(declared, actual, c.s, "", diff);
+  // The architecture (the family's composition): the type's, or the run-time one's when dynamic.
+  if (declared.arch == nullptr) c.s.arch = actual.arch;
+  else if (actual.arch != nullptr && actual.arch != declared.arch)
+    diff << "architecture: the type says " << declared.arch->name << ", the run-time value is " << actual.arch->name << "; ";
   merge(declared_layout, actual_layout, c.l, "layout.", diff);
   if (!diff.str().empty())
     throw std::invalid_argument("megadsl: the run-time model does not match the declared type: " + diff.str() +

@@ -20,6 +20,7 @@
 #include "megadsl/io/printable.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/models/checkpoint_model.hpp"
+#include "megadsl/models/registry.hpp"
 #include "megadsl/reflection.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/parallel/distributed.hpp"
@@ -82,6 +83,12 @@ shape shape_from_json(const json& j, const std::string& file) {
     }
   };
   try {
+    const std::string arch = j.at("architecture").get<std::string>();
+    for (const family_config* f : families)
+      if (f->arch->name == arch) s.arch = f->arch;
+    if (s.arch == nullptr)
+      bad(file + ": model.shape.architecture \"" + printable(arch) + "\" is no composition of megadsl's families "
+          "(models/registry.hpp); convert it with the program that declares it (load_distributed, then save_hf)");
     hana::for_each(hana::keys(s), [&](auto key) {
       const std::string name = hana::to<char const*>(key);
       auto& v = hana::at_key(s, key);

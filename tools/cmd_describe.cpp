@@ -7,7 +7,7 @@
 #include "cli.hpp"
 #include "megadsl/formulas.hpp"
 #include "megadsl/layers/blocks.hpp"
-#include "megadsl/param_table.hpp"
+#include "megadsl/architecture.hpp"
 #include "megadsl/shard_plan.hpp"
 #include "megadsl/stages.hpp"
 
@@ -101,7 +101,7 @@ void describe_experts(const shape& s, const layout& l, head_info head, std::ostr
   const std::int64_t ep = l.ep, experts = s.experts, per = experts / ep, etp = expert_tp(l);
   const std::int64_t f = expert_ffn_of(s).get(), h = s.hidden;
   out << "\nexperts (" << experts << " per layer, top " << s.top_k.get() << (s.norm_topk.get() ? " renormalised" : "")
-      << ", each a gated MLP of " << f << (s.shared_expert.get() ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
+      << ", each a gated MLP of " << f << (has_extent(s, extent::shared_ffn) ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
       << ")\n";
   table t({"ep rank", "experts held", "gate_up per expert", "down per expert", "parameters per rank (pp 0)"});
   for (std::int64_t r = 0; r < ep; ++r) {
@@ -178,7 +178,7 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
 
   // ---- composition ----
   out << "composition (blocks of layers/blocks.hpp; [HF module names])\n"
-      << blocks::composition_tree(s).view() << '\n';
+      << composition_tree(s).view() << '\n';
 
   // ---- parameters ----
   out << "parameters (global: the tp shards side by side; local: one tp rank's shard)\n";
@@ -195,7 +195,10 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
 
   // ---- pipeline stages ----
   out << "pipeline stages (chunk j of pp rank r is stage j*pp + r; layers in stage order)\n";
-  table stages({"stage", "pp rank", "chunk", "layers", "count", "also holds"});
+  // Layers of several kinds (a mixture's dense and sparse ones, ...): each stage's count of each.
+  const bool kinds = arch_of(s).kinds.size() > 1;
+  table stages(kinds ? std::vector<std::string>{"stage", "pp rank", "chunk", "layers", "count", "layer kinds", "also holds"}
+                     : std::vector<std::string>{"stage", "pp rank", "chunk", "layers", "count", "also holds"});
   for (std::int64_t stage = 0; stage < pp * vpp; ++stage) {
     const std::int64_t r = stage % pp, chunk = stage / pp;
     const stage_range c = chunk_layers(s, l, r, chunk);
@@ -205,8 +208,19 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
                         (p.row->where == placement::last_stage && stage == pp * vpp - 1);
       if (here) extra += (extra.empty() ? "" : ", ") + std::string(p.row->name);
     }
-    stages.add({std::to_string(stage), std::to_string(r), std::to_string(chunk),
-                range(c.first_layer, c.first_layer + c.count - 1), std::to_string(c.count), extra});
+    std::vector<std::string> cells{std::to_string(stage), std::to_string(r), std::to_string(chunk),
+                                   range(c.first_layer, c.first_layer + c.count - 1), std::to_string(c.count)};
+    if (kinds) {
+      std::string per_kind;
+      for (std::size_t k = 0; k < arch_of(s).kinds.size(); ++k) {
+        std::int64_t n = 0;
+        for (std::int64_t i = c.first_layer; i < c.first_layer + c.count; ++i) n += kind_of_layer(s, i) == static_cast<int>(k);
+        if (n > 0) per_kind += (per_kind.empty() ? "kind " : ", kind ") + std::to_string(k) + " x " + std::to_string(n);
+      }
+      cells.push_back(per_kind);
+    }
+    cells.push_back(extra);
+    stages.add(cells);
   }
   stages.print(out);
   out << "per pipeline rank (all its chunks, one tp shard)\n";
@@ -251,7 +265,7 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
     else out << per_rank / cp << " query head(s) of one kv group per cp rank, that group's k and v all-gathered";
     out << ", and its output back; the outputs are gathered over cp, the gradients summed over dp x cp\n";
   }
-  if (s.mlp.get() == mlp_kind::moe) describe_experts(s, l, o.head, out);
+  if (routes_any(s)) describe_experts(s, l, o.head, out);
   return exit_ok;
 }
 

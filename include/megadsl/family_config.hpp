@@ -5,7 +5,7 @@
 //
 //   inline constexpr config_key_rule olmo2_keys[] = {{"rms_norm_eps", key_use::read}, {"attention_bias", key_use::read}};
 //   inline constexpr family_config olmo2_config{.model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
-//                                               .knobs = knobs_of<olmo2_blocks>, .max_positions = 2048,
+//                                               .arch = &architecture_of<olmo2_blocks>, .max_positions = 2048,
 //                                               .rms_eps = 1e-5, .bias = bias_rule::attention_bias, .keys = olmo2_keys};
 #pragma once
 
@@ -17,10 +17,6 @@
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
-
-// A composition's block knobs (layers/blocks.hpp), as a family's config data records them.
-template <class Composition>
-inline constexpr shape knobs_of = blocks::lowering<Composition>::apply(shape{});
 
 // What megadsl does with a config.json key. Every key of the family's transformers config class
 // is in the family's rows or in every family's (src/spec/hf_config.cpp); a key in none is unknown
@@ -73,7 +69,7 @@ struct family_config {
   std::string_view model_type;  // HF's model_type
   std::string_view hf_class;    // transformers' class prefix: <hf_class>ForCausalLM
   std::string_view display;     // the checkpoints it reads, for messages: "Llama 2/3/3.1/3.2, TinyLlama"
-  shape knobs;                  // the composition's block knobs (knobs_of<...>)
+  const architecture* arch;     // its composition's (architecture_of<...>)
   // transformers' class defaults for the keys a config.json may leave out
   std::int64_t max_positions = 2048;
   double rms_eps = 1e-6;

@@ -31,13 +31,13 @@ constexpr std::int64_t hf_elements(const param_plan& p) {
   return n;
 }
 
-// One decoder layer as HF stores it: the composition's per-layer rows (param_table.hpp), so q/k/v
+// One decoder layer as HF stores it: the architecture's per-layer rows (architecture.hpp), so q/k/v
 // and o with their biases and q/k norms, the MLP in its form (every expert of a mixture), and two
 // or four norms with their biases are each counted by the block that declares them. In a mixture
 // whose layers differ, layer `layer`'s.
 constexpr std::int64_t layer_parameter_count(const shape& s, std::int64_t layer = 0) {
   std::int64_t n = 0;
-  for (const param_row& row : decoder_params) {
+  for (const param_row& row : arch_of(s).rows) {
     if (!present(row, s, head_info{}) || !in_layer(row, s, layer)) continue;
     if (row.where == placement::layer) n += hf_elements(plan_of(row, s, layout{}));
     if (row.where == placement::expert) n += hf_elements(plan_of(row, s, layout{})) * s.experts.get();
@@ -213,12 +213,12 @@ constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l)
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
                      d = effective_head_dim(s);
-  const std::int64_t sparse_mlp = s.mlp.get() == mlp_kind::moe
+  const std::int64_t sparse_mlp = routes_any(s)
                                       ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
-                                                                       (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
+                                                                       (has_extent(s, extent::shared_ffn) ? s.shared_expert_ffn.get() : 0))
                                       : 0;
   std::int64_t mlp = 0;
-  for (std::int64_t i = 0; i < L; ++i) mlp += sparse_layer(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
+  for (std::int64_t i = 0; i < L; ++i) mlp += layer_routes(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
   return L * h * (n * d + 2 * g * d + n * d) + mlp + 2 * s.vocab.get() * h;
 }
 // The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
@@ -322,11 +322,10 @@ constexpr double actor_step_comm_bytes(const shape& s, const layout& l, std::int
 // reverses in the backward, each of tokens * top_k rows of h elements of `element` bytes.
 // Dense models and ep = 1 send nothing.
 constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
-  if (s.mlp.get() != mlp_kind::moe || l.ep.get() <= 1) return 0;
+  if (!routes_any(s) || l.ep.get() <= 1) return 0;
   const double ep = static_cast<double>(l.ep.get());
   const double rows = static_cast<double>(tokens) * static_cast<double>(s.top_k.get());
-  std::int64_t sparse = 0;
-  for (std::int64_t i = 0; i < s.layers.get(); ++i) sparse += sparse_layer(s, i);
+  const std::int64_t sparse = routed_layers(s);
   return 4.0 * static_cast<double>(sparse) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
 }
 

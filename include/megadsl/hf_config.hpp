@@ -71,6 +71,13 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
 // window on every layer, then qwen2 for a q/k/v bias). Empty when no config class describes it.
 std::string_view model_type_for(const shape& s, const sliding_window& window = {});
 
+// A family declared outside megadsl (its own family_config, with its composition's architecture):
+// from this call on, read_hf_config reads its model_type and save_hf / hf_config_json write it,
+// as for the registry's families (models/registry.hpp). Registering one model_type twice keeps
+// the first. Call it before the ranks start (examples/04_custom_block).
+struct family_config;
+void register_family(const family_config& family);
+
 // "a window of 4096 tokens on layers 0, 2, 4, ..." / "no sliding window" (messages).
 std::string describe(const sliding_window& w);
 

@@ -12,10 +12,8 @@
 BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, high_freq_factor,
                         original_max_positions);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
-                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, norm, qk_norm,
-                        mlp_activation, embed_scale, residual, hf_storage, mlp, out_bias, mlp_bias,
-                        query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, names, experts,
-                        top_k, expert_ffn, shared_expert_ffn, norm_topk, sparse_step, dense_layers, expert_naming,
-                        shared_expert);
+                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, out_bias, mlp_bias,
+                        query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, experts,
+                        top_k, expert_ffn, shared_expert_ffn, norm_topk, sparse_step, dense_layers);
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
                         rmpad, vocab_pad_multiple, cp, ep, etp, recompute);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megadsl/architecture.hpp"
 #include "megadsl/layout.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/text.hpp"
@@ -231,16 +232,6 @@ constexpr void check_shape(const shape& s, violations& out) {
           s.kv_heads.get(), "; valid kv_heads: ");
     list_values(m, s.heads.get(), [&](std::int64_t k) { return s.heads.get() % k == 0; });
   }
-  if (s.hf_storage.is_static() && s.hf_storage.get() == tensor_storage::concatenated && s.qkv_bias.is_static() &&
-      s.qkv_bias.get())
-    out.add("concatenated_qkv_has_no_bias")
-        .add("qkv_bias = true with q/k/v stored concatenated (qkv_proj), which has no bias tensor in HF; "
-             "use separate storage (attention<>) or qkv_bias = false");
-  if (s.hf_storage.is_static() && s.hf_storage.get() == tensor_storage::interleaved && known(s.heads, s.kv_heads) &&
-      s.heads.get() != s.kv_heads.get())
-    out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
-        .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
-             ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
   if (const dim hd = effective_head_dim(s); hd.is_static() && hd.get() > 0 && s.rotary_fraction.is_static()) {
     const std::int64_t r = rotary_dim(hd.get(), s.rotary_fraction.get());
     if (s.rotary_fraction.get() <= 0 || s.rotary_fraction.get() > 1 || r < 2 || r % 2 != 0)
@@ -248,14 +239,14 @@ constexpr void check_shape(const shape& s, violations& out) {
           .add("head_dim ", hd.get(), " * rotary_fraction ", s.rotary_fraction.get(), " rotates ", r,
                " dimensions; RoPE rotates pairs: use a fraction in (0, 1] that gives an even count >= 2");
   }
-  if (s.mlp.is_static() && s.mlp.get() == mlp_kind::moe) {
+  if (s.arch != nullptr && routes_any(s)) {
     if (s.experts.is_static() && s.experts.get() < 1)
       out.add("moe_routing_valid", {s.experts.get()})
           .add("experts = ", s.experts.get(), ": a mixture of experts needs at least one (num_local_experts / num_experts)");
     else if (known(s.experts, s.top_k) && (s.top_k.get() < 1 || s.top_k.get() > s.experts.get()))
       out.add("moe_routing_valid", {s.top_k.get(), s.experts.get()})
           .add("top_k = ", s.top_k.get(), " experts per token of ", s.experts.get(), "; use 1 <= top_k <= ", s.experts.get());
-    if (known(s.shared_expert, s.shared_expert_ffn) && s.shared_expert.get() && s.shared_expert_ffn.get() < 1)
+    if (known(s.shared_expert_ffn) && has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() < 1)
       out.add("moe_routing_valid", {s.shared_expert_ffn.get()})
           .add("shared_expert_ffn = ", s.shared_expert_ffn.get(),
                ": the composition has a shared expert; give its width (shared_expert_intermediate_size)");
@@ -293,12 +284,12 @@ constexpr void check_expert_tp(const layout& l, violations& out) {
 
 // A mixture's experts over the ep group (whole experts) and each expert over etp.
 constexpr void check_experts(const shape& s, const layout& l, violations& out) {
-  const bool moe_known = s.mlp.is_static();
-  const bool moe = moe_known && s.mlp.get() == mlp_kind::moe;
+  const bool moe_known = s.arch != nullptr;
+  const bool moe = moe_known && routes_any(s);
   if (positive(l.ep) && l.ep.get() > 1 && moe_known && !moe)
     out.add("ep_needs_experts", {l.ep.get()})
-        .add("ep = ", l.ep.get(), " but the model has no experts (its MLP is ", name_of(s.mlp.get()),
-             "); use ep = 1, or a mixture-of-experts family (mixtral, qwen2_moe, qwen3_moe)");
+        .add("ep = ", l.ep.get(), " but the model has no experts (no layer routes tokens to experts); use ep = 1, "
+             "or a mixture-of-experts family (mixtral, qwen2_moe, qwen3_moe)");
   if (moe && positive(l.ep, s.experts) && s.experts.get() % l.ep.get() != 0) {
     const std::int64_t e = s.experts.get(), ep = l.ep.get();
     text& m = out.add("ep_needs_experts", {e, ep});
@@ -312,7 +303,7 @@ constexpr void check_experts(const shape& s, const layout& l, violations& out) {
     m.add("each expert's intermediate size ", f.get(), " is not divisible by etp = ", etp, "; valid etp: ");
     list_values(m, f.get() < 64 ? f.get() : 64, [&](std::int64_t t) { return f.get() % t == 0; });
   }
-  if (known(s.shared_expert) && s.shared_expert.get() && positive(s.shared_expert_ffn) &&
+  if (has_extent(s, extent::shared_ffn) && positive(s.shared_expert_ffn) &&
       s.shared_expert_ffn.get() % l.tp.get() != 0) {
     const std::int64_t f = s.shared_expert_ffn.get(), tp = l.tp.get();
     text& m = out.add("expert_ffn_divisible_by_etp", {f, tp});
@@ -338,14 +329,6 @@ constexpr void check_tensor_parallel(const shape& s, const layout& l, violations
     list_values(m, limit, [&](std::int64_t t) {
       return (kv % t == 0 || t % kv == 0) && (!positive(s.heads) || s.heads.get() % t == 0);
     });
-  }
-  if (s.qk_norm.is_static() && s.qk_norm.get() == qk_norm_kind::full_width && positive(s.kv_heads) &&
-      s.kv_heads.get() < tp) {
-    const std::int64_t kv = s.kv_heads.get();
-    text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank", {kv, tp});
-    m.add("the k norm spans all ", kv, " kv heads, and tp = ", tp,
-          " would replicate them (kv_heads < tp), which this norm's tp split does not support; valid tp: ");
-    list_values(m, kv, [&](std::int64_t t) { return kv % t == 0 && (!positive(s.heads) || s.heads.get() % t == 0); });
   }
   if (positive(s.ffn) && s.ffn.get() % tp != 0) {
     text& m = out.add("ffn_divisible_by_tp", {s.ffn.get(), tp});
@@ -480,17 +463,28 @@ constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
 
 }  // namespace detail
 
-// Every rule whose inputs are known, in table order.
+// Every rule whose inputs are known, in table order (the rules a model's blocks add among them,
+// at their place in the table; rules a user's block adds last).
 constexpr violations check(const shape& s, const layout& l, const run_facts& f = {}) {
   violations out;
   detail::check_positive(s, l, out);
   if (!out.ok()) return out;  // the other rules divide by these values
   detail::check_shape(s, out);
   detail::check_tensor_parallel(s, l, out);
+  if (s.arch != nullptr)
+    for (block_rule r : s.arch->rules) r(s, l, out);
   detail::check_pipeline(s, l, out);
   detail::check_context_parallel(s, l, out);
   detail::check_vocab_padding(l, out);
   detail::check_run(l, f, out);
+  // Table order, stably (a rule's several violations keep theirs).
+  auto order = [](const violation& v) { return v.id == rule_id::none ? 1000 : static_cast<int>(v.id); };
+  for (int i = 1; i < out.count; ++i)
+    for (int j = i; j > 0 && order(out.items[static_cast<std::size_t>(j)]) < order(out.items[static_cast<std::size_t>(j - 1)]); --j) {
+      const violation t = out.items[static_cast<std::size_t>(j)];
+      out.items[static_cast<std::size_t>(j)] = out.items[static_cast<std::size_t>(j - 1)];
+      out.items[static_cast<std::size_t>(j - 1)] = t;
+    }
   return out;
 }
 

@@ -11,7 +11,7 @@
 
 #include "megadsl/heads.hpp"
 #include "megadsl/layout.hpp"
-#include "megadsl/param_table.hpp"
+#include "megadsl/architecture.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/stages.hpp"
 
@@ -70,43 +70,13 @@ constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64
   return q;
 }
 
-// Some layer has the gated dense MLP: a gated model's every layer, a mixture's dense ones.
-constexpr bool has_dense_mlp(const shape& s) {
-  if (s.mlp.get() == mlp_kind::gated) return true;
-  if (s.mlp.get() != mlp_kind::moe || all_layers_sparse(s)) return false;
-  for (std::int64_t i = 0; i < s.layers.get(); ++i)
-    if (!sparse_layer(s, i)) return true;
-  return false;
-}
-
+// Whether a row of the model's architecture exists under the shape's config switches and the head.
 constexpr bool present(const param_row& row, const shape& s, head_info h) {
-  if (row.names != s.names.get()) return false;
   switch (row.when) {
     case presence::always: return true;
     case presence::qkv_bias: return s.qkv_bias.get();
-    case presence::qk_norm: return s.qk_norm.get() == qk_norm_kind::per_head;
-    case presence::qk_norm_full: return s.qk_norm.get() == qk_norm_kind::full_width;
-    case presence::separate: return s.hf_storage.get() == tensor_storage::separate;
-    case presence::concatenated: return s.hf_storage.get() == tensor_storage::concatenated;
-    // A mixture's dense layers (Qwen's mlp_only_layers, decoder_sparse_step) have the gated MLP.
-    case presence::gated_separate: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::separate;
-    case presence::gated_concatenated: return has_dense_mlp(s) && s.hf_storage.get() == tensor_storage::concatenated;
-    case presence::gated: return has_dense_mlp(s);
-    case presence::gated_bias: return has_dense_mlp(s) && s.mlp_bias.get() && s.hf_storage.get() == tensor_storage::separate;
-    case presence::plain: return s.mlp.get() == mlp_kind::plain;
-    case presence::plain_bias: return s.mlp.get() == mlp_kind::plain && s.out_bias.get();
     case presence::out_bias: return s.out_bias.get();
-    case presence::pre_norm_bias:
-      return s.norm.get() == norm_kind::layer_norm &&
-             (s.residual.get() == residual_kind::pre_norm || s.residual.get() == residual_kind::parallel);
-    case presence::norm_bias: return s.norm.get() == norm_kind::layer_norm;
-    case presence::pre_norms: return s.residual.get() != residual_kind::post_norm;
-    case presence::pre_norm_mlp: return s.residual.get() == residual_kind::pre_norm || s.residual.get() == residual_kind::parallel;
-    case presence::sandwich_mlp: return s.residual.get() == residual_kind::sandwich;
-    case presence::post_norms: return s.residual.get() == residual_kind::post_norm || s.residual.get() == residual_kind::sandwich;
-    case presence::moe_mixtral: return s.mlp.get() == mlp_kind::moe && s.expert_naming.get() == moe_names::mixtral;
-    case presence::moe_qwen: return s.mlp.get() == mlp_kind::moe && s.expert_naming.get() == moe_names::qwen;
-    case presence::shared_expert: return s.mlp.get() == mlp_kind::moe && s.shared_expert.get();
+    case presence::mlp_bias: return s.mlp_bias.get();
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;
@@ -155,20 +125,12 @@ constexpr param_instance instance_of(const param_row& row, const shape& s, std::
   return {};
 }
 
-// Whether a present row has layer `layer`: in a mixture whose layers differ, the dense MLP's rows
-// only on its dense layers, the router's, experts' and shared expert's only on its sparse ones.
+// Whether layer `layer` has a row: the row's block is in the layer's kind (every layer of a
+// decoder of one kind; in a mixture whose layers differ, the dense MLP's rows on its dense layers,
+// the router's and experts' on its sparse ones).
 constexpr bool in_layer(const param_row& row, const shape& s, std::int64_t layer) {
-  if (s.mlp.get() != mlp_kind::moe || (row.where != placement::layer && row.where != placement::expert)) return true;
-  switch (row.when) {
-    case presence::gated_separate:
-    case presence::gated_concatenated:
-    case presence::gated:
-    case presence::gated_bias: return !sparse_layer(s, layer);
-    case presence::moe_mixtral:
-    case presence::moe_qwen:
-    case presence::shared_expert: return sparse_layer(s, layer);
-    default: return true;
-  }
+  if (row.where != placement::layer && row.where != placement::expert) return true;
+  return ((row.layer_kinds >> kind_of_layer(s, layer)) & 1U) != 0;
 }
 // Copy `i` of a row exists in the model (every copy does unless a mixture's layers differ).
 constexpr bool exists(const param_row& row, const shape& s, std::int64_t i) {
@@ -195,7 +157,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       p.global = mat(vpad, h);
       p.split_dim = 0;
       p.tied = is_lm_head_row(row) && s.tie_embeddings.get();
-      if (p.tied) p.tied_source = embedding_hf_name(s.names.get());
+      if (p.tied) p.tied_source = find_row(arch_of(s), "embed.weight")->hf[0];
       break;
     }
     case shard_kind::replicated:
@@ -268,7 +230,7 @@ struct no_such_parameter final : std::exception {
 
 // Every parameter row of a model, in table order (layer rows once, with `{layer}`).
 struct param_list {
-  std::array<param_plan, decoder_params.size()> items{};
+  std::array<param_plan, 64> items{};  // blocks::max_rows
   std::size_t count = 0;
   [[nodiscard]] constexpr const param_plan* begin() const { return items.data(); }
   [[nodiscard]] constexpr const param_plan* end() const { return items.data() + count; }
@@ -282,7 +244,7 @@ struct param_list {
 // f(plan) for each row the model has, in table order (no list built: cheaper in constant evaluation).
 template <class F>
 constexpr void for_each_param(const shape& s, const layout& l, head_info h, F&& f) {
-  for (const param_row& row : decoder_params)
+  for (const param_row& row : arch_of(s).rows)
     if (present(row, s, h)) f(plan_of(row, s, l));
 }
 
@@ -305,7 +267,7 @@ constexpr dims local_shape(std::string_view name) {
 
 // Layers of pipeline rank `pp_rank` that have the row.
 constexpr std::int64_t layers_with(const param_row& row, const shape& s, const layout& l, std::int64_t pp_rank) {
-  if (s.mlp.get() != mlp_kind::moe || all_layers_sparse(s)) return layers_on_pp_rank(s, l, pp_rank);
+  if (arch_of(s).kinds.size() == 1) return layers_on_pp_rank(s, l, pp_rank);
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < s.layers.get(); ++i)
     n += place_of_layer(s, l, i).pp_rank == pp_rank && in_layer(row, s, i);

@@ -9,7 +9,7 @@
 #include "megadsl/layout.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/models/presets.hpp"
-#include "megadsl/param_table.hpp"
+#include "megadsl/architecture.hpp"
 #include "megadsl/rank_grid.hpp"
 #include "megadsl/require_valid.hpp"
 #include "megadsl/rules.hpp"

@@ -1,6 +1,9 @@
 // The MLPs' activations, each a plain function a gated or plain MLP block is given.
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "megadsl/layers/block_modules.hpp"
 
 namespace megadsl {
@@ -8,6 +11,14 @@ namespace megadsl {
 at::Tensor silu_activation(const at::Tensor& x) { return at::silu(x); }
 at::Tensor gelu_tanh_activation(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 at::Tensor gelu_activation(const at::Tensor& x) { return at::gelu(x); }
+
+// Indexed by architecture.hpp's `activation`, the setting an MLP block gives its node.
+activation_fn activation_fn_of(std::int64_t setting) {
+  static constexpr activation_fn by_activation[] = {silu_activation, gelu_tanh_activation, gelu_activation};
+  static_assert(static_cast<int>(activation::gelu) == 2, "megadsl: by_activation lists architecture.hpp's activations in order");
+  if (setting < 0 || setting > 2) throw std::logic_error("megadsl: an MLP block's node names no activation (setting " + std::to_string(setting) + ")");
+  return by_activation[setting];
+}
 
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {
   const auto halves = gate_up.chunk(2, -1);

@@ -6,20 +6,45 @@
 // length), and the heads' output back.
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
+#include "megadsl/shard_plan.hpp"
 
 namespace megadsl {
 namespace {
 
+// What the attention reads from the model once: this rank's heads, the score scale, soft-cap and
+// window of its layer, and its q/k norm (the block's child, if any).
+struct attention_settings {
+  qkv_rank_layout qkv;      // this rank's kv groups and query heads
+  double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
+  double softcap = 0;       // Gemma2's tanh soft-cap of the scores; 0: none
+  std::int64_t window = 0;  // this layer's sliding window; 0: none
+  bool selective_recompute = false;
+  std::unique_ptr<qk_norm_module> qk_norm;  // null: none
+
+  explicit attention_settings(const block_build& b) : qkv(qkv_layout(b.s(), b.args.l, b.args.tp_rank)) {
+    const shape& s = b.s();
+    // Gemma2 scales the scores by query_pre_attn_scalar^-1/2 (0: the kernels' 1 / sqrt(head_dim)).
+    if (const double q = s.query_pre_attn_scalar.get(); q != 0) scale = std::pow(q, -0.5);  // as Python computes it
+    softcap = s.attn_softcap.get();
+    window = b.args.options.attention_window.of(b.params.layer);
+    selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;
+    if (b.children() > 0) qk_norm = b.child_as<qk_norm_module>(0);
+  }
+};
+
 class attention final : public layer_module {
  public:
-  attention(const module_params& p, attention_settings s)
-      : qkv_(p.require("qkv.weight")), qkv_bias_(p.find("qkv.bias")), o_(p.require("o_proj.weight")),
-        o_bias_(p.find("o_proj.bias")), s_(std::move(s)) {}
+  explicit attention(const block_build& b)
+      : qkv_(b.require("qkv.weight")), qkv_bias_(b.find("qkv.bias")), o_(b.require("o_proj.weight")),
+        o_bias_(b.find("o_proj.bias")), s_(b) {}
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
     const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
@@ -83,8 +108,6 @@ class attention final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_attention(const module_params& p, attention_settings s) {
-  return std::make_unique<attention>(p, std::move(s));
-}
+std::unique_ptr<block_module> modules::attention(const block_build& b) { return std::make_unique<megadsl::attention>(b); }
 
 }  // namespace megadsl

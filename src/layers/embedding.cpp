@@ -13,7 +13,7 @@ namespace {
 
 class embedding final : public layer_module {
  public:
-  embedding(const at::Tensor& weight, bool scaled) : weight_(weight), scaled_(scaled) {}
+  explicit embedding(const block_build& b) : weight_(b.require("weight")), scaled_(b.setting() == 1) {}
   at::Tensor forward(const at::Tensor& ids, layer_context& c) override {
     at::Tensor x;  // (T'/tp or T', h)
     if (c.tp == nullptr) x = at::embedding(c.w(weight_), ids);
@@ -36,8 +36,6 @@ class embedding final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_embedding(const at::Tensor& weight, bool scale_by_sqrt_hidden) {
-  return std::make_unique<embedding>(weight, scale_by_sqrt_hidden);
-}
+std::unique_ptr<block_module> modules::embedding(const block_build& b) { return std::make_unique<megadsl::embedding>(b); }
 
 }  // namespace megadsl

@@ -9,9 +9,9 @@ namespace {
 
 class gated_mlp final : public layer_module {
  public:
-  gated_mlp(const module_params& p, activation_fn act)
-      : gate_up_(p.require("gate_up.weight")), gate_up_bias_(p.find("gate_up.bias")), down_(p.require("down.weight")),
-        down_bias_(p.find("down.bias")), act_(act) {}
+  explicit gated_mlp(const block_build& b)
+      : gate_up_(b.require("gate_up.weight")), gate_up_bias_(b.find("gate_up.bias")), down_(b.require("down.weight")),
+        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.setting())) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     // (T', 2f/tp) -> (T', f/tp) -> (T'/tp or T', h)
     return c.row(gated(c.column(x, gate_up_, gate_up_bias_), act_), down_, down_bias_);
@@ -25,8 +25,6 @@ class gated_mlp final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_gated_mlp(const module_params& p, activation_fn act) {
-  return std::make_unique<gated_mlp>(p, act);
-}
+std::unique_ptr<block_module> modules::gated_mlp(const block_build& b) { return std::make_unique<megadsl::gated_mlp>(b); }
 
 }  // namespace megadsl

@@ -17,16 +17,24 @@
 namespace megadsl {
 namespace {
 
+// The router's and this ep rank's experts' numbers.
+struct moe_settings {
+  std::int64_t experts = 0, top_k = 0;
+  bool norm_topk = false;
+  std::int64_t first_expert = 0, experts_per_rank = 0;  // this ep rank's experts
+};
+
 class moe_mlp final : public layer_module {
  public:
-  moe_mlp(const module_params& p, activation_fn act, moe_settings s)
-      : router_(p.require("router.weight")), shared_gate_up_(p.find("shared_expert.gate_up.weight")),
-        shared_down_(p.find("shared_expert.down.weight")), shared_gate_(p.find("shared_expert_gate.weight")),
-        act_(act), s_(s) {
-    for (std::int64_t e = s.first_expert; e < s.first_expert + s.experts_per_rank; ++e) {
+  explicit moe_mlp(const block_build& b)
+      : router_(b.require("router.weight")), shared_gate_up_(b.find("shared_expert.gate_up.weight")),
+        shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
+        act_(activation_fn_of(b.setting())),
+        s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank} {
+    for (std::int64_t e = s_.first_expert; e < s_.first_expert + s_.experts_per_rank; ++e) {
       const std::string prefix = "experts." + std::to_string(e) + ".";
-      gate_up_.push_back(p.require(prefix + "gate_up.weight"));
-      down_.push_back(p.require(prefix + "down.weight"));
+      gate_up_.push_back(b.require(prefix + "gate_up.weight"));
+      down_.push_back(b.require(prefix + "down.weight"));
     }
   }
 
@@ -100,8 +108,6 @@ class moe_mlp final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_moe_mlp(const module_params& p, activation_fn act, moe_settings s) {
-  return std::make_unique<moe_mlp>(p, act, s);
-}
+std::unique_ptr<block_module> modules::moe_mlp(const block_build& b) { return std::make_unique<megadsl::moe_mlp>(b); }
 
 }  // namespace megadsl

@@ -15,8 +15,7 @@ namespace {
 // RMSNorm over the last dimension in fp32; the subclass applies the weight.
 class rms_norm_base : public norm_module {
  public:
-  rms_norm_base(const module_params& p, std::string_view prefix, double eps)
-      : weight_(p.require(std::string(prefix) + ".weight")), eps_(eps) {}
+  explicit rms_norm_base(const block_build& b) : weight_(b.require("weight")), eps_(b.s().rms_eps.get()) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     const at::Tensor xf = x.to(at::kFloat);
     return apply_weight(xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps_), x.scalar_type(), c);
@@ -53,8 +52,8 @@ class rms_norm_wmul final : public rms_norm_base {
 
 class layer_norm final : public norm_module {
  public:
-  layer_norm(const module_params& p, std::string_view prefix, double eps)
-      : weight_(p.require(std::string(prefix) + ".weight")), bias_(p.require(std::string(prefix) + ".bias")), eps_(eps) {}
+  explicit layer_norm(const block_build& b)
+      : weight_(b.require("weight")), bias_(b.require("bias")), eps_(b.s().rms_eps.get()) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     return at::layer_norm(x, {x.size(-1)}, c.w(weight_), c.w(bias_), eps_);
   }
@@ -69,17 +68,11 @@ class layer_norm final : public norm_module {
 
 }  // namespace
 
-std::unique_ptr<norm_module> make_rms_norm(const module_params& p, std::string_view prefix, double eps) {
-  return std::make_unique<rms_norm>(p, prefix, eps);
-}
-std::unique_ptr<norm_module> make_rms_norm_1p(const module_params& p, std::string_view prefix, double eps) {
-  return std::make_unique<rms_norm_1p>(p, prefix, eps);
-}
-std::unique_ptr<norm_module> make_rms_norm_wmul(const module_params& p, std::string_view prefix, double eps) {
-  return std::make_unique<rms_norm_wmul>(p, prefix, eps);
-}
-std::unique_ptr<norm_module> make_layer_norm(const module_params& p, std::string_view prefix, double eps) {
-  return std::make_unique<layer_norm>(p, prefix, eps);
-}
+namespace modules {
+std::unique_ptr<block_module> rms_norm(const block_build& b) { return std::make_unique<megadsl::rms_norm>(b); }
+std::unique_ptr<block_module> rms_norm_1p(const block_build& b) { return std::make_unique<megadsl::rms_norm_1p>(b); }
+std::unique_ptr<block_module> rms_norm_wmul(const block_build& b) { return std::make_unique<megadsl::rms_norm_wmul>(b); }
+std::unique_ptr<block_module> layer_norm(const block_build& b) { return std::make_unique<megadsl::layer_norm>(b); }
+}  // namespace modules
 
 }  // namespace megadsl

@@ -9,9 +9,9 @@ namespace {
 
 class plain_mlp final : public layer_module {
  public:
-  plain_mlp(const module_params& p, activation_fn act)
-      : fc_(p.require("fc.weight")), fc_bias_(p.find("fc.bias")), down_(p.require("down.weight")),
-        down_bias_(p.find("down.bias")), act_(act) {}
+  explicit plain_mlp(const block_build& b)
+      : fc_(b.require("fc.weight")), fc_bias_(b.find("fc.bias")), down_(b.require("down.weight")),
+        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.setting())) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     const at::Tensor up = c.column(x, fc_, fc_bias_);  // (T', ffn/tp)
     return c.row(act_(up), down_, down_bias_);         // (T'/tp or T', h)
@@ -25,8 +25,6 @@ class plain_mlp final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_plain_mlp(const module_params& p, activation_fn act) {
-  return std::make_unique<plain_mlp>(p, act);
-}
+std::unique_ptr<block_module> modules::plain_mlp(const block_build& b) { return std::make_unique<megadsl::plain_mlp>(b); }
 
 }  // namespace megadsl

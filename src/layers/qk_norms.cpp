@@ -1,5 +1,5 @@
 // Q/K norms before RoPE: per head over head_dim (Qwen3) or over the full projection width
-// (OLMo2), each with the layer's kind of norm.
+// (OLMo2), each with the norm block it is given (its children: the q norm, the k norm).
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
@@ -10,7 +10,7 @@ namespace {
 
 class per_head_qk_norm final : public qk_norm_module {
  public:
-  per_head_qk_norm(std::unique_ptr<norm_module> q, std::unique_ptr<norm_module> k) : q_(std::move(q)), k_(std::move(k)) {}
+  explicit per_head_qk_norm(const block_build& b) : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)) {}
   void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const override {
     q = q_->forward(q, c);  // (T, G, Q, d), a (d) weight
     k = k_->forward(k, c);  // (T, G, d)
@@ -22,9 +22,10 @@ class per_head_qk_norm final : public qk_norm_module {
 
 class full_width_qk_norm final : public qk_norm_module {
  public:
-  full_width_qk_norm(std::unique_ptr<norm_module> q, std::unique_ptr<norm_module> k, double eps, std::int64_t q_width,
-                     std::int64_t k_width)
-      : q_(std::move(q)), k_(std::move(k)), eps_(eps), q_width_(q_width), k_width_(k_width) {}
+  explicit full_width_qk_norm(const block_build& b)
+      : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)), eps_(b.s().rms_eps.get()),
+        q_width_(b.s().heads.get() * effective_head_dim(b.s()).get()),
+        k_width_(b.s().kv_heads.get() * effective_head_dim(b.s()).get()) {}
   void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const override {
     const std::int64_t tokens = q.size(0);
     q = norm(q.reshape({tokens, -1}), *q_, q_width_, c).view(q.sizes());
@@ -50,12 +51,11 @@ class full_width_qk_norm final : public qk_norm_module {
 
 }  // namespace
 
-std::unique_ptr<qk_norm_module> make_per_head_qk_norm(std::unique_ptr<norm_module> q, std::unique_ptr<norm_module> k) {
-  return std::make_unique<per_head_qk_norm>(std::move(q), std::move(k));
+namespace modules {
+std::unique_ptr<block_module> per_head_qk_norm(const block_build& b) { return std::make_unique<megadsl::per_head_qk_norm>(b); }
+std::unique_ptr<block_module> full_width_qk_norm(const block_build& b) {
+  return std::make_unique<megadsl::full_width_qk_norm>(b);
 }
-std::unique_ptr<qk_norm_module> make_full_width_qk_norm(std::unique_ptr<norm_module> q, std::unique_ptr<norm_module> k,
-                                                        double eps, std::int64_t q_width, std::int64_t k_width) {
-  return std::make_unique<full_width_qk_norm>(std::move(q), std::move(k), eps, q_width, k_width);
-}
+}  // namespace modules
 
 }  // namespace megadsl

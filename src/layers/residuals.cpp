@@ -2,7 +2,8 @@
 //   pre_norm   x + f(n(x))             (Llama)
 //   post_norm  x + n(f(x))             (OLMo2)
 //   sandwich   x + n'(f(n(x)))         (Gemma2)
-//   parallel   x + attn(n1(x)) + mlp(n2(x)), summed as HF does: mlp + attn + x   (GPT-NeoX)
+//   parallel   x + attn(n1(x)) + mlp(n2(x)), summed as HF does: mlp + attn + x   (GPT-NeoX):
+//              a `branch` f(n(x)) per sublayer, summed by `parallel_sum`
 //   sequence   the second sublayer on the first's output (a layer of two sublayers)
 #include <ATen/ATen.h>
 
@@ -13,7 +14,7 @@ namespace {
 
 class pre_norm final : public layer_module {
  public:
-  pre_norm(std::unique_ptr<norm_module> n, std::unique_ptr<layer_module> f) : n_(std::move(n)), f_(std::move(f)) {}
+  explicit pre_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + f_->forward(n_->forward(x, c), c); }
 
  private:
@@ -23,7 +24,7 @@ class pre_norm final : public layer_module {
 
 class post_norm final : public layer_module {
  public:
-  post_norm(std::unique_ptr<norm_module> n, std::unique_ptr<layer_module> f) : n_(std::move(n)), f_(std::move(f)) {}
+  explicit post_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + n_->forward(f_->forward(x, c), c); }
 
  private:
@@ -33,8 +34,8 @@ class post_norm final : public layer_module {
 
 class sandwich final : public layer_module {
  public:
-  sandwich(std::unique_ptr<norm_module> pre, std::unique_ptr<layer_module> f, std::unique_ptr<norm_module> post)
-      : pre_(std::move(pre)), f_(std::move(f)), post_(std::move(post)) {}
+  explicit sandwich(const block_build& b)
+      : pre_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), post_(b.child_as<norm_module>(2)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     return x + post_->forward(f_->forward(pre_->forward(x, c), c), c);
   }
@@ -45,27 +46,33 @@ class sandwich final : public layer_module {
   std::unique_ptr<norm_module> post_;
 };
 
-class parallel final : public layer_module {
+// One side of a parallel layer: f(n(x)), no residual of its own.
+class branch final : public layer_module {
  public:
-  parallel(std::unique_ptr<norm_module> n1, std::unique_ptr<layer_module> attn, std::unique_ptr<norm_module> n2,
-           std::unique_ptr<layer_module> mlp)
-      : n1_(std::move(n1)), attn_(std::move(attn)), n2_(std::move(n2)), mlp_(std::move(mlp)) {}
+  explicit branch(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return f_->forward(n_->forward(x, c), c); }
+
+ private:
+  std::unique_ptr<norm_module> n_;
+  std::unique_ptr<layer_module> f_;
+};
+
+class parallel_sum final : public layer_module {
+ public:
+  explicit parallel_sum(const block_build& b) : attn_(b.child_as<layer_module>(0)), mlp_(b.child_as<layer_module>(1)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
-    const at::Tensor attn_out = attn_->forward(n1_->forward(x, c), c);
-    const at::Tensor mlp_out = mlp_->forward(n2_->forward(x, c), c);
+    const at::Tensor attn_out = attn_->forward(x, c);
+    const at::Tensor mlp_out = mlp_->forward(x, c);
     return mlp_out + attn_out + x;
   }
 
  private:
-  std::unique_ptr<norm_module> n1_;
-  std::unique_ptr<layer_module> attn_;
-  std::unique_ptr<norm_module> n2_;
-  std::unique_ptr<layer_module> mlp_;
+  std::unique_ptr<layer_module> attn_, mlp_;
 };
 
 class sequence final : public layer_module {
  public:
-  sequence(std::unique_ptr<layer_module> a, std::unique_ptr<layer_module> b) : a_(std::move(a)), b_(std::move(b)) {}
+  explicit sequence(const block_build& b) : a_(b.child_as<layer_module>(0)), b_(b.child_as<layer_module>(1)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override { return b_->forward(a_->forward(x, c), c); }
 
  private:
@@ -74,22 +81,13 @@ class sequence final : public layer_module {
 
 }  // namespace
 
-std::unique_ptr<layer_module> make_pre_norm(std::unique_ptr<norm_module> norm, std::unique_ptr<layer_module> inner) {
-  return std::make_unique<pre_norm>(std::move(norm), std::move(inner));
-}
-std::unique_ptr<layer_module> make_post_norm(std::unique_ptr<norm_module> norm, std::unique_ptr<layer_module> inner) {
-  return std::make_unique<post_norm>(std::move(norm), std::move(inner));
-}
-std::unique_ptr<layer_module> make_sandwich(std::unique_ptr<norm_module> pre, std::unique_ptr<layer_module> inner,
-                                            std::unique_ptr<norm_module> post) {
-  return std::make_unique<sandwich>(std::move(pre), std::move(inner), std::move(post));
-}
-std::unique_ptr<layer_module> make_parallel(std::unique_ptr<norm_module> attn_norm, std::unique_ptr<layer_module> attn,
-                                            std::unique_ptr<norm_module> mlp_norm, std::unique_ptr<layer_module> mlp) {
-  return std::make_unique<parallel>(std::move(attn_norm), std::move(attn), std::move(mlp_norm), std::move(mlp));
-}
-std::unique_ptr<layer_module> make_sequence(std::unique_ptr<layer_module> first, std::unique_ptr<layer_module> second) {
-  return std::make_unique<sequence>(std::move(first), std::move(second));
-}
+namespace modules {
+std::unique_ptr<block_module> pre_norm(const block_build& b) { return std::make_unique<megadsl::pre_norm>(b); }
+std::unique_ptr<block_module> post_norm(const block_build& b) { return std::make_unique<megadsl::post_norm>(b); }
+std::unique_ptr<block_module> sandwich(const block_build& b) { return std::make_unique<megadsl::sandwich>(b); }
+std::unique_ptr<block_module> branch(const block_build& b) { return std::make_unique<megadsl::branch>(b); }
+std::unique_ptr<block_module> parallel_sum(const block_build& b) { return std::make_unique<megadsl::parallel_sum>(b); }
+std::unique_ptr<block_module> sequence(const block_build& b) { return std::make_unique<megadsl::sequence>(b); }
+}  // namespace modules
 
 }  // namespace megadsl

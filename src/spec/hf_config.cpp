@@ -29,6 +29,29 @@
 namespace megadsl {
 namespace {
 
+// The registry's families, then those registered by programs that declare their own.
+std::vector<const family_config*>& family_list() {
+  static std::vector<const family_config*> all(families.begin(), families.end());
+  return all;
+}
+const std::vector<const family_config*>& known_families() { return family_list(); }
+const family_config* family_named(std::string_view model_type) {
+  for (const family_config* f : family_list())
+    if (f->model_type == model_type) return f;
+  return nullptr;
+}
+
+}  // namespace
+
+void register_family(const family_config& family) {
+  if (family.arch == nullptr)
+    throw config_error("megadsl: register_family: family " + std::string(family.model_type) +
+                       " names no architecture; set .arch = &architecture_of<its composition>");
+  if (family_named(family.model_type) == nullptr) family_list().push_back(&family);
+}
+
+namespace {
+
 namespace hana = boost::hana;
 using json = nlohmann::json;
 
@@ -52,27 +75,17 @@ constexpr key_name key_names[] = {
     {"rope", "rope_scaling"},
     {"qkv_bias", "attention_bias / model_type qwen2"},
     {"tie_embeddings", "tie_word_embeddings"},
-    {"norm", "model_type (its RMSNorm)"},
-    {"qk_norm", "model_type (its q/k norm)"},
-    {"mlp_activation", "hidden_act"},
-    {"embed_scale", "model_type (its embedding scale)"},
-    {"residual", "model_type (where its norms sit)"},
-    {"hf_storage", "model_type (fused q/k/v and gate/up tensors)"},
-    {"mlp", "model_type (gated or plain MLP)"},
     {"out_bias", "use_bias / attention_bias"},
     {"mlp_bias", "mlp_bias"},
     {"query_pre_attn_scalar", "query_pre_attn_scalar"},
     {"attn_softcap", "attn_logit_softcapping"},
     {"final_softcap", "final_logit_softcapping"},
     {"rotary_fraction", "rope_parameters.partial_rotary_factor / rotary_pct"},
-    {"names", "model_type (its tensor names)"},
     {"experts", "num_local_experts / num_experts"},
     {"top_k", "num_experts_per_tok"},
     {"expert_ffn", "moe_intermediate_size"},
     {"shared_expert_ffn", "shared_expert_intermediate_size"},
     {"norm_topk", "norm_topk_prob"},
-    {"expert_naming", "model_type (its expert tensor names)"},
-    {"shared_expert", "model_type (its shared expert)"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -532,7 +545,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", m.expert_ffn,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.norm_topk = r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
-  if (s.shared_expert.get())
+  if (has_extent(s, extent::shared_ffn))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
@@ -576,6 +589,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 
   const json* mt = r.find(root, "model_type");
   std::string types, names;  // "llama", "mistral", ... or "qwen3_moe"; what they read, for the fix
+  const std::vector<const family_config*>& families = known_families();
   for (std::size_t i = 0; i < families.size(); ++i) {
     types += (i == 0 ? "" : i + 1 == families.size() ? " or " : ", ") + std::string("\"") +
              std::string(families[i]->model_type) + "\"";
@@ -585,7 +599,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   if (!mt->is_string())
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
-  const family_config* fam = find_family(out.model_type);
+  const family_config* fam = family_named(out.model_type);
   if (fam == nullptr)
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
            "megadsl reads model_type " + types + " (" + names + ")");
@@ -593,10 +607,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
   // The activation is the family's composition's (or the family's legacy spelling of it: Gemma's
   // "gelu" is transformers' old name of the tanh approximation, which it rewrites).
-  const activation family_act = fam->knobs.mlp_activation.get();
+  const activation family_act = fam->arch->act;
   const bool tanh = family_act == activation::gelu_tanh;
+  // (A composition whose MLPs apply no activation of HF's `hidden_act` has its own in its block.)
   for (std::string_view key : {std::string_view("hidden_act"), std::string_view("hidden_activation")}) {
-    const json* act = r.find(root, key);
+    const json* act = fam->arch->has_act ? r.find(root, key) : nullptr;
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
     const std::string a = act->is_string() ? act->get<std::string>() : std::string();
     const bool ok = (!fam->legacy_activation.empty() && a == fam->legacy_activation) ||
@@ -688,8 +703,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     s.attn_softcap = cap("attn_logit_softcapping", 50.0);
     s.final_softcap = cap("final_logit_softcapping", 30.0);
   }
-  blocks::copy_knobs(s, fam->knobs);
-  if (s.mlp.get() == mlp_kind::moe) read_experts(r, *fam, s);
+  s.arch = fam->arch;
+  if (fam->moe != nullptr) read_experts(r, *fam, s);
 
   out.attention_window = read_attention_window(r, *fam, s.layers.get());
   check_keys(r, *fam, out.notes);
@@ -762,6 +777,9 @@ std::vector<std::string> mismatches(const shape& declared, const shape& config, 
       report(field, show(d), show(c));
     }
   });
+  if (declared.arch != nullptr && config.arch != nullptr && declared.arch != config.arch)
+    out.push_back("architecture (model_type): declared " + std::string(declared.arch->name) + ", " + std::string(file) +
+                  " has " + std::string(config.arch->name));
   return out;
 }
 
@@ -782,6 +800,7 @@ shape resolve(const shape& declared, const shape& config, std::string_view file,
     const auto& c = hana::at_key(config, key);
     fill(d, c);
   });
+  if (out.arch == nullptr) out.arch = config.arch;
   return out;
 }
 
@@ -809,7 +828,7 @@ std::string to_string(const shape& s) {
       out += show(v);
     }
   });
-  return out + "}";
+  return out + ", .arch = " + (s.arch != nullptr ? std::string(s.arch->name) : std::string("dynamic")) + "}";
 }
 
 std::string describe(const sliding_window& w) {
@@ -864,7 +883,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
   if (s.mlp_bias.get() && !family.reads_mlp_bias)
     return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
   if (family.moe != nullptr && family.moe->experts_as_wide_as_ffn &&
-      (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !all_layers_sparse(s)))
+      (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !every_layer_routes(s)))
     return "a " + f + " config renormalises the top-k weights, sizes each expert by intermediate_size and has "
            "experts in every layer; this model has norm_topk " + show(s.norm_topk) + ", expert_ffn " +
            show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) + " and dense_layers " + show(s.dense_layers);
@@ -895,8 +914,8 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
 // else " save it as a distributed checkpoint".
 std::string alternatives(const shape& s, const sliding_window& window) {
   std::vector<std::string_view> ok;
-  for (const family_config* f : families)
-    if (blocks::same_knobs(s, f->knobs) && why_not(s, window, *f).empty()) ok.push_back(f->model_type);
+  for (const family_config* f : known_families())
+    if (s.arch == f->arch && why_not(s, window, *f).empty()) ok.push_back(f->model_type);
   if (ok.empty()) return " save it as a distributed checkpoint";
   std::string out = " save it as model_type ";
   for (std::size_t i = 0; i < ok.size(); ++i) out += (i == 0 ? "" : i + 1 == ok.size() ? " or " : ", ") + std::string(ok[i]);
@@ -906,30 +925,31 @@ std::string alternatives(const shape& s, const sliding_window& window) {
 }  // namespace
 
 std::string_view model_type_for(const shape& s, const sliding_window& window) {
-  for (const family_config* f : families)
-    if (blocks::same_knobs(s, f->knobs) && why_not(s, window, *f).empty()) return f->model_type;
+  for (const family_config* f : known_families())
+    if (s.arch == f->arch && why_not(s, window, *f).empty()) return f->model_type;
   return {};
 }
 
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
                            std::string_view torch_dtype, const sliding_window& window) {
-  const family_config* fam = find_family(model_type);
+  const family_config* fam = family_named(model_type);
   if (fam == nullptr) {
     std::string types;
+    const std::vector<const family_config*>& families = known_families();
     for (std::size_t i = 0; i < families.size(); ++i)
       types += (i == 0 ? "" : i + 1 == families.size() ? " and " : ", ") + std::string(families[i]->model_type);
     throw config_error("megadsl: cannot write a config.json of model_type \"" + printable(model_type) +
                        "\"; megadsl writes " + types);
   }
-  if (!blocks::same_knobs(s, fam->knobs)) {
-    std::string differ;  // every knob that is not the family's, with both values
-    blocks::every_knob([&](std::string_view name, const auto& mine, const auto& theirs) {
-      if (mine.get() != theirs.get())
-        differ += (differ.empty() ? "" : ", ") + std::string(name) + " " + show(mine) + " (" + std::string(model_type) + ": " + show(theirs) + ")";
-      return true;
-    }, s, fam->knobs);
+  if (s.arch != fam->arch) {
+    std::string others;  // the families of this composition, if any
+    for (const family_config* f : known_families())
+      if (f->arch == s.arch) others += (others.empty() ? "" : ", ") + std::string(f->model_type);
     throw config_error("megadsl: this model's blocks are not those of model_type " + std::string(model_type) + ": " +
-                       differ + "; no HF config class describes this composition: save it as a distributed checkpoint");
+                       std::string(s.arch != nullptr ? s.arch->name : "(none)") + ", where " + std::string(model_type) +
+                       " has " + std::string(fam->arch->name) +
+                       (others.empty() ? "; no HF config class describes this composition: save it as a distributed checkpoint"
+                                       : "; save it as model_type " + others));
   }
   if (const std::string why = why_not(s, window, *fam); !why.empty())
     throw config_error("megadsl: " + why + ";" + alternatives(s, window));
@@ -947,8 +967,9 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["max_position_embeddings"] = s.max_positions.get();
   j[std::string(fam->eps_key)] = s.rms_eps.get();
   j["rope_theta"] = s.rope_theta.get();
-  j[std::string(fam->activation_key)] =
-      s.mlp_activation.get() == activation::gelu_tanh ? "gelu_pytorch_tanh" : s.mlp_activation.get() == activation::gelu ? "gelu" : "silu";
+  if (fam->arch->has_act)
+    j[std::string(fam->activation_key)] =
+      fam->arch->act == activation::gelu_tanh ? "gelu_pytorch_tanh" : fam->arch->act == activation::gelu ? "gelu" : "silu";
   for (std::string_view key : fam->omitted_keys) j.erase(std::string(key));
   for (const required_key& k : fam->required) j[std::string(k.key)] = true;
   if (fam->legacy_rope_keys) {  // 4.x's keys beside 5.x's rope_parameters

@@ -114,7 +114,7 @@ void check_fixture(const std::string& name) {
   load_hf(actor, groups, dir);
   const hf_load_report r = load_hf(critic, groups, dir / "critic");
   // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
-  const std::string head = s.names.get() == name_scheme::gpt_neox ? "classifier" : "score";
+  const std::string head = arch_of(s).hf_layers == "gpt_neox.layers." ? "classifier" : "score";
   CHECK(r.notes.front() == "value head loaded from " + head + ".*");
   const safetensors_file ref = safetensors_file::open(dir / "reference.safetensors");
   for (std::string side : {"left", "right"}) {
@@ -205,7 +205,7 @@ TEST_CASE("HF -> (tp 2, ep 2) -> HF is bit-exact, and a distributed checkpoint s
     std::int64_t experts_here = 0;
     for (const named_parameter& p : m.parameters()) experts_here += p.plan->row->where == placement::expert;
     std::int64_t sparse = 0;
-    for (std::int64_t i = 0; i < s.layers.get(); ++i) sparse += sparse_layer(s, i);
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) sparse += layer_routes(s, i);
     CHECK(experts_here == sparse * (s.experts.get() / 2) * 2);  // gate_up and down per expert
     const fs::path saved = shared_scratch(std::string("moe-roundtrip-") + name);
     save_hf(m, groups, saved);

@@ -105,7 +105,7 @@ void check_moe_training(std::int64_t microbatches, bool replay, const micro_batc
   // This rank's experts only: its stage's sparse layers, experts / ep of each, three HF tensors each.
   std::int64_t sparse_here = 0;
   for (std::int64_t i = 0; i < M::shape.layers.get(); ++i)
-    sparse_here += sparse_layer(M::shape, i) && place_of_layer(M::shape, L, i).pp_rank == groups.pp->rank();
+    sparse_here += layer_routes(M::shape, i) && place_of_layer(M::shape, L, i).pp_rank == groups.pp->rank();
   CHECK(experts_seen == sparse_here * (M::shape.experts.get() / L.ep.get()) * 3);
   if (replay) {
     // The update's forward with the recorded routing takes exactly that routing, after training.

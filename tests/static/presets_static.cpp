@@ -185,22 +185,30 @@ static_assert(tiny_actor::is_actor && tiny_critic::is_critic);
 
 }  // namespace
 
-// ---- Families are compositions: the knobs come from the blocks, the rows from the knobs ----
-static_assert(megadsl::qwen3_8b::shape.qk_norm.get() == megadsl::qk_norm_kind::per_head);
-static_assert(megadsl::qwen3_8b::shape.norm.get() == megadsl::norm_kind::rms);
-static_assert(megadsl::gemma_7b::shape.norm.get() == megadsl::norm_kind::rms_1p);
-static_assert(megadsl::gemma_7b::shape.mlp_activation.get() == megadsl::activation::gelu_tanh);
-static_assert(megadsl::gemma_7b::shape.embed_scale.get() == megadsl::embed_scale_kind::sqrt_hidden);
-static_assert(megadsl::llama3_8b::shape.qk_norm.get() == megadsl::qk_norm_kind::none);
+// ---- Families are compositions: the architecture and its rows come from the blocks ----
+namespace arch_checks {
+using megadsl::find_row;
+constexpr bool has(const megadsl::shape& s, std::string_view name) { return find_row(*s.arch, name) != nullptr; }
+static_assert(has(megadsl::qwen3_8b::shape, "layers.{layer}.q_norm.weight") && !has(megadsl::llama3_8b::shape, "layers.{layer}.q_norm.weight"));
+static_assert(megadsl::qwen3_8b::shape.arch->name.find("per_head_qk_norm(rms_norm<rms>") != std::string_view::npos);
+static_assert(megadsl::gemma_7b::shape.arch->act == megadsl::activation::gelu_tanh);
+static_assert(megadsl::gemma_7b::shape.arch->name.starts_with("decoder(embedding<sqrt_hidden>"));
+// A (1 + w) norm's weights start at 0.
+static_assert(find_row(*megadsl::gemma_7b::shape.arch, "final_norm.weight")->init == megadsl::param_init::zeros);
+static_assert(find_row(*megadsl::llama3_8b::shape.arch, "final_norm.weight")->init == megadsl::param_init::ones);
 static_assert(megadsl::qwen3_8b::family == "qwen3" && megadsl::gemma_7b::family == "gemma");
-// Gemma2: sandwich norms (four per layer), Gemma's knobs otherwise.
-static_assert(megadsl::gemma2_9b::shape.residual.get() == megadsl::residual_kind::sandwich);
-static_assert(megadsl::gemma2_9b::shape.norm.get() == megadsl::norm_kind::rms_1p);
+// Llama, Mistral and Qwen2 are one composition: one architecture object.
+static_assert(megadsl::llama3_8b::shape.arch == megadsl::qwen2_5_0_5b::shape.arch);
+// Gemma2: sandwich norms (four per layer), bound to HF's four names.
+static_assert(find_row(*megadsl::gemma2_9b::shape.arch, "layers.{layer}.mlp_norm.weight")->hf[0] ==
+              "model.layers.{layer}.pre_feedforward_layernorm.weight");
+static_assert(has(megadsl::gemma2_9b::shape, "layers.{layer}.attn_post_norm.weight"));
+}  // namespace arch_checks
 // GPT-NeoX: query_key_value is a column split (its rows grouped per head), under NeoX's names.
 static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::pythia_1_4b, layout{.tp = 4}>>("layers.{layer}.qkv.weight") ==
               megadsl::mat(3 * 2048 / 4, 2048));
 static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::pythia_1_4b>>()["lm_head.weight"].row->hf[0] == "embed_out.weight");
-static_assert(megadsl::pythia_1_4b::shape.residual.get() == megadsl::residual_kind::parallel);
+static_assert(megadsl::pythia_1_4b::shape.arch->name.find("block(parallel(layer_norm") != std::string_view::npos);
 static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::gemma2_9b>>().count ==
               megadsl::plan_params<megadsl::causal_lm<megadsl::gemma_7b>>().count + 2);
 // Qwen3's q/k norms: one head_dim vector per layer each, whole on every tp rank.
@@ -209,7 +217,7 @@ static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::qwen3_8b, layout{
 static_assert(megadsl::plan_params<megadsl::causal_lm<megadsl::qwen3_8b>>().count ==
               megadsl::plan_params<megadsl::causal_lm<megadsl::llama3_8b>>().count + 2);
 // OLMo2: post norms instead of pre norms (same count), full-width q/k norms split over tp.
-static_assert(megadsl::olmo2_7b::shape.residual.get() == megadsl::residual_kind::post_norm);
+static_assert(megadsl::olmo2_7b::shape.arch->name.find("block(post_norm(") != std::string_view::npos);
 static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::olmo2_7b, layout{.tp = 8}>>(
                   "layers.{layer}.k_norm.weight") == megadsl::vec(4096 / 8));
 static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::olmo2_7b, layout{.tp = 8}>>(

@@ -80,11 +80,12 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
       const double n = static_cast<double>(s.heads.get()), g = static_cast<double>(s.kv_heads.get());
       const double d = static_cast<double>(megadsl::effective_head_dim(s).get());
       // A mixture: Megatron's moe_ffn_hidden_size x top_k + the shared expert's.
-      const double ffn = s.mlp.get() == megadsl::mlp_kind::moe
+      const auto has = [&](std::string_view row) { return megadsl::find_row(*s.arch, row) != nullptr; };
+      const double ffn = megadsl::routes_any(s)
                              ? static_cast<double>(megadsl::expert_ffn_of(s).get() * s.top_k.get() +
-                                                   (s.shared_expert.get() ? s.shared_expert_ffn.get() : 0))
+                                                   (has("layers.{layer}.shared_expert_gate.weight") ? s.shared_expert_ffn.get() : 0))
                              : static_cast<double>(s.ffn.get());
-      const double m = s.mlp.get() == megadsl::mlp_kind::plain ? 1.0 : 1.5;
+      const double m = has("layers.{layer}.fc.weight") ? 1.0 : 1.5;  // a plain MLP's two matrices
       const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
       for (const std::int64_t seq : {2048, 4096, 8192}) {
         const double sq = static_cast<double>(seq);
@@ -179,16 +180,21 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const int vocab_tables = actor && !tied ? 2 : 1;
           expected += (vp - v) * h * vocab_tables;
           if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
-          const std::int64_t qk_norms = s.qk_norm.get() == megadsl::qk_norm_kind::per_head ? 2 * d : 0;  // full width: split
+          const auto row = [&](std::string_view n) { return megadsl::find_row(*s.arch, n); };
+          const auto* q_norm = row("layers.{layer}.q_norm.weight");
+          const std::int64_t qk_norms =
+              q_norm != nullptr && q_norm->kind == megadsl::shard_kind::replicated ? 2 * d : 0;  // full width: split
           // Norm weights (and LayerNorm biases): two per layer, four in sandwich form; o_proj's and
           // a plain MLP's output biases are added after the reduction, so replicated too.
-          const std::int64_t per_norm = s.norm.get() == megadsl::norm_kind::layer_norm ? 2 : 1;
-          const std::int64_t norms = (s.residual.get() == megadsl::residual_kind::sandwich ? 4 : 2) * per_norm;
-          const bool out_bias = s.out_bias.get(), plain = s.mlp.get() == megadsl::mlp_kind::plain;
+          const std::int64_t per_norm = row("final_norm.bias") != nullptr ? 2 : 1;
+          const bool sandwich = row("layers.{layer}.attn_norm.weight") && row("layers.{layer}.attn_post_norm.weight");
+          const std::int64_t norms = (sandwich ? 4 : 2) * per_norm;
+          const bool out_bias = s.out_bias.get(), plain = row("layers.{layer}.fc.weight") != nullptr;
           const std::int64_t biases = (out_bias ? 1 : 0) + (out_bias && plain ? 1 : 0);
           // A mixture's router (experts, h) and Qwen2-MoE's shared-expert gate (1, h) are replicated.
-          const bool moe = s.mlp.get() == megadsl::mlp_kind::moe;
-          const std::int64_t routers = moe ? L * h * (s.experts.get() + (s.shared_expert.get() ? 1 : 0)) : 0;
+          const bool moe = megadsl::routes_any(s);
+          const std::int64_t routers =
+              moe ? L * h * (s.experts.get() + (row("layers.{layer}.shared_expert_gate.weight") ? 1 : 0)) : 0;
           const std::int64_t replicated =
               L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);

@@ -9,6 +9,7 @@
 
 #include "megadsl/hf_config.hpp"
 #include "megadsl/models/presets.hpp"
+#include "megadsl/models/registry.hpp"
 #include "megadsl/rules.hpp"
 
 namespace {
@@ -246,11 +247,11 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         "shape{.hidden = 256, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 688, .vocab = 1000, .head_dim = 0, "
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
-        ".tie_embeddings = true, .norm = rms, .qk_norm = none, .mlp_activation = silu, .embed_scale = none, .residual = pre_norm, "
-        ".hf_storage = separate, .mlp = gated, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
-        ".final_softcap = 0.0, .rotary_fraction = 1.0, .names = llama, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .expert_naming = qwen, "
-        ".shared_expert = false}");
+        ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
+        ".final_softcap = 0.0, .rotary_fraction = 1.0, .experts = 0, .top_k = 0, .expert_ffn = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, "
+        ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
+        "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
@@ -342,8 +343,8 @@ TEST_CASE("GPT-NeoX configs in both generations: rotary_pct / rotary_emb_base (4
   const auto old = parse_hf_config(edited(neox, "}", R"(, "rotary_pct": 0.5, "rotary_emb_base": 5000.0})"));
   CHECK(old.s.rotary_fraction.get() == 0.5);
   CHECK(old.s.rope_theta.get() == 5000.0);
-  CHECK(old.s.names.get() == megadsl::name_scheme::gpt_neox);
-  CHECK(old.s.residual.get() == megadsl::residual_kind::parallel);
+  CHECK(old.s.arch == megadsl::gpt_neox_config.arch);
+  CHECK(old.s.arch->hf_layers == "gpt_neox.layers.");
   CHECK(old.s.kv_heads.get() == old.s.heads.get());
   CHECK((old.s.qkv_bias.get() && old.s.out_bias.get()));
   CHECK(parse_hf_config(neox).s.rotary_fraction.get() == 0.25);
@@ -393,7 +394,7 @@ TEST_CASE("mixtures of experts: the published configs read into the presets, and
   CHECK(same_shape(mixtral.s, megadsl::mixtral_8x7b::shape));
   const auto qwen2 = megadsl::read_hf_config(data_dir / "qwen1.5-moe-a2.7b");
   CHECK(same_shape(qwen2.s, megadsl::qwen1_5_moe_a2_7b::shape));
-  CHECK(qwen2.s.shared_expert.get());
+  CHECK(megadsl::has_extent(qwen2.s, megadsl::extent::shared_ffn));
   CHECK(!qwen2.attention_window.any());  // sliding_window 32768, but use_sliding_window false
   const auto qwen3 = megadsl::read_hf_config(data_dir / "qwen3-30b-a3b");
   CHECK(same_shape(qwen3.s, megadsl::qwen3_30b_a3b::shape));
@@ -417,8 +418,8 @@ TEST_CASE("mixtures of experts: the published configs read into the presets, and
                                              "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"), "x").s;
   CHECK(mixed.dense_layers.get() == 1);  // layer 9 does not exist: transformers matches none either
   CHECK(mixed.sparse_step.get() == 2);
-  CHECK((!megadsl::sparse_layer(mixed, 0) && megadsl::sparse_layer(mixed, 1) && !megadsl::sparse_layer(mixed, 2) &&
-         megadsl::sparse_layer(mixed, 3)));
+  CHECK((!megadsl::layer_routes(mixed, 0) && megadsl::layer_routes(mixed, 1) && !megadsl::layer_routes(mixed, 2) &&
+         megadsl::layer_routes(mixed, 3)));
   CHECK_THAT(megadsl::hf_config_json(mixed, "qwen3_moe", false, "float32", {}),
              Catch::Contains("\"decoder_sparse_step\": 2") && Catch::Contains("\"mlp_only_layers\": [\n    0\n  ]"));
   CHECK_THAT(error_of(edited(qwen3_text, "\"mlp_only_layers\": []", "\"mlp_only_layers\": 3")),

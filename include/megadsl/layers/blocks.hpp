@@ -1,33 +1,35 @@
 // The block vocabulary a family is composed of (DESIGN decision 16), torch-free.
 //
 //   using qwen3_blocks = decoder<embedding<>,
-//                                block<pre_norm<rms_norm<>, attention<attention_knobs{.qk_norm = qk_norm_kind::per_head}>>,
+//                                block<pre_norm<rms_norm<>, attention<attention_knobs{}, per_head_qk_norm<rms_norm<>>>>,
 //                                      pre_norm<rms_norm<>, gated_mlp<activation::silu>>>,
 //                                rms_norm<>>;
 //   template <shape S> struct qwen3 : decoder_family<qwen3_blocks, S> { ... };
 //
-// A composition lowers onto the shape's block knobs (shape.hpp: norm, qk_norm, mlp_activation,
-// embed_scale, residual, hf_storage, mlp, names). Numbers a checkpoint's config.json carries stay
-// shape fields beside them (query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction),
-// and the sliding window with its layers is a run-time option (sliding_window.hpp). The knobs select the blocks' parameter rows (param_table.hpp: each block's
-// parameters, shard kinds and HF names bound at its slot), the shard plan, the formulas, the HF
-// mapping and config keys, and the modules each layer is built from (layers/layer_plan.hpp, each
-// block's module in its own file under src/layers/): a new family is a type alias and compiles no
-// new LibTorch code.
+// A block is a type with `static constexpr int lower(arch_builder&, const slot&)`: it declares its
+// parameters (names relative to the slot it is given, HF names relative to its HF module, shard
+// kind, extent, init, the config switch that adds them), the layout rules it adds, and its run-time
+// module (a factory compiled once in its own source file, layers/block_factories.hpp), and lowers
+// the blocks it wraps. A composition lowers to one `architecture` (architecture.hpp), which the
+// shard plan, the formulas, the loaders and savers and the stage read; nothing else in megadsl
+// knows a block kind, so a new block is its own files (examples/04_custom_block).
+//
+// A decoder's layers are one block, or several kinds of layer (`pattern`, `first_k`, `select`):
+// the architecture says which layer has which (its `pick`), so the layers of a model may differ.
 //
 // Numerics of each block (the transformers modules they match):
 //   rms_norm<rms>      LlamaRMSNorm: x.float() * rsqrt(mean(x^2) + eps), cast to x's dtype, * w
 //   rms_norm<rms_1p>   GemmaRMSNorm: the same in fp32 * (1 + w.float()), then cast
 //   rms_norm<rms_wmul> Olmo2RMSNorm: (w * x.float() * rsqrt(...)).to(dtype)
+//   layer_norm         nn.LayerNorm with its bias (StarCoder2, GPT-NeoX)
 //   post_norm<N, X>    OLMo2: x + N(X(x)); pre_norm<N, X>: x + X(N(x))
 //   sandwich<N, X>     Gemma2: x + N'(X(N(x))), each norm with its own weight
 //   parallel<N, X>     GPT-NeoX: both sublayers on the block's input, x + attn(N1(x)) + mlp(N2(x))
-//   attention_knobs{.storage = interleaved}  NeoX's query_key_value: [q_h; k_h; v_h] per head
-//   attention<attention_knobs{.qk_norm = full_width}>  OLMo2: q and k RMSNorm over the whole projection, before RoPE
-//   attention<attention_knobs{.qk_norm = per_head}>  Qwen3: q and k RMSNorm over head_dim, before RoPE
+//   attention<attention_knobs{.storage = interleaved}>  NeoX's query_key_value: [q_h; k_h; v_h] per head
+//   attention<{}, full_width_qk_norm<N>>  OLMo2: q and k normed over the whole projection, before RoPE
+//   attention<{}, per_head_qk_norm<N>>    Qwen3: q and k normed over head_dim, before RoPE
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
-//   layer_norm                        nn.LayerNorm with its bias (StarCoder2)
 //   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
 //   decoder<E, B, N, name_scheme::gpt_neox>  the HF names of GPT-NeoX checkpoints (gpt_neox.*, embed_out)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
@@ -37,116 +39,535 @@
 //                                     .shared_expert: + sigmoid(gate(x)) * shared(x) (Qwen2-MoE)
 #pragma once
 
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <initializer_list>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
+#include "megadsl/architecture.hpp"
+#include "megadsl/layers/block_factories.hpp"
+#include "megadsl/rules.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/text.hpp"
 
+namespace megadsl {
+
+// The settings the library's blocks take as template arguments.
+// How a norm applies its weight: RMSNorm as Llama's `w * x.to(dtype)`, Gemma's `(1 + w) * x` in
+// fp32, or OLMo2's `(w * x).to(dtype)` in fp32 (LayerNorm is its own block, blocks::layer_norm).
+enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul };
+// How HF stores the fused projections: q/k/v and gate/up as separate tensors (Llama), each as one
+// tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj), or q/k/v
+// as one tensor interleaved per head ([q_0; k_0; v_0; q_1; ...], NeoX's query_key_value).
+enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
+// The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
+// Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
+enum class moe_names : std::int8_t { mixtral, qwen };
+// The HF tensor names of a family's checkpoints outside its blocks: Llama's (model.embed_tokens,
+// model.layers.N., model.norm, lm_head, score) or GPT-NeoX's (gpt_neox.embed_in, embed_out, ...).
+enum class name_scheme : std::int8_t { llama, gpt_neox };
+// The embedding's output scale: none, or sqrt(hidden) rounded to the activations' dtype (Gemma).
+enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
+// The library's residual combinators (for the composition rule residuals_agree).
+enum class residual_kind : std::int8_t { pre_norm, post_norm, sandwich, parallel };
+
+constexpr std::string_view name_of(norm_kind k) {
+  return k == norm_kind::rms ? "rms" : k == norm_kind::rms_1p ? "rms_1p" : "rms_wmul";
+}
+constexpr std::string_view name_of(tensor_storage t) {
+  return t == tensor_storage::separate ? "separate" : t == tensor_storage::concatenated ? "concatenated" : "interleaved";
+}
+
+}  // namespace megadsl
+
 namespace megadsl::blocks {
+
+inline constexpr int max_rows = 64, max_nodes = 48, max_kinds = 8, max_rules = 8;
+
+// Which sublayer of a layer a block sits in (the HF names of the norms around it follow from it).
+enum class sublayer : std::int8_t { none, attention, mlp };
+
+template <std::size_t N>
+constexpr basic_text<N> joined(std::string_view a, std::string_view b) {
+  if (a.size() + b.size() + 2 > N) throw "megadsl: a parameter or module name is longer than blocks.hpp's name capacity";
+  basic_text<N> t(a);
+  if (!a.empty() && !b.empty()) t.append(".");
+  t.append(b);
+  return t;
+}
+
+// Where a block sits: the prefix of its parameters' megadsl names (within `scope`: a layer's
+// `layers.{layer}.` or the model's ""), its HF module, its placement and the layer kinds having it.
+struct slot {
+  std::string_view scope;
+  basic_text<48> name;
+  basic_text<96> hf;
+  placement where = placement::layer;
+  std::uint32_t kinds = 0;
+  sublayer at = sublayer::none;
+  name_scheme names = name_scheme::llama;
+
+  // A part of the block: `n` under its megadsl prefix, `h` under its HF module.
+  [[nodiscard]] constexpr slot sub(std::string_view n, std::string_view h) const {
+    slot s = *this;
+    s.name = joined<48>(name.view(), n);
+    s.hf = joined<96>(hf.view(), h);
+    return s;
+  }
+  // The block's HF module, its megadsl prefix unchanged ("self_attn", "mlp").
+  [[nodiscard]] constexpr slot module(std::string_view h) const { return sub("", h); }
+};
+
+using details_fn = void (*)(const shape&, basic_text<256>&);
+
+// What a composition is lowered into; `architecture_of` binds it into an `architecture`.
+class arch_builder {
+ public:
+  struct row_text {
+    basic_text<80> name;
+    std::array<basic_text<112>, 3> hf;
+  };
+  std::array<row_text, max_rows> texts{};
+  std::array<param_row, max_rows> rows{};
+  int row_count = 0;
+  std::array<basic_text<48>, max_nodes> prefixes{};
+  std::array<basic_text<160>, max_nodes> labels{};
+  std::array<basic_text<384>, max_nodes> signatures{};
+  std::array<module_node, max_nodes> nodes{};
+  int node_count = 0;
+  std::array<layer_kind, max_kinds> kinds{};
+  int kind_count = 0;
+  int (*pick)(const shape&, std::int64_t) = nullptr;
+  std::array<block_rule, max_rules> rules{};
+  int rule_count = 0;
+  int embedding = -1, final_norm = -1;
+  basic_text<48> hf_layers;
+  basic_text<512> name;
+  activation act = activation::silu;
+  bool has_act = false;
+  bool routes = false;  // a block of the kind being lowered routes tokens to experts
+
+  // A parameter of the block at `at`. The same parameter in several kinds of layer is one row.
+  constexpr void param(const slot& at, const block_param& p) {
+    row_text t;
+    t.name = basic_text<80>(at.scope);  // "layers.{layer}." or ""
+    t.name.append(joined<80>(at.name.view(), p.name).view());
+    for (int i = 0; i < p.hf_count; ++i) t.hf[static_cast<std::size_t>(i)] = joined<112>(at.hf.view(), p.hf[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < row_count; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      if (texts[u].name.view() != t.name.view()) continue;
+      if (texts[u].hf[0].view() != t.hf[0].view() || rows[u].kind != p.kind || rows[u].size != p.size)
+        throw "megadsl: two blocks declare one megadsl parameter name with different HF names or shapes";
+      rows[u].layer_kinds |= at.kinds;
+      return;
+    }
+    for (int i = 0; i < row_count; ++i)
+      for (int k = 0; k < rows[static_cast<std::size_t>(i)].hf_count; ++k)
+        if (texts[static_cast<std::size_t>(i)].hf[static_cast<std::size_t>(k)].view() == t.hf[0].view())
+          throw "megadsl: two parameters of the composition bind one HF name";
+    if (row_count == max_rows) throw "megadsl: the composition declares more parameters than blocks::max_rows";
+    const auto u = static_cast<std::size_t>(row_count++);
+    texts[u] = t;
+    rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds};
+  }
+
+  // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
+  // its short name in the architecture's signature.
+  constexpr int node(const slot& at, module_factory make, std::initializer_list<int> children, std::string_view name,
+                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
+    if (node_count == max_nodes) throw "megadsl: the composition has more blocks than blocks::max_nodes";
+    if (children.size() > 4) throw "megadsl: a block wraps at most four blocks";
+    const auto u = static_cast<std::size_t>(node_count);
+    module_node& n = nodes[u];
+    n.make = make;
+    n.setting = setting;
+    n.details = details;
+    prefixes[u] = at.name;
+    labels[u] = basic_text<160>(label);
+    basic_text<384>& sig = signatures[u];
+    sig.append(name);
+    int i = 0;
+    for (int c : children) {
+      if (c < 0) continue;
+      sig.add(i == 0 ? "(" : ", ", signatures[static_cast<std::size_t>(c)].view());
+      n.children[static_cast<std::size_t>(i++)] = static_cast<std::int16_t>(c);
+    }
+    n.child_count = i;
+    if (i > 0) sig.append(")");
+    return node_count++;
+  }
+  // Not a line of its own in `describe` (a norm its residual's line names).
+  constexpr void hide(int node) { labels[static_cast<std::size_t>(node)] = {}; }
+  [[nodiscard]] constexpr std::string_view label(int node) const { return labels[static_cast<std::size_t>(node)].view(); }
+  [[nodiscard]] constexpr std::string_view signature(int node) const { return signatures[static_cast<std::size_t>(node)].view(); }
+
+  // A layout rule the block adds (once, however many layers have the block).
+  constexpr void rule(block_rule r) {
+    for (int i = 0; i < rule_count; ++i)
+      if (rules[static_cast<std::size_t>(i)] == r) return;
+    if (rule_count == max_rules) throw "megadsl: the composition adds more rules than blocks::max_rules";
+    rules[static_cast<std::size_t>(rule_count++)] = r;
+  }
+  // The MLPs' activation (config.json's one hidden_act).
+  constexpr void uses(activation a) {
+    if (has_act && act != a) throw "megadsl: the composition's MLPs use different activations; config.json names one";
+    act = a;
+    has_act = true;
+  }
+  // A leaf block: its parameters and module.
+  template <std::size_t N>
+  constexpr int leaf(const slot& at, const std::array<block_param, N>& params, module_factory make, std::string_view name,
+                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
+    for (const block_param& p : params) param(at, p);
+    return node(at, make, {}, name, label.empty() ? name : label, details, setting);
+  }
+};
+
+// A block: a type that lowers itself at a slot and returns its node.
+template <class B>
+concept block_type = requires(arch_builder& b, const slot& at) {
+  { B::lower(b, at) } -> std::same_as<int>;
+};
+template <class B>
+constexpr int lower_block(arch_builder& b, const slot& at) {
+  static_assert(block_type<B>, "megadsl: not a block: a block type declares `static constexpr int lower(blocks::arch_builder&, const blocks::slot&)` (layers/blocks.hpp)");
+  return B::lower(b, at);
+}
+// A norm: a block that also names its module, its label and how its weight starts (what a q/k norm
+// block needs to place it at its own rows).
+template <class N>
+concept norm_block = block_type<N> && requires {
+  { N::module } -> std::convertible_to<module_factory>;
+  { N::label } -> std::convertible_to<std::string_view>;
+  { N::init } -> std::convertible_to<param_init>;
+};
+
+// ---- norms ----------------------------------------------------------------------------------------
 
 template <norm_kind K = norm_kind::rms>
 struct rms_norm {
-  static_assert(K != norm_kind::layer_norm, "megadsl: LayerNorm is blocks::layer_norm, not rms_norm<norm_kind::layer_norm>");
-  static constexpr norm_kind kind = K;
+  static constexpr std::string_view label = K == norm_kind::rms ? "rms_norm<rms>" : K == norm_kind::rms_1p ? "rms_norm<rms_1p>" : "rms_norm<rms_wmul>";
+  static constexpr module_factory module = K == norm_kind::rms      ? &modules::rms_norm
+                                           : K == norm_kind::rms_1p ? &modules::rms_norm_1p
+                                                                    : &modules::rms_norm_wmul;
+  static constexpr param_init init = K == norm_kind::rms_1p ? param_init::zeros : param_init::ones;  // (1 + w): zero-centred
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
+                                             presence::always, false, false, init}},
+                  module, label);
+  }
 };
 
 // LayerNorm with a weight and a bias (StarCoder2, GPT-NeoX).
 struct layer_norm {
-  static constexpr norm_kind kind = norm_kind::layer_norm;
+  static constexpr std::string_view label = "layer_norm (+ bias)";
+  static constexpr module_factory module = &modules::layer_norm;
+  static constexpr param_init init = param_init::ones;
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
+                                             presence::always, false, false, param_init::ones},
+                                 block_param{"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden,
+                                             presence::always, false, false, param_init::zeros}},
+                  module, "layer_norm", label);
+  }
+};
+
+// ---- attention and its q/k norms ------------------------------------------------------------------
+
+// Qwen3: q and k normed over head_dim before RoPE, one weight each for every head (q_norm,
+// k_norm; replicated, their gradients partial over tp: each rank norms its own heads).
+template <norm_block N>
+struct per_head_qk_norm {
+  static constexpr std::string_view label = ", q/k rms_norm per head";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    int nodes[2]{};
+    int i = 0;
+    for (std::string_view part : {std::string_view("q_norm"), std::string_view("k_norm")}) {
+      b.param(at.sub(part, part), {"weight", shard_kind::replicated, {"weight"}, 1, extent::head_dim, presence::always,
+                                   false, true, N::init});
+      nodes[i++] = b.node(at.sub(part, part), N::module, {}, N::label);
+    }
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm");
+  }
+};
+
+constexpr void full_width_qk_norm_rule(const shape& s, const layout& l, violations& out);
+
+// OLMo2: over the whole projection width (heads * d for q, kv_heads * d for k), split over tp with
+// the heads: the fp32 sum of squares summed over tp, then each norm's weight step.
+template <norm_block N>
+struct full_width_qk_norm {
+  static constexpr std::string_view label = ", q/k rms_norm over the full width";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    b.param(at.sub("q_norm", "q_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::q_width, presence::always,
+                                         false, false, N::init});
+    b.param(at.sub("k_norm", "k_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::k_width, presence::always,
+                                         false, false, N::init});
+    b.rule(&full_width_qk_norm_rule);
+    const int q = b.node(at.sub("q_norm", "q_norm"), N::module, {}, N::label);
+    const int k = b.node(at.sub("k_norm", "k_norm"), N::module, {}, N::label);
+    return b.node(at, &modules::full_width_qk_norm, {q, k}, "full_width_qk_norm");
+  }
+};
+
+struct no_qk_norm {
+  static constexpr std::string_view label = "";
 };
 
 struct attention_knobs {
-  qk_norm_kind qk_norm = qk_norm_kind::none;
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
 };
-// Grouped-query self-attention with RoPE: q/k/v/o projections (q/k/v bias per the shape).
-template <attention_knobs K = attention_knobs{}>
+
+constexpr void concatenated_qkv_rule(const shape& s, const layout& l, violations& out);
+constexpr void interleaved_qkv_rule(const shape& s, const layout& l, violations& out);
+
+// Grouped-query self-attention with RoPE: q/k/v (fused per rank, column-parallel; bias per the
+// shape's qkv_bias) and o (row-parallel; bias per out_bias, added after the reduction), with an
+// optional q/k norm before RoPE. The shape's numbers set the score scale, soft-cap and rotated share.
+template <attention_knobs K = attention_knobs{}, class QkNorm = no_qk_norm>
 struct attention {
-  static constexpr attention_knobs knobs = K;
+  static constexpr tensor_storage hf_storage = K.storage;
+  static constexpr bool interleaved = K.storage == tensor_storage::interleaved;
+
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    auto on = [](const auto& v) { return v.is_static() && v.get(); };
+    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", ", rope", QkNorm::label);
+    if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
+    if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
+    if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
+    t.add(K.storage == tensor_storage::concatenated ? "  [self_attn: qkv_proj]"
+          : interleaved                              ? "  [attention: query_key_value, per head]"
+                                                     : "  [self_attn]");
+  }
+
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    if (interleaved != (layer.names == name_scheme::gpt_neox))
+      throw "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
+            "(and they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox";
+    const slot at = layer.module(interleaved ? "attention" : "self_attn");
+    if constexpr (K.storage == tensor_storage::separate) {
+      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 3});
+      b.param(at, {"qkv.bias", shard_kind::fused_qkv, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}, 3, extent::none,
+                   presence::qkv_bias});
+    } else if constexpr (K.storage == tensor_storage::concatenated) {
+      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"qkv_proj.weight"}, 1, extent::none, presence::always, true});
+      b.rule(&concatenated_qkv_rule);
+    } else {
+      // query_key_value holds [q_h; k_h; v_h] per head (kv_heads == heads), so each tp rank's heads
+      // are one contiguous block of its rows: a column split of the HF tensor.
+      b.param(at, {"qkv.weight", shard_kind::column, {"query_key_value.weight"}, 1, extent::qkv_rows});
+      b.param(at, {"qkv.bias", shard_kind::column, {"query_key_value.bias"}, 1, extent::qkv_rows, presence::qkv_bias});
+      b.rule(&interleaved_qkv_rule);
+    }
+    int qk = -1;
+    if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
+    const std::string_view o = interleaved ? "dense" : "o_proj";
+    b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
+    b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    basic_text<64> name("attention<");
+    name.add(name_of(K.storage), ">");
+    return b.node(at, &modules::attention, {qk}, name.view(), "attention", &details);
+  }
 };
 
+// ---- MLPs -----------------------------------------------------------------------------------------
+
 // down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
-// HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj).
+// HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj); Llama's
+// mlp_bias adds biases on all three (separate storage).
 template <activation A = activation::silu, tensor_storage S = tensor_storage::separate>
 struct gated_mlp {
-  static constexpr activation act = A;
-  static constexpr tensor_storage storage = S;
+  static_assert(S != tensor_storage::interleaved, "megadsl: a gated MLP has no interleaved form (separate or concatenated)");
+  static constexpr tensor_storage hf_storage = S;
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    t.add(s.mlp_bias.is_static() && s.mlp_bias.get() ? " + biases" : "", "  [mlp",
+          S == tensor_storage::concatenated ? ": gate_up_proj" : "", "]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module("mlp");
+    if constexpr (S == tensor_storage::separate)
+      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_proj.weight", "up_proj.weight"}, 2});
+    else
+      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_up_proj.weight"}, 1, extent::none,
+                   presence::always, true});
+    b.param(at, {"down.weight", shard_kind::row, {"down_proj.weight"}, 1, extent::ffn});
+    if constexpr (S == tensor_storage::separate) {
+      b.param(at, {"gate_up.bias", shard_kind::fused_gate_up, {"gate_proj.bias", "up_proj.bias"}, 2, extent::none,
+                   presence::mlp_bias});
+      b.param(at, {"down.bias", shard_kind::replicated, {"down_proj.bias"}, 1, extent::hidden, presence::mlp_bias});
+    }
+    b.uses(A);
+    basic_text<64> name("gated_mlp<");
+    name.add(name_of(A), ">");
+    return b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, static_cast<std::int64_t>(A));
+  }
 };
 
 // proj(act(fc(x) + b_fc)) + b_proj: fc column-parallel with its bias split, proj row-parallel with
-// its bias added after the reduction (StarCoder2's c_fc / c_proj; biases per the shape's out_bias).
+// its bias added after the reduction (StarCoder2's c_fc / c_proj, NeoX's dense_h_to_4h /
+// dense_4h_to_h; biases per the shape's out_bias).
 template <activation A = activation::gelu_tanh>
 struct plain_mlp {
-  static constexpr activation act = A;
+  template <bool Neox>
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    t.add(s.out_bias.is_static() && s.out_bias.get() ? " + biases" : "",
+          Neox ? "  [mlp: dense_h_to_4h, dense_4h_to_h]" : "  [mlp: c_fc, c_proj]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const bool neox = layer.names == name_scheme::gpt_neox;
+    const slot at = layer.module("mlp");
+    const std::string_view fc = neox ? "dense_h_to_4h" : "c_fc", proj = neox ? "dense_4h_to_h" : "c_proj";
+    b.param(at.sub("fc", fc), {"weight", shard_kind::column, {"weight"}, 1, extent::ffn_rows});
+    b.param(at.sub("fc", fc), {"bias", shard_kind::column, {"bias"}, 1, extent::ffn_rows, presence::out_bias});
+    b.param(at.sub("down", proj), {"weight", shard_kind::row, {"weight"}, 1, extent::ffn});
+    b.param(at.sub("down", proj), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    b.uses(A);
+    basic_text<64> name("plain_mlp<");
+    name.add(name_of(A), ">");
+    return b.node(at, &modules::plain_mlp, {}, name.view(), name.view(), neox ? &details<true> : &details<false>,
+                  static_cast<std::int64_t>(A));
+  }
 };
 
 struct moe_knobs {
   moe_names names = moe_names::qwen;  // Mixtral's or Qwen's HF tensor names
   bool shared_expert = false;         // Qwen2-MoE's shared expert and its sigmoid gate
 };
+
 // A mixture of gated experts behind a top-k router: the shape gives experts, top_k, expert_ffn,
 // norm_topk (and shared_expert_ffn). Experts split over ep (whole experts) and each expert over
-// etp = tp like a gated MLP; tokens travel to their experts by all-to-all (layers/moe.hpp).
+// etp = tp like a gated MLP; tokens travel to their experts by all-to-all (layers/moe.hpp). The
+// router is replicated; under tp its gradient is summed over tp, since the experts' outputs it
+// weighs are partial sums there.
 template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
-  static constexpr activation act = A;
-  static constexpr moe_knobs knobs = K;
+  static constexpr bool mixtral = K.names == moe_names::mixtral;
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    t.add("  router softmax -> top ", s.top_k.is_static() ? s.top_k.get() : std::int64_t{-1}, " of ",
+          s.experts.is_static() ? s.experts.get() : std::int64_t{-1},
+          s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "",
+          mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]" : "  [mlp: gate, experts.E.gate/up/down_proj]");
+    if (K.shared_expert) t.add("; + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module(mixtral ? "block_sparse_moe" : "mlp");
+    b.param(at, {"router.weight", shard_kind::replicated, {"gate.weight"}, 1, extent::experts, presence::always, false, true});
+    if constexpr (mixtral) {
+      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
+                   {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2, extent::expert_ffn,
+                   presence::always, false, false, param_init::normal, true});
+      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.{expert}.w2.weight"}, 1, extent::expert_ffn,
+                   presence::always, false, false, param_init::normal, true});
+    } else {
+      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
+                   {"experts.{expert}.gate_proj.weight", "experts.{expert}.up_proj.weight"}, 2, extent::expert_ffn,
+                   presence::always, false, false, param_init::normal, true});
+      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.{expert}.down_proj.weight"}, 1,
+                   extent::expert_ffn, presence::always, false, false, param_init::normal, true});
+    }
+    if constexpr (K.shared_expert) {
+      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
+                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2, extent::shared_ffn});
+      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_expert.down_proj.weight"}, 1, extent::shared_ffn});
+      // Applied to the whole (gathered) input on every tp rank: replicated, its gradient partial
+      // per tp rank (it scales the shared expert's partial sums).
+      b.param(at, {"shared_expert_gate.weight", shard_kind::replicated, {"shared_expert_gate.weight"}, 1, extent::one_row,
+                   presence::always, false, true});
+    }
+    b.uses(A);
+    b.routes = true;
+    basic_text<64> name("moe_mlp<");
+    name.add(name_of(A), mixtral ? ", mixtral" : ", qwen", K.shared_expert ? ", shared" : "", ">");
+    basic_text<64> label("moe_mlp<");
+    label.add(name_of(A), ">");
+    return b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details, static_cast<std::int64_t>(A));
+  }
 };
+
+// ---- the embedding --------------------------------------------------------------------------------
 
 // Vocab-parallel token embedding.
 template <embed_scale_kind E = embed_scale_kind::none>
 struct embedding {
-  static constexpr embed_scale_kind scale = E;
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.leaf(at, std::array{block_param{"weight", shard_kind::vocab, {"weight"}, 1}}, &modules::embedding,
+                  E == embed_scale_kind::sqrt_hidden ? "embedding<sqrt_hidden>" : "embedding",
+                  E == embed_scale_kind::sqrt_hidden ? "embedding  (* sqrt(hidden))" : "embedding", nullptr,
+                  E == embed_scale_kind::sqrt_hidden ? 1 : 0);
+  }
+};
+
+// ---- residual combinators -------------------------------------------------------------------------
+
+// megadsl's and HF's names of a layer's norms: before (or after) the sublayer at `at`.
+constexpr std::string_view norm_name(sublayer at, bool post) {
+  if (at == sublayer::none) throw "megadsl: a residual combinator is one of block<...>'s two sublayers";
+  return at == sublayer::attention ? (post ? "attn_post_norm" : "attn_norm") : (post ? "mlp_post_norm" : "mlp_norm");
+}
+
+template <residual_kind R, class Norm, class Inner>
+struct residual {
+  static constexpr residual_kind kind = R;
+  using inner = Inner;
+
+  // HF's names of the norm(s) in its slot.
+  static constexpr std::string_view hf_pre(sublayer at) {
+    if (at == sublayer::attention) return "input_layernorm";
+    return R == residual_kind::sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+  }
+  static constexpr std::string_view hf_post(sublayer at) {
+    return at == sublayer::attention ? "post_attention_layernorm" : "post_feedforward_layernorm";
+  }
+
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    static_assert(block_type<Norm>, "megadsl: a residual combinator's first argument is a norm block");
+    const bool post = R == residual_kind::post_norm;
+    const std::string_view hf_norm = post ? hf_post(at.at) : hf_pre(at.at);
+    const int n = lower_block<Norm>(b, at.sub(norm_name(at.at, post), hf_norm));
+    basic_text<160> label(R == residual_kind::pre_norm ? "pre_norm  " : R == residual_kind::post_norm ? "post_norm  "
+                          : R == residual_kind::sandwich ? "sandwich  " : "parallel  ");
+    label.add(b.label(n), "  [", hf_norm);
+    b.hide(n);
+    const int inner_node = lower_block<Inner>(b, at);
+    const std::string_view name = R == residual_kind::pre_norm ? "pre_norm" : R == residual_kind::post_norm ? "post_norm"
+                                  : R == residual_kind::sandwich ? "sandwich" : "parallel";
+    if constexpr (R == residual_kind::sandwich) {
+      const int n2 = lower_block<Norm>(b, at.sub(norm_name(at.at, true), hf_post(at.at)));
+      b.hide(n2);
+      label.add(", ", hf_post(at.at), "]");
+      return b.node(at, &modules::sandwich, {n, inner_node, n2}, name, label.view());
+    } else {
+      label.append("]");
+      return b.node(at, R == residual_kind::pre_norm ? &modules::pre_norm : R == residual_kind::post_norm ? &modules::post_norm
+                                                                                                           : &modules::branch,
+                    {n, inner_node}, name, label.view());
+    }
+  }
 };
 
 // x + inner(norm(x)) (Llama).
 template <class Norm, class Inner>
-struct pre_norm {};
-
+struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner> {};
 // x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
 template <class Norm, class Inner>
-struct post_norm {};
-
+struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};
 // x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
 // post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP).
 template <class Norm, class Inner>
-struct sandwich {};
-
+struct sandwich : residual<residual_kind::sandwich, Norm, Inner> {};
 // Both sublayers read the block's input, their outputs added to it together:
 // x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX's use_parallel_residual). Wrap both sublayers in it.
 template <class Norm, class Inner>
-struct parallel {};
-
-// One decoder layer: the attention sublayer, then the MLP sublayer.
-template <class AttentionSublayer, class MlpSublayer>
-struct block {};
-
-// Embedding, `layers` copies of the block (looped at run time, one type), the final norm; the
-// head (LM or value) comes from the model type (causal_lm / value_model). `Names`: the HF tensor
-// names its checkpoints use.
-template <class Embedding, class Block, class FinalNorm, name_scheme Names = name_scheme::llama>
-struct decoder {};
-
-// ---- lowering: a composition onto the shape's knobs --------------------------------------------
-
-template <class Composition>
-struct lowering {
-  static_assert(sizeof(Composition) == 0,
-                "megadsl: not a composition of the block vocabulary; write decoder<embedding<...>, "
-                "block<pre_norm<rms_norm<...>, attention<...>>, pre_norm<rms_norm<...>, "
-                "gated_mlp<...>>>, rms_norm<...>> (or post_norm; layers/blocks.hpp)");
-};
+struct parallel : residual<residual_kind::parallel, Norm, Inner> {};
 
 // The composition rules, one named type each, carrying the values they compare: GCC and clang
 // both print `megadsl::blocks::residuals_agree<megadsl::residual_kind::pre_norm,
 // megadsl::residual_kind::post_norm>` in the first lines of the diagnostic, then the rule's text.
-template <norm_kind Attention, norm_kind Mlp, norm_kind Final>
-struct norms_agree {
-  static constexpr bool holds = Attention == Mlp && Mlp == Final;
-  static_assert(holds, "megadsl: norms_agree: the attention, MLP and final norms (the values above) differ; the layer "
-                "plan takes one norm kind per model: use the same rms_norm<...> or layer_norm in every slot");
-  static constexpr bool ok = true;
-};
 template <residual_kind Attention, residual_kind Mlp>
 struct residuals_agree {
   static constexpr bool holds = Attention == Mlp;
@@ -154,220 +575,234 @@ struct residuals_agree {
                 "wrap both in the same one (pre_norm, post_norm, sandwich or parallel)");
   static constexpr bool ok = true;
 };
-template <norm_kind Norm, residual_kind Residual>
-struct layer_norm_is_pre_norm {
-  static constexpr bool holds = Norm != norm_kind::layer_norm || Residual == residual_kind::pre_norm || Residual == residual_kind::parallel;
-  static_assert(holds, "megadsl: layer_norm_is_pre_norm: LayerNorm's biases are bound at the pre-norm slots only; use "
-                "rms_norm<...>, or pre_norm / parallel sublayers");
-  static constexpr bool ok = true;
-};
-template <tensor_storage Storage, name_scheme Names>
-struct interleaved_qkv_is_neox {
-  static constexpr bool holds = (Storage == tensor_storage::interleaved) == (Names == name_scheme::gpt_neox);
-  static_assert(holds, "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
-                "(and they store nothing else); give attention that storage exactly when the decoder has "
-                "name_scheme::gpt_neox");
-  static constexpr bool ok = true;
-};
-template <tensor_storage Attention, tensor_storage Mlp, mlp_kind Kind>
+template <tensor_storage Attention, tensor_storage Mlp>
 struct storage_agrees {
-  static constexpr bool holds = Kind == mlp_kind::plain || Attention == Mlp;
+  static constexpr bool holds = Attention == Mlp;
   static_assert(holds, "megadsl: storage_agrees: q/k/v and gate/up are stored differently (the values above); HF "
                 "checkpoints fuse both or neither: give attention and gated_mlp the same storage (a gated MLP "
                 "has no interleaved form)");
   static constexpr bool ok = true;
 };
 
-// A sublayer's residual form, norm kind and inner block.
-template <class Sublayer>
-struct sublayer_traits {
-  static_assert(sizeof(Sublayer) == 0, "megadsl: a block's sublayers are pre_norm<Norm, Inner>, post_norm<Norm, Inner>, sandwich<Norm, Inner> or parallel<Norm, Inner>");
-};
-template <class Norm, class Inner>
-struct sublayer_traits<pre_norm<Norm, Inner>> {
-  static constexpr residual_kind residual = residual_kind::pre_norm;
-  static constexpr norm_kind norm = Norm::kind;
-  using inner = Inner;
-};
-template <class Norm, class Inner>
-struct sublayer_traits<post_norm<Norm, Inner>> {
-  static constexpr residual_kind residual = residual_kind::post_norm;
-  static constexpr norm_kind norm = Norm::kind;
-  using inner = Inner;
-};
-template <class Norm, class Inner>
-struct sublayer_traits<sandwich<Norm, Inner>> {
-  static constexpr residual_kind residual = residual_kind::sandwich;
-  static constexpr norm_kind norm = Norm::kind;
-  using inner = Inner;
-};
-template <class Norm, class Inner>
-struct sublayer_traits<parallel<Norm, Inner>> {
-  static constexpr residual_kind residual = residual_kind::parallel;
-  static constexpr norm_kind norm = Norm::kind;
-  using inner = Inner;
-};
-
 template <class T>
-struct attention_traits {
-  static_assert(sizeof(T) == 0, "megadsl: a block's first sublayer wraps attention<...>");
-};
-template <attention_knobs K>
-struct attention_traits<attention<K>> {
-  static constexpr attention_knobs knobs = K;
-};
-template <class T>
-struct mlp_traits {
-  static_assert(sizeof(T) == 0, "megadsl: a block's second sublayer wraps gated_mlp<...>, plain_mlp<...> or moe_mlp<...>");
-};
-template <activation A, tensor_storage S>
-struct mlp_traits<gated_mlp<A, S>> {
-  static constexpr activation act = A;
-  static constexpr tensor_storage storage = S;
-  static constexpr mlp_kind kind = mlp_kind::gated;
-  static constexpr moe_knobs moe{};
-};
-template <activation A>
-struct mlp_traits<plain_mlp<A>> {
-  static constexpr activation act = A;
-  static constexpr tensor_storage storage = tensor_storage::separate;
-  static constexpr mlp_kind kind = mlp_kind::plain;
-  static constexpr moe_knobs moe{};
-};
-template <activation A, moe_knobs K>
-struct mlp_traits<moe_mlp<A, K>> {
-  static constexpr activation act = A;
-  static constexpr tensor_storage storage = tensor_storage::separate;
-  static constexpr mlp_kind kind = mlp_kind::moe;
-  static constexpr moe_knobs moe = K;
-};
-
-template <embed_scale_kind E, class AttentionSublayer, class MlpSublayer, class FinalNorm, name_scheme Names>
-struct lowering<decoder<embedding<E>, block<AttentionSublayer, MlpSublayer>, FinalNorm, Names>> {
-  static constexpr norm_kind NFinal = FinalNorm::kind;
-  using attn = sublayer_traits<AttentionSublayer>;
-  using mlp = sublayer_traits<MlpSublayer>;
-  static constexpr attention_knobs knobs = attention_traits<typename attn::inner>::knobs;
-  static constexpr activation act = mlp_traits<typename mlp::inner>::act;
-
-  static_assert(norms_agree<attn::norm, mlp::norm, NFinal>::ok &&
-                residuals_agree<attn::residual, mlp::residual>::ok &&
-                layer_norm_is_pre_norm<NFinal, attn::residual>::ok &&
-                interleaved_qkv_is_neox<knobs.storage, Names>::ok &&
-                storage_agrees<knobs.storage, mlp_traits<typename mlp::inner>::storage, mlp_traits<typename mlp::inner>::kind>::ok);
-
-  static constexpr shape apply(shape s) {
-    s.norm = NFinal;
-    s.qk_norm = knobs.qk_norm;
-    s.mlp_activation = act;
-    s.embed_scale = E;
-    s.residual = attn::residual;
-    s.hf_storage = knobs.storage;
-    s.mlp = mlp_traits<typename mlp::inner>::kind;
-    s.names = Names;
-    s.expert_naming = mlp_traits<typename mlp::inner>::moe.names;
-    s.shared_expert = mlp_traits<typename mlp::inner>::moe.shared_expert;
-    return s;
-  }
-};
-
-// The shape's block knobs, the fields a composition sets (`lowering::apply` above), in one list:
-// `holds(name, s.knob...)` for each knob of the shapes given, true when it holds for all. Every
-// comparison, copy or listing of knobs goes through here.
-template <class F, class... Shapes>
-constexpr bool every_knob(F&& holds, Shapes&&... s) {
-  return holds("norm", s.norm...) && holds("qk_norm", s.qk_norm...) &&
-         holds("mlp_activation", s.mlp_activation...) && holds("embed_scale", s.embed_scale...) &&
-         holds("residual", s.residual...) && holds("hf_storage", s.hf_storage...) && holds("mlp", s.mlp...) &&
-         holds("names", s.names...) && holds("expert_naming", s.expert_naming...) &&
-         holds("shared_expert", s.shared_expert...);
+constexpr bool is_parallel() {
+  if constexpr (requires { T::kind; }) return T::kind == residual_kind::parallel;
+  else return false;
 }
 
-// Equal knobs (both static): the same composition.
-constexpr bool same_knobs(const shape& a, const shape& b) {
-  return every_knob([](std::string_view, const auto& x, const auto& y) { return x.get() == y.get(); }, a, b);
-}
-
-// `to` with `from`'s knobs (a family's composition applied to a shape read from config.json).
-constexpr void copy_knobs(shape& to, const shape& from) {
-  every_knob([](std::string_view, auto& t, const auto& f) { t = f; return true; }, to, from);
-}
-
-// True when each of `s`'s knobs is left alone (its default or dynamic) or is the composition's:
-// the family sets them.
-template <class Composition>
-constexpr bool knobs_compatible(const shape& s) {
-  const shape composed = lowering<Composition>::apply(s), untouched{};
-  return every_knob([](std::string_view, const auto& declared, const auto& c, const auto& fallback) {
-    return declared.is_dynamic() || declared.get() == c.get() || declared.get() == fallback.get();
-  }, s, composed, untouched);
-}
-
-// The composition a shape's knobs stand for, as an indented tree (`megadsl describe`). Dynamic
-// knobs print as `?`.
-constexpr basic_text<1024> composition_tree(const shape& s) {
-  auto knob = [](const auto& v) -> std::string_view { return v.is_static() ? name_of(v.get()) : "?"; };
-  auto is = [](const auto& v, auto value) { return v.is_static() && v.get() == value; };
-  const bool post = is(s.residual, residual_kind::post_norm);
-  const bool sandwiched = is(s.residual, residual_kind::sandwich);
-  const bool neox = is(s.names, name_scheme::gpt_neox);
-  basic_text<1024> t;
-  t.add("decoder\n", "  embedding", is(s.embed_scale, embed_scale_kind::sqrt_hidden) ? "  (* sqrt(hidden))" : "", "\n");
-  t.add("  block x ", s.layers.is_static() ? s.layers.get() : std::int64_t{-1}, "\n");
-  basic_text<64> norm;
-  if (is(s.norm, norm_kind::layer_norm)) norm.add("layer_norm (+ bias)");
-  else norm.add("rms_norm<", knob(s.norm), ">");
-  t.add("    ", knob(s.residual), "  ", norm.view(), "  [",
-        post ? "post_attention_layernorm" : sandwiched ? "input_layernorm, post_attention_layernorm" : "input_layernorm", "]\n");
-  t.add("      attention  q/k/v", is(s.qkv_bias, true) ? " + bias" : "", is(s.out_bias, true) ? ", o + bias" : "", ", rope");
-  if (is(s.qk_norm, qk_norm_kind::per_head)) t.add(", q/k rms_norm per head");
-  if (is(s.qk_norm, qk_norm_kind::full_width)) t.add(", q/k rms_norm over the full width");
-  if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
-  if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
-  if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
-  t.add(is(s.hf_storage, tensor_storage::concatenated)  ? "  [self_attn: qkv_proj]\n"
-        : is(s.hf_storage, tensor_storage::interleaved) ? "  [attention: query_key_value, per head]\n"
-                                                        : "  [self_attn]\n");
-  t.add("    ", knob(s.residual), "  ", norm.view(), "  [",
-        post ? "post_feedforward_layernorm" : sandwiched ? "pre_feedforward_layernorm, post_feedforward_layernorm" : "post_attention_layernorm", "]\n");
-  if (is(s.mlp, mlp_kind::plain))
-    t.add("      plain_mlp<", knob(s.mlp_activation), ">", is(s.out_bias, true) ? " + biases" : "",
-          neox ? "  [mlp: dense_h_to_4h, dense_4h_to_h]\n" : "  [mlp: c_fc, c_proj]\n");
-  else if (is(s.mlp, mlp_kind::moe)) {
-    const bool mixtral = is(s.expert_naming, moe_names::mixtral);
-    t.add("      moe_mlp<", knob(s.mlp_activation), ">  router softmax -> top ", s.top_k.is_static() ? s.top_k.get() : std::int64_t{-1},
-          " of ", s.experts.is_static() ? s.experts.get() : std::int64_t{-1}, is(s.norm_topk, true) ? ", renormalised" : "",
-          mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]\n" : "  [mlp: gate, experts.E.gate/up/down_proj]\n");
-    if (is(s.shared_expert, true)) t.add("        + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]\n");
-    if (s.sparse_step.is_static() && s.dense_layers.is_static() && s.layers.is_static() && !all_layers_sparse(s)) {
-      t.add("      gated_mlp<", knob(s.mlp_activation), "> instead on layers");
-      int shown = 0;
-      for (std::int64_t i = 0; i < s.layers.get() && shown < 12; ++i)
-        if (!sparse_layer(s, i)) t.add(shown++ == 0 ? " " : ", ", i);
-      t.add("  [mlp: gate_proj, up_proj, down_proj]\n");
+// One decoder layer: the attention sublayer, then the MLP sublayer (or both side by side, in
+// parallel<...>: x + attn(n1(x)) + mlp(n2(x))).
+template <class AttentionSublayer, class MlpSublayer>
+struct block {
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    if constexpr (requires { AttentionSublayer::kind; MlpSublayer::kind; }) {
+      static_assert(residuals_agree<AttentionSublayer::kind, MlpSublayer::kind>::ok);
+      if constexpr (requires { AttentionSublayer::inner::hf_storage; MlpSublayer::inner::hf_storage; })
+        static_assert(storage_agrees<AttentionSublayer::inner::hf_storage, MlpSublayer::inner::hf_storage>::ok);
     }
+    slot attn = layer, mlp = layer;
+    attn.at = sublayer::attention;
+    mlp.at = sublayer::mlp;
+    const int a = lower_block<AttentionSublayer>(b, attn);
+    const int m = lower_block<MlpSublayer>(b, mlp);
+    return b.node(layer, is_parallel<AttentionSublayer>() ? &modules::parallel_sum : &modules::sequence, {a, m}, "block");
   }
-  else
-    t.add("      gated_mlp<", knob(s.mlp_activation), ">", is(s.mlp_bias, true) ? " + biases" : "", "  [mlp",
-          is(s.hf_storage, tensor_storage::concatenated) ? ": gate_up_proj" : "", "]\n");
-  t.add("  ", norm.view(), "  [norm]\n");
-  if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.add("  lm head: tanh soft-cap of the logits\n");
+};
+
+// ---- the decoder's layers: one block, or several kinds -------------------------------------------
+
+// Layer i has Layers[i % n] (alternating sliding/full attention, interleaved MoE, ...).
+template <class... Layers>
+struct pattern {};
+// Layers 0 .. K-1 have First, the rest Rest (DeepSeek's first dense layers, with K static).
+template <std::int64_t K, class First, class Rest>
+struct first_k {};
+// Layer i has Layers[Pick(shape, i)]: a choice read from the shape's config numbers (Qwen's
+// decoder_sparse_step and mlp_only_layers), so that config.json decides which layer has which.
+template <auto Pick, class... Layers>
+struct select {};
+
+namespace detail {
+template <int N>
+constexpr int cycle(const shape&, std::int64_t layer) { return static_cast<int>(layer % N); }
+template <std::int64_t K>
+constexpr int first(const shape&, std::int64_t layer) { return layer < K ? 0 : 1; }
+
+template <class G>
+struct layer_group {  // one block on every layer
+  using kinds = std::tuple<G>;
+  static constexpr int (*pick)(const shape&, std::int64_t) = nullptr;
+};
+template <class... L>
+struct layer_group<pattern<L...>> {
+  using kinds = std::tuple<L...>;
+  static constexpr int (*pick)(const shape&, std::int64_t) = &cycle<static_cast<int>(sizeof...(L))>;
+};
+template <std::int64_t K, class F, class R>
+struct layer_group<first_k<K, F, R>> {
+  using kinds = std::tuple<F, R>;
+  static constexpr int (*pick)(const shape&, std::int64_t) = &first<K>;
+};
+template <auto Pick, class... L>
+struct layer_group<select<Pick, L...>> {
+  using kinds = std::tuple<L...>;
+  static constexpr int (*pick)(const shape&, std::int64_t) = Pick;
+};
+}  // namespace detail
+
+// Embedding, the layers, the final norm; the head (LM or value) comes from the model type
+// (causal_lm / value_model), its rows declared here. `Names`: the HF names its checkpoints use.
+template <class Embedding, class Layers, class FinalNorm, name_scheme Names = name_scheme::llama>
+struct decoder {
+  static constexpr bool neox = Names == name_scheme::gpt_neox;
+
+  static constexpr arch_builder lower() {
+    arch_builder b;
+    slot outer{.scope = "", .names = Names};
+    slot embed = outer.sub("embed", neox ? "gpt_neox.embed_in" : "model.embed_tokens");
+    embed.where = placement::first_stage;
+    b.embedding = lower_block<Embedding>(b, embed);
+
+    b.hf_layers = basic_text<48>(neox ? "gpt_neox.layers." : "model.layers.");
+    using group = detail::layer_group<Layers>;
+    b.pick = group::pick;
+    basic_text<384> kinds;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (([&] {
+         slot layer{.scope = "layers.{layer}.", .where = placement::layer, .kinds = 1U << K, .names = Names};
+         layer.hf = joined<96>(neox ? "gpt_neox.layers" : "model.layers", "{layer}");
+         b.routes = false;
+         const int root = lower_block<std::tuple_element_t<K, typename group::kinds>>(b, layer);
+         b.kinds[K] = {root, b.routes};
+         kinds.add(K == 0 ? "" : ", ", b.signature(root));
+       }()),
+       ...);
+      b.kind_count = static_cast<int>(sizeof...(K));
+    }(std::make_index_sequence<std::tuple_size_v<typename group::kinds>>{});
+    static_assert(std::tuple_size_v<typename group::kinds> <= max_kinds, "megadsl: more kinds of layer than blocks::max_kinds");
+
+    slot final_norm = outer.sub("final_norm", neox ? "gpt_neox.final_layer_norm" : "model.norm");
+    final_norm.where = placement::last_stage;
+    b.final_norm = lower_block<FinalNorm>(b, final_norm);
+    basic_text<160> final_label(b.label(b.final_norm));
+    final_label.add("  [", neox ? "final_layer_norm" : "norm", "]");
+    b.labels[static_cast<std::size_t>(b.final_norm)] = final_label;
+
+    // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
+    slot lm = outer.sub("lm_head", neox ? "embed_out" : "lm_head");
+    lm.where = placement::last_stage;
+    b.param(lm, {"weight", shard_kind::vocab, {"weight"}, 1, extent::none, presence::actor});
+    // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
+    slot value = outer.sub("value_head", neox ? "classifier" : "score");
+    value.where = placement::last_stage;
+    b.param(value, {"weight", shard_kind::replicated, {"weight"}, 1, extent::none, presence::critic});
+    b.param(value, {"bias", shard_kind::replicated, {"bias"}, 1, extent::none, presence::critic_bias});
+
+    b.name.add("decoder(", b.signature(b.embedding), ", ", std::tuple_size_v<typename group::kinds> > 1 ? "layers(" : "",
+               kinds.view(), std::tuple_size_v<typename group::kinds> > 1 ? ")" : "", ", ", b.signature(b.final_norm),
+               neox ? ", gpt_neox names)" : ")");
+    return b;
+  }
+};
+
+// ---- binding: the builder's texts as the architecture's rows and nodes ----------------------------
+
+struct bound_tables {
+  std::array<param_row, max_rows> rows{};
+  std::array<module_node, max_nodes> nodes{};
+};
+constexpr bound_tables bind(const arch_builder& b) {
+  bound_tables t;
+  for (int i = 0; i < b.row_count; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    t.rows[u] = b.rows[u];
+    t.rows[u].name = b.texts[u].name.view();
+    for (int k = 0; k < b.rows[u].hf_count; ++k) t.rows[u].hf[static_cast<std::size_t>(k)] = b.texts[u].hf[static_cast<std::size_t>(k)].view();
+  }
+  for (int i = 0; i < b.node_count; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    t.nodes[u] = b.nodes[u];
+    t.nodes[u].prefix = b.prefixes[u].view();
+    t.nodes[u].label = b.labels[u].view();
+  }
   return t;
+}
+
+template <class Composition>
+struct lowered {
+  static_assert(requires { Composition::lower(); },
+                "megadsl: not a composition: write decoder<embedding<...>, block<pre_norm<rms_norm<...>, attention<...>>, "
+                "pre_norm<rms_norm<...>, gated_mlp<...>>>, rms_norm<...>> (layers/blocks.hpp)");
+  static constexpr arch_builder built = Composition::lower();
+  static constexpr bound_tables tables = bind(built);
+};
+
+// ---- block rules ----------------------------------------------------------------------------------
+
+constexpr void concatenated_qkv_rule(const shape& s, const layout&, violations& out) {
+  if (s.qkv_bias.is_static() && s.qkv_bias.get())
+    out.add("concatenated_qkv_has_no_bias")
+        .add("qkv_bias = true with q/k/v stored concatenated (qkv_proj), which has no bias tensor in HF; "
+             "use separate storage (attention<>) or qkv_bias = false");
+}
+constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& out) {
+  if (megadsl::detail::known(s.heads, s.kv_heads) && s.heads.get() != s.kv_heads.get())
+    out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
+        .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
+             ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
+}
+constexpr void full_width_qk_norm_rule(const shape& s, const layout& l, violations& out) {
+  if (!l.tp.is_static() || l.tp.get() < 1 || !s.kv_heads.is_static() || s.kv_heads.get() < 1) return;
+  const std::int64_t kv = s.kv_heads.get(), tp = l.tp.get();
+  if (kv >= tp) return;
+  text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank", {kv, tp});
+  m.add("the k norm spans all ", kv, " kv heads, and tp = ", tp,
+        " would replicate them (kv_heads < tp), which this norm's tp split does not support; valid tp: ");
+  bool first = true;
+  for (std::int64_t t = 1; t <= kv; ++t)
+    if (kv % t == 0 && (!s.heads.is_static() || s.heads.get() < 1 || s.heads.get() % t == 0)) {
+      m.add(first ? "" : ", ", t);
+      first = false;
+    }
 }
 
 }  // namespace megadsl::blocks
 
 namespace megadsl {
 
+// The architecture a composition lowers to (architecture.hpp): one object per composition type,
+// so two families of one composition (Llama, Mistral, Qwen2) share it.
+template <class Composition>
+inline constexpr architecture architecture_of{
+    blocks::lowered<Composition>::built.name.view(),
+    std::span<const param_row>(blocks::lowered<Composition>::tables.rows.data(),
+                               static_cast<std::size_t>(blocks::lowered<Composition>::built.row_count)),
+    std::span<const module_node>(blocks::lowered<Composition>::tables.nodes.data(),
+                                 static_cast<std::size_t>(blocks::lowered<Composition>::built.node_count)),
+    std::span<const layer_kind>(blocks::lowered<Composition>::built.kinds.data(),
+                                static_cast<std::size_t>(blocks::lowered<Composition>::built.kind_count)),
+    blocks::lowered<Composition>::built.pick,
+    blocks::lowered<Composition>::built.embedding,
+    blocks::lowered<Composition>::built.final_norm,
+    std::span<const block_rule>(blocks::lowered<Composition>::built.rules.data(),
+                                static_cast<std::size_t>(blocks::lowered<Composition>::built.rule_count)),
+    blocks::lowered<Composition>::built.hf_layers.view(),
+    blocks::lowered<Composition>::built.act,
+    blocks::lowered<Composition>::built.has_act};
+
+constexpr shape with_architecture(shape s, const architecture* a) {
+  s.arch = a;
+  return s;
+}
+
 // A family: a composition of blocks applied to a shape. Derive a struct from it (the struct's name
 // is what diagnostics print) and give it `family` and `name`.
 template <class Composition, shape S>
 struct decoder_family {
-  static_assert(blocks::knobs_compatible<Composition>(S),
-                "megadsl: the shape sets a block knob (norm, qk_norm, mlp_activation, embed_scale) "
-                "that differs from its family's composition; leave the knobs out of the shape");
+  static_assert(S.arch == nullptr || S.arch == &architecture_of<Composition>,
+                "megadsl: the shape names another architecture than its family's composition; leave `arch` out of the shape");
   using composition = Composition;
-  static constexpr megadsl::shape shape = blocks::lowering<Composition>::apply(S);
+  static constexpr megadsl::shape shape = with_architecture(S, &architecture_of<Composition>);
 };
 
 // The families' compositions live with their presets, one header each (models/<family>.hpp).

@@ -1,16 +1,18 @@
 // The run-time side of a block (DESIGN decision 16): a module owns its bound parameters and runs
 // its forward on a layer context. Each module class is compiled once, in its own source file
-// (src/layers/), whatever the family, shape or layout; the stage holds a layer as one module (its
-// residual combinator, which holds the rest) and calls it once per layer: one virtual call, no
-// switch over block kinds.
+// (src/layers/), whatever the family, shape or layout. The block type names its factory
+// (layers/blocks.hpp); the stage builds each layer by walking its kind's nodes of the architecture
+// (layers/layer_plan.hpp), holds it as one module (its residual combinator, which holds the rest)
+// and calls it once per layer: one virtual call, no switch over block kinds.
 //
 //   class my_block final : public layer_module {
 //    public:
-//     explicit my_block(const module_params& p) : w_(p.require("my_block.weight")) {}
+//     explicit my_block(const block_build& b) : w_(b.require("weight")), act_(b.child_as<layer_module>(0)) {}
 //     at::Tensor forward(const at::Tensor& x, layer_context& c) override {
 //       return c.row(at::gelu(c.column(x, w_)), ...);   // x: (T'/tp or T', h) token-major
 //     }
 //   };
+//   std::unique_ptr<block_module> make_my_block(const block_build& b) { return std::make_unique<my_block>(b); }
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,9 +21,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "megadsl/architecture.hpp"
 #include "megadsl/layout.hpp"
 #include "megadsl/parallel/comm.hpp"
 #include "megadsl/shape.hpp"
@@ -97,10 +101,15 @@ struct layer_context {
   [[nodiscard]] std::int64_t tokens() const;
 };
 
-// A block's run-time module: a sublayer, a layer, a residual combinator around others.
-class layer_module {
+// Every block's run-time module: what a factory returns.
+class block_module {
  public:
-  virtual ~layer_module() = default;
+  virtual ~block_module() = default;
+};
+
+// A module on the residual stream: a sublayer, a layer, a residual combinator around others.
+class layer_module : public block_module {
+ public:
   virtual at::Tensor forward(const at::Tensor& x, layer_context& c) = 0;
 };
 
@@ -115,5 +124,53 @@ class norm_module : public layer_module {
 
 // An activation of an MLP: a function compiled in its own block file.
 using activation_fn = at::Tensor (*)(const at::Tensor&);
+
+// Where a model's modules are built: its shape, layout and options, this rank's tp rank and experts.
+struct layer_plan_args {
+  const shape& s;
+  const layout& l;
+  const model_options& options;
+  std::int64_t tp_rank = 0;
+  std::int64_t first_expert = 0, experts_per_rank = 0;  // this ep rank's experts of a mixture
+};
+
+// What a block's factory builds its module from: the layer's parameters (or the model's outside
+// the layers), this rank's place, and the block's node of the architecture (its parameters'
+// prefix, its setting, the blocks it wraps).
+class block_build {
+ public:
+  block_build(const module_params& p, const layer_plan_args& a, const architecture& arch, int node)
+      : params(p), args(a), arch_(arch), node_(arch.nodes[static_cast<std::size_t>(node)]) {}
+  const module_params& params;
+  const layer_plan_args& args;
+
+  [[nodiscard]] const shape& s() const { return args.s; }
+  // The layer-local name of the block's parameter `local` ("attn_norm" + "weight").
+  [[nodiscard]] std::string name(std::string_view local) const;
+  [[nodiscard]] at::Tensor require(std::string_view local) const { return params.require(name(local)); }
+  [[nodiscard]] at::Tensor find(std::string_view local) const { return params.find(name(local)); }
+  [[nodiscard]] std::int64_t setting() const { return node_.setting; }
+  [[nodiscard]] int children() const { return node_.child_count; }
+  // The module of the i-th block this one wraps.
+  [[nodiscard]] std::unique_ptr<block_module> child(int i) const;
+  // ... as the module class this block expects (a norm, a q/k norm); a mismatch is said in one line.
+  template <class T>
+  [[nodiscard]] std::unique_ptr<T> child_as(int i) const {
+    std::unique_ptr<block_module> m = child(i);
+    if (auto* t = dynamic_cast<T*>(m.get())) {
+      m.release();
+      return std::unique_ptr<T>(t);
+    }
+    throw std::logic_error(wrong_child(i));
+  }
+
+ private:
+  [[nodiscard]] std::string wrong_child(int i) const;
+  const architecture& arch_;
+  const module_node& node_;
+};
+
+// Node `node` of `arch` as a module, with the blocks it wraps (layers/layer_plan.hpp).
+std::unique_ptr<block_module> build_node(const module_params& p, const layer_plan_args& a, const architecture& arch, int node);
 
 }  // namespace megadsl

@@ -1,0 +1,275 @@
+// What a family's composition of blocks lowers to (DESIGN decision 16): one constexpr value that
+// the rest of megadsl reads and that names no block kind.
+//
+//   rows    every parameter the blocks declare, with its megadsl and HF names, shard kind,
+//           placement, init and the layer kinds that have it (the table the shard plan, the
+//           loaders and savers, distributed checkpoints and the formulas iterate)
+//   nodes   each block's run-time module: a factory compiled once in the block's own source
+//           file, and the node indices of the blocks it wraps (the stage builds a layer by
+//           walking its kind's tree: no switch over block kinds)
+//   kinds   the distinct layers of the decoder (one, or a pattern or config-driven choice of
+//           several) and `pick`, which layer has which
+//   rules   the layout rules the blocks add (rules.hpp runs them with its own)
+//
+// A composition (layers/blocks.hpp) makes it with `architecture_of<Composition>`; a model's shape
+// points at it (`shape::arch`); a model read from config.json gets its family's.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "megadsl/shape.hpp"
+#include "megadsl/text.hpp"
+
+namespace megadsl {
+
+struct layout;
+struct violations;
+class block_module;
+class block_build;
+
+enum class shard_kind : std::int8_t {
+  column,         // split dim 0 over tp
+  row,            // split dim 1 over tp
+  vocab,          // split dim 0 over tp after padding the vocab
+  replicated,     // whole on every tp rank
+  fused_qkv,      // column; per rank, per local kv group: [q heads | k | v]
+  fused_gate_up,  // column; per rank [gate_r ; up_r]
+};
+
+constexpr std::string_view name_of(shard_kind k) {
+  switch (k) {
+    case shard_kind::column: return "column";
+    case shard_kind::row: return "row";
+    case shard_kind::vocab: return "vocab";
+    case shard_kind::replicated: return "replicated";
+    case shard_kind::fused_qkv: return "fused q/k/v";
+    case shard_kind::fused_gate_up: return "fused gate/up";
+  }
+  return "?";
+}
+
+// When a declared row exists in a model: always, or per a config.json switch or the head. (Which
+// blocks a model has is its architecture; these are the numbers config.json gives.)
+enum class presence : std::int8_t {
+  always,
+  qkv_bias,     // the q/k/v biases (qkv_bias)
+  out_bias,     // o_proj's and a plain MLP's biases (out_bias)
+  mlp_bias,     // a gated MLP's gate/up/down biases (mlp_bias)
+  actor, critic, critic_bias,
+};
+
+// Where a parameter lives: in the pipeline (first stage, its layer's stage, last stage), and for an
+// expert's weights also in the expert-parallel group (the rank holding that expert).
+enum class placement : std::int8_t { first_stage, layer, last_stage, expert };
+
+// The extent of the dimension a row's HF tensors do not split: what `plan_of` sizes it by.
+enum class extent : std::int8_t {
+  hidden,      // (h) norm weights; (h, in) row-parallel outputs
+  head_dim,    // (d) per-head q/k norm weights
+  q_width,     // (heads * d) full-width q norm weight, split over tp like the q heads
+  k_width,     // (kv_heads * d) full-width k norm weight, split over tp like the kv heads
+  attn_width,  // row-parallel input heads * head_dim (o_proj)
+  ffn,         // row-parallel input intermediate_size (down)
+  ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
+  qkv_rows,    // column-parallel output (heads + 2 kv_heads) * head_dim, q/k/v interleaved per head
+  experts,     // (experts, h): the router
+  one_row,     // (1, h): the shared expert's gate
+  expert_ffn,  // an expert's intermediate size (gate_up rows, down's input)
+  shared_ffn,  // the shared expert's intermediate size
+  none,        // the shape follows from the kind alone
+};
+
+// How a parameter starts when a model is built without a checkpoint.
+enum class param_init : std::int8_t {
+  normal,  // N(0, init_std)
+  zeros,   // biases; a (1 + w) norm's weight
+  ones,    // a norm's weight
+};
+
+// A parameter as a block declares it, relative to the block's slot: its name under the block's
+// megadsl prefix, its HF sources under the block's HF module (in fused-slot order).
+struct block_param {
+  std::string_view name;  // "weight", "qkv.weight", "experts.{expert}.down.weight"
+  shard_kind kind;
+  std::array<std::string_view, 3> hf;  // "q_proj.weight", ...
+  int hf_count = 1;
+  extent size = extent::none;
+  presence when = presence::always;
+  bool concatenated = false;  // the slots are rows of the one HF tensor `hf[0]`, in slot order
+  // Replicated, but each tp rank's gradient is a partial sum (summed over tp): a per-head q/k norm
+  // applied to each rank's own heads, a router or gate weighing outputs that are partial over tp.
+  bool grad_partial_over_tp = false;
+  param_init init = param_init::normal;
+  bool per_expert = false;  // one copy per expert of its layer (placement::expert)
+};
+
+// A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
+// layer index, `{expert}` for the expert's index in its layer.
+struct param_row {
+  std::string_view name;  // megadsl parameter name (checkpoint key of a distributed checkpoint)
+  shard_kind kind;
+  placement where;
+  presence when;
+  std::array<std::string_view, 3> hf;  // HF source names, in fused-slot order
+  int hf_count;
+  extent size = extent::none;
+  bool concatenated = false;
+  bool grad_partial_over_tp = false;
+  param_init init = param_init::normal;
+  std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
+};
+
+// A bias (a vector added after its projection).
+constexpr bool is_bias(const param_row& r) { return r.name.ends_with(".bias"); }
+// The LM head (the actor's) and the value head (the critic's weight, its bias).
+constexpr bool is_lm_head_row(const param_row& r) { return r.when == presence::actor; }
+
+// A block's run-time module factory, defined in the block's own source file (compiled once).
+using module_factory = std::unique_ptr<block_module> (*)(const block_build&);
+
+// A block as the run-time builds it: its factory, the prefix of its parameters' layer-local names
+// ("attn_norm", "" for the layer's own), the blocks it wraps, and one compile-time setting the
+// block hands its module (an activation's index, ...).
+struct module_node {
+  module_factory make = nullptr;
+  std::string_view prefix;
+  std::array<std::int16_t, 4> children{-1, -1, -1, -1};
+  int child_count = 0;
+  std::int64_t setting = 0;
+  std::string_view label;  // its line in `describe` (empty: described by its parent)
+  // Appends what the shape adds to the line (biases, top-k, soft-caps); may be null.
+  void (*details)(const shape&, basic_text<256>&) = nullptr;
+};
+
+// One kind of decoder layer: the root of its module tree, and whether it routes tokens to experts
+// (records top_k choices per token).
+struct layer_kind {
+  int root = -1;
+  bool routes = false;
+};
+
+// A layout rule a block adds: appends its violations (rules.hpp's `violations::add`).
+using block_rule = void (*)(const shape&, const layout&, violations&);
+
+// HF's MLP activations (`hidden_act`) a composition's MLPs apply.
+enum class activation : std::int8_t { silu, gelu_tanh, gelu };
+constexpr std::string_view name_of(activation a) {
+  return a == activation::silu ? "silu" : a == activation::gelu_tanh ? "gelu_tanh" : "gelu";
+}
+
+struct architecture {
+  std::string_view name;  // the composition, for messages and checkpoint metadata
+  std::span<const param_row> rows;
+  std::span<const module_node> nodes;
+  std::span<const layer_kind> kinds;
+  // The kind of layer `layer` (null: every layer is kind 0). Reads only config numbers of the shape.
+  int (*pick)(const shape&, std::int64_t layer) = nullptr;
+  int embedding = -1, final_norm = -1;  // their nodes
+  std::span<const block_rule> rules;
+  std::string_view hf_layers;  // HF's prefix of the layers' names: "model.layers."
+  activation act = activation::silu;  // the MLPs' activation (config.json's hidden_act)
+  bool has_act = false;
+};
+
+// The architecture of a shape: its family's, or config.json's model_type's once resolved. Read
+// before that, it is a dynamic value: constant evaluation fails, and at run time
+// `unresolved_value` is thrown, as for any other field.
+constexpr const architecture& arch_of(const shape& s) {
+  if (s.arch == nullptr) throw unresolved_value{};
+  return *s.arch;
+}
+
+// The kind of layer `layer`.
+constexpr int kind_of_layer(const shape& s, std::int64_t layer) {
+  const architecture& a = arch_of(s);
+  return a.pick == nullptr ? 0 : a.pick(s, layer);
+}
+// Whether layer `layer` routes its tokens to experts.
+constexpr bool layer_routes(const shape& s, std::int64_t layer) {
+  return arch_of(s).kinds[static_cast<std::size_t>(kind_of_layer(s, layer))].routes;
+}
+// Whether some kind of layer routes (a mixture of experts): the model records routing.
+constexpr bool routes_any(const shape& s) {
+  for (const layer_kind& k : arch_of(s).kinds)
+    if (k.routes) return true;
+  return false;
+}
+// Layers that route.
+constexpr std::int64_t routed_layers(const shape& s) {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) n += layer_routes(s, i);
+  return n;
+}
+// Whether every layer routes (the published Mixtral, Qwen-MoE and Qwen3-MoE checkpoints).
+constexpr bool every_layer_routes(const shape& s) { return routes_any(s) && routed_layers(s) == s.layers.get(); }
+// Whether the architecture declares a row sized by `e` (a shared expert, an expert's width, ...).
+constexpr bool has_extent(const shape& s, extent e) {
+  for (const param_row& r : arch_of(s).rows)
+    if (r.size == e) return true;
+  return false;
+}
+// The row named `name`, or nullptr.
+constexpr const param_row* find_row(const architecture& a, std::string_view name) {
+  for (const param_row& r : a.rows)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+// The composition as an indented tree (`megadsl describe`): each block's line, and which layers
+// have each kind of layer. Sizes the shape does not know yet print as -1.
+constexpr basic_text<4096> composition_tree(const shape& s) {
+  const architecture& a = arch_of(s);
+  basic_text<4096> t;
+  auto print = [&](int node, int depth, auto& self) -> void {
+    const module_node& n = a.nodes[static_cast<std::size_t>(node)];
+    int below = depth;
+    if (!n.label.empty()) {
+      for (int i = 0; i < depth; ++i) t.append("  ");
+      t.append(n.label);
+      if (n.details != nullptr) {
+        basic_text<256> more;
+        n.details(s, more);
+        t.append(more.view());
+      }
+      t.append("\n");
+      below = depth + 1;
+    }
+    for (int c = 0; c < n.child_count; ++c) self(n.children[static_cast<std::size_t>(c)], below, self);
+  };
+  t.append("decoder\n");
+  print(a.embedding, 1, print);
+  const bool known = s.layers.is_static() && (a.kinds.size() == 1 || a.pick != nullptr);
+  for (std::size_t k = 0; k < a.kinds.size(); ++k) {
+    std::int64_t count = -1;
+    basic_text<128> which;
+    if (known) {
+      count = 0;
+      for (std::int64_t i = 0; i < s.layers.get(); ++i)
+        if (kind_of_layer(s, i) == static_cast<int>(k)) {
+          if (count < 12) which.add(count == 0 ? "" : ", ", i);
+          else if (count == 12) which.append(", ...");
+          ++count;
+        }
+      if (count == 0) continue;  // a kind this model's config gives no layer
+    }
+    if (a.kinds.size() > 1) t.add("  kind ", static_cast<std::int64_t>(k), ":");
+    t.add("  block x ", count);
+    if (a.kinds.size() > 1 && known) t.add(" (layers ", which.view(), ")");
+    t.append("\n");
+    print(a.kinds[k].root, 2, print);
+  }
+  print(a.final_norm, 1, print);
+  if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.append("  lm head: tanh soft-cap of the logits\n");
+  return t;
+}
+
+// Names a critic accepts for its value head when loading (DESIGN §7), in order of preference.
+// `lm_head.weight` counts only with shape (1, h).
+inline constexpr std::array<std::string_view, 6> value_head_sources{
+    {"score", "classifier", "v_head", "value_head", "reward_head", "lm_head"}};
+
+}  // namespace megadsl

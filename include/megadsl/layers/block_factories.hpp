@@ -1,0 +1,50 @@
+// The library's blocks' run-time module factories, declared without LibTorch so that a block type
+// (layers/blocks.hpp) can name its module in constant evaluation. Each is defined once, in the
+// block's own source file under src/layers/; a user's block declares its own the same way.
+//
+// Outside the runtime library the declarations are weak references: a torch-free program may use
+// an architecture (its parameter rows, its formulas) without linking any module, and the factories
+// it never calls read as null. The runtime library declares them strongly, and layer_plan.cpp
+// takes each one's address, so that a program that builds modules links every one of them.
+#pragma once
+
+#include <memory>
+
+#include "megadsl/architecture.hpp"
+
+#ifndef MEGADSL_FACTORY_LINKAGE
+#define MEGADSL_FACTORY_LINKAGE __attribute__((weak))
+#endif
+
+namespace megadsl::modules {
+
+// norms (src/layers/norms.cpp): `<prefix>.weight` (and `.bias`)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm(const block_build& b);       // Llama: w * x.to(dtype)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm_1p(const block_build& b);    // Gemma: (1 + w) * x in fp32
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm_wmul(const block_build& b);  // OLMo2: (w * x).to(dtype)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm(const block_build& b);     // nn.LayerNorm, weight and bias
+
+// q/k norms before RoPE (src/layers/qk_norms.cpp); children: the q norm, the k norm
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const block_build& b);
+
+// grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_build& b);
+
+// MLPs; setting: the activation (architecture.hpp's `activation`)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> plain_mlp(const block_build& b);  // src/layers/plain_mlp.cpp
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
+
+// the embedding (src/layers/embedding.cpp); setting 1: scaled by sqrt(hidden)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);
+
+// residual combinators (src/layers/residuals.cpp)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> pre_norm(const block_build& b);   // children: norm, inner
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> post_norm(const block_build& b);  // children: norm, inner
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> sandwich(const block_build& b);   // children: pre norm, inner, post norm
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> branch(const block_build& b);     // children: norm, inner; inner(norm(x)), no residual
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> parallel_sum(const block_build& b);  // children: two branches; x + a(x) + m(x)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> sequence(const block_build& b);   // children: first, second
+
+}  // namespace megadsl::modules
