@@ -143,13 +143,19 @@ struct module_node {
   std::string_view label;  // its line in `describe` (empty: described by its parent)
   // Appends what the shape adds to the line (biases, top-k, soft-caps); may be null.
   void (*details)(const shape&, basic_text<256>&) = nullptr;
+  // The block's FLOPs beyond its matrices' (2 x weight elements per token, which the formulas count
+  // from its rows): its token-mixing scores, in units of heads x head_dim per layer, each costing
+  // 2 x 2 x seq FLOPs per token forward (Megatron's 12 s L n d for forward + backward, non-causal).
+  // Null: none.
+  std::int64_t (*score_units)(const shape&) = nullptr;
 };
 
-// One kind of decoder layer: the root of its module tree, and whether it routes tokens to experts
-// (records top_k choices per token).
+// One kind of decoder layer: the root of its module tree, its nodes (`first_node` and the
+// `nodes` after it), and whether it routes tokens to experts (records top_k choices per token).
 struct layer_kind {
   int root = -1;
   bool routes = false;
+  int first_node = 0, nodes = 0;
 };
 
 // A layout rule a block adds: appends its violations (rules.hpp's `violations::add`).
@@ -206,6 +212,19 @@ constexpr std::int64_t routed_layers(const shape& s) {
 }
 // Whether every layer routes (the published Mixtral, Qwen-MoE and Qwen3-MoE checkpoints).
 constexpr bool every_layer_routes(const shape& s) { return routes_any(s) && routed_layers(s) == s.layers.get(); }
+// The score units (module_node::score_units) of every layer, summed: L n d for a decoder whose
+// every layer attends with n heads of d.
+constexpr std::int64_t score_units(const shape& s) {
+  const architecture& a = arch_of(s);
+  std::int64_t per_kind[8]{};
+  for (std::size_t k = 0; k < a.kinds.size() && k < 8; ++k)
+    for (int n = a.kinds[k].first_node; n < a.kinds[k].first_node + a.kinds[k].nodes; ++n)
+      if (const auto f = a.nodes[static_cast<std::size_t>(n)].score_units; f != nullptr) per_kind[k] += f(s);
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) total += per_kind[kind_of_layer(s, i)];
+  return total;
+}
+
 // Whether the architecture declares a row sized by `e` (a shared expert, an expert's width, ...).
 constexpr bool has_extent(const shape& s, extent e) {
   for (const param_row& r : arch_of(s).rows)

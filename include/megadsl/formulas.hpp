@@ -222,10 +222,9 @@ constexpr std::int64_t verl_dense_parameters(const shape& s) {
   return L * h * (n * d + 2 * g * d + n * d) + mlp + 2 * s.vocab.get() * h;
 }
 // The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
-// half that causal.
-constexpr std::int64_t attention_unit(const shape& s) {
-  return s.layers.get() * s.heads.get() * effective_head_dim(s);
-}
+// half that causal. Summed over the layers from their blocks (module_node::score_units), so a layer
+// without attention scores adds nothing and one with another token mixer adds its own.
+constexpr std::int64_t attention_unit(const shape& s) { return score_units(s); }
 }  // namespace detail
 
 constexpr flops_per_token training_flops_per_token(const shape& s, const layout& l,

@@ -46,6 +46,7 @@ static_assert(in_layer(*find_row(*alt.arch, "layers.{layer}.q_norm.weight"), alt
 static_assert(in_layer(*find_row(*alt.arch, "layers.{layer}.qkv.weight"), alt, 2));  // one row, both kinds
 static_assert(parameter_count(alt) == parameter_count(tiny8::shape) + 4 * 2 * 32);  // 4 layers x q/k norms of head_dim 32
 static_assert(routed_layers(fd) == 6 && !layer_routes(fd, 1) && layer_routes(fd, 2));
+static_assert(score_units(alt) == 8 * 4 * 32 && score_units(fd) == score_units(alt));  // every layer attends: L n d
 static_assert(layer_parameter_count(fd, 0) == layer_parameter_count(tiny8::shape, 0));
 static_assert(layer_parameter_count(fd, 2) ==
               layer_parameter_count(tiny8::shape, 0) - 3 * 128 * 352 + 128 * 4 + 4 * 3 * 128 * 96);

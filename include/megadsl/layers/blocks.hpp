@@ -8,9 +8,9 @@
 //
 // A block is a type with `static constexpr int lower(arch_builder&, const slot&)`: it declares its
 // parameters (names relative to the slot it is given, HF names relative to its HF module, shard
-// kind, extent, init, the config switch that adds them), the layout rules it adds, and its run-time
-// module (a factory compiled once in its own source file, layers/block_factories.hpp), and lowers
-// the blocks it wraps. A composition lowers to one `architecture` (architecture.hpp), which the
+// kind, extent, init, the config switch that adds them), the layout rules it adds, its FLOPs beyond
+// its matrices' (an attention's scores: `score_units`), and its run-time module (a factory compiled
+// once in its own source file, layers/block_factories.hpp), and lowers the blocks it wraps. A composition lowers to one `architecture` (architecture.hpp), which the
 // shard plan, the formulas, the loaders and savers and the stage read; nothing else in megadsl
 // knows a block kind, so a new block is its own files (examples/04_custom_block).
 //
@@ -179,7 +179,8 @@ class arch_builder {
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
   // its short name in the architecture's signature.
   constexpr int node(const slot& at, module_factory make, std::initializer_list<int> children, std::string_view name,
-                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
+                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0,
+                     std::int64_t (*score_units)(const shape&) = nullptr) {
     if (node_count == max_nodes) throw "megadsl: the composition has more blocks than blocks::max_nodes";
     if (children.size() > 4) throw "megadsl: a block wraps at most four blocks";
     const auto u = static_cast<std::size_t>(node_count);
@@ -187,6 +188,7 @@ class arch_builder {
     n.make = make;
     n.setting = setting;
     n.details = details;
+    n.score_units = score_units;
     prefixes[u] = at.name;
     labels[u] = basic_text<160>(label);
     basic_text<384>& sig = signatures[u];
@@ -334,6 +336,9 @@ struct attention {
   static constexpr tensor_storage hf_storage = K.storage;
   static constexpr bool interleaved = K.storage == tensor_storage::interleaved;
 
+  // Its scores over every key of the sequence: heads x head_dim (the formulas' L n d, per layer).
+  static constexpr std::int64_t score_units(const shape& s) { return s.heads.get() * effective_head_dim(s).get(); }
+
   static constexpr void details(const shape& s, basic_text<256>& t) {
     auto on = [](const auto& v) { return v.is_static() && v.get(); };
     t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", ", rope", QkNorm::label);
@@ -371,7 +376,7 @@ struct attention {
     b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     basic_text<64> name("attention<");
     name.add(name_of(K.storage), ">");
-    return b.node(at, &modules::attention, {qk}, name.view(), "attention", &details);
+    return b.node(at, &modules::attention, {qk}, name.view(), "attention", &details, 0, &score_units);
   }
 };
 
@@ -672,8 +677,9 @@ struct decoder {
          slot layer{.scope = "layers.{layer}.", .where = placement::layer, .kinds = 1U << K, .names = Names};
          layer.hf = joined<96>(neox ? "gpt_neox.layers" : "model.layers", "{layer}");
          b.routes = false;
+         const int first = b.node_count;
          const int root = lower_block<std::tuple_element_t<K, typename group::kinds>>(b, layer);
-         b.kinds[K] = {root, b.routes};
+         b.kinds[K] = {root, b.routes, first, b.node_count - first};
          kinds.add(K == 0 ? "" : ", ", b.signature(root));
        }()),
        ...);
