@@ -128,6 +128,16 @@ constexpr bool is_bias(const param_row& r) { return r.name.ends_with(".bias"); }
 // The LM head (the actor's) and the value head (the critic's weight, its bias).
 constexpr bool is_lm_head_row(const param_row& r) { return r.when == presence::actor; }
 
+// A block's share of the activations a layer keeps for its backward (Korthikanti et al. 2022,
+// Table 2), in units of s x b x h bytes (16-bit activations): `whole` is held whole on every tp
+// rank without sequence parallelism, `split` is split over tp, `scores` is in units of
+// s x b x h x (heads x s / h) (an attention's softmax and its dropout mask), split over tp and not
+// kept under selective recompute. A norm keeps its input (2), attention 3 + 8 + 5 scores, an MLP
+// 3 + 16: a pre-norm layer's 10 + 24 / t + 5as / (ht), the paper's.
+struct activation_terms {
+  double whole = 0, split = 0, scores = 0;
+};
+
 // A block's run-time module factory, defined in the block's own source file (compiled once).
 using module_factory = std::unique_ptr<block_module> (*)(const block_build&);
 
@@ -148,6 +158,7 @@ struct module_node {
   // 2 x 2 x seq FLOPs per token forward (Megatron's 12 s L n d for forward + backward, non-causal).
   // Null: none.
   std::int64_t (*score_units)(const shape&) = nullptr;
+  activation_terms keeps{};  // what it keeps for the backward
 };
 
 // One kind of decoder layer: the root of its module tree, its nodes (`first_node` and the
@@ -223,6 +234,20 @@ constexpr std::int64_t score_units(const shape& s) {
   std::int64_t total = 0;
   for (std::int64_t i = 0; i < s.layers.get(); ++i) total += per_kind[kind_of_layer(s, i)];
   return total;
+}
+
+// The activations layer `layer` keeps: its blocks' terms summed.
+constexpr activation_terms layer_activation_terms(const shape& s, std::int64_t layer) {
+  const architecture& a = arch_of(s);
+  const layer_kind& k = a.kinds[static_cast<std::size_t>(kind_of_layer(s, layer))];
+  activation_terms t;
+  for (int n = k.first_node; n < k.first_node + k.nodes; ++n) {
+    const activation_terms& b = a.nodes[static_cast<std::size_t>(n)].keeps;
+    t.whole += b.whole;
+    t.split += b.split;
+    t.scores += b.scores;
+  }
+  return t;
 }
 
 // Whether the architecture declares a row sized by `e` (a shared expert, an expert's width, ...).

@@ -101,18 +101,20 @@ constexpr rank_memory training_memory(const shape& s, const layout& l, head_info
 // layer's input only (full): recompute_kind (layout.hpp).
 using recompute = recompute_kind;
 
-// Bytes of activations one transformer layer keeps for the backward pass of one micro-batch, per
-// tp and cp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
-// b = micro_batch, h = hidden, a = heads, t = tp):
-//   no recompute       TP: sbh(10 + 24/t + 5as/(ht))     TP+SP: sbh(34 + 5as/h) / t
-//   selective          TP: sbh(10 + 24/t)                TP+SP: 34 sbh / t
+// Bytes of activations layer `layer` keeps for the backward pass of one micro-batch, per tp and
+// cp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
+// b = micro_batch, h = hidden, a = heads, t = tp), summed from its blocks' terms (W whole, S split,
+// C scores: architecture.hpp's activation_terms):
+//   no recompute       TP: sbh(W + S/t + C as/(ht))      TP+SP: sbh(W + S + C as/h) / t
+//   selective          TP: sbh(W + S/t)                  TP+SP: (W + S) sbh / t
 //   full               2sbh (the layer input; / t with SP, where the input is a sequence shard)
-// With t = 1 both columns are the unparallelised sbh(34 + 5as/h). The paper's layer is GPT's
-// (MLP 4h, with dropout); for a Llama layer (SwiGLU, ffn != 4h, no dropout) it is the customary
-// estimate, not an exact count.
+// A pre-norm layer (W 10, S 24, C 5) gives the paper's sbh(10 + 24/t + 5as/(ht)) and
+// sbh(34 + 5as/h) / t; Gemma2's four norms add 4 sbh. The paper's layer is GPT's (MLP 4h, with
+// dropout); for a Llama layer (SwiGLU, ffn != 4h, no dropout) it is the customary estimate, not an
+// exact count.
 constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std::int64_t seq,
                                             std::int64_t micro_batch, bool sequence_parallel,
-                                            recompute r = recompute::none) {
+                                            recompute r = recompute::none, std::int64_t layer = 0) {
   // Context parallelism: each cp rank keeps 1/cp of the tokens, and its attention core the whole
   // sequence of 1/cp of the heads (Ulysses), so every term divides by cp.
   const double sbh = static_cast<double>(seq) * static_cast<double>(micro_batch) *
@@ -120,13 +122,14 @@ constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std
   const double t = static_cast<double>(l.tp.get());
   const double as_over_h = static_cast<double>(s.heads.get()) * static_cast<double>(seq) /
                            static_cast<double>(s.hidden.get());
+  const activation_terms k = layer_activation_terms(s, layer);
   switch (r) {
     case recompute::full: return sequence_parallel ? 2 * sbh / t : 2 * sbh;
-    case recompute::selective: return sequence_parallel ? 34 * sbh / t : sbh * (10 + 24 / t);
+    case recompute::selective: return sequence_parallel ? (k.whole + k.split) * sbh / t : sbh * (k.whole + k.split / t);
     case recompute::none: break;
   }
-  return sequence_parallel ? sbh * (34 + 5 * as_over_h) / t
-                           : sbh * (10 + 24 / t + 5 * as_over_h / t);
+  return sequence_parallel ? sbh * (k.whole + k.split + k.scores * as_over_h) / t
+                           : sbh * (k.whole + k.split / t + k.scores * as_over_h / t);
 }
 
 // Megatron's interleaved-schedule memory factor 1 + (p - 1) / (p v); 1 without interleaving.
@@ -144,7 +147,7 @@ constexpr double in_flight_microbatches(const layout& l, std::int64_t microbatch
 }
 
 // Activation bytes on the first pipeline stage (the most loaded one), per tp rank:
-//   layers on pp rank 0 (over all its chunks) x per-layer bytes x in-flight micro-batches
+//   the layers on pp rank 0 (over all its chunks), each its kind's bytes, x in-flight micro-batches
 //   x interleave factor (vpp > 1; `microbatches` is then ignored: the interleaved schedule needs a
 //   multiple of pp, so at least pp are in flight).
 // With an even split and pp micro-batches in flight this is about L x per-layer, the paper's
@@ -154,11 +157,13 @@ constexpr double activation_bytes_first_stage(const shape& s, const layout& l, s
                                               std::int64_t micro_batch, bool sequence_parallel,
                                               std::int64_t microbatches = 0,
                                               recompute r = recompute::none) {
-  const double layers = static_cast<double>(layers_on_pp_rank(s, l, 0));
   const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
                                            : in_flight_microbatches(l, microbatches);
-  return layers * activation_bytes_per_layer(s, l, seq, micro_batch, sequence_parallel, r) *
-         in_flight;
+  double layers = 0;  // the layers of pp rank 0, each its own kind's bytes
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    if (place_of_layer(s, l, i).pp_rank == 0)
+      layers += activation_bytes_per_layer(s, l, seq, micro_batch, sequence_parallel, r, i);
+  return layers * in_flight;
 }
 
 // ---- FLOPs -----------------------------------------------------------------------------------------

@@ -71,6 +71,11 @@ static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, 
 static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false, megadsl::recompute::selective) == sbh * 13);
 static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, true, megadsl::recompute::selective) == sbh * 34 / 8);
 static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false, megadsl::recompute::full) == 2 * sbh);
+// The terms are the blocks': two norms (2 each), attention (3 whole, 8 split, 5 scores), the MLP
+// (3 whole, 16 split); Gemma2's sandwich has four norms.
+static_assert(megadsl::layer_activation_terms(l3, 0).whole == 10 && megadsl::layer_activation_terms(l3, 0).split == 24 &&
+              megadsl::layer_activation_terms(l3, 0).scores == 5);
+static_assert(megadsl::layer_activation_terms(megadsl::gemma2_9b::shape, 0).whole == 14);
 // First stage under 1F1B: L/p layers x p micro-batches = L x per-layer.
 static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4}, 4096, 1, true) == 32 * sbh * 194 / 8);
 // Fewer micro-batches than stages: only those are in flight.

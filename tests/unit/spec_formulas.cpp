@@ -117,9 +117,11 @@ TEST_CASE("verl's FLOPs reproduce the verl oracle for Llama-2-7B", "[formulas][f
 }
 
 TEST_CASE("activation bytes follow Korthikanti et al. Table 2", "[formulas][activations]") {
-  // GPT-3 175B, the paper's own example: h 12288, a 96, s 2048, L 96, t 8, b 1.
+  // GPT-3 175B, the paper's own example: h 12288, a 96, s 2048, L 96, t 8, b 1; its layer is a
+  // pre-norm one of LayerNorms, attention and a plain 4h MLP (StarCoder2's blocks).
   const megadsl::shape gpt3{.hidden = 12288, .layers = 96, .heads = 96, .kv_heads = 96,
-                            .ffn = 4 * 12288, .vocab = 51200, .max_positions = 2048};
+                            .ffn = 4 * 12288, .vocab = 51200, .max_positions = 2048,
+                            .arch = &megadsl::architecture_of<megadsl::starcoder2_blocks>};
   const double s = 2048, b = 1, h = 12288, a = 96, t = 8;
   const double sbh = s * b * h;
   // The no-parallelism total is the sum of the paper's parts: attention 11sbh + 5as^2b,

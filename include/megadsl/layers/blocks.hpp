@@ -179,8 +179,7 @@ class arch_builder {
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
   // its short name in the architecture's signature.
   constexpr int node(const slot& at, module_factory make, std::initializer_list<int> children, std::string_view name,
-                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0,
-                     std::int64_t (*score_units)(const shape&) = nullptr) {
+                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
     if (node_count == max_nodes) throw "megadsl: the composition has more blocks than blocks::max_nodes";
     if (children.size() > 4) throw "megadsl: a block wraps at most four blocks";
     const auto u = static_cast<std::size_t>(node_count);
@@ -188,7 +187,6 @@ class arch_builder {
     n.make = make;
     n.setting = setting;
     n.details = details;
-    n.score_units = score_units;
     prefixes[u] = at.name;
     labels[u] = basic_text<160>(label);
     basic_text<384>& sig = signatures[u];
@@ -202,6 +200,13 @@ class arch_builder {
     n.child_count = i;
     if (i > 0) sig.append(")");
     return node_count++;
+  }
+  // What the block costs beyond its matrices' FLOPs (which its rows give): the activations it keeps
+  // for the backward, and its token-mixing scores (architecture.hpp).
+  constexpr int costs(int node, activation_terms keeps, std::int64_t (*score_units)(const shape&) = nullptr) {
+    nodes[static_cast<std::size_t>(node)].keeps = keeps;
+    nodes[static_cast<std::size_t>(node)].score_units = score_units;
+    return node;
   }
   // Not a line of its own in `describe` (a norm its residual's line names).
   constexpr void hide(int node) { labels[static_cast<std::size_t>(node)] = {}; }
@@ -259,9 +264,10 @@ struct rms_norm {
                                                                     : &modules::rms_norm_wmul;
   static constexpr param_init init = K == norm_kind::rms_1p ? param_init::zeros : param_init::ones;  // (1 + w): zero-centred
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
-                                             presence::always, false, false, init}},
-                  module, label);
+    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
+                                                     presence::always, false, false, init}},
+                          module, label),
+                   {.whole = 2});  // its input
   }
 };
 
@@ -271,11 +277,12 @@ struct layer_norm {
   static constexpr module_factory module = &modules::layer_norm;
   static constexpr param_init init = param_init::ones;
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
-                                             presence::always, false, false, param_init::ones},
-                                 block_param{"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden,
-                                             presence::always, false, false, param_init::zeros}},
-                  module, "layer_norm", label);
+    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
+                                                     presence::always, false, false, param_init::ones},
+                                         block_param{"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden,
+                                                     presence::always, false, false, param_init::zeros}},
+                          module, "layer_norm", label),
+                   {.whole = 2});  // its input
   }
 };
 
@@ -376,11 +383,18 @@ struct attention {
     b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     basic_text<64> name("attention<");
     name.add(name_of(K.storage), ">");
-    return b.node(at, &modules::attention, {qk}, name.view(), "attention", &details, 0, &score_units);
+    // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
+    // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
+    return b.costs(b.node(at, &modules::attention, {qk}, name.view(), "attention", &details),
+                   {.whole = 3, .split = 8, .scores = 5}, &score_units);
   }
 };
 
 // ---- MLPs -----------------------------------------------------------------------------------------
+
+// An MLP keeps its input (2) and its dropout mask (1) whole, its 4h-wide intermediates (16) split
+// over tp (the paper's GPT MLP; for SwiGLU and other widths the customary estimate).
+inline constexpr activation_terms mlp_keeps{.whole = 3, .split = 16};
 
 // down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
 // HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj); Llama's
@@ -409,7 +423,8 @@ struct gated_mlp {
     b.uses(A);
     basic_text<64> name("gated_mlp<");
     name.add(name_of(A), ">");
-    return b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, static_cast<std::int64_t>(A));
+    return b.costs(b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, static_cast<std::int64_t>(A)),
+                   mlp_keeps);
   }
 };
 
@@ -434,8 +449,9 @@ struct plain_mlp {
     b.uses(A);
     basic_text<64> name("plain_mlp<");
     name.add(name_of(A), ">");
-    return b.node(at, &modules::plain_mlp, {}, name.view(), name.view(), neox ? &details<true> : &details<false>,
-                  static_cast<std::int64_t>(A));
+    return b.costs(b.node(at, &modules::plain_mlp, {}, name.view(), name.view(), neox ? &details<true> : &details<false>,
+                          static_cast<std::int64_t>(A)),
+                   mlp_keeps);
   }
 };
 
@@ -490,7 +506,10 @@ struct moe_mlp {
     name.add(name_of(A), mixtral ? ", mixtral" : ", qwen", K.shared_expert ? ", shared" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(name_of(A), ">");
-    return b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details, static_cast<std::int64_t>(A));
+    // The dense MLP's estimate (the paper has no mixture): the experts' activations per token are
+    // top_k of them, each narrower.
+    return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details, static_cast<std::int64_t>(A)),
+                   mlp_keeps);
   }
 };
 
