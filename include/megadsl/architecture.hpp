@@ -123,6 +123,10 @@ struct param_row {
   std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
 };
 
+// The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder
+// checks them; the shard plan's lists are this long).
+inline constexpr int max_rows = 64, max_kinds = 8;
+
 // A bias (a vector added after its projection).
 constexpr bool is_bias(const param_row& r) { return r.name.ends_with(".bias"); }
 // The LM head (the actor's) and the value head (the critic's weight, its bias).
@@ -227,8 +231,8 @@ constexpr bool every_layer_routes(const shape& s) { return routes_any(s) && rout
 // every layer attends with n heads of d.
 constexpr std::int64_t score_units(const shape& s) {
   const architecture& a = arch_of(s);
-  std::int64_t per_kind[8]{};
-  for (std::size_t k = 0; k < a.kinds.size() && k < 8; ++k)
+  std::int64_t per_kind[max_kinds]{};
+  for (std::size_t k = 0; k < a.kinds.size(); ++k)
     for (int n = a.kinds[k].first_node; n < a.kinds[k].first_node + a.kinds[k].nodes; ++n)
       if (const auto f = a.nodes[static_cast<std::size_t>(n)].score_units; f != nullptr) per_kind[k] += f(s);
   std::int64_t total = 0;
@@ -286,7 +290,7 @@ constexpr basic_text<4096> composition_tree(const shape& s) {
   };
   t.append("decoder\n");
   print(a.embedding, 1, print);
-  const bool known = s.layers.is_static() && (a.kinds.size() == 1 || a.pick != nullptr);
+  const bool known = s.layers.is_static();
   for (std::size_t k = 0; k < a.kinds.size(); ++k) {
     std::int64_t count = -1;
     basic_text<128> which;

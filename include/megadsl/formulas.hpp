@@ -226,16 +226,12 @@ constexpr std::int64_t verl_dense_parameters(const shape& s) {
   for (std::int64_t i = 0; i < L; ++i) mlp += layer_routes(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
   return L * h * (n * d + 2 * g * d + n * d) + mlp + 2 * s.vocab.get() * h;
 }
-// The attention-score term's unit L n d: the score FLOPs per token are 12 s L n d non-causal,
-// half that causal. Summed over the layers from their blocks (module_node::score_units), so a layer
-// without attention scores adds nothing and one with another token mixer adds its own.
-constexpr std::int64_t attention_unit(const shape& s) { return score_units(s); }
 }  // namespace detail
 
 constexpr flops_per_token training_flops_per_token(const shape& s, const layout& l,
                                                    std::int64_t seq) {
   const std::int64_t dense = detail::megatron_dense_per_token(s, l);
-  const std::int64_t unit = detail::attention_unit(s);
+  const std::int64_t unit = score_units(s);  // L n d, summed over the layers' blocks (architecture.hpp)
   // torchtitan counts a mixture's active parameters: the experts a token does not reach are left out.
   std::int64_t idle_experts = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
@@ -267,7 +263,7 @@ constexpr double verl_flops(const shape& s, const Seqlens& seqlens,
     squares += static_cast<double>(n) * static_cast<double>(n);
   }
   return 6 * static_cast<double>(detail::verl_dense_parameters(s)) * tokens +
-         attention_coefficient * squares * static_cast<double>(detail::attention_unit(s));
+         attention_coefficient * squares * static_cast<double>(score_units(s));
 }
 
 // Megatron's FLOPs for a packed batch (THD: attention over each sequence only), forward + backward:
@@ -281,7 +277,7 @@ constexpr double megatron_flops(const shape& s, const layout& l, const Seqlens& 
     squares += static_cast<double>(n) * static_cast<double>(n);
   }
   return static_cast<double>(detail::megatron_dense_per_token(s, l)) * tokens +
-         (causal ? 6.0 : 12.0) * squares * static_cast<double>(detail::attention_unit(s));
+         (causal ? 6.0 : 12.0) * squares * static_cast<double>(score_units(s));
 }
 
 // ---- communication -------------------------------------------------------------------------------

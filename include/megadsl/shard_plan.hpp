@@ -230,7 +230,7 @@ struct no_such_parameter final : std::exception {
 
 // Every parameter row of a model, in table order (layer rows once, with `{layer}`).
 struct param_list {
-  std::array<param_plan, 64> items{};  // blocks::max_rows
+  std::array<param_plan, max_rows> items{};
   std::size_t count = 0;
   [[nodiscard]] constexpr const param_plan* begin() const { return items.data(); }
   [[nodiscard]] constexpr const param_plan* end() const { return items.data() + count; }

@@ -86,7 +86,7 @@ constexpr std::string_view name_of(tensor_storage t) {
 
 namespace megadsl::blocks {
 
-inline constexpr int max_rows = 64, max_nodes = 48, max_kinds = 8, max_rules = 8;
+inline constexpr int max_nodes = 48, max_rules = 8;  // (max_rows, max_kinds: architecture.hpp)
 
 // Which sublayer of a layer a block sits in (the HF names of the norms around it follow from it).
 enum class sublayer : std::int8_t { none, attention, mlp };
@@ -167,9 +167,10 @@ class arch_builder {
     }
     for (int i = 0; i < row_count; ++i)
       for (int k = 0; k < rows[static_cast<std::size_t>(i)].hf_count; ++k)
-        if (texts[static_cast<std::size_t>(i)].hf[static_cast<std::size_t>(k)].view() == t.hf[0].view())
-          throw "megadsl: two parameters of the composition bind one HF name";
-    if (row_count == max_rows) throw "megadsl: the composition declares more parameters than blocks::max_rows";
+        for (int j = 0; j < p.hf_count; ++j)
+          if (texts[static_cast<std::size_t>(i)].hf[static_cast<std::size_t>(k)].view() == t.hf[static_cast<std::size_t>(j)].view())
+            throw "megadsl: two parameters of the composition bind one HF name";
+    if (row_count == max_rows) throw "megadsl: the composition declares more parameters than max_rows (architecture.hpp)";
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
@@ -549,7 +550,6 @@ struct residual {
   }
 
   static constexpr int lower(arch_builder& b, const slot& at) {
-    static_assert(block_type<Norm>, "megadsl: a residual combinator's first argument is a norm block");
     const bool post = R == residual_kind::post_norm;
     const std::string_view hf_norm = post ? hf_post(at.at) : hf_pre(at.at);
     const int n = lower_block<Norm>(b, at.sub(norm_name(at.at, post), hf_norm));
@@ -704,7 +704,7 @@ struct decoder {
        ...);
       b.kind_count = static_cast<int>(sizeof...(K));
     }(std::make_index_sequence<std::tuple_size_v<typename group::kinds>>{});
-    static_assert(std::tuple_size_v<typename group::kinds> <= max_kinds, "megadsl: more kinds of layer than blocks::max_kinds");
+    static_assert(std::tuple_size_v<typename group::kinds> <= max_kinds, "megadsl: more kinds of layer than max_kinds (architecture.hpp)");
 
     slot final_norm = outer.sub("final_norm", neox ? "gpt_neox.final_layer_norm" : "model.norm");
     final_norm.where = placement::last_stage;

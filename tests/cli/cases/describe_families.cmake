@@ -53,3 +53,11 @@ expect_out("parameters: 9,241,705,984 ")
 megadsl(describe ${FIXTURES}/gemma2-tf5)
 expect_exit(0)
 expect_out("sandwich  rms_norm<rms_1p>")
+
+# Qwen2-MoE with dense layers among the sparse ones: two kinds of layer, the layers of each, and
+# each pipeline stage's count of each kind.
+megadsl(describe ${FIXTURES}/qwen2-moe-mixed-tf5 --pp 2)
+expect_exit(0)
+expect_out("kind 0:  block x 2 \\(layers 0, 2\\)\n")
+expect_out("kind 1:  block x 2 \\(layers 1, 3\\)\n")
+expect_out("\n  0      0        0      0-1     2      kind 0 x 1, kind 1 x 1 ")
