@@ -21,7 +21,7 @@ using mixtral_blocks = blocks::decoder<
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr moe_config mixtral_moe{.count_key = "num_local_experts", .reads_both_counts = true, .top_k = 2,
-                                        .experts_as_wide_as_ffn = true};
+                                        .experts_as_wide_as_ffn = true, .reads_norm_topk = false};
 inline constexpr config_key_rule mixtral_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"num_experts_per_tok", key_use::read},

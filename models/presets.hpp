@@ -15,10 +15,13 @@
 #include "megadsl/models/mistral.hpp"
 #include "megadsl/models/mixtral.hpp"
 #include "megadsl/models/olmo2.hpp"
+#include "megadsl/models/olmoe.hpp"
 #include "megadsl/models/phi3.hpp"
 #include "megadsl/models/qwen.hpp"
 #include "megadsl/models/qwen3.hpp"
 #include "megadsl/models/qwen_moe.hpp"
+#include "megadsl/models/seed_oss.hpp"
+#include "megadsl/models/smollm3.hpp"
 #include "megadsl/models/starcoder2.hpp"
 #include "megadsl/models/tiny.hpp"
 
@@ -39,7 +42,7 @@ using all_presets =
     preset_list<llama2_7b, llama2_13b, llama2_70b, llama3_8b, llama3_70b, llama3_1_405b,
                 llama3_2_1b, llama3_2_3b, tinyllama_1_1b, mistral_7b, qwen2_5_0_5b, qwen2_5_7b,
                 qwen2_5_72b, qwen3_0_6b, qwen3_8b, gemma_2b, gemma_7b, gemma2_9b, olmo2_7b, phi3_mini, starcoder2_7b, pythia_1_4b, mixtral_8x7b,
-                qwen1_5_moe_a2_7b, qwen3_30b_a3b, tiny_llama, tiny_qwen, tiny_llama3>;
+                qwen1_5_moe_a2_7b, qwen3_30b_a3b, seed_oss_36b, smollm3_3b, olmoe_1b_7b, tiny_llama, tiny_qwen, tiny_llama3>;
 
 template <class F>
 constexpr void for_each_preset(F&& f) {

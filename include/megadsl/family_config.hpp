@@ -38,6 +38,7 @@ enum class window_rule : std::int8_t {
   every_layer,             // `sliding_window` on every layer
   from_max_window_layers,  // the layers from `max_window_layers` on (28 by default)
   alternate,               // alternate layers from the first, 4096 tokens by default
+  nope_layers,             // with `use_sliding_window`, the layers without RoPE (SmolLM3)
 };
 
 // The keys that switch biases on.
@@ -46,6 +47,7 @@ enum class bias_rule : std::int8_t {
   attention_bias,  // `attention_bias`: q, k, v and o_proj (LlamaAttention), default false
   use_bias,        // `use_bias`: q, k, v, o_proj and the MLP's (StarCoder2), default true
   qkv_bias,        // `qkv_bias`: q, k and v (Qwen2-MoE), default true
+  attention_and_out_bias,  // `attention_bias`: q, k and v, default true; `attention_out_bias`: o_proj, default false (Seed-OSS)
 };
 
 // A mixture of experts' keys and their defaults.
@@ -53,7 +55,8 @@ struct moe_config {
   std::string_view count_key;          // the one transformers' class reads: num_local_experts | num_experts
   bool reads_both_counts = false;      // the class maps num_experts and num_local_experts to one value
   std::int64_t top_k = 0;              // num_experts_per_tok
-  bool experts_as_wide_as_ffn = false; // Mixtral: experts of intermediate_size, top-k always renormalised
+  bool experts_as_wide_as_ffn = false; // Mixtral, OLMoE: experts of intermediate_size, every layer sparse
+  bool reads_norm_topk = true;         // norm_topk_prob is read; false: the class always renormalises (Mixtral)
   std::int64_t expert_ffn = 0;         // moe_intermediate_size
   std::int64_t shared_expert_ffn = 0;  // shared_expert_intermediate_size
   bool norm_topk = false;              // norm_topk_prob
@@ -93,9 +96,15 @@ struct family_config {
   window_rule window = window_rule::none;
   bool window_needs_use_flag = false;       // `use_sliding_window` gates the window
   bool reads_layer_types = false;           // an explicit `layer_types` overrides the pattern
+  // `no_rope_layers` (one 0/1 per layer, 1 = RoPE), else every `no_rope_layer_interval`-th layer
+  // (4 by default) without RoPE: the shape's nope_layers (SmolLM3).
+  bool reads_no_rope_layers = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
   std::span<const required_key> required = {};
+  // Keys whose class default is not neutral and would change the training numbers (Seed-OSS's 0.1
+  // dropouts): a config.json must state them, and they are refused unless neutral like any other.
+  std::span<const std::string_view> must_state = {};
   std::span<const config_key_rule> keys = {};  // the family's own keys (found before every family's)
 };
 

@@ -80,6 +80,9 @@ struct shape {
   // a dense gated MLP of width ffn (intermediate_size). Read by the Qwen mixtures' layer choice.
   dim sparse_step = 1;
   dim dense_layers = 0;       // bit i: layer i (< 63) has the dense MLP
+  // Layers whose attention applies no RoPE (SmolLM3's no_rope_layers zeros), bit i: layer i (< 63).
+  // Read by the choice of layer kind of the families that have NoPE layers.
+  dim nope_layers = 0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -95,11 +98,17 @@ inline constexpr shape dynamic_shape = {
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .out_bias = dynamic, .mlp_bias = dynamic,
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
     .rotary_fraction = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
-    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .sparse_step = dynamic, .dense_layers = dynamic};
+    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .sparse_step = dynamic, .dense_layers = dynamic,
+    .nope_layers = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
   return static_cast<std::int64_t>(static_cast<double>(head_dim) * fraction);
+}
+
+// Whether `layer` applies no RoPE (the shape's nope_layers).
+constexpr bool nope_layer(const shape& s, std::int64_t layer) {
+  return layer >= 0 && layer < 63 && ((s.nope_layers.get() >> layer) & 1) != 0;
 }
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.

@@ -26,6 +26,7 @@ struct attention_settings {
   double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
   double softcap = 0;       // Gemma2's tanh soft-cap of the scores; 0: none
   std::int64_t window = 0;  // this layer's sliding window; 0: none
+  bool rope = true;         // false: a NoPE layer (the block's setting 1)
   bool selective_recompute = false;
   std::unique_ptr<qk_norm_module> qk_norm;  // null: none
 
@@ -35,6 +36,7 @@ struct attention_settings {
     if (const double q = s.query_pre_attn_scalar.get(); q != 0) scale = std::pow(q, -0.5);  // as Python computes it
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
+    rope = b.setting() == 0;
     selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;
     if (b.children() > 0) qk_norm = b.child_as<qk_norm_module>(0);
   }
@@ -63,10 +65,10 @@ class attention final : public layer_module {
     const attention_math math{s_.scale, s_.softcap, s_.window};
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
-    attention_core core = [rope = c.rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+    attention_core core = [rope = c.rope, rotate = s_.rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
                            mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-      const at::Tensor qr = apply_rope(q_in, rope), kr = apply_rope(k_in, rope);
+      const at::Tensor qr = rotate ? apply_rope(q_in, rope) : q_in, kr = rotate ? apply_rope(k_in, rope) : k_in;
       return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
     };
     at::Tensor a = s_.selective_recompute ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);

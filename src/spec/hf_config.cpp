@@ -86,6 +86,7 @@ constexpr key_name key_names[] = {
     {"expert_ffn", "moe_intermediate_size"},
     {"shared_expert_ffn", "shared_expert_intermediate_size"},
     {"norm_topk", "norm_topk_prob"},
+    {"nope_layers", "no_rope_layers"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -477,11 +478,41 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
   }
 }
 
+// SmolLM3's NoPE layers: `no_rope_layers` holds one 0/1 per layer (1: the layer applies RoPE); without
+// it, every `no_rope_layer_interval`-th layer (4 by default) has none, as SmolLM3Config derives it.
+void read_no_rope_layers(const reader& r, shape& s) {
+  const std::int64_t layers = s.layers.get();
+  std::int64_t nope = 0;
+  const auto mark = [&](std::int64_t i, std::string_view key) {
+    if (i >= 63)
+      r.fail(key, "makes layer " + std::to_string(i) + " a NoPE layer; megadsl marks NoPE layers among the first 63 only",
+             "this checkpoint is not supported yet");
+    nope |= std::int64_t{1} << i;
+  };
+  if (const json* list = r.find(r.root(), "no_rope_layers"); list != nullptr && !list->is_null()) {
+    if (!list->is_array() || static_cast<std::int64_t>(list->size()) != layers)
+      r.fail("no_rope_layers", "expected a list of " + std::to_string(layers) + " zeros and ones, got " + describe_json(*list),
+             "one entry per layer: 1 where the layer applies RoPE, 0 where it does not");
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const std::int64_t v = r.integer((*list)[i], "no_rope_layers", 0);
+      if (v > 1) r.fail("no_rope_layers", "holds " + std::to_string(v), "write 1 (RoPE) or 0 (no RoPE) per layer");
+      if (v == 0) mark(static_cast<std::int64_t>(i), "no_rope_layers");
+    }
+  } else {
+    const std::int64_t every = r.optional<std::int64_t>("no_rope_layer_interval", 4,
+        [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
+    for (std::int64_t i = 0; i < layers; ++i)
+      if ((i + 1) % every == 0) mark(i, "no_rope_layer_interval");
+  }
+  s.nope_layers = nope;
+}
+
 // The attention window HF applies and its layers, as transformers 5 derives them from the family's
 // rule (family_config::window): `sliding_window` on every layer; only with `use_sliding_window`,
 // on the layers from `max_window_layers` on; on alternate layers from the first. An explicit
 // `layer_types` list overrides the pattern in the families whose attention reads it.
-sliding_window read_attention_window(const reader& r, const family_config& family, std::int64_t layers) {
+sliding_window read_attention_window(const reader& r, const family_config& family, const shape& s) {
+  const std::int64_t layers = s.layers.get();
   const json& root = r.root();
   const json* w = r.find(root, "sliding_window");
   if (family.window_needs_use_flag || !family.use_flag_refusal.empty()) {
@@ -495,6 +526,7 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   }
   const bool alternate = family.window == window_rule::alternate;
   if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
+  if (family.window == window_rule::nope_layers && w->is_null()) return {};  // SmolLM3Config: no window, no sliding layer
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
   out.layers.assign(static_cast<std::size_t>(layers), true);
@@ -505,6 +537,9 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   }
   if (alternate)
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
+  if (family.window == window_rule::nope_layers) {
+    for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = nope_layer(s, i);
+  }
   if (const json* types = r.find(root, "layer_types"); types && family.reads_layer_types) {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
       r.fail("layer_types", "expected an array of " + std::to_string(layers) + " strings, got " + describe_json(*types),
@@ -539,7 +574,8 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   if (m.experts_as_wide_as_ffn) {
     s.expert_ffn = 0;  // intermediate_size
-    s.norm_topk = true;
+    s.norm_topk = !m.reads_norm_topk ||
+                  r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
     return;
   }
   s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", m.expert_ffn,
@@ -622,6 +658,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
                       (tanh ? "GELU with the tanh approximation" : family_act == activation::gelu ? "the exact GELU" : "SiLU"),
              "only " + std::string(want) + " is supported");
   }
+  for (std::string_view key : fam->must_state)
+    if (r.find(root, key) == nullptr)
+      r.fail(key, "missing: transformers' " + std::string(fam->hf_class) + "Config then uses its default, " +
+                      "a non-zero dropout, and training would differ from megadsl's (which has none)",
+             "add \"" + std::string(key) + "\": 0.0 (verl and Megatron RLHF recipes train without dropout)");
   for (const required_key& k : fam->required)
     if (const json* b = r.find(root, k.key); b && !r.boolean(*b, k.key))
       r.fail(k.key, "is false; the " + std::string(fam->model_type) + " composition has " + std::string(k.what),
@@ -686,6 +727,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       s.qkv_bias = flag("qkv_bias", true, /*note=*/false);
       s.out_bias = false;
       break;
+    case bias_rule::attention_and_out_bias:  // Seed-OSS's: q, k, v by attention_bias, o_proj by attention_out_bias
+      s.qkv_bias = flag("attention_bias", true, /*note=*/true);
+      s.out_bias = flag("attention_out_bias", false, /*note=*/false);
+      break;
   }
   // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
   s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
@@ -706,7 +751,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.arch = fam->arch;
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
-  out.attention_window = read_attention_window(r, *fam, s.layers.get());
+  if (fam->reads_no_rope_layers) read_no_rope_layers(r, s);
+  out.attention_window = read_attention_window(r, *fam, s);
   check_keys(r, *fam, out.notes);
   return out;
 }
@@ -879,14 +925,16 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     case bias_rule::qkv_bias:
       if (s.out_bias.get()) return "a " + f + " config cannot express o_proj and MLP biases";
       break;
+    case bias_rule::attention_and_out_bias: break;  // attention_bias and attention_out_bias say both
   }
   if (s.mlp_bias.get() && !family.reads_mlp_bias)
     return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
   if (family.moe != nullptr && family.moe->experts_as_wide_as_ffn &&
-      (!s.norm_topk.get() || s.expert_ffn.get() != 0 || !every_layer_routes(s)))
-    return "a " + f + " config renormalises the top-k weights, sizes each expert by intermediate_size and has "
-           "experts in every layer; this model has norm_topk " + show(s.norm_topk) + ", expert_ffn " +
-           show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) + " and dense_layers " + show(s.dense_layers);
+      ((!family.moe->reads_norm_topk && !s.norm_topk.get()) || s.expert_ffn.get() != 0 || !every_layer_routes(s)))
+    return "a " + f + " config " + (family.moe->reads_norm_topk ? "" : "renormalises the top-k weights, ") +
+           "sizes each expert by intermediate_size and has experts in every layer; this model has norm_topk " +
+           show(s.norm_topk) + ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
+           " and dense_layers " + show(s.dense_layers);
   if (!window.any()) return {};
   switch (family.window) {
     case window_rule::none:
@@ -906,6 +954,11 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
       break;
     }
     case window_rule::alternate: break;  // any pattern, written as layer_types
+    case window_rule::nope_layers:
+      for (std::int64_t i = 0; i < s.layers.get(); ++i)
+        if ((window.of(i) != 0) != nope_layer(s, i))
+          return "a " + f + " config slides the layers without RoPE, and this model's window is on other layers";
+      break;
   }
   return {};
 }
@@ -991,7 +1044,12 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     case bias_rule::attention_bias: j["attention_bias"] = s.qkv_bias.get(); break;
     case bias_rule::use_bias: j["use_bias"] = s.qkv_bias.get(); break;
     case bias_rule::qkv_bias: j["qkv_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::attention_and_out_bias:
+      j["attention_bias"] = s.qkv_bias.get();
+      j["attention_out_bias"] = s.out_bias.get();
+      break;
   }
+  for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout
   if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
@@ -999,6 +1057,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     const moe_config& m = *fam->moe;
     j[std::string(m.count_key)] = s.experts.get();
     j["num_experts_per_tok"] = s.top_k.get();
+    if (m.experts_as_wide_as_ffn && m.reads_norm_topk) j["norm_topk_prob"] = s.norm_topk.get();
     if (!m.experts_as_wide_as_ffn) {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();
       j["norm_topk_prob"] = s.norm_topk.get();
@@ -1023,6 +1082,11 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   if (fam->window != window_rule::none) j["sliding_window"] = slides ? json(window.size) : json(nullptr);
   if (fam->window == window_rule::from_max_window_layers) j["max_window_layers"] = first_sliding;
   if (fam->reads_layer_types) j["layer_types"] = types;
+  if (fam->reads_no_rope_layers) {
+    json rope_layers = json::array();
+    for (std::int64_t i = 0; i < layers; ++i) rope_layers.push_back(nope_layer(s, i) ? 0 : 1);
+    j["no_rope_layers"] = rope_layers;
+  }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {
     j["rope_scaling"] = nullptr;

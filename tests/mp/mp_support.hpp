@@ -116,6 +116,25 @@ struct tiny8_qwen2_moe_mixed : qwen2_moe<shape{.hidden = 128, .layers = 8, .head
   static constexpr std::string_view name = "tiny8-qwen2-moe-mixed";
 };
 
+// OLMoE's composition: full-width q/k norms (their squares summed over tp) and experts as wide as
+// ffn in every layer, top 2 of 8 not renormalised.
+struct tiny8_olmoe : olmoe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 64, .vocab = 500,
+                                 .max_positions = 256, .experts = 8, .top_k = 2, .norm_topk = false}> {
+  static constexpr std::string_view name = "tiny8-olmoe";
+};
+
+// Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
+struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                       .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {
+  static constexpr std::string_view name = "tiny8-seed-oss";
+};
+
+// SmolLM3's composition: the odd layers without RoPE (two kinds of layer on every pp stage).
+struct tiny8_smollm3 : smollm3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .max_positions = 256, .tie_embeddings = true, .nope_layers = 0xAA}> {
+  static constexpr std::string_view name = "tiny8-smollm3";
+};
+
 // A PPO-shaped global batch of 8 rows (prompt + response, left-padded).
 rollout_batch make_rollout(std::int64_t vocab);
 

@@ -127,6 +127,7 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_qwen3_moe, layout{.pp = 2, .vpp = 2, .ep = 2}>();
   check_moe_inference<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>();
   check_moe_inference<tiny8_qwen2_moe_mixed, layout{.pp = 2, .ep = 2}>();
+  check_moe_inference<tiny8_olmoe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // full-width q/k norms
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -170,6 +171,7 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
   check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
+  check_moe_training<tiny8_olmoe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
 }
 
 TEST_CASE("the auxiliary losses: a balanced router costs 1, the z-loss log(E)^2, and they move the router",

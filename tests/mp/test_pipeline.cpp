@@ -98,6 +98,9 @@ TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compos
   check_inference<tiny8_phi3, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(false);
   check_inference<tiny8_starcoder2, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);
   check_inference<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true}, false>(false);
+  check_inference<tiny8_smollm3, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // NoPE layers
+  check_inference<tiny8_smollm3, layout{.pp = 2, .vpp = 2, .rmpad = true}, true>(false);
+  check_inference<tiny8_seed_oss, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, false>(true);
 }
 
 TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compositions under tp 2 x pp 2 x dp 2 equal one process",
@@ -116,6 +119,8 @@ TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 a
   check_training<tiny8_phi3, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
   check_training<tiny8_starcoder2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_starcoder2, layout{.tp = 2, .pp = 2}, false>(2);
+  check_training<tiny8_smollm3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
+  check_training<tiny8_seed_oss, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(2);
 }
 
 TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 with its norms over 4 ranks, train like one process", "[world4][training][families]") {

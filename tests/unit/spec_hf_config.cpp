@@ -170,11 +170,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\" or \"qwen3_moe\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\" or \"olmoe\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\" or \"olmoe\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -249,7 +249,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
@@ -438,4 +438,62 @@ TEST_CASE("mixtures of experts: the published configs read into the presets, and
              Catch::Contains("moe_routing_valid") && Catch::Contains("top_k = 9"));
   CHECK_THAT(std::string(megadsl::check(bad_k, layout{.ep = 3}).joined().view()),
              Catch::Contains("ep_needs_experts") && Catch::Contains("valid ep: 1, 2, 4, 8"));
+}
+
+TEST_CASE("the 2026 families' config.json: Seed-OSS's two bias keys and dropouts, SmolLM3's NoPE layers, OLMoE's "
+          "experts",
+          "[spec][hf_config]") {
+  // Seed-OSS: attention_bias (q/k/v, true by default) and attention_out_bias (o_proj, false).
+  const std::string seed = R"({"model_type": "seed_oss", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
+    "attention_dropout": 0.0, "residual_dropout": 0.0})";
+  const shape s = parse_hf_config(seed, "x/config.json").s;
+  CHECK((s.qkv_bias.get() && !s.out_bias.get() && s.head_dim.get() == 128));  // SeedOssConfig's head_dim default
+  const shape out = parse_hf_config(edited(seed, "\"vocab_size\": 100", "\"vocab_size\": 100, \"attention_bias\": false, "
+                                                                        "\"attention_out_bias\": true"), "x").s;
+  CHECK((!out.qkv_bias.get() && out.out_bias.get()));
+  const std::string written = megadsl::hf_config_json(s, "seed_oss", false, "float32", {});
+  CHECK_THAT(written, Catch::Contains("\"attention_out_bias\": false") && Catch::Contains("\"residual_dropout\": 0.0"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, s).empty());
+  // A dropout left to SeedOssConfig's default (0.1) or set is refused, naming the key and the fix.
+  CHECK_THAT(error_of(edited(seed, ", \"residual_dropout\": 0.0", "")),
+             Catch::Contains("residual_dropout: missing") && Catch::Contains("add \"residual_dropout\": 0.0"));
+  CHECK_THAT(error_of(edited(seed, "\"attention_dropout\": 0.0", "\"attention_dropout\": 0.1")),
+             Catch::Contains("attention_dropout") && Catch::Contains("set it to 0.0"));
+
+  // SmolLM3: no_rope_layers (1 = RoPE), else every no_rope_layer_interval-th layer without.
+  const std::string smol = R"({"model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100})";
+  CHECK(parse_hf_config(smol, "x").s.nope_layers.get() == ((1 << 3) | (1 << 7)));  // the default interval 4
+  CHECK(parse_hf_config(edited(smol, "\"vocab_size\": 100", "\"vocab_size\": 100, \"no_rope_layer_interval\": 2"), "x")
+            .s.nope_layers.get() == 0xAA);
+  const auto listed = parse_hf_config(edited(smol, "\"vocab_size\": 100",
+                                             "\"vocab_size\": 100, \"no_rope_layers\": [0, 1, 1, 1, 1, 1, 1, 0], "
+                                             "\"use_sliding_window\": true, \"sliding_window\": 16"), "x");
+  CHECK(listed.s.nope_layers.get() == ((1 << 0) | (1 << 7)));
+  CHECK((megadsl::smollm3_layer(listed.s, 0) == 1 && megadsl::smollm3_layer(listed.s, 1) == 0));
+  // With use_sliding_window the NoPE layers slide (SmolLM3Config's layer_types).
+  CHECK((listed.attention_window.of(0) == 16 && listed.attention_window.of(1) == 0 && listed.attention_window.of(7) == 16));
+  const std::string smol_written = megadsl::hf_config_json(listed.s, "smollm3", false, "float32", listed.attention_window);
+  CHECK_THAT(smol_written, Catch::Contains("\"no_rope_layers\": [\n    0,\n    1,"));
+  const auto back = parse_hf_config(smol_written, "w");
+  CHECK((megadsl::mismatches(back.s, listed.s).empty() && back.attention_window == listed.attention_window));
+  CHECK_THAT(error_of(edited(smol, "\"vocab_size\": 100", "\"vocab_size\": 100, \"no_rope_layers\": [1, 0]")),
+             Catch::Contains("no_rope_layers: expected a list of 8 zeros and ones"));
+  // The two kinds of layer are summed per layer; a NoPE layer has the same parameters.
+  CHECK(megadsl::parameter_count(listed.s) == 8 * megadsl::layer_parameter_count(listed.s, 1) + 100 * 64 + 64);
+
+  // OLMoE: experts of intermediate_size, norm_topk_prob read (false by default), clip_qkv refused.
+  const std::string olmoe = R"({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 32, "vocab_size": 100, "num_experts": 8,
+    "num_experts_per_tok": 2, "clip_qkv": null})";
+  const shape o = parse_hf_config(olmoe, "x").s;
+  CHECK((o.experts.get() == 8 && o.expert_ffn.get() == 0 && !o.norm_topk.get() && o.kv_heads.get() == 4));
+  CHECK(parse_hf_config(edited(olmoe, "\"clip_qkv\": null", "\"norm_topk_prob\": true"), "x").s.norm_topk.get());
+  CHECK_THAT(error_of(edited(olmoe, "\"clip_qkv\": null", "\"clip_qkv\": 8.0")),
+             Catch::Contains("clip_qkv") && Catch::Contains("does not implement"));
+  const std::string olmoe_written = megadsl::hf_config_json(o, "olmoe", false, "float32", {});
+  CHECK_THAT(olmoe_written, Catch::Contains("\"norm_topk_prob\": false") && !Catch::Contains("moe_intermediate_size"));
+  CHECK(megadsl::mismatches(parse_hf_config(olmoe_written, "w").s, o).empty());
+  CHECK(megadsl::model_type_for(o, {}) == "olmoe");
 }

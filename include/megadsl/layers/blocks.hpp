@@ -26,6 +26,7 @@
 //   sandwich<N, X>     Gemma2: x + N'(X(N(x))), each norm with its own weight
 //   parallel<N, X>     GPT-NeoX: both sublayers on the block's input, x + attn(N1(x)) + mlp(N2(x))
 //   attention<attention_knobs{.storage = interleaved}>  NeoX's query_key_value: [q_h; k_h; v_h] per head
+//   attention<attention_knobs{.rope = false}>  a NoPE layer: q and k are not rotated (SmolLM3)
 //   attention<{}, full_width_qk_norm<N>>  OLMo2: q and k normed over the whole projection, before RoPE
 //   attention<{}, per_head_qk_norm<N>>    Qwen3: q and k normed over head_dim, before RoPE
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
@@ -331,6 +332,7 @@ struct no_qk_norm {
 
 struct attention_knobs {
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
+  bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
 };
 
 constexpr void concatenated_qkv_rule(const shape& s, const layout& l, violations& out);
@@ -349,7 +351,8 @@ struct attention {
 
   static constexpr void details(const shape& s, basic_text<256>& t) {
     auto on = [](const auto& v) { return v.is_static() && v.get(); };
-    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", ", rope", QkNorm::label);
+    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? ", rope" : ", no rope",
+          QkNorm::label);
     if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
     if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
     if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
@@ -383,10 +386,11 @@ struct attention {
     b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     basic_text<64> name("attention<");
-    name.add(name_of(K.storage), ">");
+    name.add(name_of(K.storage), K.rope ? ">" : ", nope>");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
-    return b.costs(b.node(at, &modules::attention, {qk}, name.view(), "attention", &details),
+    return b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
+                          K.rope ? 0 : 1),
                    {.whole = 3, .split = 8, .scores = 5}, &score_units);
   }
 };

@@ -61,3 +61,22 @@ expect_exit(0)
 expect_out("kind 0:  block x 2 \\(layers 0, 2\\)\n")
 expect_out("kind 1:  block x 2 \\(layers 1, 3\\)\n")
 expect_out("\n  0      0        0      0-1     2      kind 0 x 1, kind 1 x 1 ")
+
+# SmolLM3: two kinds of layer, the NoPE ones chosen by no_rope_layers (every fourth here).
+megadsl(describe smollm3-3b --tp 2)
+expect_exit(0)
+expect_out("kind 1:  block x 9 \\(layers 3, 7, 11, 15, 19, 23, 27, 31, 35\\)")
+expect_out("attention \\(no RoPE\\)  q/k/v, no rope  \\[self_attn\\]")
+expect_out("parameters: 3,075,098,624 ")
+
+# OLMoE read from a checkpoint transformers wrote: full-width q/k norms before a mixture in every layer.
+megadsl(describe ${FIXTURES}/olmoe-tf5)
+expect_exit(0)
+expect_out("attention  q/k/v, rope, q/k rms_norm over the full width  \\[self_attn\\]")
+expect_out("moe_mlp<silu>  router softmax -> top 2 of 4  \\[mlp: gate, experts.E.gate/up/down_proj\\]")
+
+# Seed-OSS: q/k/v biases without o_proj's.
+megadsl(describe seed-oss-36b --tp 8)
+expect_exit(0)
+expect_out("attention  q/k/v \\+ bias, rope  \\[self_attn\\]")
+expect_out("parameters: 36,151,104,512 ")
