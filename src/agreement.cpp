@@ -156,7 +156,8 @@ field_list fields_of(const runtime_config& c) {
   out.emplace_back("seed", std::to_string(o.seed));
   for (const auto& [name, v] : {std::pair<const char*, double>{"init_std", o.init_std},
                                 {"moe_aux_loss_coeff", o.moe_aux_loss_coeff},
-                                {"moe_z_loss_coeff", o.moe_z_loss_coeff}}) {
+                                {"moe_z_loss_coeff", o.moe_z_loss_coeff},
+                                {"moe_expert_bias_update_rate", o.moe_expert_bias_update_rate}}) {
     std::ostringstream os;
     os.precision(17);
     os << v;

@@ -211,6 +211,26 @@ class decoder_stage final : public model_core, public pipeline_stage {
       at::Tensor g = tied_end_->tensor.grad();
       groups_->embedding->all_reduce(g);
     }
+    update_expert_biases();
+  }
+
+  // The aux-loss-free balancing of the routers with an expert bias (Megatron's
+  // _update_router_expert_bias in finalize_model_grads): this stage's layers' counts in one
+  // tensor, summed over the ranks that routed other tokens (dp and cp; every tp rank routed the
+  // same whole stream), then each bias moved by rate * sign(mean - load). Always over dp, whether
+  // the gradients are summed here or reduce-scattered by the distributed optimizer: the balance is
+  // the global batch's, as Megatron's all-reduce over tp x cp x dp makes it.
+  void update_expert_biases() {
+    if (expert_loads_.empty()) return;
+    std::vector<at::Tensor> counts;
+    for (const expert_load* e : expert_loads_) counts.push_back(e->tokens);
+    at::Tensor all = at::stack(counts);  // (layers here, E) fp64
+    groups_->gradient_dp().all_reduce(all);
+    const double rate = cfg_.options.moe_expert_bias_update_rate;
+    for (std::size_t i = 0; i < expert_loads_.size(); ++i) {
+      if (rate != 0) update_expert_bias(*expert_loads_[i], all[static_cast<std::int64_t>(i)], rate);
+      else expert_loads_[i]->tokens.zero_();
+    }
   }
 
   double moe_aux_loss() override {
@@ -579,7 +599,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     }
     // The modules, bound to their parameters: each held layer, the embedding and the final norm.
     layers_.resize(static_cast<std::size_t>(s.layers.get()));
-    const layer_plan_args args{s, l, cfg_.options, tp_rank_, first_expert_, experts_per_rank_};
+    expert_loads_.clear();
+    const layer_plan_args args{s, l, cfg_.options, tp_rank_, first_expert_, experts_per_rank_, &expert_loads_};
     for (const chunk_info& c : chunks_)
       for (std::int64_t layer = c.first_layer; layer < c.first_layer + c.count; ++layer) {
         module_params& p = layer_params[static_cast<std::size_t>(layer)];
@@ -615,6 +636,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   at::Device device_ = at::kCPU;
   at::ScalarType compute_ = at::kFloat;
   std::int64_t routing_slots_ = 0;  // top_k of the routing a mixture records (0: no mixture)
+  std::vector<expert_load*> expert_loads_;  // this rank's routers with an expert bias (their modules own them)
   const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
   run_state run_;                   // training, recompute rerun, the auxiliary losses' scale and sum
   struct rerun_scope {

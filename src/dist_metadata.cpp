@@ -70,7 +70,8 @@ void fill_fields_added_later(json& shape) {
                              {"attn_softcap", 0.0}, {"final_softcap", 0.0},
                              {"rotary_fraction", 1.0}, {"experts", 0}, {"top_k", 0},
                              {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},
-                             {"sparse_step", 1}, {"dense_layers", 0}, {"nope_layers", 0}};
+                             {"sparse_step", 1}, {"dense_layers", 0}, {"nope_layers", 0},
+                             {"routed_scale", 1.0}, {"expert_groups", 1}, {"group_top_k", 1}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
   if (shape.contains("architecture")) return;

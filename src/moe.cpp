@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -20,6 +21,45 @@ routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise) {
   auto [weights, indices] = at::topk(probs, top_k, -1);          // (T, k) each, largest first
   if (renormalise) weights = weights / weights.sum(-1, /*keepdim=*/true);
   return {indices, weights};
+}
+
+routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, std::int64_t top_k, std::int64_t groups,
+                              std::int64_t group_top_k, bool renormalise, double scale) {
+  const std::int64_t tokens = logits.size(0), experts = logits.size(1);
+  TORCH_CHECK(groups >= 1 && experts % groups == 0 && top_k >= 1 && top_k <= group_top_k * (experts / groups),
+              "megadsl: route_sigmoid_grouped: top_k = ", top_k, " from ", group_top_k, " of ", groups, " groups of ",
+              experts, " experts");
+  const at::Tensor scores = logits.to(at::kFloat).sigmoid();  // (T, E)
+  at::Tensor choice = scores + bias.to(at::kFloat);              // (T, E): selects only
+  if (groups > 1) {
+    const at::Tensor by_group = choice.view({tokens, groups, experts / groups});           // (T, G, E/G)
+    const at::Tensor group_scores = std::get<0>(by_group.topk(2, -1)).sum(-1);             // (T, G)
+    const at::Tensor best = std::get<1>(group_scores.topk(group_top_k, -1, true, false));  // (T, kg)
+    const at::Tensor keep = at::zeros_like(group_scores).scatter_(1, best, 1.0)
+                                .unsqueeze(-1).expand({tokens, groups, experts / groups}).reshape({tokens, experts});
+    choice = choice.masked_fill(keep.eq(0), -std::numeric_limits<float>::infinity());
+  }
+  const at::Tensor indices = std::get<1>(choice.topk(top_k, -1, true, false));  // (T, k)
+  return {indices, sigmoid_weights(logits, indices, renormalise, scale)};
+}
+
+at::Tensor sigmoid_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double scale) {
+  at::Tensor w = logits.to(at::kFloat).sigmoid().gather(1, indices);  // (T, k) fp32
+  if (renormalise) w = w / (w.sum(-1, /*keepdim=*/true) + 1e-20);
+  return w * scale;
+}
+
+at::Tensor sigmoid_balance_probs(const at::Tensor& logits) {
+  const at::Tensor s = logits.to(at::kFloat).sigmoid();
+  return s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
+}
+
+void update_expert_bias(expert_load& e, const at::Tensor& tokens, double rate) {
+  at::NoGradGuard no_grad;
+  const at::Tensor t = tokens.to(at::kDouble);
+  const at::Tensor offset = t.mean() - t;  // (E): below the mean -> positive
+  e.bias.add_((at::sign(offset) * rate).to(e.bias.scalar_type()));
+  e.tokens.zero_();
 }
 
 namespace {

@@ -77,6 +77,7 @@ enum class extent : std::int8_t {
   ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
   qkv_rows,    // column-parallel output (heads + 2 kv_heads) * head_dim, q/k/v interleaved per head
   experts,     // (experts, h): the router
+  expert_vector,  // (experts): a router's expert bias (DeepSeek's e_score_correction_bias)
   one_row,     // (1, h): the shared expert's gate
   expert_ffn,  // an expert's intermediate size (gate_up rows, down's input)
   shared_ffn,  // the shared expert's intermediate size

@@ -48,6 +48,7 @@ enum class bias_rule : std::int8_t {
   use_bias,        // `use_bias`: q, k, v, o_proj and the MLP's (StarCoder2), default true
   qkv_bias,        // `qkv_bias`: q, k and v (Qwen2-MoE), default true
   attention_and_out_bias,  // `attention_bias`: q, k and v, default true; `attention_out_bias`: o_proj, default false (Seed-OSS)
+  attention_bias_qkv,      // `attention_bias`: q, k and v only, default false (GLM-4.5: o_proj never has one)
 };
 
 // A mixture of experts' keys and their defaults.
@@ -60,6 +61,13 @@ struct moe_config {
   std::int64_t expert_ffn = 0;         // moe_intermediate_size
   std::int64_t shared_expert_ffn = 0;  // shared_expert_intermediate_size
   bool norm_topk = false;              // norm_topk_prob
+  // DeepSeek's keys (GLM-4.5): the shared experts as a count of expert widths (n_shared_experts:
+  // shared_expert_ffn = count x moe_intermediate_size), and the first layers dense
+  // (first_k_dense_replace: dense_layers = the first k).
+  std::string_view shared_count_key = {};
+  std::int64_t shared_count = 1;
+  std::string_view dense_first_key = {};
+  std::int64_t dense_first = 0;
 };
 
 // A switch the composition has on: false is refused, saying what the composition does.

@@ -163,6 +163,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
     case shard_kind::replicated:
       if (row.size == extent::experts) p.hf_shapes[0] = p.local = p.global = mat(s.experts, h);
       else if (row.size == extent::one_row) p.hf_shapes[0] = p.local = p.global = mat(1, h);
+      else if (row.size == extent::expert_vector) p.hf_shapes[0] = p.local = p.global = vec(s.experts);
       else if (row.when == presence::critic) p.hf_shapes[0] = p.local = p.global = mat(1, h);
       else if (row.when == presence::critic_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
       else p.hf_shapes[0] = p.local = p.global = vec(row.size == extent::head_dim ? hd : h);

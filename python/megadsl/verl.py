@@ -90,6 +90,7 @@ class MegadslEngineConfig(BaseConfig):
     seed: int = 42
     moe_aux_loss_coeff: float = 0.0
     moe_z_loss_coeff: float = 0.0
+    moe_router_bias_update_rate: float = 1e-3  # Megatron's: the expert bias balancing (0: off)
     export_dtype: str = "bf16"
     export_bucket_mb: float = 512.0
     timeout: Optional[float] = None
@@ -257,7 +258,8 @@ class MegadslEngine(BaseEngine):
             recompute=_cfg(ec, "recompute", None), critic=self.critic, dtype=_cfg(ec, "dtype", "fp32"),
             device=device, seed=int(_cfg(ec, "seed", 42)),
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
-            moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)))
+            moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)),
+            moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)))
         self._build_groups()
         if not _cfg(ec, "forward_only", False):
             self.trainer = self.model.trainer(**self._adamw_options())

@@ -262,7 +262,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
          std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
-         bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff) {
+         bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
+         double moe_expert_bias_update_rate) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute || cp))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
@@ -289,6 +290,9 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         o.options.moe_aux_loss_coeff = moe_aux_loss_coeff;
         o.options.moe_aux_loss_per_sequence = moe_aux_loss_per_sequence;
         o.options.moe_z_loss_coeff = moe_z_loss_coeff;
+        if (!(moe_expert_bias_update_rate >= 0))
+          throw py::value_error("megadsl.Model.from_hf: moe_expert_bias_update_rate is >= 0 (0: the expert biases stay as loaded)");
+        o.options.moe_expert_bias_update_rate = moe_expert_bias_update_rate;
         o.options.dtype = at::kFloat;  // parameters, gradients and AdamW in fp32
         const at::ScalarType compute = dtype_of(dtype, "dtype");
         if (compute == at::kHalf)
@@ -308,6 +312,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
+      py::arg("moe_expert_bias_update_rate") = 1e-3,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -317,7 +322,8 @@ and training step, that they were given the same batch (shapes always; values to
 batch_checksum=False); ranks that disagree all raise at once, naming what differs and where.
 A mixture of experts adds Megatron's auxiliary losses in training when moe_aux_loss_coeff (the
 load-balancing loss, per sequence with moe_aux_loss_per_sequence) or moe_z_loss_coeff is above 0;
-Trainer.step reports their sum as metrics["moe_aux_loss"].)");
+Trainer.step reports their sum as metrics["moe_aux_loss"]. A router with an expert bias (DeepSeek-V3,
+GLM-4.5) has it balanced by load after each step by moe_expert_bias_update_rate (0: left as loaded).)");
 
   model.def(
       "forward",

@@ -1,5 +1,7 @@
-// A mixture of gated experts behind HF's softmax top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE), with
-// Qwen2-MoE's shared expert behind a sigmoid gate, Megatron's auxiliary losses and router replay.
+// A mixture of gated experts behind HF's softmax top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE) or
+// DeepSeek-V3's grouped sigmoid router with its expert bias (DeepSeek-V3, GLM-4.5; the bias counted
+// and balanced in finalize_grads), with Qwen2-MoE's shared expert behind a sigmoid gate or
+// DeepSeek's ungated shared experts, Megatron's auxiliary losses and router replay.
 // The whole stream on every tp rank (gathered under SP), its real tokens routed by the replicated
 // router (the same routing on every tp rank), sent to their experts over the ep group, each
 // expert this tp rank's shard of it; partial sums over tp until the reduction.
@@ -22,6 +24,8 @@ struct moe_settings {
   std::int64_t experts = 0, top_k = 0;
   bool norm_topk = false;
   std::int64_t first_expert = 0, experts_per_rank = 0;  // this ep rank's experts
+  std::int64_t groups = 1, group_top_k = 1;              // the sigmoid router's
+  double scale = 1.0;
 };
 
 class moe_mlp final : public layer_module {
@@ -30,7 +34,13 @@ class moe_mlp final : public layer_module {
       : router_(b.require("router.weight")), shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
         act_(activation_fn_of(b.setting())),
-        s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank} {
+        s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank,
+           b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
+    if (const at::Tensor bias = b.find("router.expert_bias"); bias.defined()) {
+      load_.bias = bias;
+      load_.tokens = at::zeros({s_.experts}, bias.options().dtype(at::kDouble));
+      if (b.args.expert_loads != nullptr) b.args.expert_loads->push_back(&load_);
+    }
     for (std::int64_t e = s_.first_expert; e < s_.first_expert + s_.experts_per_rank; ++e) {
       const std::string prefix = "experts." + std::to_string(e) + ".";
       gate_up_.push_back(b.require(prefix + "gate_up.weight"));
@@ -43,36 +53,50 @@ class moe_mlp final : public layer_module {
     const at::Tensor full = c.to_tp(h2);                                        // (T', h)
     const std::int64_t stream = full.size(0);
     const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
-    const at::Tensor logits = at::linear(x, c.w(router_));                      // (T, E)
-    routing r = route(logits, s_.top_k, s_.norm_topk);                          // (T, k) each
+    const bool sigmoid = load_.bias.defined();
+    // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype.
+    const at::Tensor logits = sigmoid ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
+                                      : at::linear(x, c.w(router_));
+    routing r = sigmoid ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
+                                                s_.norm_topk, s_.scale)
+                        : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
     if (c.replay.defined()) {
       // Router replay: the given experts (the live ones where a position holds -1), weighted by
-      // the live router's probabilities for them, renormalised as the live top-k would be.
+      // the live router's probabilities for them, renormalised (and scaled) as the live top-k would be.
       const at::Tensor given = c.replay.select(1, c.layer);  // (T, k)
       const at::Tensor live = given.select(1, 0).lt(0).unsqueeze(1);
       r.indices = at::where(live, r.indices, given);
-      r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
-      if (s_.norm_topk) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+      if (sigmoid) {
+        r.weights = sigmoid_weights(logits, r.indices, s_.norm_topk, s_.scale);
+      } else {
+        r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
+        if (s_.norm_topk) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+      }
     }
     c.routed.select(1, c.layer).copy_(r.indices);
+    // The balancing counts: this rank's real tokens per expert, in training forwards, once.
+    if (sigmoid && c.run.training && !c.run.rerun) {
+      const at::Tensor valid = c.pk.token_valid.narrow(0, 0, tokens).to(at::kDouble).unsqueeze(1).expand_as(r.indices);
+      load_.tokens.index_add_(0, r.indices.reshape({-1}), valid.reshape({-1}).to(load_.tokens.device()));
+    }
     const model_options& o = c.options;
     const bool aux = c.run.training && (o.moe_aux_loss_coeff != 0 || o.moe_z_loss_coeff != 0);
     std::vector<at::Tensor> gate_up, down;
     for (const at::Tensor& t : gate_up_) gate_up.push_back(c.w(t));
     for (const at::Tensor& t : down_) down.push_back(c.w(t));
     at::Tensor y = moe_experts(x, r, {s_.experts, s_.first_expert, std::move(gate_up), std::move(down)}, act_, c.ep);  // (T, h)
-    if (shared_gate_.defined()) {  // + sigmoid(gate(x)) * shared(x), HF's Qwen2-MoE
+    if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
       const at::Tensor shared = at::linear(gated(at::linear(x, c.w(shared_gate_up_)), act_), c.w(shared_down_));
-      y = y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared;
+      y = shared_gate_.defined() ? y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared : y + shared;
     }
-    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c));
+    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid));
     if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
     return c.from_tp(y);
   }
 
  private:
   // This layer's auxiliary losses over the micro-batch's real tokens, scaled (run.aux_scale).
-  static at::Tensor auxiliary_losses(const at::Tensor& local_logits, const routing& r, layer_context& c) {
+  static at::Tensor auxiliary_losses(const at::Tensor& local_logits, const routing& r, layer_context& c, bool sigmoid) {
     const model_options& o = c.options;
     const packed_tokens& pk = c.sequences();
     at::Tensor logits = local_logits, indices = r.indices;  // (T, E), (T, k)
@@ -85,7 +109,7 @@ class moe_mlp final : public layer_module {
     const at::Tensor valid = pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
     at::Tensor loss = at::zeros({}, logits.options().dtype(at::kFloat));
     if (o.moe_aux_loss_coeff != 0) {
-      const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+      const at::Tensor probs = sigmoid ? sigmoid_balance_probs(logits) : at::softmax(logits, -1, at::kFloat);
       const at::Tensor balance =
           o.moe_aux_loss_per_sequence
               ? sequence_load_balancing_loss(probs, indices, valid, at::floor_divide(pk.index, pk.seq), pk.batch)
@@ -101,9 +125,10 @@ class moe_mlp final : public layer_module {
 
   at::Tensor router_;                                    // (E, h) replicated, gradient partial over tp
   std::vector<at::Tensor> gate_up_, down_;               // this rank's experts: (2 f/tp, h), (h, f/tp)
-  at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none)
+  at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none; no gate: DeepSeek's)
   activation_fn act_;
   moe_settings s_;
+  expert_load load_;  // the sigmoid router's expert bias (E) fp32 and its counts (undefined: a softmax router)
 };
 
 }  // namespace

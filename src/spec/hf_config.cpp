@@ -87,6 +87,9 @@ constexpr key_name key_names[] = {
     {"shared_expert_ffn", "shared_expert_intermediate_size"},
     {"norm_topk", "norm_topk_prob"},
     {"nope_layers", "no_rope_layers"},
+    {"routed_scale", "routed_scaling_factor"},
+    {"expert_groups", "n_group"},
+    {"group_top_k", "topk_group"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -563,13 +566,14 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   const moe_config& m = *family.moe;
   const bool both = m.reads_both_counts;
   const json* local = both || m.count_key == "num_local_experts" ? r.find(root, "num_local_experts") : nullptr;
-  const json* named = both || m.count_key == "num_experts" ? r.find(root, "num_experts") : nullptr;
+  const json* named = both || m.count_key == "num_experts" ? r.find(root, "num_experts")
+                      : m.count_key != "num_local_experts" ? r.find(root, m.count_key) : nullptr;
   if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
     r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
            "keep one of them (transformers reads " + std::string(m.count_key) + " for " + std::string(family.model_type) + ")");
   if (!local && !named)
     r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
-  s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, "num_experts", 1);
+  s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, both ? "num_experts" : m.count_key, 1);
   s.top_k = r.optional<std::int64_t>("num_experts_per_tok", m.top_k,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   if (m.experts_as_wide_as_ffn) {
@@ -581,9 +585,29 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", m.expert_ffn,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.norm_topk = r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
-  if (has_extent(s, extent::shared_ffn))
+  if (has_extent(s, extent::shared_ffn) && !m.shared_count_key.empty())
+    s.shared_expert_ffn = s.expert_ffn.get() * r.optional<std::int64_t>(m.shared_count_key, m.shared_count,
+        [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  else if (has_extent(s, extent::shared_ffn))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  // DeepSeek's grouped sigmoid router (the composition's expert bias).
+  if (has_extent(s, extent::expert_vector)) {
+    s.routed_scale = r.optional<double>("routed_scaling_factor", 1.0, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    s.expert_groups = r.optional<std::int64_t>("n_group", 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+    s.group_top_k = r.optional<std::int64_t>("topk_group", 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  }
+  if (!m.dense_first_key.empty()) {  // the first k layers dense, the rest sparse
+    const std::int64_t k = r.optional<std::int64_t>(m.dense_first_key, m.dense_first,
+        [&](const json& v, std::string_view key) { return r.integer(v, key, 0); });
+    if (k >= 63 && s.layers.get() > 63)
+      r.fail(m.dense_first_key, "is " + std::to_string(k) + "; megadsl marks dense layers among the first 63 only",
+             "this checkpoint is not supported yet");
+    s.sparse_step = 1;
+    const std::int64_t dense = std::min(k, s.layers.get());  // (transformers: layer i is dense when i < k)
+    s.dense_layers = dense >= 63 ? std::numeric_limits<std::int64_t>::max() : (std::int64_t{1} << dense) - 1;
+    return;
+  }
   // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
   // (i + 1) % decoder_sparse_step == 0; the dense ones have a gated MLP of intermediate_size.
   s.sparse_step = r.optional<std::int64_t>("decoder_sparse_step", 1,
@@ -730,6 +754,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     case bias_rule::attention_and_out_bias:  // Seed-OSS's: q, k, v by attention_bias, o_proj by attention_out_bias
       s.qkv_bias = flag("attention_bias", true, /*note=*/true);
       s.out_bias = flag("attention_out_bias", false, /*note=*/false);
+      break;
+    case bias_rule::attention_bias_qkv:  // GLM-4.5's: q, k and v; o_proj never
+      s.qkv_bias = flag("attention_bias", false, /*note=*/false);
+      s.out_bias = false;
       break;
   }
   // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
@@ -893,6 +921,13 @@ std::string describe(const sliding_window& w) {
 
 namespace {
 
+// How many layers from the first are dense (the dense_layers bits set from bit 0 on).
+std::int64_t dense_prefix(const shape& s) {
+  std::int64_t k = 0;
+  while (k < 63 && k < s.layers.get() && ((s.dense_layers.get() >> k) & 1) != 0) ++k;
+  return k;
+}
+
 // Why `family`'s config class cannot describe this model (its blocks being the family's), or empty.
 std::string why_not(const shape& s, const sliding_window& window, const family_config& family) {
   const std::string f(family.hf_class);
@@ -926,6 +961,9 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
       if (s.out_bias.get()) return "a " + f + " config cannot express o_proj and MLP biases";
       break;
     case bias_rule::attention_and_out_bias: break;  // attention_bias and attention_out_bias say both
+    case bias_rule::attention_bias_qkv:
+      if (s.out_bias.get()) return "a " + f + " config has no o_proj bias, and this model has one";
+      break;
   }
   if (s.mlp_bias.get() && !family.reads_mlp_bias)
     return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
@@ -935,6 +973,19 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
            "sizes each expert by intermediate_size and has experts in every layer; this model has norm_topk " +
            show(s.norm_topk) + ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
            " and dense_layers " + show(s.dense_layers);
+  if (family.moe != nullptr && !family.moe->dense_first_key.empty()) {
+    const std::int64_t k = dense_prefix(s);
+    const std::int64_t mask = k >= 63 ? std::numeric_limits<std::int64_t>::max() : (std::int64_t{1} << k) - 1;
+    if (s.sparse_step.get() != 1 || s.dense_layers.get() != mask)
+      return "a " + f + " config makes the first " + std::string(family.moe->dense_first_key) +
+             " layers dense and the rest sparse; this model has sparse_step " + show(s.sparse_step) + " and dense_layers " +
+             show(s.dense_layers);
+  }
+  if (family.moe != nullptr && !family.moe->shared_count_key.empty() &&
+      (expert_ffn_of(s).get() < 1 || s.shared_expert_ffn.get() % expert_ffn_of(s).get() != 0))
+    return "a " + f + " config sizes the shared experts as " + std::string(family.moe->shared_count_key) +
+           " x moe_intermediate_size, and this model's shared_expert_ffn " + show(s.shared_expert_ffn) +
+           " is no multiple of " + show(expert_ffn_of(s));
   if (!window.any()) return {};
   switch (family.window) {
     case window_rule::none:
@@ -1048,6 +1099,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       j["attention_bias"] = s.qkv_bias.get();
       j["attention_out_bias"] = s.out_bias.get();
       break;
+    case bias_rule::attention_bias_qkv: j["attention_bias"] = s.qkv_bias.get(); break;
   }
   for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout
   if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
@@ -1061,12 +1113,22 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     if (!m.experts_as_wide_as_ffn) {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();
       j["norm_topk_prob"] = s.norm_topk.get();
-      j["decoder_sparse_step"] = s.sparse_step.get();
-      json dense = json::array();
-      for (std::int64_t i = 0; i < 63 && i < s.layers.get(); ++i)
-        if ((s.dense_layers.get() >> i) & 1) dense.push_back(i);
-      j["mlp_only_layers"] = dense;
-      if (m.shared_expert_ffn != 0) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
+      if (!m.dense_first_key.empty()) {
+        j[std::string(m.dense_first_key)] = dense_prefix(s);
+      } else {
+        j["decoder_sparse_step"] = s.sparse_step.get();
+        json dense = json::array();
+        for (std::int64_t i = 0; i < 63 && i < s.layers.get(); ++i)
+          if ((s.dense_layers.get() >> i) & 1) dense.push_back(i);
+        j["mlp_only_layers"] = dense;
+      }
+      if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
+      else if (m.shared_expert_ffn != 0) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
+      if (has_extent(s, extent::expert_vector)) {
+        j["routed_scaling_factor"] = s.routed_scale.get();
+        j["n_group"] = s.expert_groups.get();
+        j["topk_group"] = s.group_top_k.get();
+      }
     }
   }
   const bool slides = window.any();

@@ -123,6 +123,16 @@ struct tiny8_olmoe : olmoe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_hea
   static constexpr std::string_view name = "tiny8-olmoe";
 };
 
+// GLM-4.5's composition: layer 0 dense, then DeepSeek-V3's router (sigmoid scores, an expert bias
+// that selects, 8 experts in 4 groups of 2 with the best 2 kept, top 2 renormalised and scaled by
+// 2.5) beside an ungated shared expert; q/k/v biases, RoPE on half of each head.
+struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                       .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
+                                       .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
+                                       .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1}> {
+  static constexpr std::string_view name = "tiny8-glm4-moe";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

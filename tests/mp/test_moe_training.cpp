@@ -128,6 +128,9 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}>();
   check_moe_inference<tiny8_qwen2_moe_mixed, layout{.pp = 2, .ep = 2}>();
   check_moe_inference<tiny8_olmoe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // full-width q/k norms
+  check_moe_inference<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // the grouped sigmoid router
+  check_moe_inference<tiny8_glm4_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_glm4_moe, layout{.ep = 4}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -139,6 +142,10 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // over plain dp at ep 1.
   check_moe_training<tiny8_mixtral, layout{.ep = 2}>(1, false);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2}>(2, false);
+  // The expert biases balanced by the load summed over dp 4 (the distributed optimizer's
+  // reduce-scatter leaves the dp sum of the counts to the balancing).
+  check_moe_training<tiny8_glm4_moe, layout{.ep = 4}>(1, true);
+  check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
@@ -172,6 +179,47 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
   check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_olmoe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  // The expert biases balanced by load (summed over dp 2) move alike in every layout.
+  check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);
+  check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
+}
+
+TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(mean load - load), and nothing else "
+          "moves it", "[world4][moe][training]") {
+  using M = tiny8_glm4_moe;
+  const optimizer_config opt{.lr = 1e-3, .eps = 1e-6, .weight_decay = 0.1, .clip_grad = 1.0};
+  const rollout_batch rb = make_rollout(M::shape.vocab);
+  auto single = parallel_groups::single();
+  const auto biases = [](parallel_model<causal_lm<M>>& m) {
+    std::vector<at::Tensor> out;
+    for (const named_parameter& p : m.parameters())
+      if (p.name.ends_with("router.expert_bias")) out.push_back(p.tensor.detach().clone());
+    return out;
+  };
+  for (const double rate : {0.0, 0.01}) {
+    INFO("rate " << rate);
+    model_options mopt = test_options<M>();
+    mopt.moe_expert_bias_update_rate = rate;
+    parallel_model<causal_lm<M>> model(single, mopt);
+    // The first training forward routes as this one does (the same parameters and rows).
+    const at::Tensor routed = model.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask}, recording)
+                                  .routed_experts;  // (b, s, layers, k), -1 at padding
+    const std::vector<at::Tensor> before = biases(model);
+    REQUIRE(before.size() == 7);  // layers 1-7 (layer 0 is dense)
+    trainer t = make_trainer(model, single, opt, actor_loss_config{});
+    t.step(rb, 1);
+    const std::vector<at::Tensor> after = biases(model);
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      const std::int64_t layer = static_cast<std::int64_t>(i) + 1;
+      const at::Tensor chosen = routed.select(2, layer).reshape({-1});
+      const at::Tensor load = at::bincount(chosen.masked_select(chosen >= 0), {}, M::shape.experts.get()).to(at::kDouble);
+      const at::Tensor want = before[i] + (at::sign(load.mean() - load) * rate).to(at::kFloat);
+      INFO("layer " << layer << " load " << load);
+      // With rate 0 the bias is exactly as it was: its gradient is zero and AdamW, with no decay on a
+      // vector, leaves it; otherwise exactly one step of the balancing rule.
+      CHECK(at::equal(after[i], want));
+    }
+  }
 }
 
 TEST_CASE("the auxiliary losses: a balanced router costs 1, the z-loss log(E)^2, and they move the router",

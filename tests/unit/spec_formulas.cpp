@@ -79,11 +79,15 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
       const double h = static_cast<double>(s.hidden.get()), L = static_cast<double>(s.layers.get());
       const double n = static_cast<double>(s.heads.get()), g = static_cast<double>(s.kv_heads.get());
       const double d = static_cast<double>(megadsl::effective_head_dim(s).get());
-      // A mixture: Megatron's moe_ffn_hidden_size x top_k + the shared expert's.
+      // A mixture: Megatron's moe_ffn_hidden_size x top_k + the shared expert's, on its sparse
+      // layers; the dense ones (GLM-4.5's first) ffn, as Megatron's moe_layer_freq counts them.
       const auto has = [&](std::string_view row) { return megadsl::find_row(*s.arch, row) != nullptr; };
+      const double sparse = static_cast<double>(megadsl::routed_layers(s));
       const double ffn = megadsl::routes_any(s)
-                             ? static_cast<double>(megadsl::expert_ffn_of(s).get() * s.top_k.get() +
-                                                   (has("layers.{layer}.shared_expert_gate.weight") ? s.shared_expert_ffn.get() : 0))
+                             ? (sparse * static_cast<double>(megadsl::expert_ffn_of(s).get() * s.top_k.get() +
+                                                             (has("layers.{layer}.shared_expert.gate_up.weight") ? s.shared_expert_ffn.get() : 0)) +
+                                (static_cast<double>(s.layers.get()) - sparse) * static_cast<double>(s.ffn.get())) /
+                                   static_cast<double>(s.layers.get())
                              : static_cast<double>(s.ffn.get());
       const double m = has("layers.{layer}.fc.weight") ? 1.0 : 1.5;  // a plain MLP's two matrices
       const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
@@ -193,10 +197,13 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const std::int64_t norms = (sandwich ? 4 : 2) * per_norm;
           const bool out_bias = s.out_bias.get(), plain = row("layers.{layer}.fc.weight") != nullptr;
           const std::int64_t biases = (out_bias ? 1 : 0) + (out_bias && plain ? 1 : 0);
-          // A mixture's router (experts, h) and Qwen2-MoE's shared-expert gate (1, h) are replicated.
+          // A mixture's router (experts, h), Qwen2-MoE's shared-expert gate (1, h) and DeepSeek's expert
+          // bias (experts) are replicated, on its sparse layers.
           const bool moe = megadsl::routes_any(s);
           const std::int64_t routers =
-              moe ? L * h * (s.experts.get() + (row("layers.{layer}.shared_expert_gate.weight") ? 1 : 0)) : 0;
+              moe ? megadsl::routed_layers(s) * (h * (s.experts.get() + (row("layers.{layer}.shared_expert_gate.weight") ? 1 : 0)) +
+                                                 (row("layers.{layer}.router.expert_bias") ? s.experts.get() : 0))
+                  : 0;
           const std::int64_t replicated =
               L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);

@@ -170,11 +170,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\" or \"olmoe\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\" or \"glm4_moe\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\" or \"olmoe\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\" or \"glm4_moe\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -249,7 +249,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
@@ -496,4 +496,41 @@ TEST_CASE("the 2026 families' config.json: Seed-OSS's two bias keys and dropouts
   CHECK_THAT(olmoe_written, Catch::Contains("\"norm_topk_prob\": false") && !Catch::Contains("moe_intermediate_size"));
   CHECK(megadsl::mismatches(parse_hf_config(olmoe_written, "w").s, o).empty());
   CHECK(megadsl::model_type_for(o, {}) == "olmoe");
+}
+
+TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a count, the first layers dense", "[spec][hf_config]") {
+  const std::string glm = R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 176, "vocab_size": 100,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "n_shared_experts": 2,
+    "first_k_dense_replace": 2, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "attention_bias": true,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})";
+  const auto c = parse_hf_config(glm, "x/config.json");
+  const shape& s = c.s;
+  CHECK((s.experts.get() == 8 && s.expert_ffn.get() == 48 && s.shared_expert_ffn.get() == 96 && s.norm_topk.get()));
+  CHECK((s.routed_scale.get() == 2.5 && s.expert_groups.get() == 4 && s.group_top_k.get() == 2));
+  CHECK((s.dense_layers.get() == 3 && s.sparse_step.get() == 1 && s.rotary_fraction.get() == 0.5));
+  CHECK((s.qkv_bias.get() && !s.out_bias.get()));  // o_proj never has a bias in GLM-4.5
+  CHECK((!megadsl::layer_routes(s, 1) && megadsl::layer_routes(s, 2)));
+  // Defaults: one dense layer, one shared expert, no groups, x 1, partial rotary 0.5.
+  const shape d = parse_hf_config(R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "n_routed_experts": 8})", "x").s;
+  CHECK((d.dense_layers.get() == 1 && d.shared_expert_ffn.get() == 1408 && d.expert_groups.get() == 1 &&
+         d.routed_scale.get() == 1.0 && d.rotary_fraction.get() == 0.5 && d.top_k.get() == 8));
+  const std::string written = megadsl::hf_config_json(s, "glm4_moe", false, "float32", {});
+  CHECK_THAT(written, Catch::Contains("\"first_k_dense_replace\": 2") && Catch::Contains("\"n_shared_experts\": 2") &&
+                          Catch::Contains("\"n_group\": 4") && Catch::Contains("\"routed_scaling_factor\": 2.5") &&
+                          !Catch::Contains("mlp_only_layers"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, s).empty());
+  // Refused: per-head q/k norms (not in the composition); groups that do not split the experts.
+  CHECK_THAT(error_of(edited(glm, "\"attention_bias\": true", "\"attention_bias\": true, \"use_qk_norm\": true")),
+             Catch::Contains("use_qk_norm") && Catch::Contains("does not implement"));
+  const shape bad = parse_hf_config(edited(glm, "\"n_group\": 4", "\"n_group\": 3"), "x").s;
+  CHECK_THAT(std::string(megadsl::check(bad, layout{}).joined().view()),
+             Catch::Contains("moe_routing_valid") && Catch::Contains("expert_groups = 3 (n_group) does not split 8 experts"));
+  const shape few = parse_hf_config(edited(glm, "\"topk_group\": 2", "\"topk_group\": 5"), "x").s;
+  CHECK_THAT(std::string(megadsl::check(few, layout{}).joined().view()), Catch::Contains("group_top_k = 5 (topk_group)"));
+  // The expert bias is a row of the sparse layers: (experts), replicated.
+  const auto* bias = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.router.expert_bias");
+  REQUIRE(bias != nullptr);
+  CHECK(bias->hf[0] == "model.layers.{layer}.mlp.gate.e_score_correction_bias");
 }

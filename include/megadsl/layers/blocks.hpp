@@ -68,6 +68,10 @@ enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
 // The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
 // Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
 enum class moe_names : std::int8_t { mixtral, qwen };
+// How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
+// (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
+// experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2).
+enum class moe_router : std::int8_t { softmax, sigmoid_grouped };
 // The HF tensor names of a family's checkpoints outside its blocks: Llama's (model.embed_tokens,
 // model.layers.N., model.norm, lm_head, score) or GPT-NeoX's (gpt_neox.embed_in, embed_out, ...).
 enum class name_scheme : std::int8_t { llama, gpt_neox };
@@ -463,6 +467,8 @@ struct plain_mlp {
 struct moe_knobs {
   moe_names names = moe_names::qwen;  // Mixtral's or Qwen's HF tensor names
   bool shared_expert = false;         // Qwen2-MoE's shared expert and its sigmoid gate
+  moe_router router = moe_router::softmax;
+  bool shared_experts = false;        // DeepSeek's ungated shared experts (mlp.shared_experts.*), added
 };
 
 // A mixture of gated experts behind a top-k router: the shape gives experts, top_k, expert_ffn,
@@ -474,15 +480,28 @@ template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
   static constexpr bool mixtral = K.names == moe_names::mixtral;
   static constexpr void details(const shape& s, basic_text<256>& t) {
-    t.add("  router softmax -> top ", s.top_k.is_static() ? s.top_k.get() : std::int64_t{-1}, " of ",
-          s.experts.is_static() ? s.experts.get() : std::int64_t{-1},
-          s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "",
-          mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]" : "  [mlp: gate, experts.E.gate/up/down_proj]");
+    const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
+    if constexpr (K.router == moe_router::sigmoid_grouped)
+      t.add("  router sigmoid + expert bias -> top ", known(s.top_k), " of ", known(s.experts), " in the best ",
+            known(s.group_top_k), " of ", known(s.expert_groups), " groups",
+            s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "", ", x ", s.routed_scale.is_static() ? s.routed_scale.get() : -1.0,
+            "  [mlp: gate (+ e_score_correction_bias), experts.E.gate/up/down_proj]");
+    else
+      t.add("  router softmax -> top ", known(s.top_k), " of ", known(s.experts),
+            s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "",
+            mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]" : "  [mlp: gate, experts.E.gate/up/down_proj]");
     if (K.shared_expert) t.add("; + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]");
+    if (K.shared_experts) t.add("; + shared experts' gated_mlp  [mlp: shared_experts]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module(mixtral ? "block_sparse_moe" : "mlp");
+    static_assert(!(K.shared_expert && K.shared_experts), "megadsl: a mixture has Qwen's gated shared expert or DeepSeek's shared experts, not both");
     b.param(at, {"router.weight", shard_kind::replicated, {"gate.weight"}, 1, extent::experts, presence::always, false, true});
+    // The expert bias selects, never weighs: no gradient reaches it (zero, and no weight decay on a
+    // vector, so AdamW leaves it as it is); the trainer's balancing update moves it (finalize_grads).
+    if constexpr (K.router == moe_router::sigmoid_grouped)
+      b.param(at, {"router.expert_bias", shard_kind::replicated, {"gate.e_score_correction_bias"}, 1, extent::expert_vector,
+                   presence::always, false, false, param_init::zeros});
     if constexpr (mixtral) {
       b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
                    {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2, extent::expert_ffn,
@@ -505,10 +524,16 @@ struct moe_mlp {
       b.param(at, {"shared_expert_gate.weight", shard_kind::replicated, {"shared_expert_gate.weight"}, 1, extent::one_row,
                    presence::always, false, true});
     }
+    if constexpr (K.shared_experts) {  // the same rows under DeepSeek's names, without a gate
+      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
+                   {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn});
+      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_experts.down_proj.weight"}, 1, extent::shared_ffn});
+    }
     b.uses(A);
     b.routes = true;
     basic_text<64> name("moe_mlp<");
-    name.add(name_of(A), mixtral ? ", mixtral" : ", qwen", K.shared_expert ? ", shared" : "", ">");
+    name.add(name_of(A), mixtral ? ", mixtral" : ", qwen", K.shared_expert ? ", shared" : "",
+             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(name_of(A), ">");
     // The dense MLP's estimate (the paper has no mixture): the experts' activations per token are

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "megadsl/architecture.hpp"
 #include "megadsl/layout.hpp"
@@ -35,6 +36,7 @@ namespace megadsl {
 struct packed_tokens;
 struct rope_tables;
 struct model_options;
+struct expert_load;
 
 // One layer's parameters as the blocks bind them: by the local name of the row (the megadsl name
 // without its `layers.{layer}.` prefix, experts with their global index: `experts.5.down.weight`).
@@ -132,6 +134,9 @@ struct layer_plan_args {
   const model_options& options;
   std::int64_t tp_rank = 0;
   std::int64_t first_expert = 0, experts_per_rank = 0;  // this ep rank's experts of a mixture
+  // Where a router with an expert bias registers its load counts (the stage's, for the balancing
+  // update in finalize_grads); null: nowhere (the bias is then never updated).
+  std::vector<expert_load*>* expert_loads = nullptr;
 };
 
 // What a block's factory builds its module from: the layer's parameters (or the model's outside

@@ -31,6 +31,27 @@ struct routing {
 // norm_topk_prob) the k weights divided by their sum. logits: (T, E).
 routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise);
 
+// DeepSeek-V3's router (DeepseekV3TopkRouter; GLM-4.5's Glm4MoeTopkRouter): scores sigmoid(logits)
+// in fp32; the experts chosen by scores + bias (the bias selects, never weighs) among the
+// group_top_k best of `groups` equal groups, a group scored by the sum of its two best biased
+// scores; the weights the chosen scores, divided by their sum + 1e-20 with `renormalise`, times
+// `scale`, kept in fp32. logits: (T, E) fp32; bias: (E) fp32.
+routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, std::int64_t top_k, std::int64_t groups,
+                              std::int64_t group_top_k, bool renormalise, double scale);
+// That router's weights for given experts (router replay): the same scores, renormalisation, scale.
+at::Tensor sigmoid_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double scale);
+
+// A router's expert bias and the tokens its experts received in this step's training forwards:
+// the aux-loss-free balancing of DeepSeek-V3 (Megatron's moe_router_enable_expert_bias). Each
+// mixture with a bias registers one with its stage (layer_plan_args::expert_loads).
+struct expert_load {
+  at::Tensor bias;    // (E) fp32: the parameter, moved in place by the update, never by a gradient
+  at::Tensor tokens;  // (E) fp64: real tokens routed to each expert (a token counts once per expert)
+};
+// Megatron's get_updated_expert_bias on counts already summed over the replicas that saw other
+// tokens (dp and cp): bias += rate * sign(mean(tokens) - tokens), then the counts restart at 0.
+void update_expert_bias(expert_load& e, const at::Tensor& tokens, double rate);
+
 // The experts this rank holds: experts [first, first + gate_up.size()) of the layer's `experts`,
 // which must be ep_rank * experts / ep onward (checked). Under etp = tp each is this tp rank's
 // shard (f = expert_ffn / tp) and the output is a partial sum over tp.
@@ -60,6 +81,9 @@ at::Tensor switch_load_balancing_loss(const at::Tensor& probs, const at::Tensor&
 at::Tensor sequence_load_balancing_loss(const at::Tensor& probs, const at::Tensor& indices, const at::Tensor& valid,
                                         const at::Tensor& sequence, std::int64_t sequences);
 at::Tensor router_z_loss(const at::Tensor& logits, const at::Tensor& valid);
+// The sigmoid router's probabilities for the load-balancing loss (Megatron's
+// compute_routing_scores_for_aux_loss): sigmoid(logits) normalised over the experts (+ 1e-20).
+at::Tensor sigmoid_balance_probs(const at::Tensor& logits);
 
 // `y` unchanged; in the backward, `loss` (a scalar) receives gradient 1 as if it had been added
 // to the objective (Megatron's MoEAuxLossAutoScaler): an auxiliary loss rides on the activations.

@@ -60,6 +60,12 @@ struct model_options {
   double moe_aux_loss_coeff = 0.0;         // Megatron's moe_aux_loss_coeff (HF's router_aux_loss_coef)
   bool moe_aux_loss_per_sequence = false;  // Megatron's seq_aux_loss
   double moe_z_loss_coeff = 0.0;
+  // A router with an expert bias (DeepSeek-V3's e_score_correction_bias: it selects experts, never
+  // weighs them, and no gradient moves it): the aux-loss-free balancing of Megatron's
+  // moe_router_enable_expert_bias. finalize_grads sums the step's tokens per expert over dp and cp
+  // and moves each bias by rate * sign(mean - load) (Megatron's moe_router_bias_update_rate,
+  // 1e-3); 0: the bias stays as loaded.
+  double moe_expert_bias_update_rate = 1e-3;
   // Before the first collective of forward / forward_backward (and a trainer's step), the ranks
   // check that they were given the same batch: its shapes always, its values too with this on
   // (a 64-bit hash of the bytes; ranks that disagree end together, naming the ranks).

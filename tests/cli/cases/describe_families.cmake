@@ -80,3 +80,12 @@ megadsl(describe seed-oss-36b --tp 8)
 expect_exit(0)
 expect_out("attention  q/k/v \\+ bias, rope  \\[self_attn\\]")
 expect_out("parameters: 36,151,104,512 ")
+
+# GLM-4.5: a dense first layer, then DeepSeek-V3's grouped sigmoid router with its expert bias and
+# ungated shared experts, bound to HF's names.
+megadsl(describe glm-4.5-air --tp 8 --ep 8)
+expect_exit(0)
+expect_out("kind 1:  block x 45 ")
+expect_out("router sigmoid \\+ expert bias -> top 8 of 128 in the best 1 of 1 groups, renormalised")
+expect_out("\n  layers\\.{layer}\\.router\\.expert_bias +model\\.layers\\.{layer}\\.mlp\\.gate\\.e_score_correction_bias +replicated +\\(128\\) ")
+expect_out("parameters: 106,852,251,264 ")

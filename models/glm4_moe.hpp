@@ -1,0 +1,84 @@
+// Zhipu's GLM-4.5 as strong preset types: Llama's pre-norms; grouped-query attention with q/k/v
+// biases (o_proj none) rotating half of each head (partial_rotary_factor 0.5); the first
+// first_k_dense_replace layers a dense SwiGLU, the rest a mixture of experts behind DeepSeek-V3's
+// grouped sigmoid router, whose expert bias (gate.e_score_correction_bias) selects and is balanced
+// by load in training, beside ungated shared experts (mlp.shared_experts.*).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Layer i is dense (kind 0) when it is among the first first_k_dense_replace (the shape's
+// dense_layers), else sparse (kind 1).
+constexpr int dense_first_layer(const shape& s, std::int64_t layer) {
+  return layer < 63 && ((s.dense_layers.get() >> layer) & 1) != 0 ? 0 : 1;
+}
+
+template <class Mlp>
+using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
+
+using glm4_moe_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::select<&dense_first_layer, glm4_moe_block<blocks::gated_mlp<activation::silu>>,
+                   glm4_moe_block<blocks::moe_mlp<activation::silu, blocks::moe_knobs{.router = moe_router::sigmoid_grouped,
+                                                                                        .shared_experts = true}>>>,
+    blocks::rms_norm<>>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr moe_config glm4_moe_moe{.count_key = "n_routed_experts", .top_k = 8, .expert_ffn = 1408, .norm_topk = true,
+                                         .shared_count_key = "n_shared_experts", .shared_count = 1,
+                                         .dense_first_key = "first_k_dense_replace", .dense_first = 1};
+inline constexpr config_key_rule glm4_moe_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},          // q/k/v biases
+    {"partial_rotary_factor", key_use::read},   // (4.x's top-level form of rope_parameters')
+    {"n_routed_experts", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"moe_intermediate_size", key_use::read},
+    {"n_shared_experts", key_use::read},
+    {"norm_topk_prob", key_use::read},
+    {"routed_scaling_factor", key_use::read},
+    {"n_group", key_use::read},
+    {"topk_group", key_use::read},
+    {"first_k_dense_replace", key_use::read},
+    {"use_qk_norm", key_use::refused, "per-head q/k norms in GLM-4.5's attention: not in this composition yet"},
+    {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
+    {"num_nextn_predict_layers", key_use::no_effect},
+    {"output_router_logits", key_use::no_effect},
+    {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
+};
+inline constexpr family_config glm4_moe_config{
+    .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
+    .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
+    .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
+    .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
+
+// GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.
+template <shape S>
+struct glm4_moe : decoder_family<glm4_moe_blocks, S> {
+  static constexpr std::string_view family = glm4_moe_config.model_type;
+  static constexpr std::string_view name = "glm4_moe";
+};
+
+// 46 layers (the first dense), 96 query heads of 128 over 8 kv heads, q/k/v biases; 128 experts of
+// 1408, top 8 renormalised, x 1.0, one shared expert; theta 1e6.
+struct glm4_5_air : glm4_moe<shape{.hidden = 4096, .layers = 46, .heads = 96, .kv_heads = 8, .ffn = 10944,
+                                   .vocab = 151552, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
+                                   .rope_theta = 1000000.0, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 128,
+                                   .top_k = 8, .expert_ffn = 1408, .shared_expert_ffn = 1408, .norm_topk = true,
+                                   .dense_layers = 1}> {
+  static constexpr std::string_view name = "glm-4.5-air";
+  static constexpr std::string_view hf_repo = "zai-org/GLM-4.5-Air";
+  // The checkpoint's tensors as transformers loads them: 106,852,245,504 parameters and the 45 sparse
+  // layers' expert biases (128 each, a buffer in HF); the multi-token-prediction layer is not counted.
+  static constexpr std::int64_t published_params = 106'852'251'264;
+};
+
+}  // namespace megadsl
