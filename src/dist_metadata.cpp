@@ -71,7 +71,9 @@ void fill_fields_added_later(json& shape) {
                              {"rotary_fraction", 1.0}, {"experts", 0}, {"top_k", 0},
                              {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},
                              {"sparse_step", 1}, {"dense_layers", 0}, {"nope_layers", 0},
-                             {"routed_scale", 1.0}, {"expert_groups", 1}, {"group_top_k", 1}};
+                             {"routed_scale", 1.0}, {"expert_groups", 1}, {"group_top_k", 1},
+                             {"q_lora_rank", 0}, {"kv_lora_rank", 0}, {"qk_nope_dim", 0}, {"v_head_dim", 0},
+                             {"rope_interleave", false}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
   if (shape.contains("architecture")) return;

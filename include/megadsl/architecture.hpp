@@ -56,6 +56,8 @@ constexpr std::string_view name_of(shard_kind k) {
 // blocks a model has is its architecture; these are the numbers config.json gives.)
 enum class presence : std::int8_t {
   always,
+  q_lora,       // MLA's low-rank query path (q_lora_rank > 0)
+  q_direct,     // MLA's direct query projection (q_lora_rank == 0)
   qkv_bias,     // the q/k/v biases (qkv_bias)
   out_bias,     // o_proj's and a plain MLP's biases (out_bias)
   mlp_bias,     // a gated MLP's gate/up/down biases (mlp_bias)
@@ -84,6 +86,14 @@ enum class extent : std::int8_t {
   none,        // the shape follows from the kind alone
 };
 
+// A row's whole HF shape computed from the model's shape, for a block whose tensors no extent
+// above describes (MLA's low-rank projections): `cols` 0 is a vector of `rows`. Column rows split
+// `rows` over tp, row rows `cols`, replicated rows neither.
+struct row_dims {
+  std::int64_t rows = 0, cols = 0;
+};
+using row_dims_fn = row_dims (*)(const shape&);
+
 // How a parameter starts when a model is built without a checkpoint.
 enum class param_init : std::int8_t {
   normal,  // N(0, init_std)
@@ -106,6 +116,7 @@ struct block_param {
   bool grad_partial_over_tp = false;
   param_init init = param_init::normal;
   bool per_expert = false;  // one copy per expert of its layer (placement::expert)
+  row_dims_fn dims_of = nullptr;  // the HF shape from the model's shape (size is then extent::none)
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -122,6 +133,7 @@ struct param_row {
   bool grad_partial_over_tp = false;
   param_init init = param_init::normal;
   std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
+  row_dims_fn dims_of = nullptr;  // (block_param::dims_of)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder

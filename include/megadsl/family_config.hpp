@@ -68,6 +68,20 @@ struct moe_config {
   std::int64_t shared_count = 1;
   std::string_view dense_first_key = {};
   std::int64_t dense_first = 0;
+  // The grouped sigmoid router's defaults (routed_scaling_factor, n_group, topk_group).
+  double routed_scale = 1.0;
+  std::int64_t groups = 1, group_top_k = 1;
+};
+
+// Multi-head latent attention's keys and their defaults (DeepseekV3Config's). config.json's
+// head_dim is qk_rope_head_dim (the config class sets it so).
+struct mla_config {
+  std::int64_t q_lora_rank = 1536;  // null: q_proj directly
+  std::int64_t kv_lora_rank = 512;
+  std::int64_t qk_nope_head_dim = 128;
+  std::int64_t qk_rope_head_dim = 64;
+  std::int64_t v_head_dim = 128;
+  bool rope_interleave = true;
 };
 
 // A switch the composition has on: false is refused, saying what the composition does.
@@ -109,6 +123,7 @@ struct family_config {
   bool reads_no_rope_layers = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
+  const mla_config* mla = nullptr;
   std::span<const required_key> required = {};
   // Keys whose class default is not neutral and would change the training numbers (Seed-OSS's 0.1
   // dropouts): a config.json must state them, and they are refused unless neutral like any other.

@@ -76,6 +76,8 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::always: return true;
     case presence::qkv_bias: return s.qkv_bias.get();
     case presence::out_bias: return s.out_bias.get();
+    case presence::q_lora: return s.q_lora_rank.get() > 0;
+    case presence::q_direct: return s.q_lora_rank.get() == 0;
     case presence::mlp_bias: return s.mlp_bias.get();
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
@@ -149,6 +151,19 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
   const std::int64_t heads = s.heads, kv = s.kv_heads;
   param_plan p;
   p.row = &row;
+  if (row.dims_of != nullptr) {  // a block's own shape (column: rows split over tp; row: columns)
+    const row_dims d = row.dims_of(s);
+    p.hf_shapes[0] = p.global = d.cols == 0 ? vec(d.rows) : mat(d.rows, d.cols);
+    p.local = p.global;
+    if (row.kind == shard_kind::column) {
+      p.local = d.cols == 0 ? vec(d.rows / tp) : mat(d.rows / tp, d.cols);
+      p.split_dim = 0;
+    } else if (row.kind == shard_kind::row) {
+      p.local = mat(d.rows, d.cols / tp);
+      p.split_dim = 1;
+    }
+    return p;
+  }
   switch (row.kind) {
     case shard_kind::vocab: {  // the vocabulary is read only here: a layer's rows do not need it
       const std::int64_t vocab = s.vocab, vpad = padded_vocab(s, l);

@@ -88,6 +88,11 @@ constexpr key_name key_names[] = {
     {"norm_topk", "norm_topk_prob"},
     {"nope_layers", "no_rope_layers"},
     {"routed_scale", "routed_scaling_factor"},
+    {"q_lora_rank", "q_lora_rank"},
+    {"kv_lora_rank", "kv_lora_rank"},
+    {"qk_nope_dim", "qk_nope_head_dim"},
+    {"v_head_dim", "v_head_dim"},
+    {"rope_interleave", "rope_interleave"},
     {"expert_groups", "n_group"},
     {"group_top_k", "topk_group"},
     {"rope.type", "rope_scaling.rope_type"},
@@ -481,6 +486,25 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
   }
 }
 
+// Multi-head latent attention's sizes (DeepseekV3Config): q_lora_rank null means q_proj directly;
+// head_dim is the rotated share of each head, qk_rope_head_dim (a head_dim key must agree with it).
+void read_mla(const reader& r, const mla_config& m, shape& s) {
+  const auto size = [&](std::string_view key, std::int64_t fallback, std::int64_t least) {
+    return r.optional<std::int64_t>(key, fallback, [&](const json& v, std::string_view k) { return r.integer(v, k, least); });
+  };
+  const auto q = r.root().find("q_lora_rank");  // null (not absent): the query directly (q_proj)
+  s.q_lora_rank = q == r.root().end() ? m.q_lora_rank : q->is_null() ? 0 : r.integer(*q, "q_lora_rank", 1);
+  s.kv_lora_rank = size("kv_lora_rank", m.kv_lora_rank, 1);
+  s.qk_nope_dim = size("qk_nope_head_dim", m.qk_nope_head_dim, 0);
+  s.v_head_dim = size("v_head_dim", m.v_head_dim, 1);
+  const std::int64_t rope = size("qk_rope_head_dim", m.qk_rope_head_dim, 2);
+  if (const json* hd = r.find(r.root(), "head_dim"); hd != nullptr && !hd->is_null() && r.integer(*hd, "head_dim", 1) != rope)
+    r.fail("head_dim", "is " + describe_json(*hd) + " but qk_rope_head_dim is " + std::to_string(rope),
+           "DeepseekV3Config sets head_dim to qk_rope_head_dim: make them equal");
+  s.head_dim = rope;
+  s.rope_interleave = r.optional<bool>("rope_interleave", m.rope_interleave, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+}
+
 // SmolLM3's NoPE layers: `no_rope_layers` holds one 0/1 per layer (1: the layer applies RoPE); without
 // it, every `no_rope_layer_interval`-th layer (4 by default) has none, as SmolLM3Config derives it.
 void read_no_rope_layers(const reader& r, shape& s) {
@@ -593,9 +617,9 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   // DeepSeek's grouped sigmoid router (the composition's expert bias).
   if (has_extent(s, extent::expert_vector)) {
-    s.routed_scale = r.optional<double>("routed_scaling_factor", 1.0, [&](const json& v, std::string_view k) { return r.number(v, k); });
-    s.expert_groups = r.optional<std::int64_t>("n_group", 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-    s.group_top_k = r.optional<std::int64_t>("topk_group", 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+    s.routed_scale = r.optional<double>("routed_scaling_factor", m.routed_scale, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+    s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   }
   if (!m.dense_first_key.empty()) {  // the first k layers dense, the rest sparse
     const std::int64_t k = r.optional<std::int64_t>(m.dense_first_key, m.dense_first,
@@ -780,6 +804,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s);
+  if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
   check_keys(r, *fam, out.notes);
   return out;
@@ -1144,6 +1169,14 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   if (fam->window != window_rule::none) j["sliding_window"] = slides ? json(window.size) : json(nullptr);
   if (fam->window == window_rule::from_max_window_layers) j["max_window_layers"] = first_sliding;
   if (fam->reads_layer_types) j["layer_types"] = types;
+  if (fam->mla != nullptr) {
+    j["q_lora_rank"] = s.q_lora_rank.get() > 0 ? json(s.q_lora_rank.get()) : json(nullptr);
+    j["kv_lora_rank"] = s.kv_lora_rank.get();
+    j["qk_nope_head_dim"] = s.qk_nope_dim.get();
+    j["qk_rope_head_dim"] = effective_head_dim(s).get();
+    j["v_head_dim"] = s.v_head_dim.get();
+    j["rope_interleave"] = s.rope_interleave.get();
+  }
   if (fam->reads_no_rope_layers) {
     json rope_layers = json::array();
     for (std::int64_t i = 0; i < layers; ++i) rope_layers.push_back(nope_layer(s, i) ? 0 : 1);

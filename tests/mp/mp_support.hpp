@@ -133,6 +133,23 @@ struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .
   static constexpr std::string_view name = "tiny8-glm4-moe";
 };
 
+// DeepSeek-V3's composition: multi-head latent attention (the query through rank 48, the kv through
+// rank 64 and a shared 16-wide RoPE key on pairs, heads [nope 32 | rope 16], values 24), then
+// GLM-4.5's mixture; and Moonlight's form with the query direct and RoPE on halves.
+struct tiny8_deepseek_v3 : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
+                                             .head_dim = 16, .max_positions = 256, .q_lora_rank = 48, .kv_lora_rank = 64,
+                                             .qk_nope_dim = 32, .v_head_dim = 24, .rope_interleave = true, .experts = 8,
+                                             .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
+                                             .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1}> {
+  static constexpr std::string_view name = "tiny8-deepseek-v3";
+};
+struct tiny8_moonlight : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
+                                           .head_dim = 16, .max_positions = 256, .q_lora_rank = 0, .kv_lora_rank = 64,
+                                           .qk_nope_dim = 32, .v_head_dim = 48, .experts = 8, .top_k = 2, .expert_ffn = 64,
+                                           .shared_expert_ffn = 128, .norm_topk = true, .dense_layers = 3}> {
+  static constexpr std::string_view name = "tiny8-moonlight";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

@@ -131,6 +131,12 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // the grouped sigmoid router
   check_moe_inference<tiny8_glm4_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
   check_moe_inference<tiny8_glm4_moe, layout{.ep = 4}>();
+  // Multi-head latent attention: heads over tp 4 (the latents replicated), sp, remove-padding, pp.
+  check_moe_inference<tiny8_deepseek_v3, layout{.tp = 4, .sp = true, .rmpad = true}>();
+  check_moe_inference<tiny8_deepseek_v3, layout{.tp = 2, .pp = 2}>();
+  check_moe_inference<tiny8_deepseek_v3, layout{.pp = 2, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_moonlight, layout{.tp = 2, .sp = true, .ep = 2}>();
+  check_moe_inference<tiny8_moonlight, layout{.pp = 2, .vpp = 2, .rmpad = true}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -146,6 +152,8 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // reduce-scatter leaves the dp sum of the counts to the balancing).
   check_moe_training<tiny8_glm4_moe, layout{.ep = 4}>(1, true);
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
+  check_moe_training<tiny8_deepseek_v3, layout{.tp = 4, .sp = true, .rmpad = true}>(1, true);
+  check_moe_training<tiny8_moonlight, layout{.tp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, false);
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
@@ -182,6 +190,8 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   // The expert biases balanced by load (summed over dp 2) move alike in every layout.
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
+  check_moe_training<tiny8_deepseek_v3, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_moonlight, layout{.tp = 2, .pp = 2, .ep = 2}>(2, false);
 }
 
 TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(mean load - load), and nothing else "

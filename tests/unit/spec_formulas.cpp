@@ -93,8 +93,20 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
       const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
       for (const std::int64_t seq : {2048, 4096, 8192}) {
         const double sq = static_cast<double>(seq);
-        const double nc = 12 * L * h * h * ((1 + g / n + sq / h) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
-        const double c = 12 * L * h * h * ((1 + g / n + sq / h / 2) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
+        double nc = 12 * L * h * h * ((1 + g / n + sq / h) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
+        double c = 12 * L * h * h * ((1 + g / n + sq / h / 2) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
+        if (has("layers.{layer}.kv_up.weight")) {
+          // Multi-head latent attention (Megatron's MLA form, the latents' norm weights left out): 6 per
+          // element of q_a/q_b (or q), kv_a, kv_b and o, and q k^T over dqk and p v over dv per head.
+          const double rq = static_cast<double>(s.q_lora_rank.get()), rkv = static_cast<double>(s.kv_lora_rank.get());
+          const double dn = static_cast<double>(s.qk_nope_dim.get()), dv = static_cast<double>(s.v_head_dim.get());
+          const double dqk = dn + d;
+          const double q = rq > 0 ? rq * h + n * dqk * rq : n * dqk * h;
+          const double weights = q + (rkv + d) * h + n * (dn + dv) * rkv + h * n * dv;
+          const double mlp_head = 12 * L * h * h * (ffn / h * m + vp / (2 * L * h));
+          nc = 6 * L * weights + 6 * L * sq * n * (dqk + dv) + mlp_head;
+          c = 6 * L * weights + 3 * L * sq * n * (dqk + dv) + mlp_head;
+        }
         const auto f = training_flops_per_token(s, l, seq);
         INFO(P::name << " tp " << tp << " seq " << seq);
         CHECK(f.megatron_non_causal == Approx(nc).epsilon(1e-12));
@@ -204,8 +216,11 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
               moe ? megadsl::routed_layers(s) * (h * (s.experts.get() + (row("layers.{layer}.shared_expert_gate.weight") ? 1 : 0)) +
                                                  (row("layers.{layer}.router.expert_bias") ? s.experts.get() : 0))
                   : 0;
+          // Multi-head latent attention's down projections and their norms are replicated.
+          const std::int64_t rq = s.q_lora_rank.get(), rkv = s.kv_lora_rank.get();
+          const std::int64_t latents = row("layers.{layer}.kv_up.weight") ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
           const std::int64_t replicated =
-              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + (actor ? 0 : h + 1);
+              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + latents + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

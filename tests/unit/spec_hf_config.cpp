@@ -170,11 +170,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\" or \"glm4_moe\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\" or \"deepseek_v3\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\" or \"glm4_moe\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\" or \"deepseek_v3\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -248,7 +248,8 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
-        ".final_softcap = 0.0, .rotary_fraction = 1.0, .experts = 0, .top_k = 0, .expert_ffn = 0, "
+        ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
+        ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
@@ -533,4 +534,30 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
   const auto* bias = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.router.expert_bias");
   REQUIRE(bias != nullptr);
   CHECK(bias->hf[0] == "model.layers.{layer}.mlp.gate.e_score_correction_bias");
+}
+
+TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lora_rank null, YaRN refused", "[spec][hf_config]") {
+  const std::string ds = R"({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 176, "vocab_size": 100,
+    "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+    "head_dim": 8, "qk_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})";
+  const shape s = parse_hf_config(ds, "x/config.json").s;
+  CHECK((s.q_lora_rank.get() == 24 && s.kv_lora_rank.get() == 32 && s.qk_nope_dim.get() == 16 && s.v_head_dim.get() == 12));
+  CHECK((megadsl::effective_head_dim(s).get() == 8 && s.rope_interleave.get()));  // head_dim: the rotated share
+  // DeepseekV3Config's defaults: 3 dense layers, groups 8 / 4, x 2.5 (here clipped to the 4 layers' first 3).
+  CHECK((s.dense_layers.get() == 7 && s.expert_groups.get() == 8 && s.group_top_k.get() == 4 && s.routed_scale.get() == 2.5));
+  const shape direct = parse_hf_config(edited(ds, "\"q_lora_rank\": 24", "\"q_lora_rank\": null"), "x").s;
+  CHECK(direct.q_lora_rank.get() == 0);
+  CHECK(megadsl::parameter_count(direct) != megadsl::parameter_count(s));  // q_proj instead of q_a/q_b
+  const std::string written = megadsl::hf_config_json(direct, "deepseek_v3", false, "float32", {});
+  CHECK_THAT(written, Catch::Contains("\"q_lora_rank\": null") && Catch::Contains("\"qk_rope_head_dim\": 8"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, direct).empty());
+  CHECK_THAT(error_of(edited(ds, "\"head_dim\": 8", "\"head_dim\": 24")),
+             Catch::Contains("head_dim: is 24 (an integer) but qk_rope_head_dim is 8"));
+  CHECK_THAT(error_of(edited(ds, "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 40.0")),
+             Catch::Contains("rope") && Catch::Contains("yarn"));
+  CHECK_THAT(error_of(edited(ds, "\"v_head_dim\": 12", "\"v_head_dim\": 12, \"attention_bias\": true")),
+             Catch::Contains("attention_bias"));
+  CHECK_THAT(std::string(megadsl::check(s, layout{.cp = 2}).joined().view()), Catch::Contains("multi-head latent attention"));
 }

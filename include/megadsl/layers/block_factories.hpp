@@ -30,6 +30,8 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const b
 
 // grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_build& b);
+// multi-head latent attention (src/layers/mla.cpp)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
 
 // MLPs; setting: the activation (architecture.hpp's `activation`)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp

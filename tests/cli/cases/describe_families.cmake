@@ -89,3 +89,12 @@ expect_out("kind 1:  block x 45 ")
 expect_out("router sigmoid \\+ expert bias -> top 8 of 128 in the best 1 of 1 groups, renormalised")
 expect_out("\n  layers\\.{layer}\\.router\\.expert_bias +model\\.layers\\.{layer}\\.mlp\\.gate\\.e_score_correction_bias +replicated +\\(128\\) ")
 expect_out("parameters: 106,852,251,264 ")
+
+# DeepSeek-V3: multi-head latent attention, its low-rank projections bound to HF's names, the down
+# projections replicated and the heads' up projections split over tp.
+megadsl(describe deepseek-v3 --tp 8 --ep 32)
+expect_exit(0)
+expect_out("mla \\(multi-head latent attention\\)  q via rank 1536, kv via rank 512, heads \\[nope 128 \\| rope 64\\], v 128, rope on pairs")
+expect_out("\n  layers\\.{layer}\\.q_up\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_b_proj\\.weight +column +\\(24576, 1536\\) +\\(24576, 1536\\) +dim 0 +\\(3072, 1536\\) ")
+expect_out("\n  layers\\.{layer}\\.kv_down\\.weight +model\\.layers\\.{layer}\\.self_attn\\.kv_a_proj_with_mqa\\.weight +replicated +\\(576, 7168\\) ")
+expect_out("parameters: 671,026,419,200 ")

@@ -1,0 +1,101 @@
+// Multi-head latent attention (DeepSeek-V3's DeepseekV3Attention; Kimi K2, Moonlight) on this tp
+// rank's heads: the replicated down projections and their norms on the whole stream, the heads'
+// up projections (column-parallel), RoPE on the decoupled part of q and on the one shared key,
+// causal attention over padded rows or packed sequences, the row-parallel o_proj.
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/recompute.hpp"
+#include "megadsl/runtime/packing.hpp"
+#include "megadsl/runtime/parallel_model.hpp"
+
+namespace megadsl {
+namespace {
+
+// DeepseekV3RMSNorm of the latents: eps 1e-6 (its default; the layers' norms take rms_norm_eps),
+// w * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype).
+at::Tensor latent_norm(const at::Tensor& x, const at::Tensor& w) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6)).to(x.scalar_type());
+}
+
+// Interleaved pairs (x0, x1), (x2, x3), ... as halves [x0, x2, ... | x1, x3, ...]: rotate-half RoPE
+// on this order is DeepSeek's pair rotation, its output in the same order (as HF returns it), and
+// q k^T is unchanged when q and k are permuted alike.
+at::Tensor deinterleave(const at::Tensor& x) {
+  const std::int64_t d = x.size(-1);
+  return at::cat({x.slice(-1, 0, d, 2), x.slice(-1, 1, d, 2)}, -1);
+}
+
+class mla final : public layer_module {
+ public:
+  explicit mla(const block_build& b)
+      : q_down_(b.find("q_down.weight")), q_norm_(b.find("q_latent_norm.weight")), q_up_(b.find("q_up.weight")),
+        q_proj_(b.find("q_proj.weight")), kv_down_(b.require("kv_down.weight")), kv_norm_(b.require("kv_latent_norm.weight")),
+        kv_up_(b.require("kv_up.weight")), o_(b.require("o_proj.weight")) {
+    const shape& s = b.s();
+    heads_ = s.heads.get() / b.args.l.tp.get();
+    nope_ = s.qk_nope_dim.get();
+    rope_ = effective_head_dim(s).get();
+    v_ = s.v_head_dim.get();
+    rank_ = s.kv_lora_rank.get();
+    interleave_ = s.rope_interleave.get();
+    window_ = b.args.options.attention_window.of(b.params.layer);
+    selective_recompute_ = b.args.l.recompute.get() == recompute_kind::selective;
+    if (!q_proj_.defined() && !(q_down_.defined() && q_norm_.defined() && q_up_.defined()))
+      throw std::logic_error("megadsl: mla: layer " + std::to_string(b.params.layer) +
+                             " has neither q_proj nor q_a_proj / q_a_layernorm / q_b_proj");
+  }
+
+  at::Tensor forward(const at::Tensor& h, layer_context& c) override {
+    const packed_tokens& pk = c.sequences();
+    const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), n = heads_, dqk = nope_ + rope_;
+    at::Tensor x = c.to_tp(h);                                                  // (T', H) on every tp rank
+    if (x.size(0) != tokens) x = x.narrow(0, 0, tokens);                       // SP padding rows: (T, H)
+    const at::Tensor q = q_proj_.defined() ? at::linear(x, c.w(q_proj_))       // (T, n*dqk) this rank's heads
+                                           : at::linear(latent_norm(at::linear(x, c.w(q_down_)), c.w(q_norm_)), c.w(q_up_));
+    const auto latent = at::linear(x, c.w(kv_down_)).split_with_sizes({rank_, rope_}, -1);  // (T, r), (T, dr)
+    const at::Tensor kv = at::linear(latent_norm(latent[0], c.w(kv_norm_)), c.w(kv_up_)).view({tokens, n, nope_ + v_});
+    const auto q_parts = q.view({tokens, n, dqk}).split_with_sizes({nope_, rope_}, -1);  // (T, n, dn), (T, n, dr)
+    const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);                        // (T, n, dn), (T, n, dv)
+    at::Tensor q_rot = q_parts[1], k_rot = latent[1].unsqueeze(1);                   // (T, n, dr), (T, 1, dr)
+    if (interleave_) {
+      q_rot = deinterleave(q_rot);
+      k_rot = deinterleave(k_rot);
+    }
+    const rope_tables& rope = c.rope;
+    q_rot = apply_rope(q_rot, rope);
+    k_rot = apply_rope(k_rot, rope);
+    // Each head is its own kv group (G = n, one query head each); v padded to q/k's width, since
+    // the kernels take one head width, and cut back after.
+    const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).unsqueeze(2);                          // (T, n, 1, dqk)
+    const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({tokens, n, rope_})}, -1);           // (T, n, dqk)
+    const at::Tensor vh = dqk > v_ ? at::constant_pad_nd(kv_parts[1], {0, dqk - v_}) : kv_parts[1];  // (T, n, dqk)
+    const attention_math math{std::pow(static_cast<double>(dqk), -0.5), 0.0, window_};
+    attention_core core = [math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
+                              const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& vi) {
+      return rmpad ? attention_varlen(qi, ki, vi, cu, math) : attention_padded(qi, ki, vi, mask, batch, seq, math);
+    };
+    at::Tensor a = selective_recompute_ ? recompute_in_backward(std::move(core), qh, kh, vh) : core(qh, kh, vh);
+    a = a.view({tokens, n, dqk}).narrow(-1, 0, v_).reshape({tokens, n * v_});  // (T, n*dv)
+    if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', n*dv)
+    return c.row(a, o_);  // (T'/tp or T', H)
+  }
+
+ private:
+  at::Tensor q_down_, q_norm_, q_up_, q_proj_;  // (rq, H), (rq) replicated; (n*dqk/tp, rq | H) this rank's heads
+  at::Tensor kv_down_, kv_norm_, kv_up_;        // (r + dr, H), (r) replicated; (n*(dn+dv)/tp, r)
+  at::Tensor o_;                                // (H, n*dv/tp)
+  std::int64_t heads_ = 0, nope_ = 0, rope_ = 0, v_ = 0, rank_ = 0, window_ = 0;
+  bool interleave_ = false, selective_recompute_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<block_module> modules::mla(const block_build& b) { return std::make_unique<megadsl::mla>(b); }
+
+}  // namespace megadsl
