@@ -73,14 +73,15 @@ struct deepseek_v3 : decoder_family<deepseek_v3_blocks, S> {
 };
 
 // 61 layers (3 dense), 128 heads: q via rank 1536, kv via rank 512, heads [128 | 64], v 128; 256
-// experts of 2048 in 8 groups, the best 4 kept, top 8 renormalised x 2.5, one shared expert. The
-// published checkpoint's RoPE is YaRN (factor 40), which megadsl's RoPE does not have yet: its
-// config.json is refused with that reason, while this preset's plans and counts are exact. The
-// count is the checkpoint's tensors as transformers loads them (the expert biases included, the
-// multi-token-prediction layer not).
+// experts of 2048 in 8 groups, the best 4 kept, top 8 renormalised x 2.5, one shared expert; YaRN
+// RoPE (factor 40 over 4096 positions, mscale and mscale_all_dim 1: the scores scaled by
+// m(40)^2 = 1.369^2). The count is the checkpoint's tensors as transformers loads them (the expert
+// biases included, the multi-token-prediction layer not).
 struct deepseek_v3_671b
     : deepseek_v3<shape{.hidden = 7168, .layers = 61, .heads = 128, .kv_heads = 128, .ffn = 18432, .vocab = 129280,
                         .head_dim = 64, .max_positions = 163840, .rms_eps = 1e-6, .rope_theta = 10000.0,
+                        .rope = {.type = rope_type::yarn, .factor = 40.0, .original_max_positions = 4096, .beta_fast = 32.0,
+                                 .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
                         .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .v_head_dim = 128,
                         .rope_interleave = true, .experts = 256, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
                         .norm_topk = true, .routed_scale = 2.5, .expert_groups = 8, .group_top_k = 4, .dense_layers = 7}> {

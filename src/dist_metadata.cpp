@@ -76,6 +76,11 @@ void fill_fields_added_later(json& shape) {
                              {"rope_interleave", false}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
+  static const json rope_added = {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 0.0}, {"mscale_all_dim", 0.0},
+                                  {"attention_factor", 0.0}, {"truncate", true}};
+  if (shape.contains("rope") && shape["rope"].is_object())
+    for (const auto& [key, value] : rope_added.items())
+      if (!shape["rope"].contains(key)) shape["rope"][key] = value;
   if (shape.contains("architecture")) return;
   // The knobs (Llama's where absent) name the family, whose composition is the architecture.
   static const std::array<std::string_view, 10> llama = legacy_families[0].knobs;

@@ -36,12 +36,36 @@ at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
     const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
     inv = at::where(medium, smoothed, scaled);
   }
+  if (type == rope_type::yarn) {
+    // transformers' _compute_yarn_parameters: interpolated (/ factor) below the ramp's low end,
+    // extrapolated (as is) above its high end, blended linearly between, in fp32.
+    const double factor = r.factor, original = static_cast<double>(r.original_max_positions.get());
+    const double dd = static_cast<double>(d);
+    const auto correction = [&](double rotations) {
+      return dd * std::log(original / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
+    };
+    double low = correction(r.beta_fast), high = correction(r.beta_slow);
+    if (r.truncate.get()) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dd - 1);
+    if (low == high) high += 0.001;  // (transformers': no singularity)
+    const at::Tensor pos_freqs = at::pow(at::scalar_tensor(base, at::kFloat), exponent);
+    const at::Tensor extrapolation = 1.0 / pos_freqs, interpolation = 1.0 / (factor * pos_freqs);
+    const at::Tensor ramp = at::clamp((at::arange(d / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low), 0, 1);
+    const at::Tensor keep = 1 - ramp;  // the extrapolation's share
+    inv = interpolation * (1 - keep) + extrapolation * keep;
+  }
   return inv;
 }
 
-rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape&) {
+rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape& s) {
   const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, d/2)
   const at::Tensor emb = at::cat({freqs, freqs}, -1);                                        // (T, d)
+  const double scale = rope_attention_factor(s.rope);  // YaRN's, on cos and sin alike (1 otherwise)
+  if (scale != 1.0) return {emb.cos() * scale, emb.sin() * scale};
   return {emb.cos(), emb.sin()};
 }
 

@@ -10,7 +10,8 @@
 #include "megadsl/shape.hpp"
 
 BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, high_freq_factor,
-                        original_max_positions);
+                        original_max_positions, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor,
+                        truncate);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
                         max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, out_bias, mlp_bias,
                         query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, q_lora_rank,

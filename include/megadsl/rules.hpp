@@ -279,7 +279,11 @@ constexpr void check_shape(const shape& s, violations& out) {
       out.add("rope_scaling_valid")
           .add("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor (got ",
                r.low_freq_factor.get(), " and ", r.high_freq_factor.get(), ")");
-    if (r.type.get() == rope_type::llama3 && r.original_max_positions.is_static() &&
+    if (r.type.get() == rope_type::yarn && known(r.beta_fast, r.beta_slow) &&
+        !(r.beta_fast.get() > 0 && r.beta_slow.get() > 0))
+      out.add("rope_scaling_valid").add("yarn rope scaling needs beta_fast and beta_slow > 0 (got ", r.beta_fast.get(),
+                                        " and ", r.beta_slow.get(), ")");
+    if ((r.type.get() == rope_type::llama3 || r.type.get() == rope_type::yarn) && r.original_max_positions.is_static() &&
         r.original_max_positions.get() <= 0)
       out.add("rope_scaling_valid").add("original_max_position_embeddings must be positive");
   }

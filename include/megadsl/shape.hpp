@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
@@ -18,7 +19,7 @@ namespace megadsl {
 
 struct architecture;  // architecture.hpp
 
-enum class rope_type : std::int8_t { none, linear, dynamic_ntk, llama3 };
+enum class rope_type : std::int8_t { none, linear, dynamic_ntk, llama3, yarn };
 
 constexpr std::string_view name_of(rope_type t) {
   switch (t) {
@@ -26,6 +27,7 @@ constexpr std::string_view name_of(rope_type t) {
     case rope_type::linear: return "linear";
     case rope_type::dynamic_ntk: return "dynamic";
     case rope_type::llama3: return "llama3";
+    case rope_type::yarn: return "yarn";
   }
   return "?";
 }
@@ -35,16 +37,35 @@ template <class E>
 inline constexpr auto enum_values = std::array<E, 0>{};
 template <>
 inline constexpr auto enum_values<rope_type> = std::array{rope_type::none, rope_type::linear,
-                                                          rope_type::dynamic_ntk, rope_type::llama3};
+                                                          rope_type::dynamic_ntk, rope_type::llama3, rope_type::yarn};
 
-// HF `rope_scaling`; the llama3 variant uses all four parameters, linear and dynamic only `factor`.
+// HF `rope_scaling`; the llama3 variant uses factor, the two frequency factors and the original
+// context, linear and dynamic only `factor`, YaRN (DeepSeek-V3, Kimi K2, gpt-oss, Qwen's long
+// context) factor, the original context and its own five.
 struct rope_scaling {
   maybe<rope_type> type = rope_type::none;
   real factor = 1.0;
   real low_freq_factor = 1.0;
   real high_freq_factor = 4.0;
   dim original_max_positions = 8192;
+  real beta_fast = 32.0;         // YaRN: the ramp's ends, in rotations over the original context
+  real beta_slow = 1.0;
+  real mscale = 0.0;             // YaRN: cos and sin scaled by m(factor, mscale) / m(factor, mscale_all_dim)
+  real mscale_all_dim = 0.0;     //       (0: unset; both unset: m(factor)); DeepSeek's MLA scores also by m(factor, mscale_all_dim)^2
+  real attention_factor = 0.0;   // YaRN: that scale given outright (0: derived)
+  flag truncate = true;          // YaRN: the ramp's ends rounded to whole dimensions (gpt-oss: false)
 };
+
+// YaRN's m(s, mu) = 0.1 mu ln s + 1 (1 for s <= 1), as transformers' get_mscale.
+inline double yarn_mscale(double factor, double mu = 1.0) { return factor <= 1 ? 1.0 : 0.1 * mu * std::log(factor) + 1.0; }
+// The scale of YaRN's cos and sin (transformers' attention_factor); 1 for every other RoPE.
+inline double rope_attention_factor(const rope_scaling& r) {
+  if (r.type.get() != rope_type::yarn) return 1.0;
+  if (r.attention_factor.get() != 0) return r.attention_factor.get();
+  if (r.mscale.get() != 0 && r.mscale_all_dim.get() != 0)
+    return yarn_mscale(r.factor.get(), r.mscale.get()) / yarn_mscale(r.factor.get(), r.mscale_all_dim.get());
+  return yarn_mscale(r.factor.get());
+}
 
 struct shape {
   dim hidden = dynamic;
@@ -107,7 +128,8 @@ inline constexpr shape dynamic_shape = {
     .ffn = dynamic, .vocab = dynamic, .head_dim = dynamic, .max_positions = dynamic,
     .rms_eps = dynamic, .rope_theta = dynamic,
     .rope = {.type = dynamic, .factor = dynamic, .low_freq_factor = dynamic,
-             .high_freq_factor = dynamic, .original_max_positions = dynamic},
+             .high_freq_factor = dynamic, .original_max_positions = dynamic, .beta_fast = dynamic, .beta_slow = dynamic,
+             .mscale = dynamic, .mscale_all_dim = dynamic, .attention_factor = dynamic, .truncate = dynamic},
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .out_bias = dynamic, .mlp_bias = dynamic,
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
     .rotary_fraction = dynamic, .q_lora_rank = dynamic, .kv_lora_rank = dynamic, .qk_nope_dim = dynamic,

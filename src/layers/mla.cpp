@@ -44,6 +44,13 @@ class mla final : public layer_module {
     rank_ = s.kv_lora_rank.get();
     interleave_ = s.rope_interleave.get();
     window_ = b.args.options.attention_window.of(b.params.layer);
+    // dqk^-1/2, times m(factor, mscale_all_dim)^2 under a scaled RoPE with mscale_all_dim
+    // (DeepSeek's yarn_apply_mscale, Megatron's MLA softmax_scale).
+    scale_ = std::pow(static_cast<double>(nope_ + rope_), -0.5);
+    if (s.rope.type.get() != rope_type::none && s.rope.mscale_all_dim.get() != 0) {
+      const double m = yarn_mscale(s.rope.factor.get(), s.rope.mscale_all_dim.get());
+      scale_ *= m * m;
+    }
     selective_recompute_ = b.args.l.recompute.get() == recompute_kind::selective;
     if (!q_proj_.defined() && !(q_down_.defined() && q_norm_.defined() && q_up_.defined()))
       throw std::logic_error("megadsl: mla: layer " + std::to_string(b.params.layer) +
@@ -74,7 +81,7 @@ class mla final : public layer_module {
     const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).unsqueeze(2);                          // (T, n, 1, dqk)
     const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({tokens, n, rope_})}, -1);           // (T, n, dqk)
     const at::Tensor vh = dqk > v_ ? at::constant_pad_nd(kv_parts[1], {0, dqk - v_}) : kv_parts[1];  // (T, n, dqk)
-    const attention_math math{std::pow(static_cast<double>(dqk), -0.5), 0.0, window_};
+    const attention_math math{scale_, 0.0, window_};
     attention_core core = [math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
                            mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
                               const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& vi) {
@@ -91,6 +98,7 @@ class mla final : public layer_module {
   at::Tensor kv_down_, kv_norm_, kv_up_;        // (r + dr, H), (r) replicated; (n*(dn+dv)/tp, r)
   at::Tensor o_;                                // (H, n*dv/tp)
   std::int64_t heads_ = 0, nope_ = 0, rope_ = 0, v_ = 0, rank_ = 0, window_ = 0;
+  double scale_ = 0;  // the scores' scale
   bool interleave_ = false, selective_recompute_ = false;
 };
 

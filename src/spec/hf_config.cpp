@@ -100,6 +100,12 @@ constexpr key_name key_names[] = {
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
     {"rope.high_freq_factor", "rope_scaling.high_freq_factor"},
     {"rope.original_max_positions", "rope_scaling.original_max_position_embeddings"},
+    {"rope.beta_fast", "rope_scaling.beta_fast"},
+    {"rope.beta_slow", "rope_scaling.beta_slow"},
+    {"rope.mscale", "rope_scaling.mscale"},
+    {"rope.mscale_all_dim", "rope_scaling.mscale_all_dim"},
+    {"rope.attention_factor", "rope_scaling.attention_factor"},
+    {"rope.truncate", "rope_scaling.truncate"},
 };
 
 // Shortest round-trip text: 500000.0, 0.02, 1e-05 (as config.json writes them).
@@ -247,19 +253,20 @@ rope_scaling read_rope_object(const reader& r, const json& v, const std::string&
         r.fail(where, "holds RoPE parameters per layer type (\"" + printable(k) + "\": {...}), which megadsl's Llama family does not have",
                "this checkpoint's architecture is not supported");
     r.fail(where, "has neither \"rope_type\" nor \"type\"",
-           "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
+           "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\"");
   }
   if (!t->is_string())
     r.fail(type_key, "expected a string, got " + describe_json(*t),
-           "use one of \"default\", \"linear\", \"dynamic\", \"llama3\"");
+           "use one of \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\"");
   const std::string type = t->get<std::string>();
   if (type == "default") return out;
   if (type == "linear") out.type = rope_type::linear;
   else if (type == "dynamic") out.type = rope_type::dynamic_ntk;
   else if (type == "llama3") out.type = rope_type::llama3;
+  else if (type == "yarn") out.type = rope_type::yarn;
   else
     r.fail(type_key, "\"" + printable(type) + "\" is not supported",
-           "megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\" (or none: \"default\")");
+           "megadsl implements rope scaling \"linear\", \"dynamic\", \"llama3\" and \"yarn\" (or none: \"default\")");
 
   auto need = [&](std::string_view key) -> const json& {
     const json* f = r.find(v, key);
@@ -274,6 +281,21 @@ rope_scaling read_rope_object(const reader& r, const json& v, const std::string&
     out.original_max_positions =
         r.integer(need("original_max_position_embeddings"), where + ".original_max_position_embeddings", 1);
   }
+  if (out.type.get() == rope_type::yarn) {  // transformers' _compute_yarn_parameters; null keys take its defaults
+    out.original_max_positions =
+        r.integer(need("original_max_position_embeddings"), where + ".original_max_position_embeddings", 1);
+    const auto number = [&](std::string_view key, double fallback) {
+      const json* f = r.find(v, key);
+      return f == nullptr || f->is_null() ? fallback : r.number(*f, where + "." + std::string(key));
+    };
+    out.beta_fast = number("beta_fast", 32.0);
+    out.beta_slow = number("beta_slow", 1.0);
+    out.mscale = number("mscale", 0.0);
+    out.mscale_all_dim = number("mscale_all_dim", 0.0);
+    out.attention_factor = number("attention_factor", 0.0);
+    const json* t = r.find(v, "truncate");
+    out.truncate = t == nullptr || t->is_null() ? true : r.boolean(*t, where + ".truncate");
+  }
   return out;
 }
 
@@ -281,6 +303,11 @@ bool same_rope(const rope_scaling& a, const rope_scaling& b) {
   if (a.type.get() != b.type.get()) return false;
   if (a.type.get() == rope_type::none) return true;
   if (a.factor.get() != b.factor.get()) return false;
+  if (a.type.get() == rope_type::yarn)
+    return a.original_max_positions.get() == b.original_max_positions.get() && a.beta_fast.get() == b.beta_fast.get() &&
+           a.beta_slow.get() == b.beta_slow.get() && a.mscale.get() == b.mscale.get() &&
+           a.mscale_all_dim.get() == b.mscale_all_dim.get() && a.attention_factor.get() == b.attention_factor.get() &&
+           a.truncate.get() == b.truncate.get();
   if (a.type.get() != rope_type::llama3) return true;
   return a.low_freq_factor.get() == b.low_freq_factor.get() && a.high_freq_factor.get() == b.high_freq_factor.get() &&
          a.original_max_positions.get() == b.original_max_positions.get();
@@ -338,7 +365,9 @@ bool rope_field_used(std::string_view field, const maybe<rope_type>& type) {
   if (field == "type") return true;
   if (type.is_dynamic()) return true;
   if (type.value == rope_type::none) return false;
-  return field == "factor" || type.value == rope_type::llama3;
+  if (type.value == rope_type::yarn) return field != "low_freq_factor" && field != "high_freq_factor";
+  return field == "factor" || (type.value == rope_type::llama3 && (field == "low_freq_factor" || field == "high_freq_factor" ||
+                                                                  field == "original_max_positions"));
 }
 
 template <class T>
@@ -1193,6 +1222,15 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       rs["low_freq_factor"] = r.low_freq_factor.get();
       rs["high_freq_factor"] = r.high_freq_factor.get();
       rs["original_max_position_embeddings"] = r.original_max_positions.get();
+    }
+    if (r.type.get() == rope_type::yarn) {
+      rs["original_max_position_embeddings"] = r.original_max_positions.get();
+      rs["beta_fast"] = r.beta_fast.get();
+      rs["beta_slow"] = r.beta_slow.get();
+      if (r.mscale.get() != 0) rs["mscale"] = r.mscale.get();
+      if (r.mscale_all_dim.get() != 0) rs["mscale_all_dim"] = r.mscale_all_dim.get();
+      if (r.attention_factor.get() != 0) rs["attention_factor"] = r.attention_factor.get();
+      rs["truncate"] = r.truncate.get();
     }
     j["rope_scaling"] = rs;
   }

@@ -2,6 +2,7 @@
 // shapes, HF's defaults, the errors (file, field, fix), resolve() against a declared model, and
 // to_string().
 #include <algorithm>
+#include <cmath>
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -121,8 +122,8 @@ TEST_CASE("transformers 5's rope_parameters: theta and scaling read from it, agr
   CHECK_THROWS_WITH(with(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0},
                             "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})"),
                     Catch::Contains("rope_parameters: disagrees with rope_scaling"));
-  CHECK_THROWS_WITH(with(R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})"),
-                    Catch::Contains("rope_parameters.rope_type: \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(with(R"("rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0})"),
+                    Catch::Contains("rope_parameters.rope_type: \"longrope\" is not supported"));
   CHECK_THROWS_WITH(with(R"("rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}})"),
                     Catch::Contains("rope_parameters: holds RoPE parameters per layer type"));
   CHECK_THROWS_WITH(with(R"("rope_parameters": 5)"), Catch::Contains("rope_parameters: expected an object"));
@@ -145,8 +146,8 @@ TEST_CASE("rope_scaling: null, default, linear, dynamic, llama3", "[spec][hf_con
   CHECK(l3.low_freq_factor.get() == 1.0);
   CHECK(l3.high_freq_factor.get() == 4.0);
   CHECK(l3.original_max_positions.get() == 8192);
-  CHECK_THROWS_WITH(with_rope(R"({"rope_type": "yarn", "factor": 4.0})"),
-                    Catch::Contains("rope_scaling.rope_type: \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(with_rope(R"({"rope_type": "longrope", "factor": 4.0})"),
+                    Catch::Contains("rope_scaling.rope_type: \"longrope\" is not supported"));
   CHECK_THROWS_WITH(with_rope(R"({"rope_type": "llama3", "factor": 8.0})"),
                     Catch::Contains("rope_scaling.low_freq_factor: missing (needed by rope type \"llama3\")"));
 }
@@ -555,8 +556,19 @@ TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lor
   CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, direct).empty());
   CHECK_THAT(error_of(edited(ds, "\"head_dim\": 8", "\"head_dim\": 24")),
              Catch::Contains("head_dim: is 24 (an integer) but qk_rope_head_dim is 8"));
+  // YaRN (DeepSeek-V3's published RoPE): read with transformers' defaults, written back the same.
+  const shape yarn = parse_hf_config(edited(ds, "\"rope_type\": \"default\"",
+                                            "\"rope_type\": \"yarn\", \"factor\": 40.0, \"original_max_position_embeddings\": 4096, "
+                                            "\"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"beta_fast\": null"), "x").s;
+  CHECK((yarn.rope.type.get() == rope_type::yarn && yarn.rope.factor.get() == 40.0 && yarn.rope.beta_fast.get() == 32.0 &&
+         yarn.rope.beta_slow.get() == 1.0 && yarn.rope.original_max_positions.get() == 4096 && yarn.rope.truncate.get()));
+  CHECK(megadsl::rope_attention_factor(yarn.rope) == 1.0);  // m(40, 1) / m(40, 1)
+  CHECK(megadsl::rope_attention_factor(parse_hf_config(edited(ds, "\"rope_type\": \"default\"",
+      "\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32"), "x").s.rope) ==
+        Approx(0.1 * std::log(4.0) + 1.0));
+  CHECK(megadsl::mismatches(parse_hf_config(megadsl::hf_config_json(yarn, "deepseek_v3", false, "float32", {}), "w").s, yarn).empty());
   CHECK_THAT(error_of(edited(ds, "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 40.0")),
-             Catch::Contains("rope") && Catch::Contains("yarn"));
+             Catch::Contains("original_max_position_embeddings: missing"));
   CHECK_THAT(error_of(edited(ds, "\"v_head_dim\": 12", "\"v_head_dim\": 12, \"attention_bias\": true")),
              Catch::Contains("attention_bias"));
   CHECK_THAT(std::string(megadsl::check(s, layout{.cp = 2}).joined().view()), Catch::Contains("multi-head latent attention"));

@@ -11,7 +11,8 @@
 
 namespace megadsl {
 
-// RoPE inverse frequencies (d/2,) with the shape's scaling (none, linear, dynamic NTK, llama3).
+// RoPE inverse frequencies (d/2,) with the shape's scaling (none, linear, dynamic NTK, llama3, YaRN;
+// YaRN's attention factor scales the tables, rope_for_positions).
 // `seq_len` (longest position + 1 in the batch) matters only for dynamic NTK.
 at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len);
 

@@ -30,11 +30,11 @@ expect_exit(2)
 expect_err("model_type: \"gpt2\" is not a family megadsl composes; megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\" or \"deepseek_v3\"")
 
 # A rope scaling megadsl does not implement.
-string(REPLACE "\"rope_scaling\": null" "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}" text "${good}")
-write_config(yarn "${text}")
-megadsl(check ${WORK}/yarn)
+string(REPLACE "\"rope_scaling\": null" "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}" text "${good}")
+write_config(longrope "${text}")
+megadsl(check ${WORK}/longrope)
 expect_exit(2)
-expect_err("rope_scaling\\.rope_type: \"yarn\" is not supported; megadsl implements rope scaling \"linear\", \"dynamic\" and \"llama3\"")
+expect_err("rope_scaling\\.rope_type: \"longrope\" is not supported; megadsl implements rope scaling \"linear\", \"dynamic\", \"llama3\" and \"yarn\"")
 
 # llama3 rope scaling without one of its parameters.
 string(REPLACE "\"rope_scaling\": null" "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0}" text "${good}")
