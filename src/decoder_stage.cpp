@@ -284,6 +284,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     packed_tokens pk;     // this rank's tokens: its cp share of `whole` (the whole stream at cp = 1)
     packed_tokens whole;  // cp > 1: the whole stream, whose sequences attention and the outputs see
     rope_tables rope;     // at the whole stream's positions
+    rope_tables local_rope;  // the sliding layers' plain RoPE (shape::local_rope_theta; undefined: none)
     // A mixture of experts: the routing to replay (T, layers, k) int64 (undefined: route live),
     // and the routing each layer took, filled as the layers run (T, layers, k), -1 until then;
     // both of this rank's tokens.
@@ -304,10 +305,17 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   micro_input prepare(const batch& b) const {
     // Padded to a multiple of cp (and of tp within each cp share under SP).
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}};
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
+    if (cfg_.s.local_rope_theta.get() != 0) {  // RoPE per layer type: the sliding layers' is plain, with its own base
+      shape local = cfg_.s;
+      local.rope_theta = cfg_.s.local_rope_theta.get();
+      local.rope = {};
+      in.local_rope = rope_for_positions(rope_inv_freq(local, in.pk.max_position + 1).to(device_),
+                                         in.pk.positions.narrow(0, 0, in.pk.tokens), local);
+    }
     if (cp_ != nullptr) {
       in.whole = std::move(in.pk);
       in.pk = cp_share(in.whole, cp_size_, cp_rank_);
@@ -525,10 +533,14 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return nullptr;
   }
 
-  // The context of layer `layer`'s blocks on micro-batch `in` (a view: it holds references).
+  // The context of layer `layer`'s blocks on micro-batch `in` (a view: it holds references). With
+  // RoPE per layer type (Gemma 3, OLMo 3) a sliding layer takes the local RoPE: the config classes
+  // key both by layer_types, so the sliding layers are the local ones.
   layer_context context(const micro_input& in, std::int64_t layer) {
+    const bool local = in.local_rope.cos.defined() && cfg_.options.attention_window.of(layer) != 0;
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
-                         in.pk, in.rope, layer, run_, in.replay, in.routed, cp_, cp_ != nullptr ? &in.whole : nullptr};
+                         in.pk, local ? in.local_rope : in.rope, layer, run_, in.replay, in.routed, cp_,
+                         cp_ != nullptr ? &in.whole : nullptr};
   }
 
   // One decoder layer: its module, built from the family's blocks.

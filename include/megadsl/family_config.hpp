@@ -115,6 +115,13 @@ struct family_config {
   bool legacy_rope_keys = false;
   std::span<const std::string_view> omitted_keys = {};  // shape keys the config class does not have
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
+  double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)
+  // RoPE per layer type (Gemma 3, OLMo 3): rope_parameters {full_attention: {...}, sliding_attention:
+  // {...}} (or 4.x's rope_theta / rope_scaling for the full layers and local_theta_key for the
+  // sliding ones); the sliding layers' plain RoPE base defaults to this (0: one RoPE for all).
+  double local_rope_theta = 0.0;
+  std::string_view local_theta_key = {};
+  std::int64_t full_every = 2;              // window_rule::alternate: layer i slides when (i + 1) % this != 0
   window_rule window = window_rule::none;
   bool window_needs_use_flag = false;       // `use_sliding_window` gates the window
   bool reads_layer_types = false;           // an explicit `layer_types` overrides the pattern

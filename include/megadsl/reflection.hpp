@@ -13,7 +13,7 @@ BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, hi
                         original_max_positions, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor,
                         truncate);
 BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
-                        max_positions, rms_eps, rope_theta, rope, qkv_bias, tie_embeddings, out_bias, mlp_bias,
+                        max_positions, rms_eps, rope_theta, rope, local_rope_theta, qkv_bias, tie_embeddings, out_bias, mlp_bias,
                         query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, q_lora_rank,
                         kv_lora_rank, qk_nope_dim, v_head_dim, rope_interleave, experts,
                         top_k, expert_ffn, shared_expert_ffn, norm_topk, routed_scale, expert_groups, group_top_k,

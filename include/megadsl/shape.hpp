@@ -79,6 +79,10 @@ struct shape {
   real rms_eps = 1e-5;
   real rope_theta = 10000.0;
   rope_scaling rope = {};
+  // The base of a plain RoPE on the sliding (local) layers, whose RoPE differs from the full
+  // layers' (Gemma 3, OLMo 3: RoPE per layer type; the scaling applies to the full layers only).
+  // 0: every layer takes rope_theta and rope.
+  real local_rope_theta = 0.0;
   flag qkv_bias = false;        // Qwen2-style bias on q/k/v projections
   flag tie_embeddings = false;  // lm_head shares the embedding weight
   flag out_bias = false;  // biases on o_proj and a plain MLP's projections (StarCoder2's use_bias, attention_bias)
@@ -130,6 +134,7 @@ inline constexpr shape dynamic_shape = {
     .rope = {.type = dynamic, .factor = dynamic, .low_freq_factor = dynamic,
              .high_freq_factor = dynamic, .original_max_positions = dynamic, .beta_fast = dynamic, .beta_slow = dynamic,
              .mscale = dynamic, .mscale_all_dim = dynamic, .attention_factor = dynamic, .truncate = dynamic},
+    .local_rope_theta = dynamic,
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .out_bias = dynamic, .mlp_bias = dynamic,
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
     .rotary_fraction = dynamic, .q_lora_rank = dynamic, .kv_lora_rank = dynamic, .qk_nope_dim = dynamic,

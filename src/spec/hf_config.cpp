@@ -73,6 +73,7 @@ constexpr key_name key_names[] = {
     {"rms_eps", "rms_norm_eps"},
     {"rope_theta", "rope_theta"},
     {"rope", "rope_scaling"},
+    {"local_rope_theta", "rope_parameters.sliding_attention.rope_theta / rope_local_base_freq"},
     {"qkv_bias", "attention_bias / model_type qwen2"},
     {"tie_embeddings", "tie_word_embeddings"},
     {"out_bias", "use_bias / attention_bias"},
@@ -351,6 +352,44 @@ rope_read read_rope(const reader& r) {
   return out;
 }
 
+// Gemma 3's and OLMo 3's RoPE per layer type: rope_parameters {"full_attention": {...},
+// "sliding_attention": {...}} (transformers 5), or 4.x's rope_theta / rope_scaling for the full
+// layers and the family's local key (Gemma 3's rope_local_base_freq) for the sliding ones. The
+// sliding layers' RoPE must be plain (the config classes scale the full layers only).
+rope_read read_rope_per_layer_type(const reader& r, const family_config& fam, double& local) {
+  local = fam.local_rope_theta;
+  const json* params = r.find(r.root(), "rope_parameters");
+  const bool nested = params != nullptr && params->is_object() &&
+                      (params->contains("full_attention") || params->contains("sliding_attention"));
+  if (!nested) {
+    rope_read out = read_rope(r);
+    if (!fam.local_theta_key.empty())
+      if (const json* l = r.find(r.root(), fam.local_theta_key)) local = r.number(*l, fam.local_theta_key);
+    return out;
+  }
+  rope_read out;
+  if (const json* t = r.find(r.root(), "rope_theta")) out.theta = r.number(*t, "rope_theta");
+  for (const auto& [k, v] : params->items())
+    if (k != "full_attention" && k != "sliding_attention")
+      r.fail("rope_parameters", "holds \"" + printable(k) + "\" beside the layer types' parameters",
+             "keep \"full_attention\" and \"sliding_attention\" only");
+  if (const json* full = r.find(*params, "full_attention"); full != nullptr && !full->is_null()) {
+    if (!full->is_object()) r.fail("rope_parameters.full_attention", "expected an object, got " + describe_json(*full), "write {\"rope_type\": ..., \"rope_theta\": ...}");
+    out.scaling = read_rope_object(r, *full, "rope_parameters.full_attention", &out.partial);
+    if (const json* t = r.find(*full, "rope_theta")) out.theta = r.number(*t, "rope_parameters.full_attention.rope_theta");
+  }
+  if (const json* sliding = r.find(*params, "sliding_attention"); sliding != nullptr && !sliding->is_null()) {
+    if (!sliding->is_object()) r.fail("rope_parameters.sliding_attention", "expected an object, got " + describe_json(*sliding), "write {\"rope_type\": \"default\", \"rope_theta\": ...}");
+    const rope_scaling scaled = read_rope_object(r, *sliding, "rope_parameters.sliding_attention");
+    if (scaled.type.get() != rope_type::none)
+      r.fail("rope_parameters.sliding_attention.rope_type", "is \"" + std::string(name_of(scaled.type.get())) +
+                 "\"; megadsl scales the full layers' RoPE only, as the published checkpoints do",
+             "this checkpoint is not supported yet");
+    if (const json* t = r.find(*sliding, "rope_theta")) local = r.number(*t, "rope_parameters.sliding_attention.rope_theta");
+  }
+  return out;
+}
+
 bool close(double a, double b) { return a == b || std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); }
 
 template <class T>
@@ -591,8 +630,12 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
     const std::int64_t first = mwl ? r.integer(*mwl, "max_window_layers", 0) : 28;
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = i >= first;
   }
-  if (alternate)
-    for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % 2 != 0;
+  if (alternate) {  // every full_every-th layer full (Gemma2: 2; Gemma 3: sliding_window_pattern, 6)
+    std::int64_t every = family.full_every;
+    if (const json* p = r.find(root, "sliding_window_pattern"); p != nullptr && family.full_every != 2)
+      every = r.integer(*p, "sliding_window_pattern", 1);
+    for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = (i + 1) % every != 0;
+  }
   if (family.window == window_rule::nope_layers) {
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = nope_layer(s, i);
   }
@@ -759,7 +802,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.rms_eps = r.optional<double>(fam->eps_key, fam->rms_eps,
       [&](const json& v, std::string_view k) { return r.number(v, k); });
-  rope_read rope = read_rope(r);
+  double local_theta = 0;
+  rope_read rope = fam->local_rope_theta != 0 ? read_rope_per_layer_type(r, *fam, local_theta) : read_rope(r);
   // 4.x configs may name the theta otherwise (NeoX's rotary_emb_base) and keep the rotated share
   // at the top level (NeoX's rotary_pct, 0.25 by default; Phi-3's partial_rotary_factor).
   auto agree_with = [&](std::optional<double>& slot, std::string_view key, std::string_view what) {
@@ -786,6 +830,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     out.notes.push_back("rope_theta not in config.json: using " + show(fam->rope_theta) + " (transformers' default)");
   }
   s.rope = rope.scaling;
+  s.local_rope_theta = local_theta;
   const auto flag = [&](std::string_view key, bool fallback, bool note) {
     return r.optional<bool>(key, fallback, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, note);
   };
@@ -826,8 +871,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       if (it != root.end() && it->is_null()) return 0.0;  // None: no soft-cap
       return r.optional<double>(key, fallback, [&](const json& v, std::string_view k) { return r.number(v, k); });
     };
-    s.attn_softcap = cap("attn_logit_softcapping", 50.0);
-    s.final_softcap = cap("final_logit_softcapping", 30.0);
+    s.attn_softcap = cap("attn_logit_softcapping", fam->attn_softcap_default);
+    s.final_softcap = cap("final_logit_softcapping", fam->final_softcap_default);
   }
   s.arch = fam->arch;
   if (fam->moe != nullptr) read_experts(r, *fam, s);
@@ -989,6 +1034,11 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
   if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
     return "megadsl writes a " + f + " config with plain RoPE only, and this model's is scaled (" + show(s.rope.type) + ")";
+  if (s.local_rope_theta.get() != 0 && family.local_rope_theta == 0)
+    return "a " + f + " config has one RoPE for every layer, and this model's sliding layers take their own base " +
+           show(s.local_rope_theta);
+  if (family.local_rope_theta != 0 && s.local_rope_theta.get() == 0 && s.rope.type.get() != rope_type::none)
+    return "a " + f + " config scales the full layers' RoPE only, and this model scales every layer's";
   if (!family.score_caps && (s.query_pre_attn_scalar.get() != 0 || s.attn_softcap.get() != 0 || s.final_softcap.get() != 0))
     return "a " + f + " config has no score scale or soft-caps, and this model has them (query_pre_attn_scalar " +
            show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) + ", final_softcap " +
@@ -1233,6 +1283,15 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       rs["truncate"] = r.truncate.get();
     }
     j["rope_scaling"] = rs;
+  }
+  if (fam->local_rope_theta != 0) {  // RoPE per layer type, as transformers 5 writes it
+    json full = j["rope_scaling"].is_object() ? j["rope_scaling"] : json::object();
+    if (!full.contains("rope_type")) full["rope_type"] = "default";
+    full["rope_theta"] = s.rope_theta.get();
+    const double local = s.local_rope_theta.get() != 0 ? s.local_rope_theta.get() : s.rope_theta.get();
+    j["rope_parameters"] = {{"full_attention", full}, {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", local}}}};
+    j.erase("rope_scaling");
+    j.erase("rope_theta");
   }
   if (critic) {
     j["num_labels"] = 1;

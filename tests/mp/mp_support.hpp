@@ -150,6 +150,24 @@ struct tiny8_moonlight : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 
   static constexpr std::string_view name = "tiny8-moonlight";
 };
 
+// RoPE per layer type: the sliding (even) layers a plain RoPE of base 1e4, the full ones base 1e6
+// linearly scaled by 4 (Gemma 3's composition: sandwich norms, per-head (1 + w) q/k norms), or
+// YaRN (OLMo 3's: OLMo 2's blocks).
+struct tiny8_gemma3 : gemma3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                   .head_dim = 32, .max_positions = 256, .rope_theta = 1000000.0,
+                                   .rope = {.type = rope_type::linear, .factor = 4.0}, .local_rope_theta = 10000.0,
+                                   .tie_embeddings = true, .query_pre_attn_scalar = 24.0}> {
+  static constexpr std::string_view name = "tiny8-gemma3";
+  static constexpr std::int64_t window = 5;
+};
+struct tiny8_olmo3 : olmo3<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_heads = 4, .ffn = 352, .vocab = 500,
+                                 .max_positions = 256, .rope_theta = 500000.0,
+                                 .rope = {.type = rope_type::yarn, .factor = 4.0, .original_max_positions = 16},
+                                 .local_rope_theta = 10000.0}> {
+  static constexpr std::string_view name = "tiny8-olmo3";
+  static constexpr std::int64_t window = 5;
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

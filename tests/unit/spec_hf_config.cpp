@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\" or \"deepseek_v3\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\" or \"olmo3\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\" or \"deepseek_v3\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\" or \"olmo3\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -247,14 +247,14 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
   CHECK(megadsl::to_string(megadsl::tiny_llama3::shape) ==
         "shape{.hidden = 256, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 688, .vocab = 1000, .head_dim = 0, "
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
-        ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .qkv_bias = false, "
+        ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .local_rope_theta = 0.0, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
-  CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .qkv_bias = true") !=
+  CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
         std::string::npos);
   CHECK(megadsl::to_string(megadsl::dynamic_shape).starts_with("shape{.hidden = dynamic, .layers = dynamic,"));
 }
@@ -572,4 +572,40 @@ TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lor
   CHECK_THAT(error_of(edited(ds, "\"v_head_dim\": 12", "\"v_head_dim\": 12, \"attention_bias\": true")),
              Catch::Contains("attention_bias"));
   CHECK_THAT(std::string(megadsl::check(s, layout{.cp = 2}).joined().view()), Catch::Contains("multi-head latent attention"));
+}
+
+TEST_CASE("Gemma 3 and OLMo 3: RoPE per layer type, their sliding patterns, Gemma 3's null soft-caps", "[spec][hf_config]") {
+  const std::string g = R"({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 12,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 176, "vocab_size": 100,
+    "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})";
+  const auto c = parse_hf_config(g, "x/config.json");
+  CHECK((c.s.rope_theta.get() == 1e6 && c.s.rope.type.get() == rope_type::linear && c.s.local_rope_theta.get() == 1e4));
+  CHECK((c.s.attn_softcap.get() == 0 && c.s.final_softcap.get() == 0 && c.s.query_pre_attn_scalar.get() == 256));
+  // Gemma3TextConfig's defaults: a window of 4096 on five layers of six.
+  CHECK((c.attention_window.size == 4096 && c.attention_window.of(4) == 4096 && c.attention_window.of(5) == 0 &&
+         c.attention_window.of(11) == 0 && c.attention_window.of(6) == 4096));
+  const std::string written = megadsl::hf_config_json(c.s, "gemma3_text", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("\"sliding_attention\"") && !Catch::Contains("\"rope_scaling\""));
+  const auto back = parse_hf_config(written, "w");
+  CHECK((megadsl::mismatches(back.s, c.s).empty() && back.attention_window == c.attention_window));
+  // 4.x's form: rope_theta / rope_scaling for the full layers, rope_local_base_freq for the others.
+  const auto legacy = parse_hf_config(R"({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "rope_theta": 500000.0,
+    "rope_local_base_freq": 20000.0, "sliding_window_pattern": 2})", "x");
+  CHECK((legacy.s.rope_theta.get() == 5e5 && legacy.s.local_rope_theta.get() == 2e4 && legacy.attention_window.of(1) == 0));
+  CHECK_THAT(error_of(edited(g, "\"rope_type\": \"default\", \"rope_theta\": 10000.0", "\"rope_type\": \"linear\", \"factor\": 2.0")),
+             Catch::Contains("rope_parameters.sliding_attention.rope_type: is \"linear\""));
+  // OLMo 3: every fourth layer full, both RoPEs of base 5e5 by default.
+  const auto o = parse_hf_config(R"({"model_type": "olmo3", "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100})", "x");
+  CHECK((o.s.local_rope_theta.get() == 5e5 && o.s.rope_theta.get() == 5e5 && o.attention_window.of(2) == 4096 &&
+         o.attention_window.of(3) == 0));
+  CHECK(megadsl::model_type_for(o.s, o.attention_window) == "olmo3");
+  // A model with one RoPE everywhere cannot be written as OLMo 3's scaled-full-only form.
+  shape scaled = o.s;
+  scaled.local_rope_theta = 0.0;
+  scaled.rope = {.type = rope_type::linear, .factor = 2.0};
+  CHECK_THROWS_WITH(megadsl::hf_config_json(scaled, "olmo3", false, "float32", o.attention_window),
+                    Catch::Contains("scales the full layers' RoPE only"));
 }
