@@ -11,6 +11,7 @@
 #include "megadsl/models/deepseek_v3.hpp"
 #include "megadsl/models/gemma.hpp"
 #include "megadsl/models/gemma2.hpp"
+#include "megadsl/models/exaone4.hpp"
 #include "megadsl/models/gemma3.hpp"
 #include "megadsl/models/glm4_moe.hpp"
 #include "megadsl/models/gpt_neox.hpp"

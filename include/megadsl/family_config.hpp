@@ -128,6 +128,9 @@ struct family_config {
   // `no_rope_layers` (one 0/1 per layer, 1 = RoPE), else every `no_rope_layer_interval`-th layer
   // (4 by default) without RoPE: the shape's nope_layers (SmolLM3).
   bool reads_no_rope_layers = false;
+  // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
+  // the shape's nope_layers follow from the window.
+  bool nope_on_full_layers = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;

@@ -880,6 +880,19 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s);
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
+  if (fam->nope_on_full_layers) {  // a window set: the full layers have no RoPE (EXAONE 4)
+    const json* w = r.find(root, "sliding_window");
+    std::int64_t nope = 0;
+    if (w != nullptr && !w->is_null())
+      for (std::int64_t i = 0; i < s.layers.get(); ++i)
+        if (out.attention_window.of(i) == 0) {
+          if (i >= 63)
+            r.fail("layer_types", "makes layer " + std::to_string(i) + " a full layer without RoPE; megadsl marks NoPE layers among the first 63 only",
+                   "this checkpoint is not supported yet");
+          nope |= std::int64_t{1} << i;
+        }
+    s.nope_layers = nope;
+  }
   check_keys(r, *fam, out.notes);
   return out;
 }
@@ -1034,6 +1047,10 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
   if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
     return "megadsl writes a " + f + " config with plain RoPE only, and this model's is scaled (" + show(s.rope.type) + ")";
+  if (family.nope_on_full_layers)
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      if (nope_layer(s, i) != (window.any() && window.of(i) == 0))
+        return "a " + f + " config has no RoPE exactly on the full layers when a window is set, and this model's NoPE layers differ";
   if (s.local_rope_theta.get() != 0 && family.local_rope_theta == 0)
     return "a " + f + " config has one RoPE for every layer, and this model's sliding layers take their own base " +
            show(s.local_rope_theta);

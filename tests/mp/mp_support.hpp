@@ -168,6 +168,14 @@ struct tiny8_olmo3 : olmo3<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_hea
   static constexpr std::int64_t window = 5;
 };
 
+// EXAONE 4's composition: post norms, per-head q/k norms; the even layers slide with RoPE, the odd
+// (full) layers have none.
+struct tiny8_exaone4 : exaone4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .head_dim = 32, .max_positions = 256, .rope_theta = 1000000.0, .nope_layers = 0xAA}> {
+  static constexpr std::string_view name = "tiny8-exaone4";
+  static constexpr std::int64_t window = 5;
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\" or \"olmo3\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\" or \"exaone4\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\" or \"olmo3\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\" or \"exaone4\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -608,4 +608,19 @@ TEST_CASE("Gemma 3 and OLMo 3: RoPE per layer type, their sliding patterns, Gemm
   scaled.rope = {.type = rope_type::linear, .factor = 2.0};
   CHECK_THROWS_WITH(megadsl::hf_config_json(scaled, "olmo3", false, "float32", o.attention_window),
                     Catch::Contains("scales the full layers' RoPE only"));
+}
+
+TEST_CASE("EXAONE 4: no RoPE on the full layers exactly when a window is set", "[spec][hf_config]") {
+  const std::string e = R"({"model_type": "exaone4", "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "sliding_window": 16, "sliding_window_pattern": 4})";
+  const auto c = parse_hf_config(e, "x");
+  CHECK((c.s.nope_layers.get() == ((1 << 3) | (1 << 7)) && c.attention_window.of(0) == 16 && c.attention_window.of(3) == 0));
+  CHECK(megadsl::exaone4_layer(c.s, 3) == 1);
+  const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "exaone4", false, "float32", c.attention_window), "w");
+  CHECK((megadsl::mismatches(back.s, c.s).empty() && back.attention_window == c.attention_window));
+  // No window: RoPE everywhere (transformers' `sliding_window is None` branch).
+  CHECK(parse_hf_config(edited(e, "\"sliding_window\": 16", "\"sliding_window\": null"), "x").s.nope_layers.get() == 0);
+  CHECK_THAT(error_of(edited(e, "\"sliding_window_pattern\": 4", "\"sliding_window_pattern\": \"LLLG\"")),
+             Catch::Contains("sliding_window_pattern"));
 }

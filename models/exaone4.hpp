@@ -1,0 +1,48 @@
+// LG's EXAONE 4.0 as strong preset types: norms after each sublayer (OLMo 2's placement, Llama's
+// RMSNorm), per-head q/k norms before RoPE, three sliding layers to one full (layer_types) and,
+// whenever a window is set, no RoPE on the full layers (their "global NoPE"): two kinds of layer,
+// chosen from the shape's nope_layers, which config.json's window and layer_types decide.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Layer i is kind 1 (no RoPE) where the shape's nope_layers says so, else kind 0.
+constexpr int exaone4_layer(const shape& s, std::int64_t layer) { return nope_layer(s, layer) ? 1 : 0; }
+
+template <bool Rope>
+using exaone4_block = blocks::block<
+    blocks::post_norm<blocks::rms_norm<>, blocks::attention<blocks::attention_knobs{.rope = Rope}, blocks::per_head_qk_norm<blocks::rms_norm<>>>>,
+    blocks::post_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>;
+
+using exaone4_blocks = blocks::decoder<blocks::embedding<>,
+                                       blocks::select<&exaone4_layer, exaone4_block<true>, exaone4_block<false>>,
+                                       blocks::rms_norm<>>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule exaone4_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"sliding_window", key_use::read},
+    {"sliding_window_pattern", key_use::read},  // every n-th layer full (an int; layer_types wins)
+    {"layer_types", key_use::read},
+};
+inline constexpr family_config exaone4_config{
+    .model_type = "exaone4", .hf_class = "Exaone4", .display = "EXAONE 4.0",
+    .arch = &architecture_of<exaone4_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .full_every = 4,
+    .window = window_rule::alternate, .reads_layer_types = true, .nope_on_full_layers = true, .keys = exaone4_keys};
+
+// EXAONE 4.0: post norms, per-head q/k norms, and the full layers without RoPE beside the sliding ones.
+template <shape S>
+struct exaone4 : decoder_family<exaone4_blocks, S> {
+  static constexpr std::string_view family = exaone4_config.model_type;
+  static constexpr std::string_view name = "exaone4";
+};
+
+}  // namespace megadsl
