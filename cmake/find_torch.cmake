@@ -44,6 +44,13 @@ foreach(sub cu13/lib nccl/lib cudnn/lib nvshmem/lib cusparselt/lib)
     list(APPEND MEGADSL_TORCH_LIBDIRS ${megadsl_site_packages}/nvidia/${sub})
   endif()
 endforeach()
+# Any other package's libraries there (another PyTorch lays them out per package: cufile/lib, ...).
+file(GLOB megadsl_nvidia_libdirs LIST_DIRECTORIES true ${megadsl_site_packages}/nvidia/*/lib)
+foreach(dir ${megadsl_nvidia_libdirs})
+  if(IS_DIRECTORY ${dir} AND NOT dir IN_LIST MEGADSL_TORCH_LIBDIRS)
+    list(APPEND MEGADSL_TORCH_LIBDIRS ${dir})
+  endif()
+endforeach()
 if(TARGET torch::cudart AND EXISTS ${megadsl_site_packages}/nvidia/cu13/lib/libcudart.so.13)
   set_property(TARGET torch::cudart PROPERTY INTERFACE_LINK_LIBRARIES
                ${megadsl_site_packages}/nvidia/cu13/lib/libcudart.so.13)

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "megadsl/model.hpp"
+#include "megadsl/shard_plan.hpp"  // head_info
 
 namespace megadsl {
 

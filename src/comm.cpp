@@ -135,7 +135,10 @@ at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
   c10d::AllgatherOptions o;
   o.timeout = timeout_;
   run("all_gather", in, (size() - 1) * in.numel() * in.element_size(),
-      [&](auto& g) { return g.all_gather_single(out, in, o); });
+      [&](auto& g) {
+        if constexpr (requires { g.all_gather_single(out, in, o); }) return g.all_gather_single(out, in, o);
+        else return g._allgather_base(out, in, o);  // LibTorch 2.11 names it so
+      });
   return dim == 0 ? out : out.movedim(0, dim);
 }
 
@@ -152,7 +155,10 @@ at::Tensor comm_group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = timeout_;
   run("reduce_scatter", in, (size() - 1) * out.numel() * out.element_size(),
-      [&](auto& g) { return g.reduce_scatter_single(out, in, o); });
+      [&](auto& g) {
+        if constexpr (requires { g.reduce_scatter_single(out, in, o); }) return g.reduce_scatter_single(out, in, o);
+        else return g._reduce_scatter_base(out, in, o);  // LibTorch 2.11 names it so
+      });
   return dim == 0 ? out : out.movedim(0, dim).contiguous();
 }
 
@@ -182,7 +188,11 @@ at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::in
   o.timeout = timeout_;
   std::vector<std::int64_t> out_splits = recv_rows, in_splits = send_rows;
   const std::int64_t leaving = (sent - send_rows[static_cast<std::size_t>(index_)]) * row_bytes;
-  run("all_to_all", in, leaving, [&](auto& g) { return g.all_to_all_single(out, in, out_splits, in_splits, o); });
+  run("all_to_all", in, leaving, [&](auto& g) {
+    if constexpr (requires { g.all_to_all_single(out, in, out_splits, in_splits, o); })
+      return g.all_to_all_single(out, in, out_splits, in_splits, o);
+    else return g.alltoall_base(out, in, out_splits, in_splits, o);  // LibTorch 2.11 names it so
+  });
   global_comm_stats().all_to_all_bytes += leaving;
   return out;
 }

@@ -54,7 +54,8 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
   }
 
   const at::Tensor flat_mask = mask.reshape({-1});
-  pk.index = rmpad ? flat_mask.nonzero().squeeze(1) : at::arange(pk.batch * pk.seq, at::kLong);
+  // On the batch's device (a CUDA batch packs on the GPU; decoder_stage moves the result to the model's).
+  pk.index = rmpad ? flat_mask.nonzero().squeeze(1) : at::arange(pk.batch * pk.seq, ids_in.options().dtype(at::kLong));
   auto take = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, pk.index); };
   at::Tensor s_ids = take(ids), s_pos = take(positions), s_labels = take(labels);
   at::Tensor s_label_valid = take(label_valid).to(at::kFloat);
@@ -65,15 +66,16 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
                                   std::to_string(pk.batch) + ",), one per row of input_ids");
     if (!(t > 0).all().item<bool>())
       throw std::invalid_argument("megadsl: every row's temperature must be positive");
-    pk.temperature = take(t.unsqueeze(1).expand({pk.batch, pk.seq}).contiguous());
+    pk.temperature = take(t.to(ids_in.device()).unsqueeze(1).expand({pk.batch, pk.seq}).contiguous());
   }
   pk.token_valid = take(mask).to(at::kFloat);
   pk.tokens = s_ids.size(0);
   pk.max_position = pk.tokens > 0 ? s_pos.max().item<std::int64_t>() : 0;
   if (rmpad) {
-    const at::Tensor lengths = mask.sum(1).cumsum(0);
+    const at::Tensor lengths = mask.sum(1).cumsum(0).to(at::kCPU, at::kLong);  // one copy, not one per row
+    const auto ends = lengths.accessor<std::int64_t, 1>();
     pk.cu_seqlens.push_back(0);
-    for (std::int64_t i = 0; i < pk.batch; ++i) pk.cu_seqlens.push_back(lengths[i].item<std::int64_t>());
+    for (std::int64_t i = 0; i < pk.batch; ++i) pk.cu_seqlens.push_back(ends[i]);
   }
   const std::int64_t padded = (pk.tokens + multiple - 1) / multiple * multiple;
   const std::int64_t extra = std::max<std::int64_t>(padded - pk.tokens, multiple > 1 && pk.tokens == 0 ? multiple : 0);

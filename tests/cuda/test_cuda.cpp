@@ -3,6 +3,8 @@
 // the GPU, and tensor parallelism over NCCL. Runs only where a GPU is (cuda_main.cpp skips).
 #include "../catch_torch.hpp"
 
+#include <c10/core/GradMode.h>
+
 #include "megadsl/hf_config.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/io/safetensors.hpp"
@@ -66,6 +68,23 @@ TEST_CASE("bf16 on CUDA: varlen flash (rmpad) and SDPA (padded) agree, and stay 
     CHECK(prm.tensor.grad().scalar_type() == at::kFloat);
     CHECK(prm.tensor.grad().isfinite().all().template item<bool>());
   }
+}
+
+TEST_CASE("a batch already on the GPU gives what the same batch from the CPU gives, padded and packed", "[cuda]") {
+  // The Python module and bench_gpu_step hand the model CUDA tensors: packing runs on their device.
+  const at::Device device = local_device(true);
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<tiny_llama, layout{}>> padded(single, on(device, at::kBFloat16));
+  parallel_model<causal_lm<tiny_llama, layout{.rmpad = true}>> packed(single, on(device, at::kBFloat16));
+  const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
+  const batch on_cpu{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const batch on_gpu{.input_ids = pb.ids.to(device), .attention_mask = pb.mask.to(device)};
+  c10::NoGradGuard no_grad;
+  const model_output a = padded.forward(on_cpu), b = padded.forward(on_gpu);
+  const model_output c = packed.forward(on_cpu), d = packed.forward(on_gpu);
+  CHECK(masked(a.log_probs, b.log_probs, a.valid) == 0);
+  CHECK(masked(c.log_probs, d.log_probs, c.valid) == 0);
+  CHECK(masked(c.entropy, d.entropy, c.valid) == 0);
 }
 
 struct any_llama : any_decoder<dynamic_shape> {

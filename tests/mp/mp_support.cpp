@@ -37,10 +37,10 @@ std::map<std::string, at::Tensor> gather_hf_tensors(std::vector<named_parameter>
 
 at::Tensor probe_loss(const model_output& out, bool actor) {
   if (actor) {
-    const at::Tensor w = at::linspace(0.5, 1.5, out.log_probs.numel()).view(out.log_probs.sizes());
+    const at::Tensor w = at::linspace(0.5, 1.5, out.log_probs.numel(), out.log_probs.options()).view(out.log_probs.sizes());
     return (out.log_probs * w).sum() + 0.3 * (out.entropy * w.flip(0)).sum();
   }
-  const at::Tensor w = at::linspace(-1.0, 1.0, out.values.numel()).view(out.values.sizes());
+  const at::Tensor w = at::linspace(-1.0, 1.0, out.values.numel(), out.values.options()).view(out.values.sizes());
   return (out.values * w).sum();
 }
 
