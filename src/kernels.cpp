@@ -102,12 +102,14 @@ struct rope_fn : torch::autograd::Function<rope_fn> {
 
 }  // namespace
 
-at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t) {
+at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t, bool interleaved) {
   const std::int64_t rotated_dims = t.cos.size(-1);
   if (rotated_dims < x.size(-1)) {  // partial rotary: the first dims rotate, the rest pass through
     const auto parts = x.split_with_sizes({rotated_dims, x.size(-1) - rotated_dims}, -1);
-    return at::cat({apply_rope(parts[0], t), parts[1]}, -1);
+    return at::cat({apply_rope(parts[0], t, interleaved), parts[1]}, -1);
   }
+  if (interleaved)  // pairs as halves, then the rotation of halves
+    return apply_rope(at::cat({x.slice(-1, 0, rotated_dims, 2), x.slice(-1, 1, rotated_dims, 2)}, -1), t);
   // The tables are cat(freqs, freqs): both halves of cos (of sin) are the same numbers.
   const std::int64_t half = rotated_dims / 2;
   std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);

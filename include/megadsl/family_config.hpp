@@ -49,6 +49,7 @@ enum class bias_rule : std::int8_t {
   qkv_bias,        // `qkv_bias`: q, k and v (Qwen2-MoE), default true
   attention_and_out_bias,  // `attention_bias`: q, k and v, default true; `attention_out_bias`: o_proj, default false (Seed-OSS)
   attention_bias_qkv,      // `attention_bias`: q, k and v only, default false (GLM-4.5: o_proj never has one)
+  use_bias_all,            // `use_bias`: q, k, v, o_proj and the gated MLP's gate/up/down, default false (ERNIE 4.5)
 };
 
 // A mixture of experts' keys and their defaults.
@@ -131,6 +132,9 @@ struct family_config {
   // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
   // the shape's nope_layers follow from the window.
   bool nope_on_full_layers = false;
+  // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
+  // halves (ERNIE 4.5, GLM-4): the shape's rope_interleave, always on for the family.
+  bool interleaved_rope = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;

@@ -27,6 +27,7 @@ struct attention_settings {
   double softcap = 0;       // Gemma2's tanh soft-cap of the scores; 0: none
   std::int64_t window = 0;  // this layer's sliding window; 0: none
   bool rope = true;         // false: a NoPE layer (the block's setting 1)
+  bool interleaved = false; // RoPE on interleaved pairs (the shape's rope_interleave: ERNIE 4.5)
   bool selective_recompute = false;
   std::unique_ptr<qk_norm_module> qk_norm;  // null: none
 
@@ -37,6 +38,7 @@ struct attention_settings {
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
     rope = b.setting() == 0;
+    interleaved = s.rope_interleave.get();
     selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;
     if (b.children() > 0) qk_norm = b.child_as<qk_norm_module>(0);
   }
@@ -65,10 +67,10 @@ class attention final : public layer_module {
     const attention_math math{s_.scale, s_.softcap, s_.window};
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
-    attention_core core = [rope = c.rope, rotate = s_.rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+    attention_core core = [rope = c.rope, rotate = s_.rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
                            mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-      const at::Tensor qr = rotate ? apply_rope(q_in, rope) : q_in, kr = rotate ? apply_rope(k_in, rope) : k_in;
+      const at::Tensor qr = rotate ? apply_rope(q_in, rope, pairs) : q_in, kr = rotate ? apply_rope(k_in, rope, pairs) : k_in;
       return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
     };
     at::Tensor a = s_.selective_recompute ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);

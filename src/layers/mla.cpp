@@ -22,14 +22,6 @@ at::Tensor latent_norm(const at::Tensor& x, const at::Tensor& w) {
   return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6)).to(x.scalar_type());
 }
 
-// Interleaved pairs (x0, x1), (x2, x3), ... as halves [x0, x2, ... | x1, x3, ...]: rotate-half RoPE
-// on this order is DeepSeek's pair rotation, its output in the same order (as HF returns it), and
-// q k^T is unchanged when q and k are permuted alike.
-at::Tensor deinterleave(const at::Tensor& x) {
-  const std::int64_t d = x.size(-1);
-  return at::cat({x.slice(-1, 0, d, 2), x.slice(-1, 1, d, 2)}, -1);
-}
-
 class mla final : public layer_module {
  public:
   explicit mla(const block_build& b)
@@ -69,13 +61,9 @@ class mla final : public layer_module {
     const auto q_parts = q.view({tokens, n, dqk}).split_with_sizes({nope_, rope_}, -1);  // (T, n, dn), (T, n, dr)
     const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);                        // (T, n, dn), (T, n, dv)
     at::Tensor q_rot = q_parts[1], k_rot = latent[1].unsqueeze(1);                   // (T, n, dr), (T, 1, dr)
-    if (interleave_) {
-      q_rot = deinterleave(q_rot);
-      k_rot = deinterleave(k_rot);
-    }
-    const rope_tables& rope = c.rope;
-    q_rot = apply_rope(q_rot, rope);
-    k_rot = apply_rope(k_rot, rope);
+    const rope_tables& rope = c.rope;  // interleaved: DeepSeek's pairs, held as halves after
+    q_rot = apply_rope(q_rot, rope, interleave_);
+    k_rot = apply_rope(k_rot, rope, interleave_);
     // Each head is its own kv group (G = n, one query head each); v padded to q/k's width, since
     // the kernels take one head width, and cut back after.
     const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).unsqueeze(2);                          // (T, n, 1, dqk)

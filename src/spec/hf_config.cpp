@@ -857,9 +857,13 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       s.qkv_bias = flag("attention_bias", false, /*note=*/false);
       s.out_bias = false;
       break;
+    case bias_rule::use_bias_all:  // ERNIE 4.5's: q, k, v, o_proj and gate/up/down
+      s.qkv_bias = s.out_bias = s.mlp_bias = flag("use_bias", false, /*note=*/false);
+      break;
   }
   // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
-  s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
+  if (fam->bias != bias_rule::use_bias_all) s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
+  if (fam->interleaved_rope) s.rope_interleave = true;  // the family's rotation, not a key
   s.tie_embeddings = flag("tie_word_embeddings", fam->tie_embeddings, /*note=*/false);
   // Gemma2's score scale and soft-caps (null: no cap); 0 = off in every other family.
   s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
@@ -1085,8 +1089,16 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     case bias_rule::attention_bias_qkv:
       if (s.out_bias.get()) return "a " + f + " config has no o_proj bias, and this model has one";
       break;
+    case bias_rule::use_bias_all:
+      if (s.qkv_bias.get() != s.out_bias.get() || s.qkv_bias.get() != s.mlp_bias.get())
+        return "a " + f + " config has one use_bias for q/k/v, o_proj and the MLP; this model has " + biases +
+               " and mlp_bias " + show(s.mlp_bias);
+      break;
   }
-  if (s.mlp_bias.get() && !family.reads_mlp_bias)
+  if (family.mla == nullptr && s.rope_interleave.get() != family.interleaved_rope)
+    return family.interleaved_rope ? "a " + f + " config rotates interleaved pairs, and this model rotates halves"
+                                   : "a " + f + " config rotates each head's halves, and this model rotates interleaved pairs";
+  if (s.mlp_bias.get() && !family.reads_mlp_bias && family.bias != bias_rule::use_bias_all)
     return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
   if (family.moe != nullptr && family.moe->experts_as_wide_as_ffn &&
       ((!family.moe->reads_norm_topk && !s.norm_topk.get()) || s.expert_ffn.get() != 0 || !every_layer_routes(s)))
@@ -1221,6 +1233,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       j["attention_out_bias"] = s.out_bias.get();
       break;
     case bias_rule::attention_bias_qkv: j["attention_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::use_bias_all: j["use_bias"] = s.qkv_bias.get(); break;
   }
   for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout
   if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();

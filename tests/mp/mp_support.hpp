@@ -176,6 +176,14 @@ struct tiny8_exaone4 : exaone4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
   static constexpr std::int64_t window = 5;
 };
 
+// ERNIE 4.5's composition: the Llama blocks, RoPE on interleaved pairs, biases on q/k/v, o_proj and
+// the MLP.
+struct tiny8_ernie4_5 : ernie4_5<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                       .head_dim = 32, .max_positions = 256, .rope_theta = 500000.0, .qkv_bias = true,
+                                       .tie_embeddings = true, .out_bias = true, .mlp_bias = true, .rope_interleave = true}> {
+  static constexpr std::string_view name = "tiny8-ernie4_5";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\" or \"exaone4\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\" or \"ernie4_5\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\" or \"exaone4\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\" or \"ernie4_5\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -623,4 +623,29 @@ TEST_CASE("EXAONE 4: no RoPE on the full layers exactly when a window is set", "
   CHECK(parse_hf_config(edited(e, "\"sliding_window\": 16", "\"sliding_window\": null"), "x").s.nope_layers.get() == 0);
   CHECK_THAT(error_of(edited(e, "\"sliding_window_pattern\": 4", "\"sliding_window_pattern\": \"LLLG\"")),
              Catch::Contains("sliding_window_pattern"));
+}
+
+TEST_CASE("ERNIE 4.5: RoPE on interleaved pairs, and one use_bias for q/k/v, o_proj and the MLP", "[spec][hf_config]") {
+  const std::string e = R"({"model_type": "ernie4_5", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100})";
+  const auto c = parse_hf_config(e, "x");
+  // Ernie4_5Config's defaults: head_dim 128, theta 5e5, tied, no biases; the pairs always.
+  CHECK((c.s.rope_interleave.get() && c.s.head_dim.get() == 128 && c.s.rope_theta.get() == 5e5 &&
+         c.s.tie_embeddings.get() && !c.s.qkv_bias.get() && !c.s.out_bias.get() && !c.s.mlp_bias.get()));
+  const auto b = parse_hf_config(edited(e, "\"vocab_size\": 100", "\"vocab_size\": 100, \"use_bias\": true"), "x");
+  CHECK((b.s.qkv_bias.get() && b.s.out_bias.get() && b.s.mlp_bias.get()));
+  CHECK(megadsl::model_type_for(b.s, b.attention_window) == "ernie4_5");
+  const auto back = parse_hf_config(megadsl::hf_config_json(b.s, "ernie4_5", false, "float32", b.attention_window), "w");
+  CHECK(megadsl::mismatches(back.s, b.s).empty());
+  // What its config cannot say: biases on some projections only; halves; and Llama cannot say pairs.
+  shape some = b.s;
+  some.mlp_bias = false;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(some, "ernie4_5", false, "float32", b.attention_window),
+                    Catch::Contains("one use_bias for q/k/v, o_proj and the MLP"));
+  shape halves = c.s;
+  halves.rope_interleave = false;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(halves, "ernie4_5", false, "float32", c.attention_window),
+                    Catch::Contains("rotates interleaved pairs, and this model rotates halves"));
+  CHECK_THROWS_WITH(megadsl::hf_config_json(c.s, "llama", false, "float32", c.attention_window),
+                    Catch::Contains("rotates each head's halves, and this model rotates interleaved pairs"));
 }

@@ -355,7 +355,7 @@ struct attention {
 
   static constexpr void details(const shape& s, basic_text<256>& t) {
     auto on = [](const auto& v) { return v.is_static() && v.get(); };
-    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? ", rope" : ", no rope",
+    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? (on(s.rope_interleave) ? ", rope on pairs" : ", rope") : ", no rope",
           QkNorm::label);
     if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
     if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");

@@ -22,8 +22,11 @@ struct rope_tables {
 rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& positions, const shape& s);
 
 // x: (T, ..., d); rotate-half RoPE with per-token tables (T, r): the first r of the d dimensions
-// rotate, the rest pass through (r < d: partial rotary).
-at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t);
+// rotate, the rest pass through (r < d: partial rotary). `interleaved`: the rotated dims' pairs
+// (x0, x1), (x2, x3), ... rotate (ERNIE 4.5, GLM-4, DeepSeek's rope_interleave), returned as halves
+// [x0', x2', ... | x1', x3', ...]: q k^T is unchanged when q and k are rotated alike, and each
+// element is HF's in the same roundings.
+at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t, bool interleaved = false);
 
 // What a layer's attention computes beyond causal softmax(q k^T / sqrt(d)) v (run-time knobs).
 struct attention_math {

@@ -98,3 +98,9 @@ expect_out("mla \\(multi-head latent attention\\)  q via rank 1536, kv via rank 
 expect_out("\n  layers\\.{layer}\\.q_up\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_b_proj\\.weight +column +\\(24576, 1536\\) +\\(24576, 1536\\) +dim 0 +\\(3072, 1536\\) ")
 expect_out("\n  layers\\.{layer}\\.kv_down\\.weight +model\\.layers\\.{layer}\\.self_attn\\.kv_a_proj_with_mqa\\.weight +replicated +\\(576, 7168\\) ")
 expect_out("parameters: 671,026,419,200 ")
+
+# ERNIE 4.5: the Llama blocks with RoPE on interleaved pairs.
+megadsl(describe ernie-4.5-0.3b --tp 2)
+expect_exit(0)
+expect_out("attention  q/k/v, rope on pairs  \\[self_attn\\]")
+expect_out("parameters: 360,748,032 ")
