@@ -50,6 +50,7 @@ enum class bias_rule : std::int8_t {
   attention_and_out_bias,  // `attention_bias`: q, k and v, default true; `attention_out_bias`: o_proj, default false (Seed-OSS)
   attention_bias_qkv,      // `attention_bias`: q, k and v only, default false (GLM-4.5: o_proj never has one)
   use_bias_all,            // `use_bias`: q, k, v, o_proj and the gated MLP's gate/up/down, default false (ERNIE 4.5)
+  attention_bias_qkv_on,   // `attention_bias`: q, k and v only, default true (GLM-4)
 };
 
 // A mixture of experts' keys and their defaults.

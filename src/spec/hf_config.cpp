@@ -860,6 +860,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     case bias_rule::use_bias_all:  // ERNIE 4.5's: q, k, v, o_proj and gate/up/down
       s.qkv_bias = s.out_bias = s.mlp_bias = flag("use_bias", false, /*note=*/false);
       break;
+    case bias_rule::attention_bias_qkv_on:  // GLM-4's: q, k and v, on unless said; o_proj never
+      s.qkv_bias = flag("attention_bias", true, /*note=*/true);
+      s.out_bias = false;
+      break;
   }
   // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
   if (fam->bias != bias_rule::use_bias_all) s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
@@ -1087,6 +1091,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
       break;
     case bias_rule::attention_and_out_bias: break;  // attention_bias and attention_out_bias say both
     case bias_rule::attention_bias_qkv:
+    case bias_rule::attention_bias_qkv_on:
       if (s.out_bias.get()) return "a " + f + " config has no o_proj bias, and this model has one";
       break;
     case bias_rule::use_bias_all:
@@ -1232,7 +1237,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       j["attention_bias"] = s.qkv_bias.get();
       j["attention_out_bias"] = s.out_bias.get();
       break;
-    case bias_rule::attention_bias_qkv: j["attention_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::attention_bias_qkv:
+    case bias_rule::attention_bias_qkv_on: j["attention_bias"] = s.qkv_bias.get(); break;
     case bias_rule::use_bias_all: j["use_bias"] = s.qkv_bias.get(); break;
   }
   for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout

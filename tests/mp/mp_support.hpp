@@ -184,6 +184,14 @@ struct tiny8_ernie4_5 : ernie4_5<shape{.hidden = 128, .layers = 8, .heads = 4, .
   static constexpr std::string_view name = "tiny8-ernie4_5";
 };
 
+// GLM-4's composition: a sandwich of norms under GLM's names, q/k/v biases, gate/up fused, RoPE on
+// interleaved pairs of half of each head.
+struct tiny8_glm4 : glm4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                               .head_dim = 32, .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5,
+                               .rope_interleave = true}> {
+  static constexpr std::string_view name = "tiny8-glm4";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

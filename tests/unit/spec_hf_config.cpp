@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\" or \"ernie4_5\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\" or \"glm4\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\" or \"ernie4_5\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\" or \"glm4\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -648,4 +648,21 @@ TEST_CASE("ERNIE 4.5: RoPE on interleaved pairs, and one use_bias for q/k/v, o_p
                     Catch::Contains("rotates interleaved pairs, and this model rotates halves"));
   CHECK_THROWS_WITH(megadsl::hf_config_json(c.s, "llama", false, "float32", c.attention_window),
                     Catch::Contains("rotates each head's halves, and this model rotates interleaved pairs"));
+}
+
+TEST_CASE("GLM-4: q/k/v biases unless attention_bias says not, RoPE on pairs of half of each head", "[spec][hf_config]") {
+  const std::string g = R"({"model_type": "glm4", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100})";
+  const auto c = parse_hf_config(g, "x");
+  // Glm4Config's defaults: head_dim 128, partial_rotary_factor 0.5, attention_bias true, untied.
+  CHECK((c.s.rope_interleave.get() && c.s.rotary_fraction.get() == 0.5 && c.s.head_dim.get() == 128 &&
+         c.s.qkv_bias.get() && !c.s.out_bias.get() && !c.s.tie_embeddings.get()));
+  CHECK(megadsl::model_type_for(c.s, c.attention_window) == "glm4");
+  CHECK_FALSE(parse_hf_config(edited(g, "\"vocab_size\": 100", "\"vocab_size\": 100, \"attention_bias\": false"), "x").s.qkv_bias.get());
+  const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "glm4", false, "float32", c.attention_window), "w");
+  CHECK(megadsl::mismatches(back.s, c.s).empty());
+  shape o = c.s;
+  o.out_bias = true;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(o, "glm4", false, "float32", c.attention_window),
+                    Catch::Contains("no o_proj bias"));
 }

@@ -618,18 +618,30 @@ constexpr std::string_view norm_name(sublayer at, bool post) {
   return at == sublayer::attention ? (post ? "attn_post_norm" : "attn_norm") : (post ? "mlp_post_norm" : "mlp_norm");
 }
 
-template <residual_kind R, class Norm, class Inner>
+// HF's names of a layer's norms: before and after attention, before and after the MLP (the norm
+// before the MLP of a pre-norm layer is always post_attention_layernorm).
+struct norm_names {
+  std::string_view attention_pre, attention_post, mlp_pre, mlp_post;
+};
+// Gemma 2's (and Llama's, OLMo2's: the ones their forms have).
+inline constexpr norm_names gemma2_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                                              "post_feedforward_layernorm"};
+// GLM-4's sandwich: its post_attention_layernorm is the norm before the MLP.
+inline constexpr norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+                                            "post_mlp_layernorm"};
+
+template <residual_kind R, class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
 struct residual {
   static constexpr residual_kind kind = R;
   using inner = Inner;
 
   // HF's names of the norm(s) in its slot.
   static constexpr std::string_view hf_pre(sublayer at) {
-    if (at == sublayer::attention) return "input_layernorm";
-    return R == residual_kind::sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+    if (at == sublayer::attention) return Names.attention_pre;
+    return R == residual_kind::sandwich ? Names.mlp_pre : "post_attention_layernorm";
   }
   static constexpr std::string_view hf_post(sublayer at) {
-    return at == sublayer::attention ? "post_attention_layernorm" : "post_feedforward_layernorm";
+    return at == sublayer::attention ? Names.attention_post : Names.mlp_post;
   }
 
   static constexpr int lower(arch_builder& b, const slot& at) {
@@ -664,9 +676,10 @@ struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner> {};
 template <class Norm, class Inner>
 struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};
 // x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
-// post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP).
-template <class Norm, class Inner>
-struct sandwich : residual<residual_kind::sandwich, Norm, Inner> {};
+// post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP; GLM-4
+// names them glm4_norm_names).
+template <class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
+struct sandwich : residual<residual_kind::sandwich, Norm, Inner, Names> {};
 // Both sublayers read the block's input, their outputs added to it together:
 // x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX's use_parallel_residual). Wrap both sublayers in it.
 template <class Norm, class Inner>
@@ -680,14 +693,6 @@ struct residuals_agree {
   static constexpr bool holds = Attention == Mlp;
   static_assert(holds, "megadsl: residuals_agree: the attention and MLP sublayers (the values above) have different forms; "
                 "wrap both in the same one (pre_norm, post_norm, sandwich or parallel)");
-  static constexpr bool ok = true;
-};
-template <tensor_storage Attention, tensor_storage Mlp>
-struct storage_agrees {
-  static constexpr bool holds = Attention == Mlp;
-  static_assert(holds, "megadsl: storage_agrees: q/k/v and gate/up are stored differently (the values above); HF "
-                "checkpoints fuse both or neither: give attention and gated_mlp the same storage (a gated MLP "
-                "has no interleaved form)");
   static constexpr bool ok = true;
 };
 
@@ -704,8 +709,6 @@ struct block {
   static constexpr int lower(arch_builder& b, const slot& layer) {
     if constexpr (requires { AttentionSublayer::kind; MlpSublayer::kind; }) {
       static_assert(residuals_agree<AttentionSublayer::kind, MlpSublayer::kind>::ok);
-      if constexpr (requires { AttentionSublayer::inner::hf_storage; MlpSublayer::inner::hf_storage; })
-        static_assert(storage_agrees<AttentionSublayer::inner::hf_storage, MlpSublayer::inner::hf_storage>::ok);
     }
     slot attn = layer, mlp = layer;
     attn.at = sublayer::attention;

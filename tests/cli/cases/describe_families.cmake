@@ -104,3 +104,10 @@ megadsl(describe ernie-4.5-0.3b --tp 2)
 expect_exit(0)
 expect_out("attention  q/k/v, rope on pairs  \\[self_attn\\]")
 expect_out("parameters: 360,748,032 ")
+
+# GLM-4: a sandwich of norms under GLM's names, gate/up fused, RoPE on pairs of half of each head.
+megadsl(describe glm-4-9b-0414 --tp 2)
+expect_exit(0)
+expect_out("post_self_attn_layernorm")
+expect_out("post_mlp_layernorm")
+expect_out("parameters: 9,400,279,040 ")
