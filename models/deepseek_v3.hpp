@@ -52,7 +52,7 @@ inline constexpr config_key_rule deepseek_v3_keys[] = {
     {"attention_bias", key_use::refused},          // biases on q_a_proj, kv_a_proj_with_mqa, o_proj: not in this block
     {"pretraining_tp", key_use::no_effect},        // HF's sliced matmuls: the same product
     {"num_mtp_layers", key_use::no_effect},        // the multi-token-prediction layers HF does not run
-    {"num_nextn_predict_layers", key_use::no_effect},
+    {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
     {"output_router_logits", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"scoring_func", key_use::no_effect},          // remote-code configs' "sigmoid": the class's only router
@@ -63,7 +63,7 @@ inline constexpr config_key_rule deepseek_v3_keys[] = {
 inline constexpr family_config deepseek_v3_config{
     .model_type = "deepseek_v3", .hf_class = "DeepseekV3", .display = "DeepSeek-V3/R1, Kimi K2, Moonlight",
     .arch = &architecture_of<deepseek_v3_blocks>, .max_positions = 4096, .rms_eps = 1e-6,
-    .moe = &deepseek_v3_moe, .mla = &deepseek_v3_mla, .keys = deepseek_v3_keys};
+    .mtp_key = "num_nextn_predict_layers", .moe = &deepseek_v3_moe, .mla = &deepseek_v3_mla, .keys = deepseek_v3_keys};
 
 // DeepSeek-V3: multi-head latent attention, dense first layers, DeepSeek's router and shared experts.
 template <shape S>

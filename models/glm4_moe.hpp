@@ -50,7 +50,7 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
     {"first_k_dense_replace", key_use::read},
     {"use_qk_norm", key_use::refused, "per-head q/k norms in GLM-4.5's attention: not in this composition yet"},
     {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
-    {"num_nextn_predict_layers", key_use::no_effect},
+    {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
     {"output_router_logits", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
 };
@@ -58,7 +58,7 @@ inline constexpr family_config glm4_moe_config{
     .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
     .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
     .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
-    .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
+    .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
 
 // GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.
 template <shape S>

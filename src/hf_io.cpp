@@ -115,8 +115,10 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   }
   std::int64_t last = -1;
   const std::string layers_prefix(arch_of(s).hf_layers);
+  const std::int64_t mtp = read_hf_config(dir).mtp_layers;  // stored after the decoder's, not loaded
   for (const std::string& n : ck.names())
     if (n.rfind(layers_prefix, 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + layers_prefix.size()));
+  if (last >= s.layers.get() && last < s.layers.get() + mtp) last = s.layers.get() - 1;
   if (last >= 0 && last + 1 != s.layers.get())
     throw checkpoint_error("megadsl: " + config + ": num_hidden_layers is " + std::to_string(s.layers.get()) +
                            ", but the weights hold layers 0.." + std::to_string(last) +
@@ -218,14 +220,34 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   // Unexpected tensors: not this model's, not another head's, not a stale buffer.
   const std::set<std::string> expected = expected_names(c);
   std::vector<std::string> unexpected;
+  // The multi-token-prediction layers after the decoder's (DeepSeek-V3, GLM-4.5): not run here,
+  // not loaded by transformers either.
+  const std::string layers_prefix(arch_of(c.s).hf_layers);
+  const auto mtp_layer = [&](const std::string& n) {
+    if (cfg.mtp_layers == 0 || n.rfind(layers_prefix, 0) != 0) return false;
+    const char* at = n.c_str() + layers_prefix.size();
+    char* end = nullptr;
+    const long long i = std::strtoll(at, &end, 10);
+    return end != at && *end == '.' && i >= c.s.layers.get() && i < c.s.layers.get() + cfg.mtp_layers;
+  };
+  std::int64_t mtp_tensors = 0;
   for (const std::string& n : ck.names()) {
     if (expected.count(n) != 0) continue;
+    if (mtp_layer(n)) {
+      report.ignored.push_back(n);
+      ++mtp_tensors;
+      continue;
+    }
     const bool head = n.rfind("lm_head.", 0) == 0 || n.rfind("score.", 0) == 0 || n.rfind("v_head.", 0) == 0 ||
                       n.rfind("value_head.", 0) == 0 || n.rfind("reward_head.", 0) == 0 ||
                       n.rfind("embed_out.", 0) == 0 || n.rfind("classifier.", 0) == 0;
     if (head || is_stale_buffer(n)) report.ignored.push_back(n);
     else unexpected.push_back(n);
   }
+  if (mtp_tensors > 0)
+    report.notes.push_back(std::to_string(mtp_tensors) + " tensor(s) of the multi-token-prediction layer(s) " + layers_prefix +
+                           std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? ".." + std::to_string(c.s.layers.get() + cfg.mtp_layers - 1) : "") +
+                           " not loaded: megadsl trains the decoder's layers only, as transformers loads them");
   if (!unexpected.empty()) {
     std::ostringstream os;
     os << fail_prefix(ck) << unexpected.size() << " unexpected tensor(s) for this " << (c.head.actor ? "actor" : "critic")

@@ -136,6 +136,10 @@ struct family_config {
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
   // halves (ERNIE 4.5, GLM-4): the shape's rope_interleave, always on for the family.
   bool interleaved_rope = false;
+  // Checkpoints store this many multi-token-prediction layers after the decoder's
+  // (model.layers.<num_hidden_layers + i>.*; DeepSeek-V3, GLM-4.5), counted by this key (1 when
+  // absent): transformers does not load them and megadsl does not run them (hf_config::mtp_layers).
+  std::string_view mtp_key = {};
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;

@@ -34,6 +34,9 @@ struct hf_config {
   // The sliding-window attention HF applies and on which layers (sliding_window.hpp); a model
   // built for this checkpoint takes it as `model_options::attention_window`.
   sliding_window attention_window;
+  // The multi-token-prediction layers the checkpoint stores after the decoder's (family_config::
+  // mtp_key): their tensors are not loaded (load_hf reports them as ignored).
+  std::int64_t mtp_layers = 0;
 };
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.

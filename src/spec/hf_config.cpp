@@ -788,6 +788,9 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       r.fail(k.key, "is false; the " + std::string(fam->model_type) + " composition has " + std::string(k.what),
              "this checkpoint is not supported yet; " + std::string(fam->display) + " checkpoints have it true");
 
+  if (!fam->mtp_key.empty())
+    out.mtp_layers = r.optional<std::int64_t>(fam->mtp_key, 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 0); });
+
   shape& s = out.s;
   s.hidden = r.required_int("hidden_size", "the model width");
   s.layers = r.required_int("num_hidden_layers", "the number of decoder layers");

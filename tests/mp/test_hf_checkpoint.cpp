@@ -491,6 +491,37 @@ TEST_CASE("stale buffers in a GPT-NeoX checkpoint are ignored and reported, the 
                     Catch::Contains("unexpected tensor") && Catch::Contains("model.layers.0.attention.bias"));
 }
 
+// DeepSeek-V3's and GLM-4.5's checkpoints on the Hub store their multi-token-prediction layer after
+// the decoder's (model.layers.61.* for DeepSeek-V3's 61 layers). transformers does not load it;
+// neither does megadsl, and it says so. One layer further is a checkpoint of another model.
+TEST_CASE("a multi-token-prediction layer after the decoder's is reported and not loaded, the outputs unchanged", "[world4][hf]") {
+  const fs::path src = fixtures / "deepseek-v3-tf5";
+  auto single = parallel_groups::single();
+  const shape s = read_hf_config(src).s;
+  const std::string mtp = "model.layers." + std::to_string(s.layers.get()) + ".";
+  const fs::path d = edited_copy(src, "deepseek-mtp", [&](const fs::path&, auto& ts) {
+    ts.emplace_back(mtp + "eh_proj.weight", at::ones({s.hidden.get(), 2 * s.hidden.get()}));
+    ts.emplace_back(mtp + "enorm.weight", at::ones({s.hidden.get()}));
+    ts.emplace_back(mtp + "self_attn.kv_a_layernorm.weight", at::ones({s.kv_lora_rank.get()}));
+  });
+  CHECK_NOTHROW(check_before_load(d, s, layout{}, head_info{}, 4, 1));
+  parallel_model<causal_lm<any_llama>> with(single, options_for(src), s), without(single, options_for(src), s);
+  const hf_load_report r = load_hf(with, single, d);
+  load_hf(without, single, src);
+  CHECK(r.ignored.size() == 3);
+  CHECK_THAT(r.notes.back(), Catch::Contains("3 tensor(s) of the multi-token-prediction layer(s) " + mtp.substr(0, mtp.size() - 1)));
+  const safetensors_file ref = safetensors_file::open(src / "reference.safetensors");
+  const batch b{.input_ids = ref.read("left.input_ids"), .attention_mask = ref.read("left.attention_mask")};
+  CHECK(at::equal(with.forward(b).log_probs, without.forward(b).log_probs));
+
+  const std::string beyond = "model.layers." + std::to_string(s.layers.get() + 1) + ".enorm.weight";
+  const fs::path two = edited_copy(src, "deepseek-mtp-2", [&](const fs::path&, auto& ts) {
+    ts.emplace_back(beyond, at::ones({s.hidden.get()}));
+  });
+  parallel_model<causal_lm<any_llama>> other(single, options_for(src), s);
+  CHECK_THROWS_WITH(load_hf(other, single, two), Catch::Contains("unexpected tensor") && Catch::Contains(beyond));
+}
+
 TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor", "[world4][hf]") {
   const fs::path src = fixtures / "llama-gqa";
   auto single = parallel_groups::single();

@@ -666,3 +666,16 @@ TEST_CASE("GLM-4: q/k/v biases unless attention_bias says not, RoPE on pairs of 
   CHECK_THROWS_WITH(megadsl::hf_config_json(o, "glm4", false, "float32", c.attention_window),
                     Catch::Contains("no o_proj bias"));
 }
+
+TEST_CASE("the multi-token-prediction layers a DeepSeek-V3 or GLM-4.5 checkpoint stores are counted", "[spec][hf_config]") {
+  const std::string g = R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1})";
+  CHECK(parse_hf_config(g, "x").mtp_layers == 1);  // transformers skips one layer's names when the key is absent
+  CHECK(parse_hf_config(edited(g, "\"vocab_size\": 100", "\"vocab_size\": 100, \"num_nextn_predict_layers\": 2"), "x").mtp_layers == 2);
+  CHECK(parse_hf_config(edited(g, "\"vocab_size\": 100", "\"vocab_size\": 100, \"num_nextn_predict_layers\": 0"), "x").mtp_layers == 0);
+  CHECK_THAT(error_of(edited(g, "\"vocab_size\": 100", "\"vocab_size\": 100, \"num_nextn_predict_layers\": -1")),
+             Catch::Contains("num_nextn_predict_layers"));
+  CHECK(parse_hf_config(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100})", "x").mtp_layers == 0);
+}
