@@ -64,6 +64,14 @@ inline constexpr family_config deepseek_v3_config{
     .model_type = "deepseek_v3", .hf_class = "DeepseekV3", .display = "DeepSeek-V3/R1, Kimi K2, Moonlight",
     .arch = &architecture_of<deepseek_v3_blocks>, .max_positions = 4096, .rms_eps = 1e-6,
     .mtp_key = "num_nextn_predict_layers", .moe = &deepseek_v3_moe, .mla = &deepseek_v3_mla, .keys = deepseek_v3_keys};
+// Kimi K2's checkpoints say model_type "kimi_k2" (their config.json names DeepseekV3ForCausalLM and
+// ships its own copy of the code for trust_remote_code): DeepSeek-V3's composition, keys and defaults.
+inline constexpr family_config kimi_k2_config = [] {
+  family_config f = deepseek_v3_config;
+  f.model_type = "kimi_k2";
+  f.display = "Kimi K2";
+  return f;
+}();
 
 // DeepSeek-V3: multi-head latent attention, dense first layers, DeepSeek's router and shared experts.
 template <shape S>

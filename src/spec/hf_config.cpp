@@ -613,7 +613,17 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   if (family.window_needs_use_flag || !family.use_flag_refusal.empty()) {
     // Without use_sliding_window these configs clear the window whatever sliding_window says.
     const json* use = r.find(root, "use_sliding_window");
-    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) return {};
+    if (use == nullptr || !r.boolean(*use, "use_sliding_window")) {
+      // SmolLM3Config keeps sliding_window then, and transformers' eager and sdpa masks slide the
+      // layers an explicit layer_types calls sliding while its flash attention does not: refused.
+      const json* types = family.window == window_rule::nope_layers ? r.find(root, "layer_types") : nullptr;
+      if (types != nullptr && types->is_array() && w != nullptr && !w->is_null() &&
+          std::find(types->begin(), types->end(), json("sliding_attention")) != types->end())
+        r.fail("layer_types", "has sliding_attention layers while use_sliding_window is false: transformers' eager and "
+                              "sdpa attention slide them by sliding_window, its flash attention does not",
+               "set use_sliding_window true to slide them, or call them \"full_attention\"");
+      return {};
+    }
     if (!family.use_flag_refusal.empty())
       r.fail("use_sliding_window", std::string(family.use_flag_refusal),
              "this checkpoint is not supported yet (the published " + std::string(family.display) +

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\" or \"glm4\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\" or \"kimi_k2\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\" or \"glm4\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\" or \"kimi_k2\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -482,6 +482,18 @@ TEST_CASE("the 2026 families' config.json: Seed-OSS's two bias keys and dropouts
   CHECK((megadsl::mismatches(back.s, listed.s).empty() && back.attention_window == listed.attention_window));
   CHECK_THAT(error_of(edited(smol, "\"vocab_size\": 100", "\"vocab_size\": 100, \"no_rope_layers\": [1, 0]")),
              Catch::Contains("no_rope_layers: expected a list of 8 zeros and ones"));
+  // use_sliding_window false keeps sliding_window in SmolLM3Config, and an explicit sliding layer
+  // is slid by transformers' sdpa mask but not by its flash attention: refused. Without a window
+  // (null, as the published config has it) or without sliding layers, nothing slides.
+  const std::string types = R"("layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention",
+    "full_attention", "full_attention", "full_attention", "full_attention"])";
+  CHECK_THAT(error_of(edited(smol, "\"vocab_size\": 100",
+                             "\"vocab_size\": 100, \"use_sliding_window\": false, \"sliding_window\": 16, " + types)),
+             Catch::Contains("layer_types: has sliding_attention layers while use_sliding_window is false") &&
+                 Catch::Contains("set use_sliding_window true"));
+  CHECK(parse_hf_config(edited(smol, "\"vocab_size\": 100",
+                               "\"vocab_size\": 100, \"use_sliding_window\": false, \"sliding_window\": null, " + types), "x")
+            .attention_window.size == 0);
   // The two kinds of layer are summed per layer; a NoPE layer has the same parameters.
   CHECK(megadsl::parameter_count(listed.s) == 8 * megadsl::layer_parameter_count(listed.s, 1) + 100 * 64 + 64);
 
@@ -678,4 +690,18 @@ TEST_CASE("the multi-token-prediction layers a DeepSeek-V3 or GLM-4.5 checkpoint
              Catch::Contains("num_nextn_predict_layers"));
   CHECK(parse_hf_config(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100})", "x").mtp_layers == 0);
+}
+
+TEST_CASE("Kimi K2's model_type reads as DeepSeek-V3's composition and is written back as it was", "[spec][hf_config]") {
+  const std::string d = R"({"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 176, "vocab_size": 100,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+    "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16})";
+  const auto ds = parse_hf_config(d, "x");
+  const auto kimi = parse_hf_config(edited(d, "\"deepseek_v3\"", "\"kimi_k2\""), "x");
+  CHECK(kimi.model_type == "kimi_k2");
+  CHECK(megadsl::mismatches(kimi.s, ds.s).empty());
+  const std::string written = megadsl::hf_config_json(kimi.s, "kimi_k2", false, "float32", kimi.attention_window);
+  CHECK_THAT(written, Catch::Contains("\"model_type\": \"kimi_k2\"") && Catch::Contains("DeepseekV3ForCausalLM"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, kimi.s).empty());
 }
