@@ -118,7 +118,7 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   const std::int64_t mtp = read_hf_config(dir).mtp_layers;  // stored after the decoder's, not loaded
   for (const std::string& n : ck.names())
     if (n.rfind(layers_prefix, 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + layers_prefix.size()));
-  if (last >= s.layers.get() && last < s.layers.get() + mtp) last = s.layers.get() - 1;
+  if (last >= s.layers.get() && last - s.layers.get() < mtp) last = s.layers.get() - 1;  // (no overflow for a hostile count)
   if (last >= 0 && last + 1 != s.layers.get())
     throw checkpoint_error("megadsl: " + config + ": num_hidden_layers is " + std::to_string(s.layers.get()) +
                            ", but the weights hold layers 0.." + std::to_string(last) +
@@ -228,7 +228,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     const char* at = n.c_str() + layers_prefix.size();
     char* end = nullptr;
     const long long i = std::strtoll(at, &end, 10);
-    return end != at && *end == '.' && i >= c.s.layers.get() && i < c.s.layers.get() + cfg.mtp_layers;
+    return end != at && *end == '.' && i >= c.s.layers.get() && i - c.s.layers.get() < cfg.mtp_layers;
   };
   std::int64_t mtp_tensors = 0;
   for (const std::string& n : ck.names()) {
@@ -246,7 +246,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   }
   if (mtp_tensors > 0)
     report.notes.push_back(std::to_string(mtp_tensors) + " tensor(s) of the multi-token-prediction layer(s) " + layers_prefix +
-                           std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? ".." + std::to_string(c.s.layers.get() + cfg.mtp_layers - 1) : "") +
+                           std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? " on" : "") +
                            " not loaded: megadsl trains the decoder's layers only, as transformers loads them");
   if (!unexpected.empty()) {
     std::ostringstream os;
