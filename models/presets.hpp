@@ -14,6 +14,7 @@
 #include "megadsl/models/exaone4.hpp"
 #include "megadsl/models/ernie4_5.hpp"
 #include "megadsl/models/glm4.hpp"
+#include "megadsl/models/hunyuan.hpp"
 #include "megadsl/models/gemma3.hpp"
 #include "megadsl/models/glm4_moe.hpp"
 #include "megadsl/models/gpt_neox.hpp"

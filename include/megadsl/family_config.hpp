@@ -140,6 +140,9 @@ struct family_config {
   // (model.layers.<num_hidden_layers + i>.*; DeepSeek-V3, GLM-4.5), counted by this key (1 when
   // absent): transformers does not load them and megadsl does not run them (hf_config::mtp_layers).
   std::string_view mtp_key = {};
+  // rope "dynamic" with an `alpha` is a fixed NTK-alpha stretch of the base (HunYuan's ntk_alpha):
+  // read as plain RoPE on theta * alpha^(d / (d - 2)).
+  bool ntk_alpha_rope = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;

@@ -28,6 +28,7 @@ struct attention_settings {
   std::int64_t window = 0;  // this layer's sliding window; 0: none
   bool rope = true;         // false: a NoPE layer (the block's setting 1)
   bool interleaved = false; // RoPE on interleaved pairs (the shape's rope_interleave: ERNIE 4.5)
+  bool norm_after_rope = false;  // the q/k norm on the rotated q and k (HunYuan; cp 1 by its rule)
   bool selective_recompute = false;
   std::unique_ptr<qk_norm_module> qk_norm;  // null: none
 
@@ -41,6 +42,7 @@ struct attention_settings {
     interleaved = s.rope_interleave.get();
     selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;
     if (b.children() > 0) qk_norm = b.child_as<qk_norm_module>(0);
+    norm_after_rope = qk_norm != nullptr && qk_norm->after_rope();
   }
 };
 
@@ -62,12 +64,19 @@ class attention final : public layer_module {
     // zero-fill a buffer of qkv's size.
     const auto parts = grouped.split_with_sizes({g.q_per_group, 1, 1}, 2);
     at::Tensor q = parts[0], k = parts[1].squeeze(2), v = parts[2].squeeze(2);  // (rows, G, Q, d), (rows, G, d) x2
-    if (s_.qk_norm) s_.qk_norm->apply(q, k, c);  // this rank's tokens of all its heads (a full-width norm spans them)
+    if (s_.qk_norm && !s_.norm_after_rope) s_.qk_norm->apply(q, k, c);  // this rank's tokens of all its heads (a full-width norm spans them)
+    if (s_.norm_after_rope) {  // HunYuan: RoPE, then the norm; the core rotates nothing more
+      if (s_.rope) {
+        q = apply_rope(q, c.rope, s_.interleaved);
+        k = apply_rope(k, c.rope, s_.interleaved);
+      }
+      s_.qk_norm->apply(q, k, c);
+    }
     if (c.cp != nullptr) to_whole_stream(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
     const attention_math math{s_.scale, s_.softcap, s_.window};
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
-    attention_core core = [rope = c.rope, rotate = s_.rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+    attention_core core = [rope = c.rope, rotate = s_.rope && !s_.norm_after_rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
                            mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
       const at::Tensor qr = rotate ? apply_rope(q_in, rope, pairs) : q_in, kr = rotate ? apply_rope(k_in, rope, pairs) : k_in;

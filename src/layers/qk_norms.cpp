@@ -10,14 +10,17 @@ namespace {
 
 class per_head_qk_norm final : public qk_norm_module {
  public:
-  explicit per_head_qk_norm(const block_build& b) : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)) {}
+  explicit per_head_qk_norm(const block_build& b)
+      : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)), after_rope_(b.setting() == 1) {}
   void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const override {
     q = q_->forward(q, c);  // (T, G, Q, d), a (d) weight
     k = k_->forward(k, c);  // (T, G, d)
   }
+  [[nodiscard]] bool after_rope() const override { return after_rope_; }
 
  private:
   std::unique_ptr<norm_module> q_, k_;
+  bool after_rope_ = false;  // HunYuan's: on the rotated q and k (the block's setting 1)
 };
 
 class full_width_qk_norm final : public qk_norm_module {

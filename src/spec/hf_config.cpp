@@ -844,6 +844,24 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   }
   s.rope = rope.scaling;
   s.local_rope_theta = local_theta;
+  if (fam->ntk_alpha_rope && s.rope.type.get() == rope_type::dynamic_ntk) {
+    // HunYuan's fixed-alpha NTK ("dynamic" with an alpha): the base stretched once,
+    // theta * alpha^(d / (d - 2)), as transformers computes it in Python floats; plain RoPE on it.
+    const json* params = r.find(root, "rope_parameters");
+    if (params == nullptr || !params->is_object()) params = r.find(root, "rope_scaling");
+    const json* a = params != nullptr && params->is_object() ? r.find(*params, "alpha") : nullptr;
+    if (a != nullptr && !a->is_null()) {
+      const double alpha = r.number(*a, "rope_parameters.alpha");
+      const double d = static_cast<double>(effective_head_dim(s).get());
+      if (!(alpha > 0) || d <= 2)
+        r.fail("rope_parameters.alpha", "is " + show(alpha) + " with head_dim " + show(d), "use a positive alpha and head_dim > 2");
+      const double base = s.rope_theta.get() * std::pow(alpha, d / (d - 2));
+      out.notes.push_back("rope_parameters: \"dynamic\" with alpha " + show(alpha) + " is HunYuan's fixed NTK-alpha RoPE: "
+                          "plain RoPE with base " + show(base) + " (written back so)");
+      s.rope_theta = base;
+      s.rope = {};
+    }
+  }
   const auto flag = [&](std::string_view key, bool fallback, bool note) {
     return r.optional<bool>(key, fallback, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, note);
   };

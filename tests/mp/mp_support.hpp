@@ -192,6 +192,12 @@ struct tiny8_glm4 : glm4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads
   static constexpr std::string_view name = "tiny8-glm4";
 };
 
+// HunYuan dense's composition: per-head q/k norms after RoPE, biases on q/k/v and o_proj.
+struct tiny8_hunyuan : hunyuan_dense<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                           .head_dim = 32, .max_positions = 256, .qkv_bias = true, .out_bias = true}> {
+  static constexpr std::string_view name = "tiny8-hunyuan";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

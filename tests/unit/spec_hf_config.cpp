@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\" or \"kimi_k2\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\" or \"hunyuan_v1_dense\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\" or \"kimi_k2\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\" or \"hunyuan_v1_dense\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -704,4 +704,20 @@ TEST_CASE("Kimi K2's model_type reads as DeepSeek-V3's composition and is writte
   const std::string written = megadsl::hf_config_json(kimi.s, "kimi_k2", false, "float32", kimi.attention_window);
   CHECK_THAT(written, Catch::Contains("\"model_type\": \"kimi_k2\"") && Catch::Contains("DeepseekV3ForCausalLM"));
   CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, kimi.s).empty());
+}
+
+TEST_CASE("HunYuan dense: its fixed NTK-alpha RoPE reads as plain RoPE on the stretched base", "[spec][hf_config]") {
+  const std::string h = R"({"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 176, "vocab_size": 100,
+    "attention_bias": true,
+    "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}})";
+  const auto c = parse_hf_config(h, "x");
+  CHECK(c.s.rope.type.get() == rope_type::none);
+  CHECK(c.s.rope_theta.get() == 10000.0 * std::pow(1000.0, 16.0 / 14.0));  // as Python computes it
+  CHECK((c.s.qkv_bias.get() && c.s.out_bias.get()));
+  const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "hunyuan_v1_dense", false, "float32", c.attention_window), "w");
+  CHECK(megadsl::mismatches(back.s, c.s).empty());
+  // Without alpha, "dynamic" is transformers' dynamic NTK, as for Llama.
+  CHECK(parse_hf_config(edited(h, "\"alpha\": 1000.0, ", ""), "x").s.rope.type.get() == rope_type::dynamic_ntk);
+  CHECK_THAT(error_of(edited(h, "\"alpha\": 1000.0", "\"alpha\": -1.0")), Catch::Contains("rope_parameters.alpha"));
 }

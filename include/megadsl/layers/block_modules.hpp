@@ -26,6 +26,8 @@ at::Tensor gated(const at::Tensor& gate_up, activation_fn act);
 class qk_norm_module : public block_module {
  public:
   virtual void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const = 0;
+  // Applied to the rotated q and k (HunYuan), not before RoPE.
+  [[nodiscard]] virtual bool after_rope() const { return false; }
 };
 
 }  // namespace megadsl

@@ -294,20 +294,31 @@ struct layer_norm {
 
 // ---- attention and its q/k norms ------------------------------------------------------------------
 
+// HF's names of a per-head q/k norm's two weights.
+struct qk_norm_names {
+  std::string_view q, k;
+};
+inline constexpr qk_norm_names qwen3_qk_norm_names{"q_norm", "k_norm"};
+inline constexpr qk_norm_names hunyuan_qk_norm_names{"query_layernorm", "key_layernorm"};
+
+constexpr void qk_norm_after_rope_rule(const shape& s, const layout& l, violations& out);
+
 // Qwen3: q and k normed over head_dim before RoPE, one weight each for every head (q_norm,
-// k_norm; replicated, their gradients partial over tp: each rank norms its own heads).
-template <norm_block N>
+// k_norm; replicated, their gradients partial over tp: each rank norms its own heads). HunYuan
+// norms them after RoPE (AfterRope) and names them query_layernorm / key_layernorm.
+template <norm_block N, const qk_norm_names& Names = qwen3_qk_norm_names, bool AfterRope = false>
 struct per_head_qk_norm {
-  static constexpr std::string_view label = ", q/k rms_norm per head";
+  static constexpr std::string_view label = AfterRope ? ", q/k rms_norm per head after rope" : ", q/k rms_norm per head";
   static constexpr int lower(arch_builder& b, const slot& at) {
     int nodes[2]{};
-    int i = 0;
-    for (std::string_view part : {std::string_view("q_norm"), std::string_view("k_norm")}) {
-      b.param(at.sub(part, part), {"weight", shard_kind::replicated, {"weight"}, 1, extent::head_dim, presence::always,
-                                   false, true, N::init});
-      nodes[i++] = b.node(at.sub(part, part), N::module, {}, N::label);
+    const std::string_view ours[2] = {"q_norm", "k_norm"}, hf[2] = {Names.q, Names.k};
+    for (int i = 0; i < 2; ++i) {
+      b.param(at.sub(ours[i], hf[i]), {"weight", shard_kind::replicated, {"weight"}, 1, extent::head_dim, presence::always,
+                                       false, true, N::init});
+      nodes[i] = b.node(at.sub(ours[i], hf[i]), N::module, {}, N::label);
     }
-    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm");
+    if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr, AfterRope ? 1 : 0);
   }
 };
 
@@ -861,6 +872,11 @@ constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& o
     out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
         .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
              ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
+}
+constexpr void qk_norm_after_rope_rule(const shape&, const layout& l, violations& out) {
+  if (l.cp.is_static() && l.cp.get() > 1)
+    out.add("cp_splits_heads", {l.cp.get()})
+        .add("cp = ", l.cp.get(), ": q/k norms after RoPE (HunYuan) have no context-parallel path yet; use cp = 1");
 }
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
   if (l.cp.is_static() && l.cp.get() > 1)

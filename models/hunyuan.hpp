@@ -1,0 +1,44 @@
+// Tencent HunYuan dense (model_type hunyuan_v1_dense) as strong preset types: the Llama blocks with
+// per-head q/k RMSNorms applied after RoPE (query_layernorm, key_layernorm), biases on q/k/v and
+// o_proj by `attention_bias`, and its fixed NTK-alpha RoPE read as plain RoPE on the stretched base.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+using hunyuan_dense_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>,
+                                   blocks::attention<blocks::attention_knobs{},
+                                                     blocks::per_head_qk_norm<blocks::rms_norm<>, blocks::hunyuan_qk_norm_names,
+                                                                              /*AfterRope=*/true>>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
+    blocks::rms_norm<>>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule hunyuan_dense_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},       // q/k/v and o_proj biases
+    {"pretraining_tp", key_use::no_effect},  // HF's sliced matmuls: the same product
+    {"eod_token_id", key_use::no_effect},    // a token id (kept in config.json)
+};
+inline constexpr family_config hunyuan_dense_config{
+    .model_type = "hunyuan_v1_dense", .hf_class = "HunYuanDenseV1", .display = "HunYuan dense",
+    .arch = &architecture_of<hunyuan_dense_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
+    .bias = bias_rule::attention_bias, .ntk_alpha_rope = true, .keys = hunyuan_dense_keys};
+
+// HunYuan dense: q and k rotated, then normed per head; biases per the shape.
+template <shape S>
+struct hunyuan_dense : decoder_family<hunyuan_dense_blocks, S> {
+  static constexpr std::string_view family = hunyuan_dense_config.model_type;
+  static constexpr std::string_view name = "hunyuan_v1_dense";
+};
+
+}  // namespace megadsl
