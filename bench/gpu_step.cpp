@@ -8,7 +8,7 @@
 // (SDPA with the key mask) and remove-padding (the variable-length flash kernel on CUDA), bf16
 // compute over fp32 parameters (verl's mixed precision):
 //   fwd       log-probs + entropy, no grad
-//   fwd+bwd   a PPO-style loss over log-probs and entropy (the same as gpu_throughput.py's), its
+//   fwd+bwd   a PPO-style loss over log-probs and entropy (side_by_side.py's ppo_loss), its
 //             backward and finalize_grads (the gradients as a trainer's step has them)
 // each the median over --iters steps after two warm-up steps, with the allocator's peak bytes.
 // Rows go to stdout and OUT_DIR/megadsl_steps.json. --parity writes OUT_DIR/megadsl_logprobs.
@@ -60,7 +60,7 @@ void reset_peak(const at::Device& d) {
   if (d.is_cuda()) at::accelerator::resetPeakStats(d.index());
 }
 
-// The same objective as gpu_throughput.py's ppo_loss.
+// The same objective as bench/side_by_side.py's ppo_loss (which gpu_throughput.py uses).
 at::Tensor ppo_loss(const model_output& o) {
   const at::Tensor& lp = o.log_probs;
   const at::Tensor m = o.valid.to(lp.scalar_type());

@@ -43,6 +43,9 @@ import statistics
 import sys
 import time
 
+# The CPU benchmark's objective and megadsl step (bench/side_by_side.py): one definition of each.
+from side_by_side import megadsl_step, ppo_loss
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 SHAPES = {
@@ -122,17 +125,6 @@ def useful_flops(s, mask, backward):
 # ---- the two sides -----------------------------------------------------------------------------
 
 
-def ppo_loss(lp, ent, valid):
-    """A PPO-style objective over both outputs: clipped ratio times a fixed advantage, plus entropy."""
-    import torch
-
-    adv = torch.linspace(-1, 1, lp.numel(), device=lp.device).view_as(lp)
-    ratio = torch.exp(lp - lp.detach())
-    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
-    m = valid.to(lp.dtype)
-    return (pg * m).sum() / m.sum() - 1e-3 * (ent * m).sum() / m.sum()
-
-
 def hf_outputs(model, ids, mask, packed):
     """log-probs of the next token and entropy, (b, s) fp32, from transformers' logits, computed on
     the valid positions only (the full padded (b, s, vocab) fp32 tensor is not made)."""
@@ -158,20 +150,6 @@ def hf_outputs(model, ids, mask, packed):
     lp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).masked_scatter(valid, lp_v)
     ent = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).masked_scatter(valid, ent_v)
     return lp, ent, valid
-
-
-def megadsl_step(model, ids, mask, backward):
-    import torch
-
-    if backward:
-        for p in model.parameters().values():
-            p.grad = None
-        out = model.forward(ids, mask)
-        ppo_loss(out["log_probs"], out["entropy"], out["valid"]).backward()
-        model.finalize_grads()
-    else:
-        with torch.no_grad():
-            model.forward(ids, mask)
 
 
 def hf_step(model, ids, mask, backward, packed):

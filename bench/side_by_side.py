@@ -90,7 +90,7 @@ def ppo_loss(lp, ent, valid):
     """A PPO-style objective over both outputs: clipped ratio times a fixed advantage, plus entropy."""
     import torch
 
-    adv = torch.linspace(-1, 1, lp.numel()).view_as(lp)
+    adv = torch.linspace(-1, 1, lp.numel(), device=lp.device).view_as(lp)
     ratio = torch.exp(lp - lp.detach())
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
     m = valid.to(lp.dtype)
@@ -135,25 +135,27 @@ def rss_mb():
 
 def megadsl_rank(path, layout, s, batch, seq, padded, backward, iters, dtype="fp32"):
     """On each rank of a megadsl job: seconds per iteration and this process's peak RSS."""
-    import torch
-
     import megadsl
 
     model = megadsl.Model.from_hf(path, dtype=dtype, **layout)
     ids, mask = make_batch(s, batch, seq, padded)
+    return timed(lambda: megadsl_step(model, ids, mask, backward), iters), rss_mb()
 
-    def step():
-        if backward:
-            for p in model.parameters().values():
-                p.grad = None
-            out = model.forward(ids, mask)
-            ppo_loss(out["log_probs"], out["entropy"], out["valid"]).backward()
-            model.finalize_grads()
-        else:
-            with torch.no_grad():
-                model.forward(ids, mask)
 
-    return timed(step, iters), rss_mb()
+def megadsl_step(model, ids, mask, backward):
+    """One measured step of a megadsl model: forward (no grad), or forward + the PPO loss's backward
+    with the gradients finalized as a trainer's step has them (also bench/gpu_throughput.py's)."""
+    import torch
+
+    if backward:
+        for p in model.parameters().values():
+            p.grad = None
+        out = model.forward(ids, mask)
+        ppo_loss(out["log_probs"], out["entropy"], out["valid"]).backward()
+        model.finalize_grads()
+    else:
+        with torch.no_grad():
+            model.forward(ids, mask)
 
 
 def worker(case, args):
