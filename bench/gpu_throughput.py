@@ -43,8 +43,9 @@ import statistics
 import sys
 import time
 
-# The CPU benchmark's objective and megadsl step (bench/side_by_side.py): one definition of each.
-from side_by_side import megadsl_step, ppo_loss
+# The CPU benchmark's objective and measured steps (bench/side_by_side.py): one definition of each.
+import side_by_side
+from side_by_side import megadsl_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -153,15 +154,7 @@ def hf_outputs(model, ids, mask, packed):
 
 
 def hf_step(model, ids, mask, backward, packed):
-    import torch
-
-    if backward:
-        model.zero_grad(set_to_none=True)
-        lp, ent, valid = hf_outputs(model, ids, mask, packed)
-        ppo_loss(lp, ent, valid).backward()
-    else:
-        with torch.no_grad():
-            hf_outputs(model, ids, mask, packed)
+    return side_by_side.hf_step(model, ids, mask, backward, packed, outputs=hf_outputs)
 
 
 # ---- measuring ---------------------------------------------------------------------------------

@@ -188,17 +188,22 @@ def worker(case, args):
                                                  dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     ids, mask = make_batch(s, args.batch, args.seq, case["padded"])
     packed = case["variant"] == "padding-free"
-
-    def step():
-        if case["backward"]:
-            model.zero_grad(set_to_none=True)
-            lp, ent, valid = hf_outputs(model, ids, mask, packed)
-            ppo_loss(lp, ent, valid).backward()
-        else:
-            with torch.no_grad():
-                hf_outputs(model, ids, mask, packed)
-
+    step = lambda: hf_step(model, ids, mask, case["backward"], packed)  # noqa: E731
     return {"seconds": timed(step, args.iters), "rss_mb": [rss_mb()]}
+
+
+def hf_step(model, ids, mask, backward, packed, outputs=hf_outputs):
+    """One measured step of transformers: `outputs` (log-probs, entropy, valid) without grad, or with
+    the PPO loss's backward (also bench/gpu_throughput.py's, with its own `outputs`)."""
+    import torch
+
+    if backward:
+        model.zero_grad(set_to_none=True)
+        lp, ent, valid = outputs(model, ids, mask, packed)
+        ppo_loss(lp, ent, valid).backward()
+    else:
+        with torch.no_grad():
+            outputs(model, ids, mask, packed)
 
 
 # ---- the table ---------------------------------------------------------------------------------
