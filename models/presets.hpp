@@ -18,6 +18,7 @@
 #include "megadsl/models/gemma3.hpp"
 #include "megadsl/models/glm4_moe.hpp"
 #include "megadsl/models/gpt_neox.hpp"
+#include "megadsl/models/granite.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/models/mistral.hpp"
 #include "megadsl/models/mixtral.hpp"

@@ -462,6 +462,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
         at::Tensor l = at::linear(full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
         // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
         if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
+        // Granite: logits / logits_scaling (HF's CausalLM output, before any temperature).
+        if (const double d = s.logits_scaling.get(); d != 1) l = l / d;
         if (o.temperature != 1.0) l = l / o.temperature;
         if (pk.temperature.defined()) l = l / pk.temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
         return l;

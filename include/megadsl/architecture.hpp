@@ -325,6 +325,10 @@ constexpr basic_text<4096> composition_tree(const shape& s) {
   }
   print(a.final_norm, 1, print);
   if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.append("  lm head: tanh soft-cap of the logits\n");
+  const auto set = [](const real& v, double neutral) { return v.is_static() && v.get() != neutral; };
+  if (set(s.embedding_multiplier, 1) || set(s.residual_multiplier, 1) || set(s.attention_multiplier, 0) || set(s.logits_scaling, 1))
+    t.append("  multipliers: embedding x embedding_multiplier, sublayer outputs x residual_multiplier, "
+             "scores x attention_multiplier, logits / logits_scaling\n");
   return t;
 }
 

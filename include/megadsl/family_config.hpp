@@ -116,6 +116,9 @@ struct family_config {
   // with the partial factor, and plain RoPE only (GPT-NeoX).
   bool legacy_rope_keys = false;
   std::span<const std::string_view> omitted_keys = {};  // shape keys the config class does not have
+  // Granite's embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling
+  // (each 1.0 by default): the shape's fields of those names.
+  bool multipliers = false;
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
   double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)
   // RoPE per layer type (Gemma 3, OLMo 3): rope_parameters {full_attention: {...}, sliding_attention:

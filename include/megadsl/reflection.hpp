@@ -5,6 +5,9 @@
 #pragma once
 
 #include <boost/hana/adapt_struct.hpp>
+#include <boost/hana/pair.hpp>
+#include <boost/hana/string.hpp>
+#include <boost/hana/tuple.hpp>
 
 #include "megadsl/layout.hpp"
 #include "megadsl/shape.hpp"
@@ -12,12 +15,59 @@
 BOOST_HANA_ADAPT_STRUCT(megadsl::rope_scaling, type, factor, low_freq_factor, high_freq_factor,
                         original_max_positions, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor,
                         truncate);
-BOOST_HANA_ADAPT_STRUCT(megadsl::shape, hidden, layers, heads, kv_heads, ffn, vocab, head_dim,
-                        max_positions, rms_eps, rope_theta, rope, local_rope_theta, qkv_bias, tie_embeddings, out_bias, mlp_bias,
-                        query_pre_attn_scalar, attn_softcap, final_softcap, rotary_fraction, q_lora_rank,
-                        kv_lora_rank, qk_nope_dim, v_head_dim, rope_interleave, experts,
-                        top_k, expert_ffn, shared_expert_ffn, norm_topk, routed_scale, expert_groups, group_top_k,
-                        sparse_step, dense_layers,
-                        nope_layers);
+// shape has more fields than BOOST_HANA_ADAPT_STRUCT takes (39), so its accessors are written out
+// as the macro writes them: (compile-time name, accessor) pairs in declaration order.
+#define MEGADSL_SHAPE_FIELD(m)                                                                       \
+  ::boost::hana::make_pair(BOOST_HANA_STRING(#m),                                                   \
+                           [](auto&& x) -> decltype(auto) { return (static_cast<decltype(x)&&>(x).m); })
+namespace boost::hana {
+template <>
+struct accessors_impl<megadsl::shape> {
+  static constexpr auto apply() {
+    return ::boost::hana::make_tuple(
+        MEGADSL_SHAPE_FIELD(hidden),
+        MEGADSL_SHAPE_FIELD(layers),
+        MEGADSL_SHAPE_FIELD(heads),
+        MEGADSL_SHAPE_FIELD(kv_heads),
+        MEGADSL_SHAPE_FIELD(ffn),
+        MEGADSL_SHAPE_FIELD(vocab),
+        MEGADSL_SHAPE_FIELD(head_dim),
+        MEGADSL_SHAPE_FIELD(max_positions),
+        MEGADSL_SHAPE_FIELD(rms_eps),
+        MEGADSL_SHAPE_FIELD(rope_theta),
+        MEGADSL_SHAPE_FIELD(rope),
+        MEGADSL_SHAPE_FIELD(local_rope_theta),
+        MEGADSL_SHAPE_FIELD(qkv_bias),
+        MEGADSL_SHAPE_FIELD(tie_embeddings),
+        MEGADSL_SHAPE_FIELD(out_bias),
+        MEGADSL_SHAPE_FIELD(mlp_bias),
+        MEGADSL_SHAPE_FIELD(query_pre_attn_scalar),
+        MEGADSL_SHAPE_FIELD(attn_softcap),
+        MEGADSL_SHAPE_FIELD(final_softcap),
+        MEGADSL_SHAPE_FIELD(rotary_fraction),
+        MEGADSL_SHAPE_FIELD(q_lora_rank),
+        MEGADSL_SHAPE_FIELD(kv_lora_rank),
+        MEGADSL_SHAPE_FIELD(qk_nope_dim),
+        MEGADSL_SHAPE_FIELD(v_head_dim),
+        MEGADSL_SHAPE_FIELD(rope_interleave),
+        MEGADSL_SHAPE_FIELD(experts),
+        MEGADSL_SHAPE_FIELD(top_k),
+        MEGADSL_SHAPE_FIELD(expert_ffn),
+        MEGADSL_SHAPE_FIELD(shared_expert_ffn),
+        MEGADSL_SHAPE_FIELD(norm_topk),
+        MEGADSL_SHAPE_FIELD(routed_scale),
+        MEGADSL_SHAPE_FIELD(expert_groups),
+        MEGADSL_SHAPE_FIELD(group_top_k),
+        MEGADSL_SHAPE_FIELD(sparse_step),
+        MEGADSL_SHAPE_FIELD(dense_layers),
+        MEGADSL_SHAPE_FIELD(nope_layers),
+        MEGADSL_SHAPE_FIELD(embedding_multiplier),
+        MEGADSL_SHAPE_FIELD(residual_multiplier),
+        MEGADSL_SHAPE_FIELD(attention_multiplier),
+        MEGADSL_SHAPE_FIELD(logits_scaling));
+  }
+};
+}  // namespace boost::hana
+#undef MEGADSL_SHAPE_FIELD
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
                         rmpad, vocab_pad_multiple, cp, ep, etp, recompute);

@@ -121,6 +121,14 @@ struct shape {
   // Layers whose attention applies no RoPE (SmolLM3's no_rope_layers zeros), bit i: layer i (< 63).
   // Read by the choice of layer kind of the families that have NoPE layers.
   dim nope_layers = 0;
+  // Granite's multipliers (their neutral values elsewhere): the embedding's output times
+  // embedding_multiplier, each sublayer's output times residual_multiplier before the residual add,
+  // the scores scaled by attention_multiplier outright (0: head_dim^-0.5 or query_pre_attn_scalar's),
+  // the logits divided by logits_scaling before log-softmax.
+  real embedding_multiplier = 1.0;
+  real residual_multiplier = 1.0;
+  real attention_multiplier = 0.0;
+  real logits_scaling = 1.0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -140,7 +148,9 @@ inline constexpr shape dynamic_shape = {
     .rotary_fraction = dynamic, .q_lora_rank = dynamic, .kv_lora_rank = dynamic, .qk_nope_dim = dynamic,
     .v_head_dim = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
-    .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic};
+    .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
+    .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
+    .logits_scaling = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

@@ -19,7 +19,8 @@
 namespace megadsl {
 namespace {
 
-// What the attention reads from the model once: this rank's heads, the score scale, soft-cap and
+// What the attention reads from the model once: this rank's heads, the score scale (Gemma2's
+// query_pre_attn_scalar or Granite's attention_multiplier), soft-cap and
 // window of its layer, and its q/k norm (the block's child, if any).
 struct attention_settings {
   qkv_rank_layout qkv;      // this rank's kv groups and query heads
@@ -36,6 +37,7 @@ struct attention_settings {
     const shape& s = b.s();
     // Gemma2 scales the scores by query_pre_attn_scalar^-1/2 (0: the kernels' 1 / sqrt(head_dim)).
     if (const double q = s.query_pre_attn_scalar.get(); q != 0) scale = std::pow(q, -0.5);  // as Python computes it
+    if (const double m = s.attention_multiplier.get(); m != 0) scale = m;  // Granite: the scale outright
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
     rope = b.setting() == 0;

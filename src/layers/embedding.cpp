@@ -1,6 +1,7 @@
 // The vocab-parallel token embedding: ids (T',) -> (T'/tp or T', h). Rows outside this rank's
 // vocabulary range read as zero, then the partial sums are reduced over tp (reduce-scattered to
-// SP shards). Gemma scales the result by sqrt(hidden) rounded to the activations' dtype.
+// SP shards). Gemma scales the result by sqrt(hidden) rounded to the activations' dtype, Granite by
+// its embedding_multiplier.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -26,6 +27,8 @@ class embedding final : public layer_module {
     // A tensor of the activations' dtype (rounded like HF's normalizer), after the reduction: the
     // partial sums are exact zeros elsewhere, so the bits are the same.
     if (scaled_) x = x * at::scalar_tensor(std::sqrt(static_cast<double>(c.s.hidden.get())), x.scalar_type());
+    // Granite: times embedding_multiplier, a Python float (a scalar of the op's math type).
+    if (const double m = c.s.embedding_multiplier.get(); m != 1) x = x * m;
     return x;
   }
 

@@ -5,6 +5,8 @@
 //   parallel   x + attn(n1(x)) + mlp(n2(x)), summed as HF does: mlp + attn + x   (GPT-NeoX):
 //              a `branch` f(n(x)) per sublayer, summed by `parallel_sum`
 //   sequence   the second sublayer on the first's output (a layer of two sublayers)
+// Each sublayer's output is multiplied by the shape's residual_multiplier before it joins the
+// stream (Granite: residual + out * m; 1 elsewhere, and then no multiplication at all).
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
@@ -12,10 +14,16 @@
 namespace megadsl {
 namespace {
 
+// A sublayer's output as it joins the residual stream.
+at::Tensor scaled(at::Tensor out, const layer_context& c) {
+  if (const double m = c.s.residual_multiplier.get(); m != 1) return out * m;
+  return out;
+}
+
 class pre_norm final : public layer_module {
  public:
   explicit pre_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + f_->forward(n_->forward(x, c), c); }
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + scaled(f_->forward(n_->forward(x, c), c), c); }
 
  private:
   std::unique_ptr<norm_module> n_;
@@ -25,7 +33,7 @@ class pre_norm final : public layer_module {
 class post_norm final : public layer_module {
  public:
   explicit post_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + n_->forward(f_->forward(x, c), c); }
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + scaled(n_->forward(f_->forward(x, c), c), c); }
 
  private:
   std::unique_ptr<norm_module> n_;
@@ -37,7 +45,7 @@ class sandwich final : public layer_module {
   explicit sandwich(const block_build& b)
       : pre_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), post_(b.child_as<norm_module>(2)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
-    return x + post_->forward(f_->forward(pre_->forward(x, c), c), c);
+    return x + scaled(post_->forward(f_->forward(pre_->forward(x, c), c), c), c);
   }
 
  private:
@@ -50,7 +58,7 @@ class sandwich final : public layer_module {
 class branch final : public layer_module {
  public:
   explicit branch(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return f_->forward(n_->forward(x, c), c); }
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return scaled(f_->forward(n_->forward(x, c), c), c); }
 
  private:
   std::unique_ptr<norm_module> n_;

@@ -96,6 +96,10 @@ constexpr key_name key_names[] = {
     {"rope_interleave", "rope_interleave"},
     {"expert_groups", "n_group"},
     {"group_top_k", "topk_group"},
+    {"embedding_multiplier", "embedding_multiplier"},
+    {"residual_multiplier", "residual_multiplier"},
+    {"attention_multiplier", "attention_multiplier"},
+    {"logits_scaling", "logits_scaling"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -913,6 +917,21 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     s.attn_softcap = cap("attn_logit_softcapping", fam->attn_softcap_default);
     s.final_softcap = cap("final_logit_softcapping", fam->final_softcap_default);
   }
+  // Granite's multipliers (their neutral values in every other family: the shape's defaults).
+  if (fam->multipliers) {
+    const auto number = [&](std::string_view key) {
+      return r.optional<double>(key, 1.0, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    };
+    s.embedding_multiplier = number("embedding_multiplier");
+    s.residual_multiplier = number("residual_multiplier");
+    s.attention_multiplier = number("attention_multiplier");
+    s.logits_scaling = number("logits_scaling");
+    if (s.logits_scaling.get() == 0)
+      r.fail("logits_scaling", "is 0: the logits are divided by it", "give the checkpoint's value (Granite 3's is 16.0 or 8.0)");
+    if (s.attention_multiplier.get() == 0)
+      r.fail("attention_multiplier", "is 0: every score would be 0 and attention uniform",
+             "give the checkpoint's value (Granite 3's is 1/head_dim, e.g. 0.0078125)");
+  }
   s.arch = fam->arch;
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
@@ -1099,6 +1118,11 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config has no score scale or soft-caps, and this model has them (query_pre_attn_scalar " +
            show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) + ", final_softcap " +
            show(s.final_softcap) + ")";
+  if (!family.multipliers && (s.embedding_multiplier.get() != 1 || s.residual_multiplier.get() != 1 ||
+                              s.attention_multiplier.get() != 0 || s.logits_scaling.get() != 1))
+    return "a " + f + " config has none of Granite's multipliers, and this model has them (embedding_multiplier " +
+           show(s.embedding_multiplier) + ", residual_multiplier " + show(s.residual_multiplier) + ", attention_multiplier " +
+           show(s.attention_multiplier) + ", logits_scaling " + show(s.logits_scaling) + ")";
   const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
   switch (family.bias) {
     case bias_rule::fixed:
@@ -1258,6 +1282,14 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                                                                       : static_cast<double>(effective_head_dim(s).get());
     j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
+  }
+  if (fam->multipliers) {  // attention_multiplier 0 (a shape's default): the usual head_dim^-0.5, as Python computes it
+    j["embedding_multiplier"] = s.embedding_multiplier.get();
+    j["residual_multiplier"] = s.residual_multiplier.get();
+    j["attention_multiplier"] = s.attention_multiplier.get() != 0
+                                    ? s.attention_multiplier.get()
+                                    : std::pow(static_cast<double>(effective_head_dim(s).get()), -0.5);
+    j["logits_scaling"] = s.logits_scaling.get();
   }
   switch (fam->bias) {
     case bias_rule::fixed: break;

@@ -198,6 +198,14 @@ struct tiny8_hunyuan : hunyuan_dense<shape{.hidden = 128, .layers = 8, .heads = 
   static constexpr std::string_view name = "tiny8-hunyuan";
 };
 
+// Granite's multipliers, each away from its neutral value, on the Llama composition.
+struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
+                                     .embedding_multiplier = 4.0, .residual_multiplier = 0.4,
+                                     .attention_multiplier = 0.125, .logits_scaling = 3.0}> {
+  static constexpr std::string_view name = "tiny8-granite";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

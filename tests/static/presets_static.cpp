@@ -235,6 +235,20 @@ struct hunyuan_pairs : megadsl::hunyuan_dense<megadsl::shape{.hidden = 512, .lay
                                                              .ffn = 1024, .vocab = 1000, .max_positions = 128,
                                                              .rope_interleave = true}> {};
 static_assert(violates<hunyuan_pairs, layout{}>("qk_norm_after_rope_needs_halves"));
+// Granite: Llama's composition, its multipliers numbers of the shape; multi-head latent attention
+// keeps its own score scale and refuses Granite's.
+struct granite_small : megadsl::granite<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,
+                                                       .vocab = 1000, .max_positions = 128, .embedding_multiplier = 12.0,
+                                                       .residual_multiplier = 0.22, .attention_multiplier = 0.0078125,
+                                                       .logits_scaling = 8.0}> {};
+static_assert(granite_small::shape.arch == &megadsl::architecture_of<megadsl::llama_blocks>);
+static_assert(valid_layout<granite_small, layout{.tp = 2, .cp = 2}>);
+struct mla_scaled : megadsl::deepseek_v3<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 8, .ffn = 1024,
+                                                        .vocab = 1000, .head_dim = 16, .max_positions = 128,
+                                                        .q_lora_rank = 0, .kv_lora_rank = 64, .qk_nope_dim = 32,
+                                                        .v_head_dim = 32, .experts = 4, .top_k = 2, .expert_ffn = 256,
+                                                        .attention_multiplier = 0.1}> {};
+static_assert(violates<mla_scaled, layout{}>("mla_has_its_own_scale"));
 // StarCoder2: a plain MLP (fc split over tp with its bias, proj with a bias added after the
 // reduction), LayerNorm biases, an o_proj bias.
 struct sc2 : megadsl::starcoder2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 2048,

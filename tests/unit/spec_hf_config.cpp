@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\" or \"hunyuan_v1_dense\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\" or \"granite\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\" or \"hunyuan_v1_dense\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\" or \"granite\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -252,6 +252,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
+        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
@@ -720,4 +721,36 @@ TEST_CASE("HunYuan dense: its fixed NTK-alpha RoPE reads as plain RoPE on the st
   // Without alpha, "dynamic" is transformers' dynamic NTK, as for Llama.
   CHECK(parse_hf_config(edited(h, "\"alpha\": 1000.0, ", ""), "x").s.rope.type.get() == rope_type::dynamic_ntk);
   CHECK_THAT(error_of(edited(h, "\"alpha\": 1000.0", "\"alpha\": -1.0")), Catch::Contains("rope_parameters.alpha"));
+}
+
+TEST_CASE("Granite: its four multipliers read, written back, and refused where a config has none", "[spec][hf_config]") {
+  const std::string g = R"({"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8,
+    "attention_bias": false, "mlp_bias": false, "tie_word_embeddings": true})";
+  const auto c = parse_hf_config(g, "x");
+  CHECK(c.s.embedding_multiplier.get() == 12.0);
+  CHECK(c.s.residual_multiplier.get() == 0.22);
+  CHECK(c.s.attention_multiplier.get() == 0.0078125);
+  CHECK(c.s.logits_scaling.get() == 8.0);
+  for (const std::string& n : c.notes)  // (the defaults of the keys left out are noted; these are read)
+    CHECK((n.find("multiplier") == std::string::npos && n.find("logits_scaling") == std::string::npos));
+  const std::string written = megadsl::hf_config_json(c.s, "granite", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("GraniteForCausalLM") && Catch::Contains("\"logits_scaling\": 8.0"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, c.s).empty());
+  // GraniteConfig's defaults: every multiplier 1.0 (the scores' scale too).
+  const auto plain = parse_hf_config(R"({"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100})", "x");
+  CHECK((plain.s.embedding_multiplier.get() == 1.0 && plain.s.attention_multiplier.get() == 1.0 &&
+         plain.s.logits_scaling.get() == 1.0 && plain.s.residual_multiplier.get() == 1.0));
+  CHECK_THAT(error_of(edited(g, "\"logits_scaling\": 8", "\"logits_scaling\": 0")), Catch::Contains("logits_scaling"));
+  CHECK_THAT(error_of(edited(g, "\"logits_scaling\": 8", "\"logits_scaling\": \"8\"")), Catch::Contains("logits_scaling"));
+  // The Llama composition with multipliers: Granite's config writes it, Llama's refuses and names Granite's.
+  CHECK(megadsl::model_type_for(c.s, c.attention_window) == "granite");
+  CHECK_THROWS_WITH(megadsl::hf_config_json(c.s, "llama", false, "float32", c.attention_window),
+                    Catch::Contains("none of Granite's multipliers") && Catch::Contains("granite"));
+  // A Granite config always scales the scores by attention_multiplier (1.0 by default), so a
+  // Granite checkpoint is written as Granite; a model without multipliers as Llama, the first.
+  CHECK(megadsl::model_type_for(plain.s, plain.attention_window) == "granite");
+  CHECK(megadsl::model_type_for(megadsl::tiny_llama3::shape, {}) == "llama");
 }

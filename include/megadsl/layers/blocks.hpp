@@ -884,6 +884,10 @@ constexpr void qk_norm_after_rope_rule(const shape& s, const layout& l, violatio
         .add("rope_interleave: q/k norms after RoPE on interleaved pairs are not supported; rotate halves");
 }
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
+  if (s.attention_multiplier.is_static() && s.attention_multiplier.get() != 0)
+    out.add("mla_has_its_own_scale")
+        .add("attention_multiplier is set: multi-head latent attention scales its scores by its own YaRN-adjusted "
+             "softmax scale; leave attention_multiplier at 0");
   if (l.cp.is_static() && l.cp.get() > 1)
     out.add("cp_splits_heads", {l.cp.get()})
         .add("cp = ", l.cp.get(), ": multi-head latent attention has no context-parallel path yet; use cp = 1");
