@@ -464,6 +464,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
         if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
         // Granite: logits / logits_scaling (HF's CausalLM output, before any temperature).
         if (const double d = s.logits_scaling.get(); d != 1) l = l / d;
+        if (const double m = s.logit_scale.get(); m != 1) l = l * m;  // Cohere: logits * logit_scale
         if (o.temperature != 1.0) l = l / o.temperature;
         if (pk.temperature.defined()) l = l / pk.temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
         return l;

@@ -329,6 +329,7 @@ constexpr basic_text<4096> composition_tree(const shape& s) {
   if (set(s.embedding_multiplier, 1) || set(s.residual_multiplier, 1) || set(s.attention_multiplier, 0) || set(s.logits_scaling, 1))
     t.append("  multipliers: embedding x embedding_multiplier, sublayer outputs x residual_multiplier, "
              "scores x attention_multiplier, logits / logits_scaling\n");
+  if (set(s.logit_scale, 1)) t.append("  lm head: logits x logit_scale\n");
   return t;
 }
 

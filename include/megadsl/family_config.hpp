@@ -119,6 +119,9 @@ struct family_config {
   // Granite's embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling
   // (each 1.0 by default): the shape's fields of those names.
   bool multipliers = false;
+  // Cohere's `logit_scale` (the logits multiplied by it; this its class default): the shape's logit_scale.
+  bool reads_logit_scale = false;
+  double logit_scale_default = 0.0625;
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
   double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)
   // RoPE per layer type (Gemma 3, OLMo 3): rope_parameters {full_attention: {...}, sliding_attention:
@@ -136,6 +139,9 @@ struct family_config {
   // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
   // the shape's nope_layers follow from the window.
   bool nope_on_full_layers = false;
+  // Only the sliding layers apply RoPE, a window set or not (Cohere2: with sliding_window null no
+  // layer slides and none rotates): the shape's nope_layers are the layers that do not slide.
+  bool rope_only_sliding = false;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
   // halves (ERNIE 4.5, GLM-4): the shape's rope_interleave, always on for the family.
   bool interleaved_rope = false;

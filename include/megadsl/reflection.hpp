@@ -64,7 +64,8 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(embedding_multiplier),
         MEGADSL_SHAPE_FIELD(residual_multiplier),
         MEGADSL_SHAPE_FIELD(attention_multiplier),
-        MEGADSL_SHAPE_FIELD(logits_scaling));
+        MEGADSL_SHAPE_FIELD(logits_scaling),
+        MEGADSL_SHAPE_FIELD(logit_scale));
   }
 };
 }  // namespace boost::hana

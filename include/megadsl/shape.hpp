@@ -129,6 +129,8 @@ struct shape {
   real residual_multiplier = 1.0;
   real attention_multiplier = 0.0;
   real logits_scaling = 1.0;
+  // The logits multiplied by this before log-softmax (Cohere's logit_scale; 1 elsewhere).
+  real logit_scale = 1.0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -150,7 +152,7 @@ inline constexpr shape dynamic_shape = {
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
-    .logits_scaling = dynamic};
+    .logits_scaling = dynamic, .logit_scale = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

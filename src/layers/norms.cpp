@@ -3,6 +3,7 @@
 //   rms_norm_1p    y = ((x * rsqrt(mean(x^2) + eps)) * (1 + w.float())).to(x.dtype)  (Gemma)
 //   rms_norm_wmul  y = (w * (x * rsqrt(mean(x^2) + eps))).to(x.dtype)               (OLMo2)
 //   layer_norm     nn.LayerNorm with its bias                                         (StarCoder2, NeoX)
+//   layer_norm_no_bias  y = (w.float() * (x - mean) * rsqrt(var + eps)).to(x.dtype), in fp32 (Cohere)
 #include <ATen/ATen.h>
 
 #include <string>
@@ -66,6 +67,24 @@ class layer_norm final : public norm_module {
   double eps_;
 };
 
+// CohereLayerNorm: centred and scaled in fp32, the weight applied in fp32, no bias.
+class layer_norm_no_bias final : public norm_module {
+ public:
+  explicit layer_norm_no_bias(const block_build& b) : weight_(b.require("weight")), eps_(b.s().rms_eps.get()) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor centred = xf - xf.mean(-1, true);
+    return apply_weight(centred * at::rsqrt(centred.pow(2).mean(-1, true) + eps_), x.scalar_type(), c);
+  }
+  at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
+    return (c.w(weight_).to(at::kFloat) * normed).to(dtype);
+  }
+
+ private:
+  at::Tensor weight_;  // (h) replicated
+  double eps_;
+};
+
 }  // namespace
 
 namespace modules {
@@ -73,6 +92,7 @@ std::unique_ptr<block_module> rms_norm(const block_build& b) { return std::make_
 std::unique_ptr<block_module> rms_norm_1p(const block_build& b) { return std::make_unique<megadsl::rms_norm_1p>(b); }
 std::unique_ptr<block_module> rms_norm_wmul(const block_build& b) { return std::make_unique<megadsl::rms_norm_wmul>(b); }
 std::unique_ptr<block_module> layer_norm(const block_build& b) { return std::make_unique<megadsl::layer_norm>(b); }
+std::unique_ptr<block_module> layer_norm_no_bias(const block_build& b) { return std::make_unique<megadsl::layer_norm_no_bias>(b); }
 }  // namespace modules
 
 }  // namespace megadsl

@@ -5,6 +5,8 @@
 //   parallel   x + attn(n1(x)) + mlp(n2(x)), summed as HF does: mlp + attn + x   (GPT-NeoX):
 //              a `branch` f(n(x)) per sublayer, summed by `parallel_sum`
 //   sequence   the second sublayer on the first's output (a layer of two sublayers)
+//   parallel_shared_norm  x + attn(n(x)) + mlp(n(x)), one norm for both, summed as HF does:
+//              (x + attn) + mlp   (Cohere)
 // Each sublayer's output is multiplied by the shape's residual_multiplier before it joins the
 // stream (Granite: residual + out * m; 1 elsewhere, and then no multiplication at all).
 #include <ATen/ATen.h>
@@ -87,6 +89,21 @@ class sequence final : public layer_module {
   std::unique_ptr<layer_module> a_, b_;
 };
 
+class parallel_shared_norm final : public layer_module {
+ public:
+  explicit parallel_shared_norm(const block_build& b)
+      : n_(b.child_as<norm_module>(0)), attn_(b.child_as<layer_module>(1)), mlp_(b.child_as<layer_module>(2)) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    const at::Tensor h = n_->forward(x, c);  // (T'/tp or T', h): both sublayers read it
+    const at::Tensor attn_out = scaled(attn_->forward(h, c), c);
+    return x + attn_out + scaled(mlp_->forward(h, c), c);
+  }
+
+ private:
+  std::unique_ptr<norm_module> n_;
+  std::unique_ptr<layer_module> attn_, mlp_;
+};
+
 }  // namespace
 
 namespace modules {
@@ -96,6 +113,9 @@ std::unique_ptr<block_module> sandwich(const block_build& b) { return std::make_
 std::unique_ptr<block_module> branch(const block_build& b) { return std::make_unique<megadsl::branch>(b); }
 std::unique_ptr<block_module> parallel_sum(const block_build& b) { return std::make_unique<megadsl::parallel_sum>(b); }
 std::unique_ptr<block_module> sequence(const block_build& b) { return std::make_unique<megadsl::sequence>(b); }
+std::unique_ptr<block_module> parallel_shared_norm(const block_build& b) {
+  return std::make_unique<megadsl::parallel_shared_norm>(b);
+}
 }  // namespace modules
 
 }  // namespace megadsl

@@ -100,6 +100,7 @@ constexpr key_name key_names[] = {
     {"residual_multiplier", "residual_multiplier"},
     {"attention_multiplier", "attention_multiplier"},
     {"logits_scaling", "logits_scaling"},
+    {"logit_scale", "logit_scale"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -636,6 +637,10 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   const bool alternate = family.window == window_rule::alternate;
   if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
   if (family.window == window_rule::nope_layers && w->is_null()) return {};  // SmolLM3Config: no window, no sliding layer
+  if (family.rope_only_sliding) {  // Cohere2: null (not absent: 4096) slides no layer
+    const auto it = root.find("sliding_window");
+    if (it != root.end() && it->is_null()) return {};
+  }
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
   out.layers.assign(static_cast<std::size_t>(layers), true);
@@ -932,16 +937,22 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       r.fail("attention_multiplier", "is 0: every score would be 0 and attention uniform",
              "give the checkpoint's value (Granite 3's is 1/head_dim, e.g. 0.0078125)");
   }
+  // Cohere's logit_scale (multiplied): 1 in every other family.
+  if (fam->reads_logit_scale)
+    s.logit_scale = r.optional<double>("logit_scale", fam->logit_scale_default,
+                                       [&](const json& v, std::string_view k) { return r.number(v, k); });
   s.arch = fam->arch;
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s);
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
-  if (fam->nope_on_full_layers) {  // a window set: the full layers have no RoPE (EXAONE 4)
+  // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
+  // only, window or none (with sliding_window null no layer slides and none rotates).
+  if (fam->nope_on_full_layers || fam->rope_only_sliding) {
     const json* w = r.find(root, "sliding_window");
     std::int64_t nope = 0;
-    if (w != nullptr && !w->is_null())
+    if (fam->rope_only_sliding || (w != nullptr && !w->is_null()))
       for (std::int64_t i = 0; i < s.layers.get(); ++i)
         if (out.attention_window.of(i) == 0) {
           if (i >= 63)
@@ -1105,6 +1116,10 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
   if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
     return "megadsl writes a " + f + " config with plain RoPE only, and this model's is scaled (" + show(s.rope.type) + ")";
+  if (family.rope_only_sliding)
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      if (nope_layer(s, i) != (window.of(i) == 0))
+        return "a " + f + " config rotates exactly the sliding layers, and this model's NoPE layers differ";
   if (family.nope_on_full_layers)
     for (std::int64_t i = 0; i < s.layers.get(); ++i)
       if (nope_layer(s, i) != (window.any() && window.of(i) == 0))
@@ -1123,6 +1138,8 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config has none of Granite's multipliers, and this model has them (embedding_multiplier " +
            show(s.embedding_multiplier) + ", residual_multiplier " + show(s.residual_multiplier) + ", attention_multiplier " +
            show(s.attention_multiplier) + ", logits_scaling " + show(s.logits_scaling) + ")";
+  if (!family.reads_logit_scale && s.logit_scale.get() != 1)
+    return "a " + f + " config does not scale the logits, and this model multiplies them by " + show(s.logit_scale);
   const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
   switch (family.bias) {
     case bias_rule::fixed:
@@ -1283,6 +1300,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
   }
+  if (fam->reads_logit_scale) j["logit_scale"] = s.logit_scale.get();
   if (fam->multipliers) {  // attention_multiplier 0 (a shape's default): the usual head_dim^-0.5, as Python computes it
     j["embedding_multiplier"] = s.embedding_multiplier.get();
     j["residual_multiplier"] = s.residual_multiplier.get();

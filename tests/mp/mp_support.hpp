@@ -206,6 +206,15 @@ struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
   static constexpr std::string_view name = "tiny8-granite";
 };
 
+// Cohere2's composition: one bias-free LayerNorm for attention and MLP side by side, RoPE on pairs
+// on the even (sliding) layers only, the logits scaled.
+struct tiny8_cohere2 : cohere2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .max_positions = 256, .rms_eps = 1e-5, .qkv_bias = true, .tie_embeddings = true,
+                                     .out_bias = true, .rope_interleave = true, .nope_layers = 0xAA, .logit_scale = 0.25}> {
+  static constexpr std::string_view name = "tiny8-cohere2";
+  static constexpr std::int64_t window = 5;
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

@@ -249,6 +249,17 @@ struct mla_scaled : megadsl::deepseek_v3<megadsl::shape{.hidden = 512, .layers =
                                                         .v_head_dim = 32, .experts = 4, .top_k = 2, .expert_ffn = 256,
                                                         .attention_multiplier = 0.1}> {};
 static_assert(violates<mla_scaled, layout{}>("mla_has_its_own_scale"));
+// Cohere2: one bias-free LayerNorm read by attention and MLP side by side; two kinds of layer (RoPE
+// or none) by the shape's nope_layers.
+struct cohere2_small : megadsl::cohere2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,
+                                                       .vocab = 1000, .max_positions = 128, .tie_embeddings = true,
+                                                       .rope_interleave = true, .nope_layers = 0b1000, .logit_scale = 0.0625}> {};
+static_assert(cohere2_small::shape.arch->name.find("parallel_shared_norm(layer_norm_no_bias") != std::string_view::npos);
+static_assert(megadsl::kind_of_layer(cohere2_small::shape, 3) == 1 && megadsl::kind_of_layer(cohere2_small::shape, 2) == 0);
+static_assert(valid_layout<cohere2_small, layout{.tp = 2, .pp = 2, .sp = true}>);
+// (no post_attention_layernorm: the layer's one norm is input_layernorm)
+static_assert(parameter_count(cohere2_small::shape) ==
+              1000 * 512 + 4 * (512 + 512 * 512 * 2 + 2 * 512 * 128 + 3 * 512 * 1024) + 512);
 // StarCoder2: a plain MLP (fc split over tp with its bias, proj with a bias added after the
 // reduction), LayerNorm biases, an o_proj bias.
 struct sc2 : megadsl::starcoder2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 2048,

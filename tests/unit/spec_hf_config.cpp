@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\" or \"granite\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\" or \"cohere2\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\" or \"granite\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\" or \"cohere2\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -252,7 +252,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
-        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, "
+        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
@@ -753,4 +753,37 @@ TEST_CASE("Granite: its four multipliers read, written back, and refused where a
   // Granite checkpoint is written as Granite; a model without multipliers as Llama, the first.
   CHECK(megadsl::model_type_for(plain.s, plain.attention_window) == "granite");
   CHECK(megadsl::model_type_for(megadsl::tiny_llama3::shape, {}) == "llama");
+}
+
+TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerNorm's eps", "[spec][hf_config]") {
+  const std::string c2 = R"({"model_type": "cohere2", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "layer_norm_eps": 1e-05, "logit_scale": 0.5, "sliding_window": 5, "sliding_window_pattern": 4})";
+  const auto c = parse_hf_config(c2, "x");
+  CHECK(c.s.logit_scale.get() == 0.5);
+  CHECK(c.s.rms_eps.get() == 1e-5);
+  CHECK(c.s.rope_interleave.get());
+  CHECK(c.s.tie_embeddings.get());  // Cohere2Config's default
+  CHECK(c.s.nope_layers.get() == 0b1000);  // layer 3 is full and rotates nothing
+  CHECK((c.attention_window.size == 5 && c.attention_window.of(0) == 5 && c.attention_window.of(3) == 0));
+  const std::string written = megadsl::hf_config_json(c.s, "cohere2", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("Cohere2ForCausalLM") && Catch::Contains("\"logit_scale\": 0.5"));
+  const auto back = parse_hf_config(written, "w");
+  CHECK(megadsl::mismatches(back.s, c.s).empty());
+  CHECK(back.attention_window.of(2) == 5);
+  // sliding_window null: no layer slides, and none rotates (the attention applies RoPE only with a window).
+  const auto none = parse_hf_config(edited(c2, "\"sliding_window\": 5", "\"sliding_window\": null"), "x");
+  CHECK(!none.attention_window.any());
+  CHECK(none.s.nope_layers.get() == 0b1111);
+  const auto none_back = parse_hf_config(megadsl::hf_config_json(none.s, "cohere2", false, "float32", none.attention_window), "w");
+  CHECK((none_back.s.nope_layers.get() == 0b1111 && !none_back.attention_window.any()));
+  // The defaults: logit_scale 0.0625, a window of 4096 on three layers of four.
+  const auto plain = parse_hf_config(edited(edited(c2, ", \"logit_scale\": 0.5", ""), ", \"sliding_window\": 5", ""), "x");
+  CHECK((plain.s.logit_scale.get() == 0.0625 && plain.attention_window.size == 4096));
+  // A model whose NoPE layers are not exactly the full ones has no Cohere2 config; Llama's has no logit_scale.
+  megadsl::shape other = c.s;
+  other.nope_layers = 0;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(other, "cohere2", false, "float32", c.attention_window),
+                    Catch::Contains("rotates exactly the sliding layers"));
+  CHECK_THAT(error_of(edited(c2, "\"logit_scale\": 0.5", "\"logit_scale\": true")), Catch::Contains("logit_scale"));
 }

@@ -23,6 +23,7 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm(const block_build
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm_1p(const block_build& b);    // Gemma: (1 + w) * x in fp32
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> rms_norm_wmul(const block_build& b);  // OLMo2: (w * x).to(dtype)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm(const block_build& b);     // nn.LayerNorm, weight and bias
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm_no_bias(const block_build& b);  // Cohere: no bias, fp32
 
 // q/k norms before RoPE (src/layers/qk_norms.cpp); children: the q norm, the k norm
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
@@ -48,5 +49,7 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> sandwich(const block_build
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> branch(const block_build& b);     // children: norm, inner; inner(norm(x)), no residual
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> parallel_sum(const block_build& b);  // children: two branches; x + a(x) + m(x)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> sequence(const block_build& b);   // children: first, second
+// children: norm, attention, MLP; x + attn(n(x)) + mlp(n(x)), one norm for both (Cohere)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> parallel_shared_norm(const block_build& b);
 
 }  // namespace megadsl::modules

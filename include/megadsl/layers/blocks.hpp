@@ -292,6 +292,19 @@ struct layer_norm {
   }
 };
 
+// LayerNorm without a bias, in fp32 with its weight (CohereLayerNorm).
+struct layer_norm_no_bias {
+  static constexpr std::string_view label = "layer_norm_no_bias (fp32)";
+  static constexpr module_factory module = &modules::layer_norm_no_bias;
+  static constexpr param_init init = param_init::ones;
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
+                                                     presence::always, false, false, param_init::ones}},
+                          module, "layer_norm_no_bias", label),
+                   {.whole = 2});  // its input
+  }
+};
+
 // ---- attention and its q/k norms ------------------------------------------------------------------
 
 // HF's names of a per-head q/k norm's two weights.
@@ -727,6 +740,24 @@ struct block {
     const int a = lower_block<AttentionSublayer>(b, attn);
     const int m = lower_block<MlpSublayer>(b, mlp);
     return b.node(layer, is_parallel<AttentionSublayer>() ? &modules::parallel_sum : &modules::sequence, {a, m}, "block");
+  }
+};
+
+// One decoder layer whose attention and MLP both read one norm of its input, their outputs added
+// to it: x + attn(n(x)) + mlp(n(x)) (Cohere's input_layernorm; its only norm in the layer).
+template <class Norm, class Attention, class Mlp>
+struct parallel_shared_norm {
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const int n = lower_block<Norm>(b, layer.sub("attn_norm", "input_layernorm"));
+    basic_text<160> label("parallel_shared_norm  ");
+    label.add(b.label(n), "  [input_layernorm, for both]");
+    b.hide(n);
+    slot attn = layer, mlp = layer;
+    attn.at = sublayer::attention;
+    mlp.at = sublayer::mlp;
+    const int a = lower_block<Attention>(b, attn);
+    const int m = lower_block<Mlp>(b, mlp);
+    return b.node(layer, &modules::parallel_shared_norm, {n, a, m}, "parallel_shared_norm", label.view());
   }
 };
 

@@ -1,0 +1,53 @@
+// Cohere's Command R7B and Command A (model_type cohere2) as strong preset types: each layer's
+// attention and MLP read one bias-free LayerNorm of its input, side by side
+// (x + attn(n(x)) + mlp(n(x))); three sliding layers to one full (layer_types,
+// sliding_window_pattern), RoPE on interleaved pairs on the sliding layers only (the full layers
+// apply none); the logits multiplied by logit_scale; tied embeddings.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Layer i is kind 1 (no RoPE) where the shape's nope_layers says so (the layers that do not slide).
+constexpr int cohere2_layer(const shape& s, std::int64_t layer) { return nope_layer(s, layer) ? 1 : 0; }
+
+template <bool Rope>
+using cohere2_block = blocks::parallel_shared_norm<blocks::layer_norm_no_bias,
+                                                   blocks::attention<blocks::attention_knobs{.rope = Rope}>,
+                                                   blocks::gated_mlp<activation::silu>>;
+
+using cohere2_blocks = blocks::decoder<blocks::embedding<>,
+                                       blocks::select<&cohere2_layer, cohere2_block<true>, cohere2_block<false>>,
+                                       blocks::layer_norm_no_bias>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule cohere2_keys[] = {
+    {"layer_norm_eps", key_use::read},
+    {"logit_scale", key_use::read},             // the logits multiplied by it
+    {"attention_bias", key_use::read},          // q/k/v and o_proj biases
+    {"sliding_window", key_use::read},
+    {"sliding_window_pattern", key_use::read},  // every n-th layer full (layer_types wins)
+    {"layer_types", key_use::read},
+};
+inline constexpr family_config cohere2_config{
+    .model_type = "cohere2", .hf_class = "Cohere2", .display = "Command R7B, Command A",
+    .arch = &architecture_of<cohere2_blocks>, .max_positions = 8192, .rms_eps = 1e-5, .tie_embeddings = true,
+    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .reads_logit_scale = true, .full_every = 4,
+    .window = window_rule::alternate, .reads_layer_types = true, .rope_only_sliding = true, .interleaved_rope = true,
+    .keys = cohere2_keys};
+
+// Cohere2: one norm for the side-by-side sublayers; RoPE on pairs on the sliding layers only.
+template <shape S>
+struct cohere2 : decoder_family<cohere2_blocks, S> {
+  static constexpr std::string_view family = cohere2_config.model_type;
+  static constexpr std::string_view name = "cohere2";
+};
+
+}  // namespace megadsl
