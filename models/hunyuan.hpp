@@ -1,6 +1,9 @@
-// Tencent HunYuan dense (model_type hunyuan_v1_dense) as strong preset types: the Llama blocks with
-// per-head q/k RMSNorms applied after RoPE (query_layernorm, key_layernorm), biases on q/k/v and
-// o_proj by `attention_bias`, and its fixed NTK-alpha RoPE read as plain RoPE on the stretched base.
+// Tencent HunYuan dense and MoE (model_type hunyuan_v1_dense, hunyuan_v1_moe) as strong preset
+// types: the Llama blocks with per-head q/k RMSNorms applied after RoPE (query_layernorm,
+// key_layernorm), biases on q/k/v and o_proj by `attention_bias`, and its fixed NTK-alpha RoPE read as
+// plain RoPE on the stretched base. The MoE's every layer routes each token to its top-k of
+// num_experts experts (softmax, renormalised) and adds one ungated shared MLP, all of
+// intermediate_size.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,14 @@ using hunyuan_dense_blocks = blocks::decoder<
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
     blocks::rms_norm<>>;
 
+using hunyuan_attention =
+    blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>, blocks::hunyuan_qk_norm_names, /*AfterRope=*/true>>;
+using hunyuan_moe_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, hunyuan_attention>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::hunyuan}>>>,
+    blocks::rms_norm<>>;
+
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule hunyuan_dense_keys[] = {
@@ -39,6 +50,30 @@ template <shape S>
 struct hunyuan_dense : decoder_family<hunyuan_dense_blocks, S> {
   static constexpr std::string_view family = hunyuan_dense_config.model_type;
   static constexpr std::string_view name = "hunyuan_v1_dense";
+};
+
+inline constexpr moe_config hunyuan_moe_moe{.count_key = "num_experts", .top_k = 1, .top_k_key = "moe_topk",
+                                            .shared_as_wide_as_ffn = true, .experts_as_wide_as_ffn = true,
+                                            .reads_norm_topk = false};
+inline constexpr config_key_rule hunyuan_moe_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},        // q/k/v and o_proj biases
+    {"num_experts", key_use::read},           // (num_local_experts maps to it)
+    {"moe_topk", key_use::read},              // (num_experts_per_tok maps to it); one per layer, all equal
+    {"pretraining_tp", key_use::no_effect},   // HF's sliced matmuls: the same product
+    {"eod_token_id", key_use::no_effect},     // a token id (kept in config.json)
+    {"output_router_logits", key_use::no_effect},  // what the forward returns
+};
+inline constexpr family_config hunyuan_moe_config{
+    .model_type = "hunyuan_v1_moe", .hf_class = "HunYuanMoEV1", .display = "HunYuan MoE (Hunyuan-A13B)",
+    .arch = &architecture_of<hunyuan_moe_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
+    .bias = bias_rule::attention_bias, .ntk_alpha_rope = true, .moe = &hunyuan_moe_moe, .keys = hunyuan_moe_keys};
+
+// HunYuan MoE: HunYuan dense's attention; every layer a softmax top-k mixture plus a shared MLP.
+template <shape S>
+struct hunyuan_moe : decoder_family<hunyuan_moe_blocks, S> {
+  static constexpr std::string_view family = hunyuan_moe_config.model_type;
+  static constexpr std::string_view name = "hunyuan_v1_moe";
 };
 
 }  // namespace megadsl

@@ -58,6 +58,8 @@ struct moe_config {
   std::string_view count_key;          // the one transformers' class reads: num_local_experts | num_experts
   bool reads_both_counts = false;      // the class maps num_experts and num_local_experts to one value
   std::int64_t top_k = 0;              // num_experts_per_tok
+  std::string_view top_k_key = "num_experts_per_tok";  // (HunYuan's moe_topk: a number, or one per layer, all equal)
+  bool shared_as_wide_as_ffn = false;  // one ungated shared MLP of intermediate_size (HunYuan's shared_mlp)
   bool experts_as_wide_as_ffn = false; // Mixtral, OLMoE: experts of intermediate_size, every layer sparse
   bool reads_norm_topk = true;         // norm_topk_prob is read; false: the class always renormalises (Mixtral)
   std::int64_t expert_ffn = 0;         // moe_intermediate_size

@@ -689,8 +689,20 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   if (!local && !named)
     r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
   s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, both ? "num_experts" : m.count_key, 1);
-  s.top_k = r.optional<std::int64_t>("num_experts_per_tok", m.top_k,
-      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  // HunYuan's moe_topk may list one per layer: megadsl's mixture has one top-k for every layer.
+  s.top_k = r.optional<std::int64_t>(m.top_k_key, m.top_k, [&](const json& v, std::string_view k) {
+    if (!v.is_array()) return r.integer(v, k, 1);
+    if (v.empty() || static_cast<std::int64_t>(v.size()) != s.layers.get())
+      r.fail(k, "is " + describe_json(v) + ", expected one number or one per layer (" + std::to_string(s.layers.get()) + ")",
+             "give one top-k");
+    const std::int64_t first = r.integer(v.front(), k, 1);
+    for (const json& e : v)
+      if (r.integer(e, k, 1) != first)
+        r.fail(k, "differs between layers (" + describe_json(v) + "); megadsl's mixture has one top-k for every layer",
+               "this checkpoint is not supported yet");
+    return first;
+  });
+  if (m.shared_as_wide_as_ffn) s.shared_expert_ffn = s.ffn;  // HunYuan's shared_mlp: intermediate_size
   if (m.experts_as_wide_as_ffn) {
     s.expert_ffn = 0;  // intermediate_size
     s.norm_topk = !m.reads_norm_topk ||
@@ -1183,6 +1195,9 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
            "sizes each expert by intermediate_size and has experts in every layer; this model has norm_topk " +
            show(s.norm_topk) + ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
            " and dense_layers " + show(s.dense_layers);
+  if (family.moe != nullptr && family.moe->shared_as_wide_as_ffn && s.shared_expert_ffn.get() != s.ffn.get())
+    return "a " + f + " config sizes its shared MLP by intermediate_size, and this model's shared_expert_ffn " +
+           show(s.shared_expert_ffn) + " differs from ffn " + show(s.ffn);
   if (family.moe != nullptr && !family.moe->dense_first_key.empty()) {
     const std::int64_t k = dense_prefix(s);
     const std::int64_t mask = k >= 63 ? std::numeric_limits<std::int64_t>::max() : (std::int64_t{1} << k) - 1;
@@ -1329,7 +1344,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   if (fam->moe != nullptr) {
     const moe_config& m = *fam->moe;
     j[std::string(m.count_key)] = s.experts.get();
-    j["num_experts_per_tok"] = s.top_k.get();
+    j[std::string(m.top_k_key)] = s.top_k.get();
     if (m.experts_as_wide_as_ffn && m.reads_norm_topk) j["norm_topk_prob"] = s.norm_topk.get();
     if (!m.experts_as_wide_as_ffn) {
       j["moe_intermediate_size"] = expert_ffn_of(s).get();

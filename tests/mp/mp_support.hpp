@@ -215,6 +215,14 @@ struct tiny8_cohere2 : cohere2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
   static constexpr std::int64_t window = 5;
 };
 
+// HunYuan MoE's composition: q/k norms after RoPE, every layer a softmax top-2 of 8 experts
+// (renormalised) plus an ungated shared MLP, all of ffn.
+struct tiny8_hunyuan_moe : hunyuan_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 64, .vocab = 500,
+                                             .head_dim = 32, .max_positions = 256, .qkv_bias = true, .out_bias = true,
+                                             .experts = 8, .top_k = 2, .shared_expert_ffn = 64, .norm_topk = true}> {
+  static constexpr std::string_view name = "tiny8-hunyuan-moe";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {

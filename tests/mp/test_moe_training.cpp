@@ -131,6 +131,7 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // the grouped sigmoid router
   check_moe_inference<tiny8_glm4_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
   check_moe_inference<tiny8_glm4_moe, layout{.ep = 4}>();
+  check_moe_inference<tiny8_hunyuan_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();  // + shared MLP
   // Multi-head latent attention: heads over tp 4 (the latents replicated), sp, remove-padding, pp.
   check_moe_inference<tiny8_deepseek_v3, layout{.tp = 4, .sp = true, .rmpad = true}>();
   check_moe_inference<tiny8_deepseek_v3, layout{.tp = 2, .pp = 2}>();
@@ -151,6 +152,7 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // The expert biases balanced by the load summed over dp 4 (the distributed optimizer's
   // reduce-scatter leaves the dp sum of the counts to the balancing).
   check_moe_training<tiny8_glm4_moe, layout{.ep = 4}>(1, true);
+  check_moe_training<tiny8_hunyuan_moe, layout{.tp = 2, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_deepseek_v3, layout{.tp = 4, .sp = true, .rmpad = true}>(1, true);
   check_moe_training<tiny8_moonlight, layout{.tp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, false);

@@ -235,6 +235,13 @@ struct hunyuan_pairs : megadsl::hunyuan_dense<megadsl::shape{.hidden = 512, .lay
                                                              .ffn = 1024, .vocab = 1000, .max_positions = 128,
                                                              .rope_interleave = true}> {};
 static_assert(violates<hunyuan_pairs, layout{}>("qk_norm_after_rope_needs_halves"));
+// HunYuan MoE: every layer's mixture plus the ungated shared MLP, both of ffn, the router under gate.wg.
+struct hunyuan_moe_small : megadsl::hunyuan_moe<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 256,
+                                                               .vocab = 1000, .max_positions = 128, .experts = 4, .top_k = 2,
+                                                               .shared_expert_ffn = 256, .norm_topk = true}> {};
+static_assert(valid_layout<hunyuan_moe_small, layout{.tp = 2, .ep = 2}>);
+static_assert(parameter_count(hunyuan_moe_small::shape) ==
+              2 * 1000 * 512 + 4 * (2 * 512 + 2 * 512 * 512 + 2 * 512 * 128 + 2 * 64 + 4 * 512 + 5 * 3 * 512 * 256) + 512);
 // Granite: Llama's composition, its multipliers numbers of the shape; multi-head latent attention
 // keeps its own score scale and refuses Granite's.
 struct granite_small : megadsl::granite<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\" or \"cohere2\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\" or \"hunyuan_v1_moe\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\" or \"cohere2\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\" or \"hunyuan_v1_moe\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -786,4 +786,23 @@ TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerN
   CHECK_THROWS_WITH(megadsl::hf_config_json(other, "cohere2", false, "float32", c.attention_window),
                     Catch::Contains("rotates exactly the sliding layers"));
   CHECK_THAT(error_of(edited(c2, "\"logit_scale\": 0.5", "\"logit_scale\": true")), Catch::Contains("logit_scale"));
+}
+
+TEST_CASE("HunYuan MoE: moe_topk one per layer, its shared MLP of intermediate_size", "[spec][hf_config]") {
+  const std::string h = R"({"model_type": "hunyuan_v1_moe", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 176, "vocab_size": 100,
+    "num_experts": 8, "moe_topk": [2, 2], "attention_bias": false})";
+  const auto c = parse_hf_config(h, "x");
+  CHECK((c.s.experts.get() == 8 && c.s.top_k.get() == 2 && c.s.norm_topk.get()));
+  CHECK((c.s.expert_ffn.get() == 0 && c.s.shared_expert_ffn.get() == 176));
+  const std::string written = megadsl::hf_config_json(c.s, "hunyuan_v1_moe", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("\"moe_topk\": 2") && Catch::Contains("HunYuanMoEV1ForCausalLM"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, c.s).empty());
+  CHECK(parse_hf_config(edited(h, "[2, 2]", "3"), "x").s.top_k.get() == 3);
+  CHECK_THAT(error_of(edited(h, "[2, 2]", "[2, 4]")), Catch::Contains("moe_topk") && Catch::Contains("one top-k for every layer"));
+  CHECK_THAT(error_of(edited(h, "[2, 2]", "[2]")), Catch::Contains("one per layer (2)"));
+  megadsl::shape narrow = c.s;
+  narrow.shared_expert_ffn = 64;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(narrow, "hunyuan_v1_moe", false, "float32", c.attention_window),
+                    Catch::Contains("shared MLP by intermediate_size"));
 }

@@ -67,7 +67,8 @@ enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul };
 enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
 // The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
 // Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
-enum class moe_names : std::int8_t { mixtral, qwen };
+// HunYuan's are Qwen's with the router at mlp.gate.wg and its ungated shared MLP at mlp.shared_mlp.
+enum class moe_names : std::int8_t { mixtral, qwen, hunyuan };
 // How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
 // (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
 // experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2).
@@ -570,11 +571,15 @@ struct moe_mlp {
             mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]" : "  [mlp: gate, experts.E.gate/up/down_proj]");
     if (K.shared_expert) t.add("; + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]");
     if (K.shared_experts) t.add("; + shared experts' gated_mlp  [mlp: shared_experts]");
+    if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: gate.wg, shared_mlp]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module(mixtral ? "block_sparse_moe" : "mlp");
     static_assert(!(K.shared_expert && K.shared_experts), "megadsl: a mixture has Qwen's gated shared expert or DeepSeek's shared experts, not both");
-    b.param(at, {"router.weight", shard_kind::replicated, {"gate.weight"}, 1, extent::experts, presence::always, false, true});
+    static_assert(!(K.names == moe_names::hunyuan && (K.shared_expert || K.shared_experts)),
+                  "megadsl: HunYuan's names include its ungated shared MLP (mlp.shared_mlp); set no other shared expert");
+    b.param(at, {"router.weight", shard_kind::replicated, {K.names == moe_names::hunyuan ? "gate.wg.weight" : "gate.weight"}, 1,
+                 extent::experts, presence::always, false, true});
     // The expert bias selects, never weighs: no gradient reaches it (zero, and no weight decay on a
     // vector, so AdamW leaves it as it is); the trainer's balancing update moves it (finalize_grads).
     if constexpr (K.router == moe_router::sigmoid_grouped)
@@ -602,6 +607,11 @@ struct moe_mlp {
       b.param(at, {"shared_expert_gate.weight", shard_kind::replicated, {"shared_expert_gate.weight"}, 1, extent::one_row,
                    presence::always, false, true});
     }
+    if constexpr (K.names == moe_names::hunyuan) {  // the same rows under HunYuan's names, without a gate
+      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
+                   {"shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"}, 2, extent::shared_ffn});
+      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_mlp.down_proj.weight"}, 1, extent::shared_ffn});
+    }
     if constexpr (K.shared_experts) {  // the same rows under DeepSeek's names, without a gate
       b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
                    {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn});
@@ -610,7 +620,7 @@ struct moe_mlp {
     b.uses(A);
     b.routes = true;
     basic_text<64> name("moe_mlp<");
-    name.add(name_of(A), mixtral ? ", mixtral" : ", qwen", K.shared_expert ? ", shared" : "",
+    name.add(name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : ", qwen", K.shared_expert ? ", shared" : "",
              K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(name_of(A), ">");
