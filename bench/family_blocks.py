@@ -6,8 +6,12 @@
 For each family a random checkpoint written by transformers itself (hidden 512, 4 layers, a
 vocabulary of 8000; the mixtures 16 experts, top 4) in fp32: multi-head latent attention with
 DeepSeek-V3's grouped sigmoid router (deepseek_v3), the sigmoid router with half-rotary attention
-(glm4_moe), full-width q/k norms before a softmax mixture (olmoe), NoPE layers (smollm3) and
-q/k/v-biased attention (seed_oss). One table: tokens/s of the forward (log-probs + entropy) and of
+(glm4_moe), full-width q/k norms before a softmax mixture (olmoe), NoPE layers (smollm3),
+q/k/v-biased attention (seed_oss), RoPE on interleaved pairs with biases everywhere (ernie4_5), the
+GLM-4 sandwich with RoPE on pairs of half of each head (glm4), q/k norms after RoPE
+(hunyuan_v1_dense) with a softmax mixture and a shared MLP (hunyuan_v1_moe), Granite's multipliers
+(granite), and Cohere's one LayerNorm for attention and MLP side by side (cohere; cohere2 with
+three sliding layers of four and RoPE on those only). One table: tokens/s of the forward (log-probs + entropy) and of
 forward + backward (a PPO-style loss), megadsl at tp 1 in this process and transformers (sdpa
 attention, its default experts implementation), the median over the repeats, and the ratio. The
 cases alternate repeat by repeat so that a slow phase of the machine hits both sides alike.
@@ -28,6 +32,7 @@ from side_by_side import hf_outputs, make_batch, ppo_loss  # noqa: E402
 BASE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1408,
             vocab_size=8000, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-6,
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+NO_RMS = {k: v for k, v in BASE.items() if k != "rms_norm_eps"}  # (Cohere's LayerNorm: layer_norm_eps)
 MOE = dict(num_experts_per_tok=4, moe_intermediate_size=256, norm_topk_prob=True)
 
 FAMILIES = {
@@ -43,6 +48,18 @@ FAMILIES = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(BASE, no_rope_layer_interval=2)),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM",
                  dict(BASE, head_dim=64, attention_bias=True, attention_dropout=0.0, residual_dropout=0.0)),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(BASE, head_dim=64, use_bias=True)),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(BASE, head_dim=64, attention_bias=True, partial_rotary_factor=0.5)),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",
+                         dict(BASE, head_dim=64, attention_bias=True,
+                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+                       dict(BASE, head_dim=64, intermediate_size=256, num_experts=16, moe_topk=4)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(BASE, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                     logits_scaling=8.0)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(NO_RMS, layer_norm_eps=1e-5)),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(NO_RMS, layer_norm_eps=1e-5, sliding_window=128)),
 }
 
 

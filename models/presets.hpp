@@ -8,6 +8,7 @@
 #include "megadsl/formulas.hpp"
 #include "megadsl/rules.hpp"
 
+#include "megadsl/models/cohere.hpp"
 #include "megadsl/models/cohere2.hpp"
 #include "megadsl/models/deepseek_v3.hpp"
 #include "megadsl/models/gemma.hpp"

@@ -326,10 +326,11 @@ constexpr basic_text<4096> composition_tree(const shape& s) {
   print(a.final_norm, 1, print);
   if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.append("  lm head: tanh soft-cap of the logits\n");
   const auto set = [](const real& v, double neutral) { return v.is_static() && v.get() != neutral; };
+  const auto value = [](const real& v) { return v.is_static() ? v.get() : -1.0; };
   if (set(s.embedding_multiplier, 1) || set(s.residual_multiplier, 1) || set(s.attention_multiplier, 0) || set(s.logits_scaling, 1))
-    t.append("  multipliers: embedding x embedding_multiplier, sublayer outputs x residual_multiplier, "
-             "scores x attention_multiplier, logits / logits_scaling\n");
-  if (set(s.logit_scale, 1)) t.append("  lm head: logits x logit_scale\n");
+    t.add("  multipliers: embedding x ", value(s.embedding_multiplier), ", sublayer outputs x ", value(s.residual_multiplier),
+          ", scores x ", value(s.attention_multiplier), " (0: head_dim^-1/2), logits / ", value(s.logits_scaling), "\n");
+  if (set(s.logit_scale, 1)) t.add("  lm head: logits x ", value(s.logit_scale), "\n");
   return t;
 }
 

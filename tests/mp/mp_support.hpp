@@ -223,6 +223,13 @@ struct tiny8_hunyuan_moe : hunyuan_moe<shape{.hidden = 128, .layers = 8, .heads 
   static constexpr std::string_view name = "tiny8-hunyuan-moe";
 };
 
+// Cohere's composition: Cohere2's layer with RoPE on pairs on every layer.
+struct tiny8_cohere : cohere<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                   .max_positions = 256, .rms_eps = 1e-5, .tie_embeddings = true, .rope_interleave = true,
+                                   .logit_scale = 0.25}> {
+  static constexpr std::string_view name = "tiny8-cohere";
+};
+
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.
 struct tiny8_seed_oss : seed_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .head_dim = 48, .max_positions = 256, .qkv_bias = true}> {
