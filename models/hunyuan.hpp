@@ -29,7 +29,7 @@ using hunyuan_attention =
 using hunyuan_moe_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>, hunyuan_attention>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::hunyuan}>>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::hunyuan, .fp32_router = true}>>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

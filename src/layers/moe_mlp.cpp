@@ -33,7 +33,7 @@ class moe_mlp final : public layer_module {
   explicit moe_mlp(const block_build& b)
       : router_(b.require("router.weight")), shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
-        act_(activation_fn_of(b.setting())),
+        act_(activation_fn_of(b.setting() & ~modules::moe_fp32_router_bit)), fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
         s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
     if (const at::Tensor bias = b.find("router.expert_bias"); bias.defined()) {
@@ -54,9 +54,10 @@ class moe_mlp final : public layer_module {
     const std::int64_t stream = full.size(0);
     const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
     const bool sigmoid = load_.bias.defined();
-    // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype.
-    const at::Tensor logits = sigmoid ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
-                                      : at::linear(x, c.w(router_));
+    // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype
+    // (in fp32 where the block says so: HunYuan's wg).
+    const at::Tensor logits = sigmoid || fp32_router_ ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
+                                                      : at::linear(x, c.w(router_));
     routing r = sigmoid ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
                                                 s_.norm_topk, s_.scale)
                         : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
@@ -127,6 +128,7 @@ class moe_mlp final : public layer_module {
   std::vector<at::Tensor> gate_up_, down_;               // this rank's experts: (2 f/tp, h), (h, f/tp)
   at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none; no gate: DeepSeek's)
   activation_fn act_;
+  bool fp32_router_ = false;  // the softmax router's logits in fp32 (the block's setting)
   moe_settings s_;
   expert_load load_;  // the sigmoid router's expert bias (E) fp32 and its counts (undefined: a softmax router)
 };

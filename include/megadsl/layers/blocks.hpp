@@ -548,6 +548,7 @@ struct moe_knobs {
   bool shared_expert = false;         // Qwen2-MoE's shared expert and its sigmoid gate
   moe_router router = moe_router::softmax;
   bool shared_experts = false;        // DeepSeek's ungated shared experts (mlp.shared_experts.*), added
+  bool fp32_router = false;           // the softmax router's logits in fp32 whatever the compute dtype (HunYuan's wg)
 };
 
 // A mixture of gated experts behind a top-k router: the shape gives experts, top_k, expert_ffn,
@@ -621,12 +622,14 @@ struct moe_mlp {
     b.routes = true;
     basic_text<64> name("moe_mlp<");
     name.add(name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : ", qwen", K.shared_expert ? ", shared" : "",
-             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "", ">");
+             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "",
+             K.fp32_router ? ", fp32_router" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(name_of(A), ">");
     // The dense MLP's estimate (the paper has no mixture): the experts' activations per token are
     // top_k of them, each narrower.
-    return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details, static_cast<std::int64_t>(A)),
+    return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details,
+                          static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0)),
                    mlp_keeps);
   }
 };
