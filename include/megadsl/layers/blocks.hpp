@@ -569,10 +569,13 @@ struct moe_mlp {
     else
       t.add("  router softmax -> top ", known(s.top_k), " of ", known(s.experts),
             s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "",
-            mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]" : "  [mlp: gate, experts.E.gate/up/down_proj]");
+            mixtral ? "  [block_sparse_moe: gate, experts.E.w1/w3/w2]"
+            : K.names == moe_names::hunyuan ? (K.fp32_router ? " (fp32)  [mlp: gate.wg, experts.E.gate/up/down_proj]"
+                                                             : "  [mlp: gate.wg, experts.E.gate/up/down_proj]")
+                                            : "  [mlp: gate, experts.E.gate/up/down_proj]");
     if (K.shared_expert) t.add("; + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]");
     if (K.shared_experts) t.add("; + shared experts' gated_mlp  [mlp: shared_experts]");
-    if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: gate.wg, shared_mlp]");
+    if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: shared_mlp]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module(mixtral ? "block_sparse_moe" : "mlp");
