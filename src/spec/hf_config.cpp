@@ -637,10 +637,12 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   const bool alternate = family.window == window_rule::alternate;
   if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
   if (family.window == window_rule::nope_layers && w->is_null()) return {};  // SmolLM3Config: no window, no sliding layer
-  if (family.rope_only_sliding) {  // Cohere2: null (not absent: 4096) slides no layer
-    const auto it = root.find("sliding_window");
-    if (it != root.end() && it->is_null()) return {};
-  }
+  // An explicit null (not an absent key: the class default) slides no layer in Cohere2; the other
+  // patterned families' attention then has no window for its sliding layers, and transformers fails
+  // (Gemma 2's mask; EXAONE 4's pattern): refused below unless every layer is full.
+  const auto null_key = root.find("sliding_window");
+  const bool null_window = alternate && null_key != root.end() && null_key->is_null();
+  if (null_window && family.rope_only_sliding) return {};
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
   out.layers.assign(static_cast<std::size_t>(layers), true);
@@ -670,6 +672,10 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
       out.layers[i] = t == "sliding_attention";
     }
   }
+  if (null_window && std::find(out.layers.begin(), out.layers.end(), true) != out.layers.end())
+    r.fail("sliding_window", "is null while the layer pattern has sliding layers: transformers has no window to build "
+                             "their mask with (its " + std::string(family.hf_class) + " model fails on this config)",
+           "give the window's size (the class default is 4096), or make every layer \"full_attention\" in layer_types");
   if (!out.any()) return {};
   return out;
 }

@@ -289,6 +289,14 @@ TEST_CASE("sliding windows as transformers 5 derives them per family", "[spec][h
   CHECK(window("gemma2", gemma2_keys) == on(4096, {true, false, true, false}));
   CHECK(window("gemma2", gemma2_keys + R"(, "sliding_window": 7, "layer_types": ["full_attention", "full_attention", "sliding_attention", "sliding_attention"])") ==
         on(7, {false, false, true, true}));
+  // A null window: transformers fails on sliding layers without one (refused, naming the key); with
+  // every layer full it has none.
+  {
+    std::string text = edited(edited(minimal, "\"llama\"", "\"gemma2\""), "}", ", " + gemma2_keys + R"(, "sliding_window": null})");
+    CHECK_THROWS_WITH(parse_hf_config(text), Catch::Contains("sliding_window") && Catch::Contains("is null while the layer pattern has sliding layers"));
+  }
+  CHECK(window("gemma2", gemma2_keys + R"(, "sliding_window": null, "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention"])") ==
+        none);
   // LlamaConfig has no window: transformers ignores the key, and so does megadsl (with a note).
   const auto llama = parse_hf_config(edited(minimal, "}", R"(, "sliding_window": 16})"));
   CHECK(llama.attention_window == none);
@@ -632,8 +640,14 @@ TEST_CASE("EXAONE 4: no RoPE on the full layers exactly when a window is set", "
   CHECK(megadsl::exaone4_layer(c.s, 3) == 1);
   const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "exaone4", false, "float32", c.attention_window), "w");
   CHECK((megadsl::mismatches(back.s, c.s).empty() && back.attention_window == c.attention_window));
-  // No window: RoPE everywhere (transformers' `sliding_window is None` branch).
-  CHECK(parse_hf_config(edited(e, "\"sliding_window\": 16", "\"sliding_window\": null"), "x").s.nope_layers.get() == 0);
+  // No window: RoPE everywhere (transformers' `sliding_window is None` branch), with every layer full;
+  // a null window beside sliding layers is refused (Exaone4Config itself divides by a pattern of 0).
+  CHECK(parse_hf_config(edited(e, "\"sliding_window\": 16, \"sliding_window_pattern\": 4",
+                               "\"sliding_window\": null, \"layer_types\": [\"full_attention\", \"full_attention\", "
+                               "\"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\", "
+                               "\"full_attention\", \"full_attention\"]"),
+                        "x").s.nope_layers.get() == 0);
+  CHECK_THAT(error_of(edited(e, "\"sliding_window\": 16", "\"sliding_window\": null")), Catch::Contains("is null while"));
   CHECK_THAT(error_of(edited(e, "\"sliding_window_pattern\": 4", "\"sliding_window_pattern\": \"LLLG\"")),
              Catch::Contains("sliding_window_pattern"));
 }
