@@ -22,9 +22,11 @@
 //   rms_norm<rms_1p>   GemmaRMSNorm: the same in fp32 * (1 + w.float()), then cast
 //   rms_norm<rms_wmul> Olmo2RMSNorm: (w * x.float() * rsqrt(...)).to(dtype)
 //   layer_norm         nn.LayerNorm with its bias (StarCoder2, GPT-NeoX)
+//   layer_norm_no_bias CohereLayerNorm: (x - mean) * rsqrt(var + eps) * w, all in fp32, then cast
 //   post_norm<N, X>    OLMo2: x + N(X(x)); pre_norm<N, X>: x + X(N(x))
 //   sandwich<N, X>     Gemma2: x + N'(X(N(x))), each norm with its own weight
 //   parallel<N, X>     GPT-NeoX: both sublayers on the block's input, x + attn(N1(x)) + mlp(N2(x))
+//   parallel_shared_norm<N, A, M>  Cohere: one norm for both, x + attn(N(x)) + mlp(N(x)) (the whole layer)
 //   attention<attention_knobs{.storage = interleaved}>  NeoX's query_key_value: [q_h; k_h; v_h] per head
 //   attention<attention_knobs{.rope = false}>  a NoPE layer: q and k are not rotated (SmolLM3)
 //   attention<{}, full_width_qk_norm<N>>  OLMo2: q and k normed over the whole projection, before RoPE
