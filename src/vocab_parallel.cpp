@@ -5,6 +5,8 @@
 
 #include <limits>
 
+#include "megadsl/layers/fused_ops.hpp"
+
 namespace megadsl {
 namespace {
 
@@ -86,6 +88,42 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
   }
 };
 
+// The same results from 16-bit CUDA logits in two fused passes (fused_ops.hpp): one kernel reads
+// each row once for its local (max, sum exp, sum exp z, z_y), rescaled to the global max after the
+// max all-reduce; the backward recomputes p in one kernel that writes the gradient in the logits'
+// dtype. Keeps the 16-bit logits for the backward, not an fp32 copy of them.
+struct fused_logprob_entropy_fn : torch::autograd::Function<fused_logprob_entropy_fn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
+                               std::int64_t start, std::int64_t true_vocab, const comm_group* tp,
+                               bool with_entropy) {
+    const std::int64_t valid = std::max<std::int64_t>(0, std::min(logits.size(1), true_vocab - start));
+    auto [m_local, s_local, a_local, z_y] = logits_row_stats(logits, labels, start, valid);  // (T) each
+    at::Tensor m = m_local.clone();
+    all_reduce(m, tp, reduce_op::max);
+    const at::Tensor rescale = at::exp(m_local - m);  // 0 on a shard of padding alone (m_local = -inf)
+    at::Tensor sums = at::stack({s_local * rescale, z_y, a_local * rescale}).contiguous();
+    all_reduce(sums, tp, reduce_op::sum);
+    const at::Tensor s = sums[0], a = sums[2];
+    const at::Tensor log_s = at::log(s);
+    at::Tensor logp = sums[1] - m - log_s;
+    at::Tensor entropy = with_entropy ? m + log_s - a / s : at::zeros_like(logp);
+    ctx->save_for_backward({logits, m, s, a, labels});
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["valid"] = valid;
+    return {logp, entropy};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &logits = saved[0], &m = saved[1], &s = saved[2], &a = saved[3], &labels = saved[4];
+    const at::Tensor g_logp = grads[0].defined() ? grads[0] : at::zeros_like(m);
+    const at::Tensor g_h = grads[1].defined() ? grads[1] : at::zeros_like(m);
+    return {logits_row_grad(logits, labels, ctx->saved_data["start"].toInt(), ctx->saved_data["valid"].toInt(), m, s,
+                            a, g_logp, g_h),
+            {}, {}, {}, {}, {}};
+  }
+};
+
 }  // namespace
 
 logprob_entropy vocab_parallel_logprob_entropy(const at::Tensor& logits, const at::Tensor& labels,
@@ -94,7 +132,10 @@ logprob_entropy vocab_parallel_logprob_entropy(const at::Tensor& logits, const a
   TORCH_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0),
               "megadsl: vocab-parallel log-probs take logits (T, V/tp) and labels (T,)");
   if (tp != nullptr && tp->size() == 1) tp = nullptr;
-  auto out = logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp, with_entropy);
+  auto out = fused_kernels_take(logits)
+                 ? fused_logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp,
+                                                   with_entropy)
+                 : logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp, with_entropy);
   return {out[0], with_entropy ? out[1] : at::Tensor()};
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/fused_ops.hpp"
 
 namespace megadsl {
 
@@ -21,6 +22,7 @@ activation_fn activation_fn_of(std::int64_t setting) {
 }
 
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {
+  if (act == silu_activation && fused_kernels_take(gate_up)) return fused_swiglu(gate_up);  // bf16 on CUDA
   const auto halves = gate_up.chunk(2, -1);
   return act(halves[0]) * halves[1];
 }

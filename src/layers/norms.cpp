@@ -9,6 +9,7 @@
 #include <string>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/fused_ops.hpp"
 
 namespace megadsl {
 namespace {
@@ -30,6 +31,11 @@ class rms_norm_base : public norm_module {
 class rms_norm final : public rms_norm_base {
  public:
   using rms_norm_base::rms_norm_base;
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    // bf16/fp16 on CUDA: ATen's fused RMSNorm (one kernel each way; fp32 inside, one rounding).
+    if (fused_kernels_take(x)) return at::rms_norm(x, {x.size(-1)}, c.w(weight_), eps_);
+    return rms_norm_base::forward(x, c);
+  }
   at::Tensor apply_weight(const at::Tensor& normed, at::ScalarType dtype, const layer_context& c) const override {
     return c.w(weight_) * normed.to(dtype);
   }

@@ -8,6 +8,8 @@
 #include "megadsl/hf_config.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/layers/fused_ops.hpp"
+#include "megadsl/layers/vocab_parallel.hpp"
 #include "../mp/mp_support.hpp"
 
 namespace megadsl::test {
@@ -85,6 +87,86 @@ TEST_CASE("a batch already on the GPU gives what the same batch from the CPU giv
   CHECK(masked(a.log_probs, b.log_probs, a.valid) == 0);
   CHECK(masked(c.log_probs, d.log_probs, c.valid) == 0);
   CHECK(masked(c.entropy, d.entropy, c.valid) == 0);
+}
+
+// The fused kernels (fused_ops.hpp) against the composed ops on the same 16-bit inputs: each side
+// computes in fp32, so they differ by summation order and the outputs' one rounding.
+struct fused_switch {
+  explicit fused_switch(bool on) { set_fused_kernels(on); }
+  ~fused_switch() { set_fused_kernels(true); }
+};
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.cpu().to(at::kDouble), y = b.cpu().to(at::kDouble);
+  return (x - y).abs().max().item<double>() / std::max(1e-30, y.abs().max().item<double>());
+}
+
+TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their gradient", "[cuda]") {
+  const at::Device device = local_device(true);
+  // width 1008 (packs of 8) and 1001 (the scalar path); a shard of padding columns; labels out of range.
+  for (const auto& [width, start, true_vocab] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1008, 0, 1000},
+                                                 {1001, 0, 1001}, {1008, 1008, 2000}, {1008, 2016, 2000}}) {
+    INFO("width " << width << " start " << start << " true vocab " << true_vocab);
+    at::manual_seed(3);
+    const at::Tensor logits0 = (at::randn({37, width}) * 4).to(device, at::kBFloat16);
+    at::Tensor labels = at::randint(start - 20, start + width + 20, {37}, at::TensorOptions().dtype(at::kLong)).to(device);
+    const vocab_shard shard{.start = start, .true_vocab = true_vocab};
+    const at::Tensor g_logp = at::randn({37}).to(device), g_h = at::randn({37}).to(device);
+    std::array<at::Tensor, 3> out[2];  // logp, entropy, grad: composed, fused
+    for (const bool fused : {false, true}) {
+      const fused_switch sw(fused);
+      at::Tensor logits = logits0.clone().requires_grad_(true);
+      const logprob_entropy r = vocab_parallel_logprob_entropy(logits, labels, shard, nullptr, true);
+      ((r.log_probs * g_logp).sum() + (r.entropy * g_h).sum()).backward();
+      out[fused] = {r.log_probs.detach(), r.entropy.detach(), logits.grad()};
+    }
+    if (start < true_vocab) {  // (a shard of padding alone has -inf log-probs on both sides)
+      CHECK(rel_diff(out[1][0], out[0][0]) <= 1e-5);
+      CHECK(rel_diff(out[1][1], out[0][1]) <= 1e-5);
+    }
+    CHECK(out[1][2].scalar_type() == at::kBFloat16);
+    CHECK(rel_diff(out[1][2], out[0][2]) <= 1e-2);  // both bf16: one rounding apart at most
+    if (width > true_vocab - start)
+      CHECK(out[1][2].narrow(1, std::max<std::int64_t>(0, true_vocab - start), width - std::max<std::int64_t>(0, true_vocab - start))
+                .abs().max().item<double>() == 0);
+  }
+}
+
+TEST_CASE("fused kernels: SwiGLU forward and backward; a bf16 model with and without them", "[cuda]") {
+  const at::Device device = local_device(true);
+  for (const std::int64_t f : {96, 7}) {  // packs of 8, and the scalar path
+    INFO("f " << f);
+    at::manual_seed(5);
+    const at::Tensor gu0 = (at::randn({50, 2 * f}) * 3).to(device, at::kBFloat16);
+    const at::Tensor dy = at::randn({50, f}).to(device, at::kBFloat16);
+    at::Tensor gu = gu0.clone().requires_grad_(true);
+    const at::Tensor y = fused_swiglu(gu);
+    y.backward(dy);
+    at::Tensor ref = gu0.to(at::kFloat).requires_grad_(true);
+    const auto halves = ref.chunk(2, -1);
+    const at::Tensor yr = at::silu(halves[0]) * halves[1];
+    yr.backward(dy.to(at::kFloat));
+    CHECK(rel_diff(y, yr) <= 1e-2);
+    CHECK(rel_diff(gu.grad(), ref.grad()) <= 1e-2);
+  }
+  // The whole model: bf16 with the fused kernels (SwiGLU, RMSNorm, log-probs) against bf16 without.
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<tiny_llama, layout{.rmpad = true}>> model(single, on(device, at::kBFloat16));
+  const padded_batch pb = make_batch(tiny_llama::shape.vocab, true);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  model_output o[2];
+  for (const bool fused : {false, true}) {
+    const fused_switch sw(fused);
+    for (auto& prm : model.parameters()) prm.tensor.mutable_grad() = at::Tensor();
+    o[fused] = model.forward(b);
+    probe_loss(o[fused], true).backward();
+  }
+  CHECK(masked(o[0].log_probs, o[1].log_probs, o[0].valid) <= 0.02);
+  CHECK(masked(o[0].entropy, o[1].entropy, o[0].valid) <= 0.02);
+  for (auto& prm : model.parameters()) {
+    INFO(prm.name);
+    CHECK(prm.tensor.grad().isfinite().all().template item<bool>());
+  }
 }
 
 struct any_llama : any_decoder<dynamic_shape> {
