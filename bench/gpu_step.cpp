@@ -2,7 +2,7 @@
 // one HF checkpoint and one batch, on one CUDA GPU (or the CPU, to check the program).
 //
 //   bench_gpu_step MODEL_DIR BATCH.safetensors OUT_DIR [--iters N] [--device cuda|cpu]
-//                  [--parity PARITY.safetensors] [--profile]
+//                  [--parity PARITY.safetensors] [--profile] [--ab]
 //
 // BATCH and PARITY hold `input_ids` and `attention_mask` (b, s) int64. For the layouts padded
 // (SDPA with the key mask) and remove-padding (the variable-length flash kernel on CUDA), bf16
@@ -13,7 +13,9 @@
 // each the median over --iters steps after two warm-up steps, with the allocator's peak bytes.
 // Rows go to stdout and OUT_DIR/megadsl_steps.json. --parity writes OUT_DIR/megadsl_logprobs.
 // safetensors: the log-probs of PARITY's batch in fp32, bf16 padded and bf16 remove-padding.
-// --profile writes OUT_DIR/megadsl_trace.json, a Kineto trace of one remove-padding fwd+bwd step.
+// --profile writes OUT_DIR/megadsl_trace.json, a Kineto trace (with input shapes) of one
+// remove-padding fwd+bwd step. --ab adds remove-padding rows with the fused kernels off
+// (layers/fused_ops.hpp), on the same machine in the same run: what they save.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/GradMode.h>
@@ -30,6 +32,7 @@
 
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/layers/fused_ops.hpp"
 #include "megadsl/models/checkpoint_model.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
@@ -43,7 +46,7 @@ namespace {
 struct options {
   fs::path model, batch_file, out;
   int iters = 5;
-  bool cuda = true, profile = false;
+  bool cuda = true, profile = false, ab = false;
   fs::path parity;
 };
 
@@ -112,7 +115,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: bench_gpu_step MODEL_DIR BATCH.safetensors OUT_DIR [--iters N] [--device cuda|cpu] "
-                         "[--parity PARITY.safetensors] [--profile]\n");
+                         "[--parity PARITY.safetensors] [--profile] [--ab]\n");
     return 2;
   }
   options o{.model = argv[1], .batch_file = argv[2], .out = argv[3]};
@@ -122,6 +125,7 @@ int main(int argc, char** argv) {
     else if (a == "--device" && i + 1 < argc) o.cuda = std::strcmp(argv[++i], "cuda") == 0;
     else if (a == "--parity" && i + 1 < argc) o.parity = argv[++i];
     else if (a == "--profile") o.profile = true;
+    else if (a == "--ab") o.ab = true;
     else {
       std::fprintf(stderr, "bench_gpu_step: unknown argument %s\n", a.c_str());
       return 2;
@@ -139,7 +143,10 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       auto l = load(o, rmpad, at::kBFloat16);
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      for (const bool backward : {false, true}) {
+      std::vector<std::pair<bool, bool>> cases{{false, true}, {true, true}};  // (backward, fused)
+      if (rmpad && o.ab) cases.insert(cases.end(), {{false, false}, {true, false}});
+      for (const auto& [backward, fused] : cases) {
+        set_fused_kernels(fused);
         const auto step = [&] { backward ? fwd_bwd(*l->model, b) : fwd(*l->model, b); };
         step();
         step();
@@ -155,8 +162,8 @@ int main(int argc, char** argv) {
         const double sec = median(times);
         const double peak = static_cast<double>(peak_bytes(device)) / (1 << 30);
         const char* work = backward ? "fwd+bwd" : "fwd";
-        const char* layout_name = rmpad ? "rmpad" : "padded";
-        std::printf("megadsl %-6s %-8s %9.1f ms %12.0f tok/s  peak %6.1f GiB  (load %.1f s)\n", layout_name, work,
+        const char* layout_name = !fused ? "rmpad-unfused" : rmpad ? "rmpad" : "padded";
+        std::printf("megadsl %-13s %-8s %9.1f ms %12.0f tok/s  peak %6.1f GiB  (load %.1f s)\n", layout_name, work,
                     sec * 1e3, static_cast<double>(tokens) / sec, peak, load_s);
         std::fflush(stdout);
         char row[256];
@@ -164,9 +171,10 @@ int main(int argc, char** argv) {
                       json.size() > 1 ? ", " : "", layout_name, work, sec, peak, static_cast<long long>(tokens));
         json += row;
       }
+      set_fused_kernels(true);
       if (rmpad && o.profile) {
         using namespace torch::autograd::profiler;
-        const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/false, /*profile_memory=*/false);
+        const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true, /*profile_memory=*/false);
         std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU};
         if (device.is_cuda()) acts.insert(torch::profiler::impl::ActivityType::CUDA);
         prepareProfiler(config, acts);

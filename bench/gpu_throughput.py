@@ -226,7 +226,7 @@ def save_batch(path, ids, mask):
     save_file({"input_ids": ids.cpu().contiguous(), "attention_mask": mask.cpu().contiguous()}, path)
 
 
-def megadsl_program(args, name, path, ids, mask, pids, pmask, profile):
+def megadsl_program(args, name, path, ids, mask, pids, pmask, profile, ab=False):
     """Runs bench_gpu_step on the checkpoint: its rows (layout, work, step_s, peak_gib), the parity
     log-probs (a dict) and the trace's path (or None)."""
     import subprocess
@@ -243,6 +243,8 @@ def megadsl_program(args, name, path, ids, mask, pids, pmask, profile):
         cmd += ["--parity", os.path.join(work, "parity.safetensors")]
     if profile:
         cmd += ["--profile"]
+    if ab:
+        cmd += ["--ab"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in r.stdout.splitlines():
         if "USDT" not in line and "gpuGetDeviceCount" not in line:
@@ -353,12 +355,28 @@ def trace_summary(side, path, out):
         events = json.load(f).get("traceEvents", [])
     kernels, runtime, ops = {}, {}, {}
     first, last = None, None
+    # The op (and its input shapes, where recorded) that launched each kernel: by correlation id
+    # through the runtime call, else by the shared External id.
+    op_of_ext, ext_of_corr = {}, {}
+    for e in events:
+        a = e.get("args", {}) or {}
+        if e.get("cat") == "cpu_op" and "External id" in a:
+            dims = a.get("Input Dims")
+            op_of_ext[a["External id"]] = e.get("name", "") + (" " + json.dumps(dims)[:90] if dims else "")
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in a and "External id" in a:
+            ext_of_corr[a["correlation"]] = a["External id"]
+    by_op = {}
     for e in events:
         cat, name, dur = e.get("cat", ""), e.get("name", ""), float(e.get("dur", 0) or 0)
         if cat == "kernel" or cat == "gpu_memcpy" or cat == "gpu_memset":
             k = kernels.setdefault(name, [0.0, 0])
             k[0] += dur
             k[1] += 1
+            a = e.get("args", {}) or {}
+            ext = a.get("External id", ext_of_corr.get(a.get("correlation")))
+            o = by_op.setdefault(op_of_ext.get(ext, "(no op)"), [0.0, 0])
+            o[0] += dur
+            o[1] += 1
             ts = float(e.get("ts", 0))
             first = ts if first is None else min(first, ts)
             last = ts + dur if last is None else max(last, ts + dur)
@@ -378,6 +396,9 @@ def trace_summary(side, path, out):
              f"ops {ops}"]
     for n, (d, c) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:15]:
         lines.append(f"    {100 * d / busy if busy else 0:5.1f}%  {d / 1e3:8.2f} ms  x{c:<5} {n[:110]}")
+    lines.append("  by the op that launched them (with input shapes where recorded):")
+    for n, (d, c) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:25]:
+        lines.append(f"    {100 * d / busy if busy else 0:5.1f}%  {d / 1e3:8.2f} ms  x{c:<5} {n[:150]}")
     out.write("\n".join(lines) + "\n")
     for line in lines[:9]:
         log("  " + line)
@@ -392,7 +413,7 @@ def hf_trace(args, name, hf_model, ids, mask):
     step = lambda: hf_step(hf_model, ids, mask, True, True)  # noqa: E731
     step()
     sync(args.device)
-    with prof(activities=acts) as p:
+    with prof(activities=acts, record_shapes=True) as p:
         step()
         sync(args.device)
     path = os.path.join(args.work, name + "-hf-trace.json")
@@ -416,6 +437,8 @@ def main():
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-parity", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--ab", action="store_true",
+                    help="megadsl remove-padding rows with its fused kernels off too (first shape): what they save")
     ap.add_argument("--megadsl", choices=("program", "python"), default="program",
                     help="megadsl's side: the program bench_gpu_step (default) or the Python module in this process")
     ap.add_argument("--megadsl-bin", default=None, help="bench_gpu_step (default: build*/bench/bench_gpu_step)")
@@ -459,7 +482,8 @@ def main():
                 megadsl_lps = megadsl_parity_in_process(args, path, pids, pmask)
         else:
             m_rows, megadsl_lps, trace = megadsl_program(args, name, path, ids, mask,
-                                                         None if args.no_parity else pids, pmask, profile)
+                                                         None if args.no_parity else pids, pmask, profile,
+                                                         ab=args.ab and name == shapes[0])
         if not args.no_throughput:
             for r in m_rows:
                 add_row(rows, s, name, r["work"], f"megadsl {r['layout']}", mask, r["step_s"], r["peak_gib"] * 2**30,
