@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/atomic_file.hpp"
@@ -64,13 +65,14 @@ void copy_into(named_parameter& p, const at::Tensor& local) {
 namespace {
 
 // MemAvailable of /proc/meminfo in bytes; 0 when unknown (then nothing is refused on memory).
+// Read by lines and strtod, not `in >> double`: in the Python module on the GPU image that
+// extraction crashed (std::istream::_M_extract<double>, a libstdc++ mismatch with the process's).
 double available_memory() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
+  std::string line;
+  constexpr std::string_view key = "MemAvailable:";
+  while (std::getline(in, line))
+    if (line.compare(0, key.size(), key) == 0) return std::strtod(line.c_str() + key.size(), nullptr) * 1024;
   return 0;
 }
 

@@ -23,6 +23,23 @@ import os as _os
 
 import torch as _torch  # noqa: F401  (torch's tensor type must be registered before _C converts one)
 
+
+def _libstdcxx_first():
+    """The process's libstdc++ in the global scope before _C loads, so that _C's references to
+    libstdc++'s template data (the locale facets' ids) bind to that one copy, as in a C++ program.
+    Python loads extensions with RTLD_LOCAL: without this, _C bound them to copies of its own where
+    the toolchain instantiates them, and its first number written to a stream crashed (seen with
+    the GPU image's g++ 13 and LD_PRELOAD of the same libstdc++ curing it)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:  # another C++ runtime (libc++): nothing to put first
+        pass
+
+
+_libstdcxx_first()
+
 from . import _C
 from ._C import (
     Layout,
