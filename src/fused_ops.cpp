@@ -4,10 +4,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #ifdef MEGADSL_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -33,7 +35,15 @@ bool switched_on() {
 
 #ifdef MEGADSL_WITH_CUDA
 cuda_kernels::half_type half_of(const at::Tensor& t) {
+  TORCH_CHECK(t.is_cuda() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf),
+              "megadsl: the fused kernels take bf16 or fp16 CUDA tensors, got ", t.scalar_type(), " on ", t.device());
   return t.scalar_type() == at::kBFloat16 ? cuda_kernels::half_type::bf16 : cuda_kernels::half_type::fp16;
+}
+// A companion tensor of `like`'s rows: on its device, `rows` elements.
+void check_rows(const at::Tensor& t, const at::Tensor& like, std::int64_t rows, const char* what) {
+  TORCH_CHECK(t.device() == like.device(), "megadsl: fused kernels: ", what, " is on ", t.device(), ", the logits on ",
+              like.device());
+  TORCH_CHECK(t.numel() == rows, "megadsl: fused kernels: ", what, " has ", t.numel(), " elements for ", rows, " rows");
 }
 void* stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
@@ -83,11 +93,16 @@ bool fused_kernels_take(const at::Tensor& t) {
 #endif
 }
 
-void set_fused_kernels(bool on) { switched.store(on ? 1 : 0); }
+bool set_fused_kernels(bool on) {
+  const bool was = switched_on();
+  switched.store(on ? 1 : 0);
+  return was;
+}
 
 at::Tensor fused_swiglu(const at::Tensor& gate_up) {
 #ifdef MEGADSL_WITH_CUDA
-  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "megadsl: fused_swiglu takes [gate | up] of an even width");
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "megadsl: fused_swiglu takes [gate | up] of an even width");
+  (void)half_of(gate_up);  // bf16 or fp16 on CUDA
   return swiglu_fn::apply(gate_up);
 #else
   (void)gate_up;
@@ -99,8 +114,9 @@ std::array<at::Tensor, 4> logits_row_stats(const at::Tensor& logits_in, const at
                                            std::int64_t start, std::int64_t valid) {
 #ifdef MEGADSL_WITH_CUDA
   const at::Tensor logits = logits_in.contiguous(), labels = labels_in.to(at::kLong).contiguous();
-  TORCH_CHECK(logits.dim() == 2 && labels.numel() == logits.size(0) && valid <= logits.size(1),
-              "megadsl: logits_row_stats takes logits (T, width) and labels (T,)");
+  TORCH_CHECK(logits.dim() == 2 && valid >= 0 && valid <= logits.size(1),
+              "megadsl: logits_row_stats takes logits (T, width) and valid <= width");
+  check_rows(labels, logits, logits.size(0), "labels");
   const c10::cuda::CUDAGuard guard(logits.device());
   const std::int64_t rows = logits.size(0);
   at::Tensor out = at::empty({4, rows}, logits.options().dtype(at::kFloat));
@@ -120,6 +136,13 @@ at::Tensor logits_row_grad(const at::Tensor& logits_in, const at::Tensor& labels
                            const at::Tensor& g_logp, const at::Tensor& g_h) {
 #ifdef MEGADSL_WITH_CUDA
   const at::Tensor logits = logits_in.contiguous(), labels = labels_in.to(at::kLong).contiguous();
+  TORCH_CHECK(logits.dim() == 2 && valid >= 0 && valid <= logits.size(1),
+              "megadsl: logits_row_grad takes logits (T, width) and valid <= width");
+  const std::int64_t rows = logits.size(0);
+  check_rows(labels, logits, rows, "labels");
+  for (const auto& [t, what] : {std::pair<const at::Tensor*, const char*>{&m, "m"}, {&s, "s"}, {&a, "a"},
+                                {&g_logp, "the log-probs' gradient"}, {&g_h, "the entropy's gradient"}})
+    check_rows(*t, logits, rows, what);
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
   const at::Tensor mm = f32(m), ss = f32(s), aa = f32(a), gl = f32(g_logp), gh = f32(g_h);

@@ -51,6 +51,10 @@ __device__ __forceinline__ void set_element(pack8& p, int i, float x) {
   memcpy(&p.bits[i], &v, 2);
 }
 
+void check_rows(std::int64_t rows, const char* what) {
+  if (rows > 2147483647) throw std::runtime_error(std::string("megadsl: CUDA kernel ") + what + ": more than 2^31 - 1 rows");
+}
+
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("megadsl: CUDA kernel ") + what + ": " + cudaGetErrorString(e));
 }
@@ -64,8 +68,13 @@ struct softmax_sums {
   float m, s, a;
 };
 
+// max that keeps a NaN (fmaxf drops it): a NaN logit makes its row's results NaN, as the composed
+// ops' max and sums do, never a finite log-prob that hides it.
+__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
+
 __device__ __forceinline__ softmax_sums combine(softmax_sums x, softmax_sums y) {
-  const float m = fmaxf(x.m, y.m);
+  const float m = nan_max(x.m, y.m);
+  if (m != m) return {m, m, m};
   if (m == -INFINITY) return {m, 0.f, 0.f};
   const float fx = expf(x.m - m), fy = expf(y.m - m);
   return {m, x.s * fx + y.s * fy, x.a * fx + y.a * fy};
@@ -75,7 +84,11 @@ __device__ __forceinline__ softmax_sums combine(softmax_sums x, softmax_sums y) 
 template <int N>
 __device__ __forceinline__ void add_values(softmax_sums& r, const float (&z)[N], int n) {
   float local = -INFINITY;
-  for (int i = 0; i < n; ++i) local = fmaxf(local, z[i]);
+  for (int i = 0; i < n; ++i) local = nan_max(local, z[i]);
+  if (local != local || r.m != r.m) {  // NaN in, NaN out
+    r = {NAN, NAN, NAN};
+    return;
+  }
   if (local > r.m) {
     const float f = expf(r.m - local);  // 0 while r is empty (r.m = -inf)
     r.s *= f;
@@ -263,6 +276,7 @@ template <typename T>
 void stats(const void* logits, std::int64_t rows, std::int64_t width, std::int64_t valid, const std::int64_t* labels,
            std::int64_t start, float* m, float* s, float* a, float* zy, cudaStream_t st) {
   if (rows == 0) return;
+  check_rows(rows, "logits_row_stats");
   const T* z = static_cast<const T*>(logits);
   if (width % vec == 0 && aligned16(z))
     row_stats_kernel<T, true><<<static_cast<unsigned>(rows), threads, 0, st>>>(z, width, valid, labels, start, m, s, a, zy);
@@ -276,6 +290,7 @@ void grad(const void* logits, std::int64_t rows, std::int64_t width, std::int64_
           std::int64_t start, const float* m, const float* s, const float* a, const float* g_logp, const float* g_h,
           void* out, cudaStream_t st) {
   if (rows == 0) return;
+  check_rows(rows, "logits_row_grad");
   const T* z = static_cast<const T*>(logits);
   T* d = static_cast<T*>(out);
   if (width % vec == 0 && aligned16(z) && aligned16(d))

@@ -5,6 +5,8 @@
 
 #include <c10/core/GradMode.h>
 
+#include <limits>
+
 #include "megadsl/hf_config.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/io/safetensors.hpp"
@@ -92,8 +94,9 @@ TEST_CASE("a batch already on the GPU gives what the same batch from the CPU giv
 // The fused kernels (fused_ops.hpp) against the composed ops on the same 16-bit inputs: each side
 // computes in fp32, so they differ by summation order and the outputs' one rounding.
 struct fused_switch {
-  explicit fused_switch(bool on) { set_fused_kernels(on); }
-  ~fused_switch() { set_fused_kernels(true); }
+  explicit fused_switch(bool on) : was(set_fused_kernels(on)) {}
+  ~fused_switch() { set_fused_kernels(was); }
+  bool was;
 };
 
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
@@ -103,9 +106,10 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
 
 TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their gradient", "[cuda]") {
   const at::Device device = local_device(true);
-  // width 1008 (packs of 8) and 1001 (the scalar path); a shard of padding columns; labels out of range.
+  // width 1008 (packs of 8) and 1001 (the scalar path); valid columns ending inside a pack (1003);
+  // a shard of padding columns; labels out of range.
   for (const auto& [width, start, true_vocab] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1008, 0, 1000},
-                                                 {1001, 0, 1001}, {1008, 1008, 2000}, {1008, 2016, 2000}}) {
+                                                 {1001, 0, 1001}, {1008, 0, 1003}, {1008, 1008, 2000}, {1008, 2016, 2000}}) {
     INFO("width " << width << " start " << start << " true vocab " << true_vocab);
     at::manual_seed(3);
     const at::Tensor logits0 = (at::randn({37, width}) * 4).to(device, at::kBFloat16);
@@ -120,7 +124,7 @@ TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their g
       ((r.log_probs * g_logp).sum() + (r.entropy * g_h).sum()).backward();
       out[fused] = {r.log_probs.detach(), r.entropy.detach(), logits.grad()};
     }
-    if (start < true_vocab) {  // (a shard of padding alone has -inf log-probs on both sides)
+    if (start < true_vocab) {  // (a shard of padding alone has no log-prob: inf or NaN, by side)
       CHECK(rel_diff(out[1][0], out[0][0]) <= 1e-5);
       CHECK(rel_diff(out[1][1], out[0][1]) <= 1e-5);
     }
@@ -130,6 +134,21 @@ TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their g
       CHECK(out[1][2].narrow(1, std::max<std::int64_t>(0, true_vocab - start), width - std::max<std::int64_t>(0, true_vocab - start))
                 .abs().max().item<double>() == 0);
   }
+  // Without the entropy, and a NaN logit: its row's log-prob is NaN, as the composed ops give it.
+  at::manual_seed(4);
+  at::Tensor logits = (at::randn({5, 1001}) * 4).to(device, at::kBFloat16);
+  logits[2][3] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor labels = at::randint(0, 1001, {5}, at::TensorOptions().dtype(at::kLong)).to(device);
+  logprob_entropy r[2];
+  for (const bool fused : {false, true}) {
+    const fused_switch sw(fused);
+    r[fused] = vocab_parallel_logprob_entropy(logits, labels, {.start = 0, .true_vocab = 1001}, nullptr, false);
+  }
+  CHECK(!r[1].entropy.defined());
+  const at::Tensor nan_row = r[1].log_probs.isnan().cpu();
+  CHECK((nan_row[2].item<bool>() && nan_row.sum().item<std::int64_t>() == 1));
+  CHECK(rel_diff(r[1].log_probs.index({at::tensor({0, 1, 3, 4}).to(device)}),
+                 r[0].log_probs.index({at::tensor({0, 1, 3, 4}).to(device)})) <= 1e-5);
 }
 
 TEST_CASE("fused kernels: SwiGLU forward and backward; a bf16 model with and without them", "[cuda]") {

@@ -1,8 +1,10 @@
 // Fused kernels of the reduced-precision CUDA path (src/cuda/fused_kernels.cu): one pass each
 // where the composed ATen ops take several, for the largest elementwise work of a step. They run
 // only on CUDA tensors in bf16 or fp16 in a build with CUDA; fp32 and the CPU keep the composed ops,
-// whose numbers the layouts are checked against. MEGADSL_FUSED_KERNELS=0 (or set_fused_kernels)
-// turns them off, to measure what they save.
+// whose numbers the layouts are checked against. Each rounds its output once where HF's bf16 ops
+// round twice (RMSNorm's normed value before the weight, silu(g) before the product): within a
+// bf16 ulp of HF's, not bit-equal to it or to the composed ops. MEGADSL_FUSED_KERNELS=0 (or
+// set_fused_kernels) turns them off, to measure what they save.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,7 +16,8 @@ namespace megadsl {
 
 // Whether the fused kernels take tensors like `t` (CUDA, bf16/fp16, a CUDA build, switched on).
 [[nodiscard]] bool fused_kernels_take(const at::Tensor& t);
-void set_fused_kernels(bool on);
+// Switches them on or off for the process; returns whether they were on.
+bool set_fused_kernels(bool on);
 
 // silu(gate) * up of [gate | up] (T, 2f) -> (T, f), differentiable (one kernel each way; the
 // backward keeps gate_up alone).
