@@ -60,6 +60,12 @@ FAMILIES = {
                      logits_scaling=8.0)),
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(NO_RMS, layer_norm_eps=1e-5)),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(NO_RMS, layer_norm_eps=1e-5, sliding_window=128)),
+    # the xIELU MLP (plain: up, act, down; intermediate as wide as a gated MLP's gate + up) and q/k norms
+    "apertus": ("ApertusConfig", "ApertusForCausalLM",
+                dict(BASE, intermediate_size=2816, hidden_act="xielu", attention_bias=True,
+                     rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192})),
 }
 
 

@@ -45,4 +45,17 @@ struct exaone4 : decoder_family<exaone4_blocks, S> {
   static constexpr std::string_view name = "exaone4";
 };
 
+// EXAONE-4.0-1.2B (its config.json): no sliding window, so every layer is full and rotates
+// (nope_layers 0); Llama 3's RoPE scaling, tied embeddings.
+struct exaone4_1_2b : exaone4<shape{.hidden = 2048, .layers = 30, .heads = 32, .kv_heads = 8, .ffn = 4096,
+                                    .vocab = 102400, .head_dim = 64, .max_positions = 65536, .rms_eps = 1e-5,
+                                    .rope_theta = 1000000.0,
+                                    .rope = {.type = rope_type::llama3, .factor = 16.0, .low_freq_factor = 1.0,
+                                             .high_freq_factor = 4.0, .original_max_positions = 8192},
+                                    .tie_embeddings = true}> {
+  static constexpr std::string_view name = "exaone-4.0-1.2b";
+  static constexpr std::string_view hf_repo = "LGAI-EXAONE/EXAONE-4.0-1.2B";
+  static constexpr std::int64_t published_params = 1'279'391'488;
+};
+
 }  // namespace megadsl

@@ -4,6 +4,7 @@
 // `attention_bias`, on gate/up/down by `mlp_bias`.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "megadsl/family_config.hpp"
@@ -34,6 +35,18 @@ template <shape S>
 struct granite : decoder_family<llama_blocks, S> {
   static constexpr std::string_view family = granite_config.model_type;
   static constexpr std::string_view name = "granite";
+};
+
+// Granite-3.3-8B-Instruct (its config.json): Llama's shape, tied embeddings, the embedding times 12,
+// each sublayer's output times 0.22, the scores times 1/128 (not head_dim^-0.5), the logits / 16.
+struct granite3_3_8b : granite<shape{.hidden = 4096, .layers = 40, .heads = 32, .kv_heads = 8, .ffn = 12800,
+                                     .vocab = 49159, .max_positions = 131072, .rms_eps = 1e-5,
+                                     .rope_theta = 10000000.0, .tie_embeddings = true, .embedding_multiplier = 12.0,
+                                     .residual_multiplier = 0.22, .attention_multiplier = 0.0078125,
+                                     .logits_scaling = 16.0}> {
+  static constexpr std::string_view name = "granite-3.3-8b";
+  static constexpr std::string_view hf_repo = "ibm-granite/granite-3.3-8b-instruct";
+  static constexpr std::int64_t published_params = 8'170'864'640;
 };
 
 }  // namespace megadsl

@@ -44,15 +44,16 @@ std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
 
 // The full HF tensor of `name`, the same on every rank and under every layout (DESIGN §13), as its
 // row says it starts: a norm's weight at 1, or at 0 for a (1 + w) norm (Gemma's zero-centred
-// weights), a bias at 0 (test_init perturbs both), the rest N(0, init_std).
+// weights), a bias at 0, a constant row at its value (test_init perturbs these), the rest N(0, init_std).
 at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o, const param_row& row) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(hf_name, o.seed));
   const std::vector<std::int64_t> size = d.rank == 1 ? std::vector<std::int64_t>{d.rows}
                                                      : std::vector<std::int64_t>{d.rows, d.cols};
   const bool bias = is_bias(row);
-  const bool norm = !bias && row.init != param_init::normal;  // a norm's weight
+  const bool norm = !bias && (row.init == param_init::ones || row.init == param_init::zeros);  // a norm's weight
   at::Tensor t;
-  if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (row.init == param_init::zeros ? 0.0 : 1.0);
+  if (row.init == param_init::constant) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + row.init_value;
+  else if (norm) t = (o.test_init ? at::normal(0.0, 0.1, size, gen) : at::zeros(size)) + (row.init == param_init::zeros ? 0.0 : 1.0);
   else if (bias) t = o.test_init ? at::normal(0.0, o.init_std, size, gen) : at::zeros(size);
   else t = at::normal(0.0, o.init_std, size, gen);
   return t.to(o.dtype);  // on the CPU: the same generator stream on every device
@@ -457,7 +458,20 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (pk.temperature.defined() && o.temperature != 1.0)
         throw std::invalid_argument("megadsl: the batch gives per-row temperatures and forward_options::temperature is " +
                                     std::to_string(o.temperature) + "; give one or the other");
-      // Tokens [first, first + n) of the stream: their logits, each divided by its temperature.
+      // The padded layout: the LM head and the log-softmax on the real tokens alone, as remove-
+      // padding has them; padding positions' outputs are 0 either way (unpack), and their rows
+      // were (T x V'/tp) logits, GEMMs and memory for nothing. (Every tp rank has the same rows.)
+      at::Tensor labels = pk.labels.narrow(0, 0, tokens);
+      at::Tensor temperature = pk.temperature.defined() ? pk.temperature.narrow(0, 0, tokens) : at::Tensor();
+      at::Tensor real;  // (n,) the real tokens' rows of the stream; undefined: every row
+      if (!pk.rmpad && !pk.no_padding && !o.return_logits && pk.token_valid.defined()) {
+        real = pk.real_rows.defined() ? pk.real_rows : pk.token_valid.narrow(0, 0, tokens).nonzero().squeeze(1);
+        full = full.index_select(0, real);
+        labels = labels.index_select(0, real);
+        if (temperature.defined()) temperature = temperature.index_select(0, real);
+      }
+      const std::int64_t rows_in = full.size(0);
+      // Rows [first, first + n) of `full`: their logits, each divided by its temperature.
       const auto logits_of = [&](std::int64_t first, std::int64_t n) {
         at::Tensor l = at::linear(full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
         // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
@@ -466,15 +480,14 @@ class decoder_stage final : public model_core, public pipeline_stage {
         if (const double d = s.logits_scaling.get(); d != 1) l = l / d;
         if (const double m = s.logit_scale.get(); m != 1) l = l * m;  // Cohere: logits * logit_scale
         if (o.temperature != 1.0) l = l / o.temperature;
-        if (pk.temperature.defined()) l = l / pk.temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
+        if (temperature.defined()) l = l / temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
         return l;
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
-      const at::Tensor labels = pk.labels.narrow(0, 0, tokens);
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() || o.return_logits) {
-        logits = logits_of(0, tokens);
+        logits = logits_of(0, rows_in);
         le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy);
       } else {
         // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
@@ -482,8 +495,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
         // Every tp rank has the same T and shard width, hence the same blocks and collectives.
         const std::int64_t rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
         std::vector<at::Tensor> lp, ent;
-        for (std::int64_t i = 0; i < tokens; i += rows) {
-          const std::int64_t n = std::min(rows, tokens - i);
+        for (std::int64_t i = 0; i < rows_in; i += rows) {
+          const std::int64_t n = std::min(rows, rows_in - i);
           const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(i, n),
                                                                       labels.narrow(0, i, n), shard, tp_group(), o.entropy);
           lp.push_back(part.log_probs);
@@ -494,6 +507,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
         };
         le.log_probs = joined(lp);
         if (o.entropy) le.entropy = joined(ent);
+      }
+      if (real.defined()) {  // back to every row of the stream, 0 at padding (differentiable)
+        const auto spread = [&](const at::Tensor& v) { return at::zeros({tokens}, v.options()).index_copy(0, real, v); };
+        le.log_probs = spread(le.log_probs);
+        if (o.entropy) le.entropy = spread(le.entropy);
       }
       const packed_tokens& whole = in.sequences();
       const at::Tensor label_ok = pk.label_valid.narrow(0, 0, tokens);

@@ -110,7 +110,9 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
       for (int i = 0; i < p.row->hf_count; ++i) {
         const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
         expect(with_instance(p.row->hf[static_cast<std::size_t>(i)], {}),
-               d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols},
+               p.row->hf_scalar ? std::vector<std::int64_t>{}
+               : d.rank == 1    ? std::vector<std::int64_t>{d.rows}
+                                : std::vector<std::int64_t>{d.rows, d.cols},
                "sizes (hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size)");
       }
     }
@@ -299,14 +301,18 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
       const std::string& n = names[i];
       if (ck.find(n) == nullptr)
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is missing (needed by " + p.name + ")");
-      const at::Tensor v = ck.view(n);
+      at::Tensor v = ck.view(n);
       const dims& want = p.plan->hf_shapes[i];
-      const bool ok = want.rank == 1 ? v.dim() == 1 && v.size(0) == want.rows
-                                     : v.dim() == 2 && v.size(0) == want.rows && v.size(1) == want.cols;
+      const bool scalar = p.plan->row->hf_scalar;  // HF's 0-dim buffer (xIELU's beta), held as (1)
+      const bool ok = scalar ? v.dim() == 0
+                      : want.rank == 1 ? v.dim() == 1 && v.size(0) == want.rows
+                                       : v.dim() == 2 && v.size(0) == want.rows && v.size(1) == want.cols;
       if (!ok)
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
-                               (want.rank == 1 ? "[" + std::to_string(want.rows) + "]"
-                                               : "[" + std::to_string(want.rows) + ", " + std::to_string(want.cols) + "]"));
+                               (scalar ? std::string("[] (a scalar)")
+                                : want.rank == 1 ? "[" + std::to_string(want.rows) + "]"
+                                                 : "[" + std::to_string(want.rows) + ", " + std::to_string(want.cols) + "]"));
+      if (scalar) v = v.reshape({1});
       if (!at::isFloatingType(v.scalar_type()))
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is stored as " + std::string(c10::toString(v.scalar_type())) +
                                ", not a floating-point type: a weight cast from integers would be meaningless "

@@ -69,6 +69,9 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
     pk.temperature = take(t.to(ids_in.device()).unsqueeze(1).expand({pk.batch, pk.seq}).contiguous());
   }
   pk.token_valid = take(mask).to(at::kFloat);
+  // The LM head's rows in the padded layout (decoder_stage): found here, where the batch is
+  // (usually the CPU), not by a device sync at the head.
+  if (!rmpad && !pk.no_padding) pk.real_rows = flat_mask.nonzero().squeeze(1);
   pk.tokens = s_ids.size(0);
   pk.max_position = pk.tokens > 0 ? s_pos.max().item<std::int64_t>() : 0;
   if (rmpad) {
@@ -95,11 +98,13 @@ packed_tokens cp_share(const packed_tokens& whole, std::int64_t cp, std::int64_t
   mine.token_valid = real(whole.token_valid);
   mine.index = real(whole.index);
   mine.temperature = real(whole.temperature);
+  mine.real_rows = at::Tensor();  // (the head finds a share's own)
   return mine;
 }
 
 void packed_tokens::to(const at::Device& device) {
-  for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index, &temperature})
+  for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index, &temperature,
+                        &real_rows})
     if (t->defined() && t->device() != device) *t = t->to(device, /*non_blocking=*/true);
 }
 

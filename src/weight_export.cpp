@@ -107,7 +107,9 @@ hf_tensor_list gather_parameter(const named_parameter& p, const runtime_config& 
     return out;
   }
   const auto names = names_of(*p.plan, p.at);
-  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i], hf[i].to(at::kCPU).contiguous());
+  const bool scalar = p.plan->row->hf_scalar;  // HF's 0-dim buffer (xIELU's beta), held as (1)
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out.emplace_back(names[i], (scalar ? hf[i].reshape({}) : hf[i]).to(at::kCPU).contiguous());
   return out;
 }
 

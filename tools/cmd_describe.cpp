@@ -59,6 +59,7 @@ std::string hf_names_of(const param_plan& p) {
 
 std::string hf_shapes_of(const param_plan& p) {
   std::string shapes;
+  if (p.row->hf_scalar) return "()";  // a 0-dim buffer in HF's file (held as (1))
   for (int i = 0; i < p.row->hf_count; ++i) shapes += (i ? "\n" : "") + to_string(p.hf_shapes[static_cast<std::size_t>(i)]);
   return shapes;
 }
@@ -82,18 +83,6 @@ std::string layers_held(const shape& s, const layout& l, std::int64_t r) {
     }
   }
   return out;
-}
-
-// Parameters of the HF checkpoint (true vocab, tied lm_head counted once).
-std::int64_t hf_parameters(const param_list& plan, const shape& s) {
-  std::int64_t total = 0;
-  for (const param_plan& p : plan) {
-    if (p.tied) continue;
-    std::int64_t n = 0;
-    for (int i = 0; i < p.row->hf_count; ++i) n += p.hf_shapes[static_cast<std::size_t>(i)].numel();
-    total += n * existing_instances(*p.row, s);
-  }
-  return total;
 }
 
 // The mixture of experts: where each expert lives, what a rank holds and what it sends.
@@ -171,7 +160,7 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
   else if (l.sp.get()) out << " per tp rank (sequence parallel)\n";
   else if (cp > 1) out << " per cp rank (context parallel), on every tp rank\n";
   else out << " on every tp rank\n";
-  const std::int64_t total = hf_parameters(plan, s);
+  const std::int64_t total = parameter_count(s, o.head);  // (formulas.hpp: HF's count, its 0-dim buffers left out)
   out << "parameters: " << grouped(total) << " (" << short_count(total) << ", HF count: true vocab, tied counted once)";
   if (m.published_params > 0 && o.head.actor) out << "; published: " << grouped(m.published_params);
   out << "\n\n";

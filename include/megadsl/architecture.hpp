@@ -99,6 +99,7 @@ enum class param_init : std::int8_t {
   normal,  // N(0, init_std)
   zeros,   // biases; a (1 + w) norm's weight
   ones,    // a norm's weight
+  constant,  // the row's init_value (xIELU's scalars)
 };
 
 // A parameter as a block declares it, relative to the block's slot: its name under the block's
@@ -117,6 +118,11 @@ struct block_param {
   param_init init = param_init::normal;
   bool per_expert = false;  // one copy per expert of its layer (placement::expert)
   row_dims_fn dims_of = nullptr;  // the HF shape from the model's shape (size is then extent::none)
+  double init_value = 0;    // param_init::constant's value
+  // HF stores it as a 0-dim buffer (xIELU's beta and eps: fixed, kept out of the gradient by its
+  // block), megadsl as a vector of 1 (dims_of {1}): reshaped where HF tensors are read and written
+  // (load_hf, save_hf, the export); not one of HF's parameters (parameter_count leaves it out).
+  bool hf_scalar = false;
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -134,6 +140,8 @@ struct param_row {
   param_init init = param_init::normal;
   std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
   row_dims_fn dims_of = nullptr;  // (block_param::dims_of)
+  double init_value = 0;          // (block_param::init_value)
+  bool hf_scalar = false;         // (block_param::hf_scalar)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder
@@ -190,9 +198,11 @@ struct layer_kind {
 using block_rule = void (*)(const shape&, const layout&, violations&);
 
 // HF's MLP activations (`hidden_act`) a composition's MLPs apply.
-enum class activation : std::int8_t { silu, gelu_tanh, gelu };
+// xielu: Apertus's xIELU, whose per-layer scalars its own block holds (blocks::xielu_mlp); the
+// others are plain functions any MLP block applies (activation_fn_of).
+enum class activation : std::int8_t { silu, gelu_tanh, gelu, xielu };
 constexpr std::string_view name_of(activation a) {
-  return a == activation::silu ? "silu" : a == activation::gelu_tanh ? "gelu_tanh" : "gelu";
+  return a == activation::silu ? "silu" : a == activation::gelu_tanh ? "gelu_tanh" : a == activation::gelu ? "gelu" : "xielu";
 }
 
 struct architecture {

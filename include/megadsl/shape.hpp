@@ -118,7 +118,8 @@ struct shape {
   // a dense gated MLP of width ffn (intermediate_size). Read by the Qwen mixtures' layer choice.
   dim sparse_step = 1;
   dim dense_layers = 0;       // bit i: layer i (< 63) has the dense MLP
-  // Layers whose attention applies no RoPE (SmolLM3's no_rope_layers zeros), bit i: layer i (< 63).
+  // Layers whose attention applies no RoPE (SmolLM3's no_rope_layers zeros), bit i: layer i (< 64;
+  // bit 63 is the sign bit: read it as unsigned, nope_layer).
   // Read by the choice of layer kind of the families that have NoPE layers.
   dim nope_layers = 0;
   // Granite's multipliers (their neutral values elsewhere): the embedding's output times
@@ -161,7 +162,7 @@ constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
 
 // Whether `layer` applies no RoPE (the shape's nope_layers).
 constexpr bool nope_layer(const shape& s, std::int64_t layer) {
-  return layer >= 0 && layer < 63 && ((s.nope_layers.get() >> layer) & 1) != 0;
+  return layer >= 0 && layer < 64 && ((static_cast<std::uint64_t>(s.nope_layers.get()) >> layer) & 1u) != 0;
 }
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.

@@ -584,10 +584,10 @@ void read_no_rope_layers(const reader& r, shape& s) {
   const std::int64_t layers = s.layers.get();
   std::int64_t nope = 0;
   const auto mark = [&](std::int64_t i, std::string_view key) {
-    if (i >= 63)
-      r.fail(key, "makes layer " + std::to_string(i) + " a NoPE layer; megadsl marks NoPE layers among the first 63 only",
+    if (i >= 64)
+      r.fail(key, "makes layer " + std::to_string(i) + " a NoPE layer; megadsl marks NoPE layers among the first 64 only",
              "this checkpoint is not supported yet");
-    nope |= std::int64_t{1} << i;
+    nope |= static_cast<std::int64_t>(std::uint64_t{1} << i);
   };
   if (const json* list = r.find(r.root(), "no_rope_layers"); list != nullptr && !list->is_null()) {
     if (!list->is_array() || static_cast<std::int64_t>(list->size()) != layers)
@@ -807,13 +807,14 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     const json* act = fam->arch->has_act ? r.find(root, key) : nullptr;
     if (act == nullptr || (key == "hidden_activation" && act->is_null())) continue;
     const std::string a = act->is_string() ? act->get<std::string>() : std::string();
-    const bool ok = (!fam->legacy_activation.empty() && a == fam->legacy_activation) ||
-                    (tanh ? a == "gelu_pytorch_tanh" : family_act == activation::gelu ? a == "gelu" : a == "silu");
-    const std::string_view want = tanh ? "\"gelu_pytorch_tanh\"" : family_act == activation::gelu ? "\"gelu\"" : "\"silu\"";
+    const std::string_view hf_name = tanh ? "gelu_pytorch_tanh" : family_act == activation::gelu ? "gelu"
+                                     : family_act == activation::xielu ? "xielu" : "silu";
+    const bool ok = (!fam->legacy_activation.empty() && a == fam->legacy_activation) || a == hf_name;
     if (!ok)
       r.fail(key, "is " + describe_json(*act) + "; the " + std::string(fam->model_type) + " family's MLP uses " +
-                      (tanh ? "GELU with the tanh approximation" : family_act == activation::gelu ? "the exact GELU" : "SiLU"),
-             "only " + std::string(want) + " is supported");
+                      (tanh ? "GELU with the tanh approximation" : family_act == activation::gelu ? "the exact GELU"
+                       : family_act == activation::xielu ? "xIELU (with its learned scalars)" : "SiLU"),
+             "only \"" + std::string(hf_name) + "\" is supported");
   }
   for (std::string_view key : fam->must_state)
     if (r.find(root, key) == nullptr)
@@ -844,6 +845,13 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       [&](const json& v, std::string_view k) { return r.number(v, k); });
   double local_theta = 0;
   rope_read rope = fam->local_rope_theta != 0 ? read_rope_per_layer_type(r, *fam, local_theta) : read_rope(r);
+  if (!fam->rope_must_be_stated.empty()) {
+    const json* params = r.find(root, "rope_parameters");
+    const json* legacy = r.find(root, "rope_scaling");
+    if ((params == nullptr || params->is_null()) && (legacy == nullptr || !legacy->is_object()))
+      r.fail("rope_parameters", "missing (and no rope_scaling): " + std::string(fam->rope_must_be_stated),
+             "write the checkpoint's RoPE as transformers 5 does: \"rope_parameters\": {\"rope_type\": ..., \"rope_theta\": ...}");
+  }
   // 4.x configs may name the theta otherwise (NeoX's rotary_emb_base) and keep the rotated share
   // at the top level (NeoX's rotary_pct, 0.25 by default; Phi-3's partial_rotary_factor).
   auto agree_with = [&](std::optional<double>& slot, std::string_view key, std::string_view what) {
@@ -973,10 +981,10 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     if (fam->rope_only_sliding || (w != nullptr && !w->is_null()))
       for (std::int64_t i = 0; i < s.layers.get(); ++i)
         if (out.attention_window.of(i) == 0) {
-          if (i >= 63)
-            r.fail("layer_types", "makes layer " + std::to_string(i) + " a full layer without RoPE; megadsl marks NoPE layers among the first 63 only",
+          if (i >= 64)
+            r.fail("layer_types", "makes layer " + std::to_string(i) + " a full layer without RoPE; megadsl marks NoPE layers among the first 64 only",
                    "this checkpoint is not supported yet");
-          nope |= std::int64_t{1} << i;
+          nope |= static_cast<std::int64_t>(std::uint64_t{1} << i);
         }
     s.nope_layers = nope;
   }
@@ -1304,7 +1312,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["rope_theta"] = s.rope_theta.get();
   if (fam->arch->has_act)
     j[std::string(fam->activation_key)] =
-      fam->arch->act == activation::gelu_tanh ? "gelu_pytorch_tanh" : fam->arch->act == activation::gelu ? "gelu" : "silu";
+      fam->arch->act == activation::gelu_tanh ? "gelu_pytorch_tanh" : fam->arch->act == activation::gelu ? "gelu"
+      : fam->arch->act == activation::xielu ? "xielu" : "silu";
   for (std::string_view key : fam->omitted_keys) j.erase(std::string(key));
   for (const required_key& k : fam->required) j[std::string(k.key)] = true;
   if (fam->legacy_rope_keys) {  // 4.x's keys beside 5.x's rope_parameters
@@ -1421,6 +1430,14 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       rs["truncate"] = r.truncate.get();
     }
     j["rope_scaling"] = rs;
+  }
+  if (!fam->rope_must_be_stated.empty() && fam->local_rope_theta == 0) {
+    // 5.x's rope_parameters, always: this family's class ignores a rope_theta without them.
+    json params = j["rope_scaling"].is_object() ? j["rope_scaling"] : json{{"rope_type", "default"}};
+    params["rope_theta"] = s.rope_theta.get();
+    j["rope_parameters"] = params;
+    j.erase("rope_scaling");
+    j.erase("rope_theta");
   }
   if (fam->local_rope_theta != 0) {  // RoPE per layer type, as transformers 5 writes it
     json full = j["rope_scaling"].is_object() ? j["rope_scaling"] : json::object();

@@ -199,6 +199,15 @@ struct tiny8_hunyuan : hunyuan_dense<shape{.hidden = 128, .layers = 8, .heads = 
 };
 
 // Granite's multipliers, each away from its neutral value, on the Llama composition.
+// Apertus: xIELU's scalars per layer (alpha_p, alpha_n summed over tp), q/k norms, all four biases, Llama 3's RoPE.
+struct tiny8_apertus : apertus<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .max_positions = 256, .rope_theta = 10000.0,
+                                     .rope = {.type = rope_type::llama3, .factor = 8.0, .low_freq_factor = 1.0,
+                                              .high_freq_factor = 4.0, .original_max_positions = 64},
+                                     .qkv_bias = true, .out_bias = true}> {
+  static constexpr std::string_view name = "tiny8-apertus";
+};
+
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
                                      .embedding_multiplier = 4.0, .residual_multiplier = 0.4,

@@ -96,7 +96,8 @@ TEST_CASE("a step whose gradient norm is not finite is skipped on every rank", "
   for (const auto& p : model.parameters()) before.push_back(p.tensor.detach().clone());
   rollout_batch bad = rb;
   bad.advantages = rb.advantages.clone();
-  bad.advantages[5][3] = std::numeric_limits<float>::quiet_NaN();  // a row of the second dp replica
+  // A trained position of a row of the second dp replica (row 5 holds positions 7-11; 6-10 are trained).
+  bad.advantages[5][8] = std::numeric_limits<float>::quiet_NaN();
   const step_metrics m = trainer.step(bad, 2);
   CHECK(m.skipped);
   CHECK(std::isnan(m.grad_norm));

@@ -61,14 +61,15 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // gate/up fused, RoPE on pairs of half of each head; HunYuan's q/k norms after RoPE and its fixed
 // NTK-alpha RoPE; Granite's four multipliers; Cohere2's one LayerNorm for attention and MLP side by
 // side, RoPE on pairs on its sliding layers only, its logit_scale; HunYuan MoE's softmax router under
-// mlp.gate.wg and its ungated shared MLP; Cohere's side-by-side layer with RoPE on pairs everywhere.
+// mlp.gate.wg and its ungated shared MLP; Cohere's side-by-side layer with RoPE on pairs everywhere;
+// Apertus's xIELU MLP with each layer's scalars (beta and eps 0-dim in the file).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
                                         "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
                                         "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5",
                                         "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5", "gemma3-text-tf5", "olmo3-tf5",
-                                        "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5"};
+                                        "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "apertus-tf5"};
 constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5", "olmoe-tf5",
                                              "glm4-moe-tf5", "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5",
                                              "qwen3-moe-mixed-tf5", "hunyuan-moe-tf5"};

@@ -112,6 +112,8 @@ TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compos
   check_inference<tiny8_cohere2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(false);  // one norm, side by side
   check_inference<tiny8_cohere2, layout{.tp = 4, .sp = true}, false>(true);
   check_inference<tiny8_cohere, layout{.tp = 2, .rmpad = true, .cp = 2}, true>(true);  // context parallel
+  check_inference<tiny8_apertus, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, false>(true);  // xIELU
+  check_inference<tiny8_apertus, layout{.tp = 4}, true>(false);
 }
 
 TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compositions under tp 2 x pp 2 x dp 2 equal one process",
@@ -141,6 +143,8 @@ TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 a
   check_training<tiny8_granite, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
   check_training<tiny8_cohere2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_cohere, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(2);
+  check_training<tiny8_apertus, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, false>(2);
+  check_training<tiny8_apertus, layout{.tp = 2, .pp = 2}, true>(2);
 }
 
 TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 with its norms over 4 ranks, train like one process", "[world4][training][families]") {

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\" or \"cohere\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\" or \"apertus\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\" or \"cohere\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\" or \"apertus\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -800,6 +800,13 @@ TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerN
   CHECK_THROWS_WITH(megadsl::hf_config_json(other, "cohere2", false, "float32", c.attention_window),
                     Catch::Contains("rotates exactly the sliding layers"));
   CHECK_THAT(error_of(edited(c2, "\"logit_scale\": 0.5", "\"logit_scale\": true")), Catch::Contains("logit_scale"));
+  // Command A's 64 layers: layer 63 is full and rotates nothing (bit 63 of the mask); a 68th is refused.
+  const auto wide = parse_hf_config(edited(c2, "\"num_hidden_layers\": 4", "\"num_hidden_layers\": 64"), "x");
+  CHECK((megadsl::nope_layer(wide.s, 63) && megadsl::nope_layer(wide.s, 59) && !megadsl::nope_layer(wide.s, 62)));
+  const auto wide_back = parse_hf_config(megadsl::hf_config_json(wide.s, "cohere2", false, "float32", wide.attention_window), "w");
+  CHECK((megadsl::mismatches(wide_back.s, wide.s).empty() && wide_back.attention_window.of(63) == 0));
+  CHECK_THAT(error_of(edited(c2, "\"num_hidden_layers\": 4", "\"num_hidden_layers\": 68")),
+             Catch::Contains("first 64 only"));
 }
 
 TEST_CASE("HunYuan MoE: moe_topk one per layer, its shared MLP of intermediate_size", "[spec][hf_config]") {
@@ -819,6 +826,33 @@ TEST_CASE("HunYuan MoE: moe_topk one per layer, its shared MLP of intermediate_s
   narrow.shared_expert_ffn = 64;
   CHECK_THROWS_WITH(megadsl::hf_config_json(narrow, "hunyuan_v1_moe", false, "float32", c.attention_window),
                     Catch::Contains("shared MLP by intermediate_size"));
+}
+
+TEST_CASE("Apertus: xIELU only, its RoPE stated, all four biases by attention_bias", "[spec][hf_config]") {
+  const std::string a = R"({"model_type": "apertus", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "hidden_act": "xielu", "attention_bias": true, "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}})";
+  const auto c = parse_hf_config(a, "x");
+  CHECK((c.s.qkv_bias.get() && c.s.out_bias.get() && !c.s.tie_embeddings.get()));
+  CHECK((c.s.rope.type.get() == megadsl::rope_type::llama3 && c.s.rope_theta.get() == 10000.0));
+  CHECK(c.s.max_positions.get() == 65536);  // ApertusConfig's default
+  const std::string written = megadsl::hf_config_json(c.s, "apertus", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("ApertusForCausalLM") && Catch::Contains("\"hidden_act\": \"xielu\"") &&
+                          Catch::Contains("\"rope_parameters\"") && !Catch::Contains("rope_scaling"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, c.s).empty());
+  // Plain RoPE is written as rope_parameters too (ApertusConfig ignores a rope_theta alone).
+  const auto plain = parse_hf_config(edited(a, R"("rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32)", R"("rope_type": "default", "rope_theta": 500.0)"), "x");
+  CHECK((plain.s.rope.type.get() == megadsl::rope_type::none && plain.s.rope_theta.get() == 500.0));
+  const std::string plain_written = megadsl::hf_config_json(plain.s, "apertus", false, "float32", plain.attention_window);
+  CHECK_THAT(plain_written, Catch::Contains("\"rope_type\": \"default\""));
+  CHECK(parse_hf_config(plain_written, "w").s.rope_theta.get() == 500.0);
+  CHECK_THAT(error_of(edited(a, "\"xielu\"", "\"silu\"")), Catch::Contains("hidden_act") && Catch::Contains("xIELU"));
+  const std::string no_rope = R"({"model_type": "apertus", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "rope_theta": 500.0})";
+  CHECK_THAT(error_of(no_rope), Catch::Contains("rope_parameters") && Catch::Contains("whatever rope_theta"));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {

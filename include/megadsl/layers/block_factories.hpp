@@ -37,6 +37,7 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
 // MLPs; setting: the activation (architecture.hpp's `activation`)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> plain_mlp(const block_build& b);  // src/layers/plain_mlp.cpp
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> xielu_mlp(const block_build& b);  // src/layers/xielu_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
 // moe_mlp's setting: the activation, with this bit for a softmax router whose logits are in fp32
 inline constexpr std::int64_t moe_fp32_router_bit = 0x100;

@@ -182,7 +182,7 @@ class arch_builder {
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
-                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of};
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
@@ -545,6 +545,35 @@ struct plain_mlp {
   }
 };
 
+// down(xielu(up x)) (Apertus): up column-parallel, down row-parallel, no biases; xIELU's four
+// scalars under mlp.act_fn: alpha_p and alpha_n learned (replicated, their gradients summed over
+// tp, since each rank activates its own features), beta and eps fixed (HF's 0-dim buffers, kept
+// out of the gradient):
+//   xielu(x) = x > 0 ? softplus(alpha_p) x^2 + beta x : (expm1(min(x, eps)) - x)(beta + softplus(alpha_n)) + beta x
+struct xielu_mlp {
+  static constexpr row_dims one_value(const shape&) { return {1, 0}; }
+  static constexpr void details(const shape&, basic_text<256>& t) {
+    t.append("  [mlp: up_proj, act_fn (alpha_p, alpha_n, beta, eps), down_proj]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module("mlp");
+    b.param(at.sub("up", "up_proj"), {"weight", shard_kind::column, {"weight"}, 1, extent::ffn_rows});
+    b.param(at.sub("down", "down_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::ffn});
+    // Their starting values are XIELUActivation's: alpha_p = log(expm1(0.8)), alpha_n = log(expm1(0.8 - beta)).
+    const slot act = at.sub("act", "act_fn");
+    b.param(act, {"alpha_p", shard_kind::replicated, {"alpha_p"}, 1, extent::none, presence::always, false, true,
+                  param_init::constant, false, &one_value, 0.20338237285614014});
+    b.param(act, {"alpha_n", shard_kind::replicated, {"alpha_n"}, 1, extent::none, presence::always, false, true,
+                  param_init::constant, false, &one_value, -1.0502256155014038});
+    b.param(act, {"beta", shard_kind::replicated, {"beta"}, 1, extent::none, presence::always, false, false,
+                  param_init::constant, false, &one_value, 0.5, /*hf_scalar=*/true});
+    b.param(act, {"eps", shard_kind::replicated, {"eps"}, 1, extent::none, presence::always, false, false,
+                  param_init::constant, false, &one_value, -1e-6, /*hf_scalar=*/true});
+    b.uses(activation::xielu);
+    return b.costs(b.node(at, &modules::xielu_mlp, {}, "xielu_mlp", "xielu_mlp", &details), mlp_keeps);
+  }
+};
+
 struct moe_knobs {
   moe_names names = moe_names::qwen;  // Mixtral's or Qwen's HF tensor names
   bool shared_expert = false;         // Qwen2-MoE's shared expert and its sigmoid gate
@@ -660,27 +689,31 @@ constexpr std::string_view norm_name(sublayer at, bool post) {
   return at == sublayer::attention ? (post ? "attn_post_norm" : "attn_norm") : (post ? "mlp_post_norm" : "mlp_norm");
 }
 
-// HF's names of a layer's norms: before and after attention, before and after the MLP (the norm
-// before the MLP of a pre-norm layer is always post_attention_layernorm).
+// HF's names of a layer's norms: before and after attention, before and after the MLP.
 struct norm_names {
   std::string_view attention_pre, attention_post, mlp_pre, mlp_post;
 };
-// Gemma 2's (and Llama's, OLMo2's: the ones their forms have).
+// Llama's (and OLMo2's, NeoX's: the ones their forms have): the norm before a pre-norm layer's MLP
+// is post_attention_layernorm.
+inline constexpr norm_names llama_norm_names{"input_layernorm", "post_attention_layernorm", "post_attention_layernorm",
+                                             "post_feedforward_layernorm"};
+// Gemma 2's sandwich: a norm of its own before the MLP.
 inline constexpr norm_names gemma2_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                                               "post_feedforward_layernorm"};
+// Apertus's pre-norm layer: attention_layernorm, feedforward_layernorm.
+inline constexpr norm_names apertus_norm_names{"attention_layernorm", "", "feedforward_layernorm", ""};
 // GLM-4's sandwich: its post_attention_layernorm is the norm before the MLP.
 inline constexpr norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                                             "post_mlp_layernorm"};
 
-template <residual_kind R, class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
+template <residual_kind R, class Norm, class Inner, const norm_names& Names = llama_norm_names>
 struct residual {
   static constexpr residual_kind kind = R;
   using inner = Inner;
 
   // HF's names of the norm(s) in its slot.
   static constexpr std::string_view hf_pre(sublayer at) {
-    if (at == sublayer::attention) return Names.attention_pre;
-    return R == residual_kind::sandwich ? Names.mlp_pre : "post_attention_layernorm";
+    return at == sublayer::attention ? Names.attention_pre : Names.mlp_pre;
   }
   static constexpr std::string_view hf_post(sublayer at) {
     return at == sublayer::attention ? Names.attention_post : Names.mlp_post;
@@ -711,9 +744,9 @@ struct residual {
   }
 };
 
-// x + inner(norm(x)) (Llama).
-template <class Norm, class Inner>
-struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner> {};
+// x + inner(norm(x)) (Llama; Apertus under apertus_norm_names).
+template <class Norm, class Inner, const norm_names& Names = llama_norm_names>
+struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names> {};
 // x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
 template <class Norm, class Inner>
 struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};

@@ -28,6 +28,7 @@ struct packed_tokens {
   bool no_padding = false;        // every position is a real token (the attention needs no key mask)
   at::Tensor token_valid;         // (T,) float 0/1
   at::Tensor index;               // (T,) int64 flat position in b*s of each stream token
+  at::Tensor real_rows;           // (n,) int64 the padded stream's rows of real tokens (padded path with padding)
   std::vector<std::int64_t> cu_seqlens;  // (b+1) offsets into the packed stream (rmpad)
   std::int64_t max_position = 0;
   at::Tensor temperature;         // (T,) float: each token's row's temperature, when the batch gives them

@@ -111,3 +111,22 @@ expect_exit(0)
 expect_out("post_self_attn_layernorm")
 expect_out("post_mlp_layernorm")
 expect_out("parameters: 9,400,279,040 ")
+
+# Granite 3.3 8B: Llama's blocks with the multipliers, shown with their values.
+megadsl(describe granite-3.3-8b --tp 4)
+expect_exit(0)
+expect_out("parameters: 8,170,864,640 ")
+expect_out("multipliers: embedding x 12, sublayer outputs x 0.22, scores x 0.007813 \\(0: head_dim\\^-1/2\\), logits / 16")
+
+# EXAONE 4.0 1.2B: no window, so every layer rotates.
+megadsl(describe exaone-4.0-1.2b --tp 2)
+expect_exit(0)
+expect_out("parameters: 1,279,391,488 ")
+
+# Apertus: xIELU's four scalars per layer, two of them HF's 0-dim buffers.
+megadsl(describe ${FIXTURES}/apertus-tf5 --tp 2)
+expect_exit(0)
+expect_out("xielu_mlp  \\[mlp: up_proj, act_fn \\(alpha_p, alpha_n, beta, eps\\), down_proj\\]")
+expect_out("attention_layernorm")
+expect_out("layers\\.{layer}\\.act\\.beta +model\\.layers\\.{layer}\\.mlp\\.act_fn\\.beta +replicated +\\(\\) +\\(1\\)")
+expect_out("parameters: 179,144 ")  # transformers' count: alpha_p and alpha_n are parameters, beta and eps buffers
