@@ -10,8 +10,10 @@ DeepSeek-V3's grouped sigmoid router (deepseek_v3), the sigmoid router with half
 q/k/v-biased attention (seed_oss), RoPE on interleaved pairs with biases everywhere (ernie4_5), the
 GLM-4 sandwich with RoPE on pairs of half of each head (glm4), q/k norms after RoPE
 (hunyuan_v1_dense) with a softmax mixture and a shared MLP (hunyuan_v1_moe), Granite's multipliers
-(granite), and Cohere's one LayerNorm for attention and MLP side by side (cohere; cohere2 with
-three sliding layers of four and RoPE on those only). One table: tokens/s of the forward (log-probs + entropy) and of
+(granite), Cohere's one LayerNorm for attention and MLP side by side (cohere; cohere2 with
+three sliding layers of four and RoPE on those only), xIELU (apertus), and gpt-oss's learned
+sinks with its biased experts and clamped SwiGLU (gpt_oss; transformers runs it with eager
+attention, as it has no sdpa path for the sinks). One table: tokens/s of the forward (log-probs + entropy) and of
 forward + backward (a PPO-style loss), megadsl at tp 1 in this process and transformers (sdpa
 attention, its default experts implementation), the median over the repeats, and the ratio. The
 cases alternate repeat by repeat so that a slow phase of the machine hits both sides alike.
@@ -66,7 +68,16 @@ FAMILIES = {
                      rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 8192})),
+    # learned sinks (the explicit attention path), alternating windows, a biased router over experts
+    # with biases and the clamped SwiGLU, stacked as transformers stores them
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(BASE, head_dim=64, intermediate_size=256, num_local_experts=16, num_experts_per_tok=4,
+                     sliding_window=128,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                      "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})),
 }
+# transformers' attention for each family: sdpa, but gpt-oss has none (its sinks: eager or flash only).
+HF_ATTENTION = {"gpt_oss": "eager"}
 
 
 def checkpoint(family, root):
@@ -119,7 +130,8 @@ def main():
     for family in args.only or list(FAMILIES):
         path = checkpoint(family, args.dir)
         ours = megadsl.Model.from_hf(path)
-        theirs = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32)
+        theirs = AutoModelForCausalLM.from_pretrained(path, attn_implementation=HF_ATTENTION.get(family, "sdpa"),
+                                                      dtype=torch.float32)
 
         def megadsl_step(backward):
             if not backward:

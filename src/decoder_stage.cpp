@@ -251,7 +251,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     for (const auto& p : params_) {
       const std::int64_t n = p.tensor.numel();
       if (p.plan->row->where == placement::expert) {
-        out.push_back(n);
+        // Split over tp, or replicated and counted on tp rank 0 (gpt-oss's down bias).
+        out.push_back(p.counted_in_norm ? n : 0);
       } else if (p.plan->row->kind == shard_kind::fused_qkv) {
         // kv rows that are another rank's replicas: only this rank's query rows count.
         const bool replica = cfg_.s.kv_heads.get() < tp_size_ && !owns_kv();
@@ -610,8 +611,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
         std::vector<at::Tensor> hf;
         for (int i = 0; i < row.hf_count; ++i) {
           // A tied lm_head's copy (pp > 1) starts from the embedding's values.
-          const std::string_view source = p.tied ? p.tied_source : row.hf[static_cast<std::size_t>(i)];
-          hf.push_back(init_full(with_instance(source, inst), p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
+          // Seeded by the HF tensor's name (an expert's slice of a stack: "name[e]").
+          const std::string source = p.tied ? std::string(p.tied_source) : hf_key(row, i, inst);
+          hf.push_back(init_full(source, p.hf_shapes[static_cast<std::size_t>(i)], cfg_.options,
                                  p.tied ? *find_row(arch_of(s), "embed.weight") : row));
         }
         at::Tensor t = shard_from_hf(p, s, l, tp_rank_, hf).to(device_).set_requires_grad(true);

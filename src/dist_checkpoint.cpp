@@ -113,7 +113,7 @@ std::string piece_key(const std::string& tensor, const box& global) {
 // The HF tensor behind slot `slot` of a parameter; a tied lm_head's copy is the embedding.
 std::string source_name(const param_plan& p, int slot, param_instance at) {
   if (p.tied) return std::string(p.tied_source);
-  return with_instance(p.row->hf[static_cast<std::size_t>(slot)], at);
+  return hf_key(*p.row, slot, at);  // an expert's slice of a stack (gpt-oss): "name[e]"
 }
 
 // Which ranks write: the main replica of each dense parameter is dp (and cp) rank 0's; an

@@ -82,6 +82,17 @@ std::string shape_text(const std::vector<std::int64_t>& v) {
   return s + "]";
 }
 
+// The shape HF stores source `i` of a parameter in: a 0-dim scalar (xIELU's beta, held as (1)),
+// every expert of the layer in one tensor (gpt-oss: (experts, in, out) or (experts, out)), or the
+// plan's nn.Linear shape.
+std::vector<std::int64_t> stored_shape(const param_plan& p, int i, const shape& s) {
+  const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
+  if (p.row->hf_scalar) return {};
+  if (p.row->stacking != hf_stacking::none)
+    return d.rank == 1 ? std::vector<std::int64_t>{s.experts.get(), d.rows} : std::vector<std::int64_t>{s.experts.get(), d.cols, d.rows};
+  return d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols};
+}
+
 }  // namespace
 
 void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
@@ -107,14 +118,9 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   if (h <= limit && v <= limit && q <= limit && kv <= limit && f <= limit) {
     for (const param_plan& p : plan_params(s, layout{}, head)) {
       if (p.tied || p.row->where == placement::last_stage) continue;  // heads: load_hf checks them
-      for (int i = 0; i < p.row->hf_count; ++i) {
-        const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
-        expect(with_instance(p.row->hf[static_cast<std::size_t>(i)], {}),
-               p.row->hf_scalar ? std::vector<std::int64_t>{}
-               : d.rank == 1    ? std::vector<std::int64_t>{d.rows}
-                                : std::vector<std::int64_t>{d.rows, d.cols},
-               "sizes (hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size)");
-      }
+      for (int i = 0; i < p.row->hf_count; ++i)
+        expect(with_instance(p.row->hf[static_cast<std::size_t>(i)], {}), stored_shape(p, i, s),
+               "sizes (hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size, experts)");
     }
   }
   std::int64_t last = -1;
@@ -252,6 +258,12 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     report.notes.push_back(std::to_string(mtp_tensors) + " tensor(s) of the multi-token-prediction layer(s) " + layers_prefix +
                            std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? " on" : "") +
                            " not loaded: megadsl trains the decoder's layers only, as transformers loads them");
+  for (const std::string& n : unexpected)
+    if (n.ends_with("_blocks") || n.ends_with("_scales"))
+      throw checkpoint_error(fail_prefix(ck) + "tensor " + printable(n) +
+                             " is a quantised weight (MXFP4 blocks and scales, as gpt-oss is published); megadsl trains "
+                             "bf16 or fp32 weights: dequantize the checkpoint first (transformers: from_pretrained with "
+                             "quantization_config=Mxfp4Config(dequantize=True), then save_pretrained)");
   if (!unexpected.empty()) {
     std::ostringstream os;
     os << fail_prefix(ck) << unexpected.size() << " unexpected tensor(s) for this " << (c.head.actor ? "actor" : "critic")
@@ -302,17 +314,13 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
       if (ck.find(n) == nullptr)
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is missing (needed by " + p.name + ")");
       at::Tensor v = ck.view(n);
-      const dims& want = p.plan->hf_shapes[i];
-      const bool scalar = p.plan->row->hf_scalar;  // HF's 0-dim buffer (xIELU's beta), held as (1)
-      const bool ok = scalar ? v.dim() == 0
-                      : want.rank == 1 ? v.dim() == 1 && v.size(0) == want.rows
-                                       : v.dim() == 2 && v.size(0) == want.rows && v.size(1) == want.cols;
-      if (!ok)
+      const std::vector<std::int64_t> want = stored_shape(*p.plan, i, c.s);
+      if (v.sizes().vec() != want)
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
-                               (scalar ? std::string("[] (a scalar)")
-                                : want.rank == 1 ? "[" + std::to_string(want.rows) + "]"
-                                                 : "[" + std::to_string(want.rows) + ", " + std::to_string(want.cols) + "]"));
-      if (scalar) v = v.reshape({1});
+                               shape_text(want) + (want.empty() ? " (a scalar)" : ""));
+      if (p.plan->row->hf_scalar) v = v.reshape({1});  // HF's 0-dim buffer (xIELU's beta), held as (1)
+      // gpt-oss's experts: one tensor per layer holds them all; this one's slice, as nn.Linear holds it.
+      if (p.plan->row->stacking != hf_stacking::none) v = expert_from_stack(v, *p.plan->row, p.at.expert);
       if (!at::isFloatingType(v.scalar_type()))
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " is stored as " + std::string(c10::toString(v.scalar_type())) +
                                ", not a floating-point type: a weight cast from integers would be meaningless "
@@ -426,6 +434,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
     if (writer) std::move(hf.begin(), hf.end(), std::back_inserter(tensors));
   }
   if (!writer) return;
+  merge_stacked(tensors);  // gpt-oss's experts: each layer's slices into HF's one tensor per projection
   // The writers (one per stage: the pp group of tp, dp and cp rank 0) fill one staging directory,
   // which replaces `dir` in one rename: a reader sees the old checkpoint or the new one.
   const comm_group& stages = *g.pp;
@@ -488,6 +497,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
         }
       }
       std::sort(map.begin(), map.end());
+      map.erase(std::unique(map.begin(), map.end()), map.end());  // a stack of experts is one tensor
       for (std::size_t i = 0; i < map.size(); ++i)
         os << "    \"" << map[i].first << "\": \"" << map[i].second << "\"" << (i + 1 < map.size() ? ",\n" : "\n");
       os << "  }\n}\n";

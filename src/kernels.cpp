@@ -141,6 +141,8 @@ at::Tensor causal_mask(std::int64_t seq, std::int64_t window, const at::TensorOp
 
 // softmax(cap * tanh(q k^T * scale / cap) masked) v, the softmax in fp32 (HF's eager order).
 // qb: (b, H, s, d), kb, vb: (b, G, s, d), allowed: bool broadcastable to (b, H, s, s).
+// With sinks (H): each row's softmax has one more logit, the head's sink, unscaled, unmasked and
+// without a value (gpt-oss's eager_attention_forward): the column is appended, then dropped.
 at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& vb,
                               const at::Tensor& allowed, const attention_math& m) {
   const std::int64_t per_group = qb.size(1) / kb.size(1);
@@ -150,6 +152,12 @@ at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const 
   at::Tensor scores = at::matmul(qb, k.transpose(-1, -2)) * scale;  // (b, H, s, s)
   if (m.softcap != 0) scores = at::tanh(scores / m.softcap) * m.softcap;
   scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  if (m.sinks.defined()) {
+    const std::int64_t b = scores.size(0), heads = scores.size(1), s = scores.size(2);
+    const at::Tensor sink = m.sinks.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({b, heads, s, 1});
+    const at::Tensor probs = at::softmax(at::cat({scores, sink}, -1), -1, at::kFloat).narrow(-1, 0, scores.size(3));
+    return at::matmul(probs.to(qb.scalar_type()), v);  // (b, H, s, d)
+  }
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(qb.scalar_type());
   return at::matmul(probs, v);  // (b, H, s, d)
 }
@@ -165,7 +173,7 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
   // Without padding (no key mask) and without a window the fused kernel's own causal flag: no mask
   // is built and the blocks above the diagonal are skipped, half the work of a masked call.
-  if (!key_mask.defined() && m.softcap == 0 && (m.window == 0 || m.window >= seq))
+  if (!key_mask.defined() && m.softcap == 0 && !m.sinks.defined() && (m.window == 0 || m.window >= seq))
     return at::scaled_dot_product_attention(qb, kb, vb, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),
                                             /*enable_gqa=*/true)
         .transpose(1, 2)
@@ -174,7 +182,7 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
   // left-pad row) gets zeros or a uniform mix from the kernel; its row never reaches a result.
   const at::Tensor causal = causal_mask(seq, m.window, q.options()).view({1, 1, seq, seq});
   const at::Tensor allowed = key_mask.defined() ? causal & key_mask.to(at::kBool).view({batch, 1, 1, seq}) : causal;
-  const at::Tensor out = m.softcap != 0
+  const at::Tensor out = m.softcap != 0 || m.sinks.defined()
                              ? attention_explicit(qb, kb, vb, allowed, m)
                              : at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, scale_of(m),
                                                                 /*enable_gqa=*/true);  // (b, G*Q, s, d)
@@ -186,7 +194,7 @@ namespace {
 // The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream.
 bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
   return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
-         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0;
+         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0 && !m.sinks.defined();
 }
 
 at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -236,7 +244,7 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     const at::Tensor ks = k_parts[i].transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
     const at::Tensor vs = v_parts[i].transpose(0, 1).unsqueeze(0);
     at::Tensor out;  // (1, H, len, d)
-    if (m.softcap != 0)
+    if (m.softcap != 0 || m.sinks.defined())
       out = attention_explicit(qs, ks, vs, causal_mask(len, m.window, q.options()), m);
     else if (m.window > 0 && m.window < len)
       out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m.window, q.options()), 0.0, false,

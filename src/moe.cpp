@@ -86,6 +86,9 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   TORCH_CHECK(given == per_rank && static_cast<std::int64_t>(e.down.size()) == per_rank && e.first == ep_rank * per_rank,
               "megadsl: moe_experts: ep rank ", ep_rank, " holds experts [", ep_rank * per_rank, ", ",
               (ep_rank + 1) * per_rank, "), and was given ", given, " from ", e.first);
+  TORCH_CHECK((e.gate_up_bias.empty() || static_cast<std::int64_t>(e.gate_up_bias.size()) == per_rank) &&
+                  (e.down_bias.empty() || static_cast<std::int64_t>(e.down_bias.size()) == per_rank),
+              "megadsl: moe_experts: expert biases must be given for every local expert or none");
   TORCH_CHECK(r.indices.size(0) == tokens, "megadsl: moe_experts: routing for ", r.indices.size(0), " tokens, ", tokens,
               " given");
   if (r.indices.numel() > 0) {
@@ -144,8 +147,11 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const std::int64_t n = expert_rows[static_cast<std::size_t>(j)];
     const at::Tensor seg = grouped.narrow(0, offset, n);                              // (n, h)
     const auto jj = static_cast<std::size_t>(j);
-    const at::Tensor gate_up = at::linear(seg, e.gate_up[jj].to(x.scalar_type()));    // (n, 2 f)
-    outputs.push_back(at::linear(gated(gate_up, act), e.down[jj].to(x.scalar_type())));  // (n, h)
+    const at::Tensor up_bias = e.gate_up_bias.empty() ? at::Tensor() : e.gate_up_bias[jj].to(x.scalar_type());
+    const at::Tensor down_bias = e.down_bias.empty() ? at::Tensor() : e.down_bias[jj].to(x.scalar_type());
+    const at::Tensor gate_up = at::linear(seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
+    const at::Tensor h = e.glu ? e.glu(gate_up) : gated(gate_up, act);                        // (n, f)
+    outputs.push_back(at::linear(h, e.down[jj].to(x.scalar_type()), down_bias));              // (n, h)
     offset += n;
   }
   const at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);    // (R, h)

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +24,73 @@ std::string with_instance(std::string_view pattern, param_instance at) {
   for (auto pos = out.find(key); pos != std::string::npos; pos = out.find(key))
     out.replace(pos, key.size(), std::to_string(at.expert));
   return out;
+}
+
+std::string hf_key(const param_row& row, int slot, param_instance at) {
+  std::string out = with_instance(row.hf[static_cast<std::size_t>(slot)], at);
+  if (row.stacking != hf_stacking::none) out += "[" + std::to_string(at.expert) + "]";
+  return out;
+}
+
+at::Tensor expert_from_stack(const at::Tensor& stack, const param_row& row, std::int64_t expert) {
+  at::Tensor t = stack.select(0, expert);  // (in, out) or (out)
+  if (t.dim() == 2) t = t.t();             // (out, in)
+  if (row.stacking == hf_stacking::experts_interleaved) {
+    const std::int64_t n = t.size(0);       // rows g0, u0, g1, u1, ... -> [gate; up]
+    t = at::cat({t.slice(0, 0, n, 2), t.slice(0, 1, n, 2)}, 0);
+  }
+  return t.contiguous();
+}
+
+at::Tensor stack_slice_of(const at::Tensor& linear, const param_row& row) {
+  at::Tensor t = linear;  // (out, in) or (out)
+  if (row.stacking == hf_stacking::experts_interleaved) {
+    std::vector<std::int64_t> halves = t.sizes().vec();  // [gate; up] -> g0, u0, g1, u1, ...
+    halves[0] /= 2;
+    halves.insert(halves.begin(), 2);
+    t = t.reshape(halves).transpose(0, 1).reshape(linear.sizes());
+  }
+  if (t.dim() == 2) t = t.t();  // (in, out)
+  return t.contiguous();
+}
+
+void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  // "name[e]" -> (base, e); any other name -> nullopt.
+  const auto split = [](const std::string& n) -> std::optional<std::pair<std::string, std::int64_t>> {
+    if (n.empty() || n.back() != ']') return std::nullopt;
+    const auto open = n.rfind('[');
+    if (open == std::string::npos || open + 2 > n.size() - 1) return std::nullopt;
+    std::int64_t e = 0;
+    for (std::size_t i = open + 1; i + 1 < n.size(); ++i) {
+      if (n[i] < '0' || n[i] > '9') return std::nullopt;
+      e = e * 10 + (n[i] - '0');
+    }
+    return std::pair{n.substr(0, open), e};
+  };
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::map<std::string, std::vector<at::Tensor>> stacks;  // base -> slices by expert
+  std::map<std::string, std::size_t> where;               // base -> its place in `out`
+  for (auto& [name, t] : tensors) {
+    const auto key = split(name);
+    if (!key) {
+      out.emplace_back(std::move(name), std::move(t));
+      continue;
+    }
+    auto& slices = stacks[key->first];
+    if (where.count(key->first) == 0) {
+      where[key->first] = out.size();
+      out.emplace_back(key->first, at::Tensor());
+    }
+    if (static_cast<std::int64_t>(slices.size()) <= key->second) slices.resize(static_cast<std::size_t>(key->second + 1));
+    slices[static_cast<std::size_t>(key->second)] = std::move(t);
+  }
+  for (auto& [base, slices] : stacks) {
+    for (std::size_t e = 0; e < slices.size(); ++e)
+      if (!slices[e].defined())
+        throw std::logic_error("megadsl: stacking " + base + ": expert " + std::to_string(e) + " is missing");
+    out[where[base]].second = at::stack(slices, 0).contiguous();
+  }
+  tensors = std::move(out);
 }
 
 namespace {
@@ -95,7 +164,7 @@ std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const
     const std::int64_t q_rows = s.heads.get() * d, kv_rows = s.kv_heads.get() * d;
     for (shard_piece& x : out) {
       const std::int64_t base = row.kind == shard_kind::fused_qkv ? (x.slot == 0 ? 0 : x.slot == 1 ? q_rows : q_rows + kv_rows)
-                                                                   : x.slot * s.ffn.get();
+                                                                   : x.slot * mlp_width(row, s);
       x.global_offset += base;
       x.slot = 0;
     }

@@ -14,10 +14,19 @@ namespace megadsl {
 
 namespace {
 
+// The names of a parameter's HF tensors; an expert's slice of HF's stacked tensor is "name[e]"
+// (merge_stacked joins them).
 std::vector<std::string> names_of(const param_plan& p, param_instance at) {
   std::vector<std::string> out;
-  for (int i = 0; i < p.row->hf_count; ++i) out.push_back(with_instance(p.row->hf[static_cast<std::size_t>(i)], at));
+  for (int i = 0; i < p.row->hf_count; ++i) out.push_back(hf_key(*p.row, i, at));
   return out;
+}
+
+// An HF tensor as it is stored: the slice of a stack in HF's layout, a 0-dim scalar, or as is.
+at::Tensor stored_form(const param_row& row, const at::Tensor& t) {
+  if (row.stacking != hf_stacking::none) return stack_slice_of(t, row);
+  if (row.hf_scalar) return t.reshape({});  // HF's 0-dim buffer (xIELU's beta), held as (1)
+  return t;
 }
 
 // One entry of a bucket's header: how a receiver rebuilds the tensor from the bytes, and how it
@@ -102,14 +111,14 @@ hf_tensor_list gather_parameter(const named_parameter& p, const runtime_config& 
     for (std::size_t i = 0; i < hf.size(); ++i) {
       const at::Tensor all = g.ep->all_gather(hf[i].contiguous().unsqueeze(0), 0);  // (ep, ...)
       for (std::int64_t r = 0; r < g.ep->size(); ++r)
-        out.emplace_back(names_of(*p.plan, {p.at.layer, r * per + slot})[i], all[r].to(at::kCPU).contiguous());
+        out.emplace_back(names_of(*p.plan, {p.at.layer, r * per + slot})[i],
+                         stored_form(*p.plan->row, all[r]).to(at::kCPU).contiguous());
     }
     return out;
   }
   const auto names = names_of(*p.plan, p.at);
-  const bool scalar = p.plan->row->hf_scalar;  // HF's 0-dim buffer (xIELU's beta), held as (1)
   for (std::size_t i = 0; i < names.size(); ++i)
-    out.emplace_back(names[i], (scalar ? hf[i].reshape({}) : hf[i]).to(at::kCPU).contiguous());
+    out.emplace_back(names[i], stored_form(*p.plan->row, hf[i]).to(at::kCPU).contiguous());
   return out;
 }
 
@@ -162,7 +171,12 @@ hf_tensor_list weight_stream::next() {
     const std::size_t first = s.cursor;
     std::int64_t bytes = 0;
     const std::int64_t element = static_cast<std::int64_t>(c10::elementSize(s.o.dtype));
-    while (s.cursor < params.size() && bytes < s.o.bucket_bytes) {
+    // A stack of experts (gpt-oss) travels whole: the bucket takes the rest of its layer's slices.
+    const auto same_stack = [&](std::size_t j) {
+      const named_parameter& last = params[j - 1];
+      return last.plan->row->stacking != hf_stacking::none && params[j].plan == last.plan && params[j].at.layer == last.at.layer;
+    };
+    while (s.cursor < params.size() && (bytes < s.o.bucket_bytes || (s.cursor > first && same_stack(s.cursor)))) {
       const named_parameter& p = params[s.cursor++];
       if (p.plan->tied) continue;
       const std::int64_t copies = p.plan->row->where == placement::expert && s.g->ep != nullptr ? s.g->ep->size() : 1;
@@ -171,10 +185,20 @@ hf_tensor_list weight_stream::next() {
     }
     stage_done = s.cursor == params.size();
     flat = at::empty({bytes}, at::kByte);
+    hf_tensor_list stack_parts;  // a stack's slices until its layer's last
     std::int64_t at = 0;
     for (std::size_t j = first; j < s.cursor; ++j) {
       const named_parameter& p = params[j];
-      for (auto& [name, t] : gather_parameter(p, s.c, *s.g, s.o.dtype)) {
+      hf_tensor_list gathered = gather_parameter(p, s.c, *s.g, s.o.dtype);
+      if (p.plan->row->stacking != hf_stacking::none) {
+        // The stack's slices so far; the last one of the layer writes the stack.
+        for (auto& x : gathered) stack_parts.push_back(std::move(x));
+        if (j + 1 < s.cursor && params[j + 1].plan == p.plan && params[j + 1].at.layer == p.at.layer) continue;
+        merge_stacked(stack_parts);
+        gathered = std::move(stack_parts);
+        stack_parts.clear();
+      }
+      for (auto& [name, t] : gathered) {
         // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
         // ranks); one HF tensor holding several projections (Phi-3, GPT-NeoX) cannot be sliced evenly.
         const shard_kind kind = p.plan->row->kind;
@@ -182,7 +206,9 @@ hf_tensor_list weight_stream::next() {
         const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
                                   : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
                                                                                                            : 0;
-        entries.push_back({name, t.scalar_type(), t.sizes().vec(), p.plan->split_dim, head});
+        // A stack of experts goes whole to every rollout rank (its engine splits its experts itself).
+        const int split = p.plan->row->stacking != hf_stacking::none ? -1 : p.plan->split_dim;
+        entries.push_back({name, t.scalar_type(), t.sizes().vec(), split, head});
         const std::int64_t n = t.numel() * t.element_size();
         flat.narrow(0, at, n).copy_(t.reshape({-1}).view(at::kByte));
         at += n;

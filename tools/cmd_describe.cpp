@@ -57,9 +57,15 @@ std::string hf_names_of(const param_plan& p) {
   return names;
 }
 
-std::string hf_shapes_of(const param_plan& p) {
+std::string hf_shapes_of(const param_plan& p, const shape& s) {
   std::string shapes;
   if (p.row->hf_scalar) return "()";  // a 0-dim buffer in HF's file (held as (1))
+  if (p.row->stacking != hf_stacking::none) {  // every expert of the layer in one tensor, each (in, out)
+    const dims& d = p.hf_shapes[0];
+    const std::string e = std::to_string(s.experts.get());
+    return "(" + e + ", " + (d.rank == 1 ? std::to_string(d.rows) : std::to_string(d.cols) + ", " + std::to_string(d.rows)) +
+           ") stacked";
+  }
   for (int i = 0; i < p.row->hf_count; ++i) shapes += (i ? "\n" : "") + to_string(p.hf_shapes[static_cast<std::size_t>(i)]);
   return shapes;
 }
@@ -173,7 +179,7 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
   out << "parameters (global: the tp shards side by side; local: one tp rank's shard)\n";
   table params({"megadsl name", "HF name", "kind", "HF shape", "global", "tp split", "local", "pipeline"});
   for (const param_plan& p : plan)
-    params.add({std::string(p.row->name), hf_names_of(p), std::string(name_of(p.row->kind)), hf_shapes_of(p),
+    params.add({std::string(p.row->name), hf_names_of(p), std::string(name_of(p.row->kind)), hf_shapes_of(p, s),
                 to_string(p.global), split_of(p), to_string(p.local), where_of(p, s, l)});
   params.print(out);
   if (!o.head.actor)

@@ -102,6 +102,12 @@ enum class param_init : std::int8_t {
   constant,  // the row's init_value (xIELU's scalars)
 };
 
+// How HF stores an expert's tensors: one per expert (nn.Linear's (out, in), named with {expert}),
+// or every expert of the layer in one tensor (gpt-oss, Llama 4: (experts, in, out) or
+// (experts, out), no {expert} in the name), its gate and up columns interleaved (gpt-oss's
+// gate_up_proj: gate = [..., 0::2], up = [..., 1::2]) or not.
+enum class hf_stacking : std::int8_t { none, experts, experts_interleaved };
+
 // A parameter as a block declares it, relative to the block's slot: its name under the block's
 // megadsl prefix, its HF sources under the block's HF module (in fused-slot order).
 struct block_param {
@@ -123,6 +129,7 @@ struct block_param {
   // block), megadsl as a vector of 1 (dims_of {1}): reshaped where HF tensors are read and written
   // (load_hf, save_hf, the export); not one of HF's parameters (parameter_count leaves it out).
   bool hf_scalar = false;
+  hf_stacking stacking = hf_stacking::none;  // (per_expert rows) how HF stores the layer's experts
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -142,6 +149,7 @@ struct param_row {
   row_dims_fn dims_of = nullptr;  // (block_param::dims_of)
   double init_value = 0;          // (block_param::init_value)
   bool hf_scalar = false;         // (block_param::hf_scalar)
+  hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder

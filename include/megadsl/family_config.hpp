@@ -51,6 +51,7 @@ enum class bias_rule : std::int8_t {
   attention_bias_qkv,      // `attention_bias`: q, k and v only, default false (GLM-4.5: o_proj never has one)
   use_bias_all,            // `use_bias`: q, k, v, o_proj and the gated MLP's gate/up/down, default false (ERNIE 4.5)
   attention_bias_qkv_on,   // `attention_bias`: q, k and v only, default true (GLM-4)
+  attention_bias_on,       // `attention_bias`: q, k, v and o_proj, default true (gpt-oss)
 };
 
 // A mixture of experts' keys and their defaults.
@@ -123,6 +124,8 @@ struct family_config {
   bool multipliers = false;
   // Cohere's `logit_scale` (the logits multiplied by it; this its class default): the shape's logit_scale.
   bool reads_logit_scale = false;
+  // gpt-oss's `swiglu_alpha` and `swiglu_limit` (1.702 and 7.0 by default): the shape's fields.
+  bool reads_swiglu = false;
   double logit_scale_default = 0.0625;
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
   double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)
@@ -132,6 +135,7 @@ struct family_config {
   double local_rope_theta = 0.0;
   std::string_view local_theta_key = {};
   std::int64_t full_every = 2;              // window_rule::alternate: layer i slides when (i + 1) % this != 0
+  std::int64_t default_window = 4096;       // sliding_window's class default (Gemma2's; gpt-oss's 128)
   window_rule window = window_rule::none;
   bool window_needs_use_flag = false;       // `use_sliding_window` gates the window
   bool reads_layer_types = false;           // an explicit `layer_types` overrides the pattern

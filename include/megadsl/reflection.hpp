@@ -65,7 +65,9 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(residual_multiplier),
         MEGADSL_SHAPE_FIELD(attention_multiplier),
         MEGADSL_SHAPE_FIELD(logits_scaling),
-        MEGADSL_SHAPE_FIELD(logit_scale));
+        MEGADSL_SHAPE_FIELD(logit_scale),
+        MEGADSL_SHAPE_FIELD(swiglu_alpha),
+        MEGADSL_SHAPE_FIELD(swiglu_limit));
   }
 };
 }  // namespace boost::hana

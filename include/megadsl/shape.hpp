@@ -132,6 +132,10 @@ struct shape {
   real logits_scaling = 1.0;
   // The logits multiplied by this before log-softmax (Cohere's logit_scale; 1 elsewhere).
   real logit_scale = 1.0;
+  // gpt-oss's experts' clamped SwiGLU (swiglu_alpha, swiglu_limit; 0 elsewhere): gate <= limit, up in
+  // [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
+  real swiglu_alpha = 0.0;
+  real swiglu_limit = 0.0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -153,7 +157,7 @@ inline constexpr shape dynamic_shape = {
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
-    .logits_scaling = dynamic, .logit_scale = dynamic};
+    .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

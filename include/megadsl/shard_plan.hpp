@@ -197,7 +197,8 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
     case shard_kind::fused_gate_up: {
       const std::int64_t f = mlp_width(row, s);
       if (is_bias(row)) {  // (mlp_bias) gate and up biases (f) each; per rank [gate_r ; up_r]
-        p.hf_shapes = {vec(f), vec(f), dims{}};
+        p.hf_shapes = row.concatenated ? std::array<dims, 3>{vec(2 * f), dims{}, dims{}}  // [gate; up] (gpt-oss's)
+                                       : std::array<dims, 3>{vec(f), vec(f), dims{}};
         p.local = vec(2 * f / tp);
         p.global = vec(2 * f);
         p.split_dim = 0;

@@ -27,4 +27,12 @@ at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {
   return act(halves[0]) * halves[1];
 }
 
+// gpt-oss's (GptOssExperts._apply_gate), in its order: the gate clamped from above, up from both
+// sides, (up + 1) * (gate * sigmoid(alpha * gate)).
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double alpha, double limit) {
+  const auto halves = gate_up.chunk(2, -1);
+  const at::Tensor gate = at::clamp_max(halves[0], limit), up = at::clamp(halves[1], -limit, limit);
+  return (up + 1) * (gate * at::sigmoid(gate * alpha));
+}
+
 }  // namespace megadsl

@@ -3,7 +3,8 @@
 // over padded rows or packed sequences (cu_seqlens), the row-parallel output projection. Under
 // context parallelism q, k and v travel by all-to-all from this rank's tokens of every head to the
 // whole stream of 1/cp of the heads (Ulysses: the core sees whole sequences, any window or
-// length), and the heads' output back.
+// length), and the heads' output back. gpt-oss's learned sinks (one logit per query head) go with
+// their heads: this rank's share over tp, and of that the cp rank's share.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -52,7 +53,10 @@ class attention final : public layer_module {
  public:
   explicit attention(const block_build& b)
       : qkv_(b.require("qkv.weight")), qkv_bias_(b.find("qkv.bias")), o_(b.require("o_proj.weight")),
-        o_bias_(b.find("o_proj.bias")), s_(b) {}
+        o_bias_(b.find("o_proj.bias")), sinks_(b.find("sinks")), s_(b) {
+    // The recomputed core's backward returns gradients for q, k and v only, not for the sinks.
+    if (sinks_.defined()) s_.selective_recompute = false;
+  }
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
     const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
@@ -75,7 +79,15 @@ class attention final : public layer_module {
       s_.qk_norm->apply(q, k, c);
     }
     if (c.cp != nullptr) to_whole_stream(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
-    const attention_math math{s_.scale, s_.softcap, s_.window};
+    at::Tensor sinks;  // (heads of the core): this rank's, of them this cp rank's share
+    if (sinks_.defined()) {
+      sinks = c.w(sinks_);
+      if (c.cp != nullptr) {
+        const std::int64_t share = sinks.size(0) / c.cp->size();
+        sinks = sinks.narrow(0, c.cp->rank() * share, share);
+      }
+    }
+    const attention_math math{s_.scale, s_.softcap, s_.window, sinks};
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
     attention_core core = [rope = c.rope, rotate = s_.rope && !s_.norm_after_rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
@@ -118,6 +130,7 @@ class attention final : public layer_module {
 
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups
   at::Tensor o_, o_bias_;      // (h, heads*d/tp), (h)
+  at::Tensor sinks_;           // (heads/tp): the learned sink logits of this rank's query heads (gpt-oss)
   attention_settings s_;
 };
 

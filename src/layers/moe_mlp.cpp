@@ -1,7 +1,9 @@
 // A mixture of gated experts behind HF's softmax top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE) or
 // DeepSeek-V3's grouped sigmoid router with its expert bias (DeepSeek-V3, GLM-4.5; the bias counted
 // and balanced in finalize_grads), with Qwen2-MoE's shared expert behind a sigmoid gate or
-// DeepSeek's ungated shared experts, Megatron's auxiliary losses and router replay.
+// DeepSeek's ungated shared experts, Megatron's auxiliary losses and router replay. gpt-oss's
+// mixture: the router with a bias (its logits' top k, weighed by a softmax over the k: the
+// renormalised top k of the softmax over all), experts with biases and the clamped SwiGLU.
 // The whole stream on every tp rank (gathered under SP), its real tokens routed by the replicated
 // router (the same routing on every tp rank), sent to their experts over the ep group, each
 // expert this tp rank's shard of it; partial sums over tp until the reduction.
@@ -31,9 +33,13 @@ struct moe_settings {
 class moe_mlp final : public layer_module {
  public:
   explicit moe_mlp(const block_build& b)
-      : router_(b.require("router.weight")), shared_gate_up_(b.find("shared_expert.gate_up.weight")),
+      : router_(b.require("router.weight")), router_bias_(b.find("router.bias")),
+        shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
-        act_(activation_fn_of(b.setting() & ~modules::moe_fp32_router_bit)), fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
+        act_(activation_fn_of(b.setting() & ~(modules::moe_fp32_router_bit | modules::moe_clamped_swiglu_bit))),
+        fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
+        clamped_((b.setting() & modules::moe_clamped_swiglu_bit) != 0), alpha_(b.s().swiglu_alpha.get()),
+        limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
         s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
     if (const at::Tensor bias = b.find("router.expert_bias"); bias.defined()) {
@@ -45,6 +51,8 @@ class moe_mlp final : public layer_module {
       const std::string prefix = "experts." + std::to_string(e) + ".";
       gate_up_.push_back(b.require(prefix + "gate_up.weight"));
       down_.push_back(b.require(prefix + "down.weight"));
+      if (const at::Tensor t = b.find(prefix + "gate_up.bias"); t.defined()) gate_up_bias_.push_back(t);
+      if (const at::Tensor t = b.find(prefix + "down.bias"); t.defined()) down_bias_.push_back(t);
     }
   }
 
@@ -57,7 +65,7 @@ class moe_mlp final : public layer_module {
     // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype
     // (in fp32 where the block says so: HunYuan's wg).
     const at::Tensor logits = sigmoid || fp32_router_ ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
-                                                      : at::linear(x, c.w(router_));
+                                                      : at::linear(x, c.w(router_), router_bias_.defined() ? c.w(router_bias_) : at::Tensor());
     routing r = sigmoid ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
                                                 s_.norm_topk, s_.scale)
                         : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
@@ -85,7 +93,14 @@ class moe_mlp final : public layer_module {
     std::vector<at::Tensor> gate_up, down;
     for (const at::Tensor& t : gate_up_) gate_up.push_back(c.w(t));
     for (const at::Tensor& t : down_) down.push_back(c.w(t));
-    at::Tensor y = moe_experts(x, r, {s_.experts, s_.first_expert, std::move(gate_up), std::move(down)}, act_, c.ep);  // (T, h)
+    local_experts mine{s_.experts, s_.first_expert, std::move(gate_up), std::move(down)};
+    for (const at::Tensor& t : gate_up_bias_) mine.gate_up_bias.push_back(c.w(t));
+    // The experts' outputs are partial sums over tp: their down bias is added on tp rank 0 only
+    // (times 0 elsewhere, so that every rank's gradient of it is defined: 0 there).
+    for (const at::Tensor& t : down_bias_) mine.down_bias.push_back(tp_rank_ == 0 ? c.w(t) : c.w(t) * 0);
+    if (clamped_)
+      mine.glu = [alpha = alpha_, limit = limit_](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, alpha, limit); };
+    at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h)
     if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
       const at::Tensor shared = at::linear(gated(at::linear(x, c.w(shared_gate_up_)), act_), c.w(shared_down_));
       y = shared_gate_.defined() ? y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared : y + shared;
@@ -125,10 +140,15 @@ class moe_mlp final : public layer_module {
   }
 
   at::Tensor router_;                                    // (E, h) replicated, gradient partial over tp
+  at::Tensor router_bias_;                               // (E) the same (gpt-oss's; undefined: none)
   std::vector<at::Tensor> gate_up_, down_;               // this rank's experts: (2 f/tp, h), (h, f/tp)
+  std::vector<at::Tensor> gate_up_bias_, down_bias_;     // their biases (gpt-oss): (2 f/tp), (h) replicated; or none
   at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none; no gate: DeepSeek's)
   activation_fn act_;
   bool fp32_router_ = false;  // the softmax router's logits in fp32 (the block's setting)
+  bool clamped_ = false;      // gpt-oss's clamped SwiGLU, not act(gate) * up
+  double alpha_ = 0, limit_ = 0;
+  std::int64_t tp_rank_ = 0;
   moe_settings s_;
   expert_load load_;  // the sigmoid router's expert bias (E) fp32 and its counts (undefined: a softmax router)
 };

@@ -101,6 +101,8 @@ constexpr key_name key_names[] = {
     {"attention_multiplier", "attention_multiplier"},
     {"logits_scaling", "logits_scaling"},
     {"logit_scale", "logit_scale"},
+    {"swiglu_alpha", "swiglu_alpha"},
+    {"swiglu_limit", "swiglu_limit"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -644,7 +646,7 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   const bool null_window = alternate && null_key != root.end() && null_key->is_null();
   if (null_window && family.rope_only_sliding) return {};
   sliding_window out;
-  out.size = w ? r.integer(*w, "sliding_window", 1) : 4096;  // Gemma2Config's default
+  out.size = w ? r.integer(*w, "sliding_window", 1) : family.default_window;  // (Gemma2Config's: 4096)
   out.layers.assign(static_cast<std::size_t>(layers), true);
   if (family.window == window_rule::from_max_window_layers) {
     const json* mwl = r.find(root, "max_window_layers");
@@ -908,6 +910,9 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     case bias_rule::attention_bias:  // LlamaAttention's q, k, v and o_proj biases (o_proj's after the reduction)
       s.qkv_bias = s.out_bias = flag("attention_bias", false, /*note=*/false);
       break;
+    case bias_rule::attention_bias_on:  // gpt-oss's: the same, on unless said
+      s.qkv_bias = s.out_bias = flag("attention_bias", true, /*note=*/true);
+      break;
     case bias_rule::use_bias:  // StarCoder2's: q, k, v, o_proj and the MLP's
       s.qkv_bias = s.out_bias = flag("use_bias", true, /*note=*/true);
       break;
@@ -962,6 +967,18 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     if (s.attention_multiplier.get() == 0)
       r.fail("attention_multiplier", "is 0: every score would be 0 and attention uniform",
              "give the checkpoint's value (Granite 3's is 1/head_dim, e.g. 0.0078125)");
+  }
+  // gpt-oss's clamped SwiGLU (its experts'): 0 and 0 in every other family.
+  s.swiglu_alpha = s.swiglu_limit = 0.0;
+  if (fam->reads_swiglu) {
+    const auto number = [&](std::string_view key, double fallback) {
+      return r.optional<double>(key, fallback, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    };
+    s.swiglu_alpha = number("swiglu_alpha", 1.702);
+    s.swiglu_limit = number("swiglu_limit", 7.0);
+    if (!(s.swiglu_limit.get() > 0))
+      r.fail("swiglu_limit", "is " + show(s.swiglu_limit) + ": the experts clamp up to [-limit, limit], which needs a positive limit",
+             "give the checkpoint's value (gpt-oss's is 7.0)");
   }
   // Cohere's logit_scale (multiplied): 1 in every other family.
   if (fam->reads_logit_scale)
@@ -1164,6 +1181,9 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config has none of Granite's multipliers, and this model has them (embedding_multiplier " +
            show(s.embedding_multiplier) + ", residual_multiplier " + show(s.residual_multiplier) + ", attention_multiplier " +
            show(s.attention_multiplier) + ", logits_scaling " + show(s.logits_scaling) + ")";
+  if (family.reads_swiglu != (s.swiglu_limit.get() != 0))
+    return family.reads_swiglu ? "a " + f + " config's experts clamp their SwiGLU, and this model's do not"
+                               : "a " + f + " config has no clamped SwiGLU, and this model has one (swiglu_limit " + show(s.swiglu_limit) + ")";
   if (!family.reads_logit_scale && s.logit_scale.get() != 1)
     return "a " + f + " config does not scale the logits, and this model multiplies them by " + show(s.logit_scale);
   const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
@@ -1177,6 +1197,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
                                : "a " + f + " config cannot express o_proj and MLP biases";
       break;
     case bias_rule::attention_bias:
+    case bias_rule::attention_bias_on:
       if (s.qkv_bias.get() != s.out_bias.get())
         return "a " + f + " config's attention_bias puts biases on q/k/v and o_proj alike; this model has " + biases;
       break;
@@ -1331,6 +1352,10 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
   }
   if (fam->reads_logit_scale) j["logit_scale"] = s.logit_scale.get();
+  if (fam->reads_swiglu) {
+    j["swiglu_alpha"] = s.swiglu_alpha.get();
+    j["swiglu_limit"] = s.swiglu_limit.get();
+  }
   if (fam->multipliers) {  // attention_multiplier 0 (a shape's default): the usual head_dim^-0.5, as Python computes it
     j["embedding_multiplier"] = s.embedding_multiplier.get();
     j["residual_multiplier"] = s.residual_multiplier.get();
@@ -1341,7 +1366,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   }
   switch (fam->bias) {
     case bias_rule::fixed: break;
-    case bias_rule::attention_bias: j["attention_bias"] = s.qkv_bias.get(); break;
+    case bias_rule::attention_bias:
+    case bias_rule::attention_bias_on: j["attention_bias"] = s.qkv_bias.get(); break;
     case bias_rule::use_bias: j["use_bias"] = s.qkv_bias.get(); break;
     case bias_rule::qkv_bias: j["qkv_bias"] = s.qkv_bias.get(); break;
     case bias_rule::attention_and_out_bias:

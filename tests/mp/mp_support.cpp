@@ -28,7 +28,8 @@ std::map<std::string, at::Tensor> gather_hf_tensors(std::vector<named_parameter>
     for (std::size_t i = 0; i < hf.size(); ++i) {
       // A tied lm_head's copy on the last stage is the embedding's twin.
       // ({layer} and {expert} expanded with the parameter's own.)
-      const std::string key = p.plan->tied ? std::string("model.embed_tokens.weight") : with_instance(p.plan->row->hf[i], p.at);
+      // (An expert's slice of a stacked HF tensor, gpt-oss's: "name[e]".)
+      const std::string key = p.plan->tied ? std::string("model.embed_tokens.weight") : hf_key(*p.plan->row, static_cast<int>(i), p.at);
       out[key] = hf[i];
     }
   }

@@ -208,6 +208,19 @@ struct tiny8_apertus : apertus<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
   static constexpr std::string_view name = "tiny8-apertus";
 };
 
+// gpt-oss's composition: a learned sink per query head, even layers sliding (window 5), YaRN, q/k/v
+// and o biases; every layer 8 experts (top 2, a softmax over the two) with biases, the clamped
+// SwiGLU with a limit low enough to cut.
+struct tiny8_gpt_oss : gpt_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 64, .vocab = 500,
+                                     .head_dim = 32, .max_positions = 256, .rope_theta = 10000.0,
+                                     .rope = {.type = rope_type::yarn, .factor = 4.0, .original_max_positions = 32,
+                                              .beta_fast = 32.0, .beta_slow = 1.0, .truncate = false},
+                                     .qkv_bias = true, .out_bias = true, .experts = 8, .top_k = 2, .norm_topk = true,
+                                     .swiglu_alpha = 1.702, .swiglu_limit = 0.5}> {
+  static constexpr std::string_view name = "tiny8-gpt-oss";
+  static constexpr std::int64_t window = 5;
+};
+
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
                                      .embedding_multiplier = 4.0, .residual_multiplier = 0.4,

@@ -214,13 +214,17 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const bool moe = megadsl::routes_any(s);
           const std::int64_t routers =
               moe ? megadsl::routed_layers(s) * (h * (s.experts.get() + (row("layers.{layer}.shared_expert_gate.weight") ? 1 : 0)) +
-                                                 (row("layers.{layer}.router.expert_bias") ? s.experts.get() : 0))
+                                                 (row("layers.{layer}.router.expert_bias") ? s.experts.get() : 0) +
+                                                 (row("layers.{layer}.router.bias") ? s.experts.get() : 0))
                   : 0;
+          // gpt-oss's experts' down biases (h each), added after the experts' partial sums: replicated.
+          const std::int64_t expert_biases =
+              row("layers.{layer}.experts.{expert}.down.bias") ? megadsl::routed_layers(s) * s.experts.get() * h : 0;
           // Multi-head latent attention's down projections and their norms are replicated.
           const std::int64_t rq = s.q_lora_rank.get(), rkv = s.kv_lora_rank.get();
           const std::int64_t latents = row("layers.{layer}.kv_up.weight") ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
           const std::int64_t replicated =
-              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + latents + (actor ? 0 : h + 1);
+              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + expert_biases + latents + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\" or \"apertus\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\" or \"gpt_oss\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\" or \"apertus\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\" or \"gpt_oss\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -252,7 +252,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
-        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, "
+        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
@@ -853,6 +853,43 @@ TEST_CASE("Apertus: xIELU only, its RoPE stated, all four biases by attention_bi
   const std::string no_rope = R"({"model_type": "apertus", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "rope_theta": 500.0})";
   CHECK_THAT(error_of(no_rope), Catch::Contains("rope_parameters") && Catch::Contains("whatever rope_theta"));
+}
+
+TEST_CASE("gpt-oss: biases on unless said, window 128 on alternate layers, the clamped SwiGLU's keys, YaRN stated", "[spec][hf_config]") {
+  const std::string g = R"({"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 48, "vocab_size": 100,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 1.0, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                        "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}})";
+  const auto c = parse_hf_config(g, "x");
+  CHECK((c.s.qkv_bias.get() && c.s.out_bias.get() && !c.s.tie_embeddings.get()));  // attention_bias: true by default
+  CHECK((c.s.experts.get() == 4 && c.s.top_k.get() == 2 && c.s.norm_topk.get() && megadsl::expert_ffn_of(c.s).get() == 48));
+  CHECK((c.s.swiglu_alpha.get() == 1.702 && c.s.swiglu_limit.get() == 1.0));
+  CHECK((c.s.rope.type.get() == megadsl::rope_type::yarn && !c.s.rope.truncate.get() && c.s.rope_theta.get() == 150000.0));
+  // Layer 0 slides, layer 1 attends in full, ...; the window is the class default, 128.
+  CHECK((c.attention_window.size == 128 && c.attention_window.of(0) == 128 && c.attention_window.of(1) == 0 &&
+         c.attention_window.of(2) == 128));
+  const std::string written = megadsl::hf_config_json(c.s, "gpt_oss", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("GptOssForCausalLM") && Catch::Contains("\"swiglu_limit\": 1.0") &&
+                          Catch::Contains("\"sliding_window\": 128") && Catch::Contains("\"num_local_experts\": 4"));
+  const auto back = parse_hf_config(written, "w");
+  CHECK(megadsl::mismatches(back.s, c.s).empty());
+  CHECK(back.attention_window == c.attention_window);
+  // hidden_act changes nothing (the experts' SwiGLU is their own); a limit must be positive.
+  CHECK(parse_hf_config(edited(g, "\"silu\"", "\"gelu\""), "x").s.swiglu_limit.get() == 1.0);
+  CHECK_THAT(error_of(edited(g, "\"swiglu_limit\": 1.0", "\"swiglu_limit\": 0.0")), Catch::Contains("swiglu_limit"));
+  const auto off = parse_hf_config(edited(g, "\"hidden_act\"", "\"attention_bias\": false, \"hidden_act\""), "x");
+  CHECK((!off.s.qkv_bias.get() && !off.s.out_bias.get()));
+  // Without rope_parameters GptOssConfig substitutes its own YaRN: refused, not guessed.
+  const std::string no_rope = R"({"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 48, "vocab_size": 100, "num_local_experts": 4})";
+  CHECK_THAT(error_of(no_rope), Catch::Contains("rope_parameters"));
+  // A family without the clamped SwiGLU cannot describe a model that has it.
+  megadsl::shape clamped = parse_hf_config(R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 48, "vocab_size": 100, "num_local_experts": 4})", "m").s;
+  clamped.swiglu_alpha = 1.702;
+  clamped.swiglu_limit = 7.0;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(clamped, "mixtral", false, "float32", {}), Catch::Contains("clamped SwiGLU"));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {

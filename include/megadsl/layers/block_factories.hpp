@@ -41,6 +41,8 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> xielu_mlp(const block_buil
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
 // moe_mlp's setting: the activation, with this bit for a softmax router whose logits are in fp32
 inline constexpr std::int64_t moe_fp32_router_bit = 0x100;
+// ... and this bit for experts with gpt-oss's clamped SwiGLU (the shape's swiglu_alpha, swiglu_limit)
+inline constexpr std::int64_t moe_clamped_swiglu_bit = 0x200;
 
 // the embedding (src/layers/embedding.cpp); setting 1: scaled by sqrt(hidden)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);

@@ -20,6 +20,9 @@ at::Tensor gelu_activation(const at::Tensor& x);  // exact (erf)
 activation_fn activation_fn_of(std::int64_t setting);
 // act(gate) * up on a fused [gate ; up] projection output (T, 2f) -> (T, f).
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act);
+// gpt-oss's clamped SwiGLU on [gate ; up] (T, 2f) -> (T, f): gate <= limit, up in [-limit, limit],
+// (up + 1) * gate * sigmoid(alpha * gate).
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double alpha, double limit);
 
 // ---- q/k norms before RoPE (src/layers/qk_norms.cpp): an attention block's child ----
 // Applied to q (T, G, Q, d) and k (T, G, d) of this rank's heads.

@@ -40,6 +40,11 @@
 //                                     top-k (renormalised per the shape's norm_topk), each expert a
 //                                     gated MLP, weights in fp32 until they scale the experts' outputs;
 //                                     .shared_expert: + sigmoid(gate(x)) * shared(x) (Qwen2-MoE)
+//   attention<attention_knobs{.sinks = true}>  gpt-oss: one learned logit per query head in each row's
+//                                     softmax, without a value (eager_attention_forward's sink column)
+//   moe_mlp<silu, moe_knobs{.names = moe_names::gpt_oss}>  GptOssMLP: the router with a bias, top-k of
+//                                     its logits weighed by a softmax over the k; experts with biases
+//                                     and the clamped SwiGLU; HF's tensors stacked per layer (hf_stacking)
 #pragma once
 
 #include <array>
@@ -70,7 +75,9 @@ enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
 // The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
 // Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
 // HunYuan's are Qwen's with the router at mlp.gate.wg and its ungated shared MLP at mlp.shared_mlp.
-enum class moe_names : std::int8_t { mixtral, qwen, hunyuan };
+// gpt-oss's: mlp.router (with a bias) and mlp.experts.{gate_up_proj, down_proj}(_bias), every expert
+// of a layer in one tensor (hf_stacking), with biases and the clamped SwiGLU.
+enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss };
 // How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
 // (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
 // experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2).
@@ -182,7 +189,8 @@ class arch_builder {
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
-                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar};
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar,
+                        p.stacking};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
@@ -364,6 +372,7 @@ struct no_qk_norm {
 struct attention_knobs {
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
   bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
+  bool sinks = false;  // gpt-oss's learned sink logit per query head (self_attn.sinks), split with the heads
 };
 
 constexpr void concatenated_qkv_rule(const shape& s, const layout& l, violations& out);
@@ -379,11 +388,13 @@ struct attention {
 
   // Its scores over every key of the sequence: heads x head_dim (the formulas' L n d, per layer).
   static constexpr std::int64_t score_units(const shape& s) { return s.heads.get() * effective_head_dim(s).get(); }
+  static constexpr row_dims sink_dims(const shape& s) { return {s.heads.get(), 0}; }
 
   static constexpr void details(const shape& s, basic_text<256>& t) {
     auto on = [](const auto& v) { return v.is_static() && v.get(); };
     t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? (on(s.rope_interleave) ? ", rope on pairs" : ", rope") : ", no rope",
           QkNorm::label);
+    if (K.sinks) t.add(", learned sinks");
     if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
     if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
     if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
@@ -411,13 +422,18 @@ struct attention {
       b.param(at, {"qkv.bias", shard_kind::column, {"query_key_value.bias"}, 1, extent::qkv_rows, presence::qkv_bias});
       b.rule(&interleaved_qkv_rule);
     }
+    // One logit per query head, in the softmax of each of its rows (gpt-oss): split over tp with the
+    // heads (each rank's are contiguous), and over cp with the heads the core sees.
+    if constexpr (K.sinks)
+      b.param(at, {"sinks", shard_kind::column, {"sinks"}, 1, extent::none, presence::always, false, false,
+                   param_init::normal, false, &sink_dims});
     int qk = -1;
     if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
     const std::string_view o = interleaved ? "dense" : "o_proj";
     b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     basic_text<64> name("attention<");
-    name.add(name_of(K.storage), K.rope ? ">" : ", nope>");
+    name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks>" : ">");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
     return b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
@@ -590,9 +606,13 @@ struct moe_knobs {
 template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
   static constexpr bool mixtral = K.names == moe_names::mixtral;
+  static constexpr bool gpt_oss = K.names == moe_names::gpt_oss;
   static constexpr void details(const shape& s, basic_text<256>& t) {
     const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
-    if constexpr (K.router == moe_router::sigmoid_grouped)
+    if constexpr (gpt_oss)
+      t.add("  router + bias -> top ", known(s.top_k), " of ", known(s.experts),
+            ", softmax over them; experts clamped SwiGLU + biases  [mlp: router, experts.{gate_up,down}_proj(_bias), stacked]");
+    else if constexpr (K.router == moe_router::sigmoid_grouped)
       t.add("  router sigmoid + expert bias -> top ", known(s.top_k), " of ", known(s.experts), " in the best ",
             known(s.group_top_k), " of ", known(s.expert_groups), " groups",
             s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "", ", x ", s.routed_scale.is_static() ? s.routed_scale.get() : -1.0,
@@ -613,14 +633,35 @@ struct moe_mlp {
     static_assert(!(K.shared_expert && K.shared_experts), "megadsl: a mixture has Qwen's gated shared expert or DeepSeek's shared experts, not both");
     static_assert(!(K.names == moe_names::hunyuan && (K.shared_expert || K.shared_experts)),
                   "megadsl: HunYuan's names include its ungated shared MLP (mlp.shared_mlp); set no other shared expert");
-    b.param(at, {"router.weight", shard_kind::replicated, {K.names == moe_names::hunyuan ? "gate.wg.weight" : "gate.weight"}, 1,
+    static_assert(!gpt_oss || (!K.shared_expert && !K.shared_experts && K.router == moe_router::softmax && !K.fp32_router),
+                  "megadsl: gpt-oss's mixture is its softmax router with a bias and no shared expert");
+    b.param(at, {"router.weight", shard_kind::replicated,
+                 {K.names == moe_names::hunyuan ? "gate.wg.weight" : gpt_oss ? "router.weight" : "gate.weight"}, 1,
                  extent::experts, presence::always, false, true});
+    if constexpr (gpt_oss)  // applied on every tp rank alike: replicated, its gradient partial over tp like the weight's
+      b.param(at, {"router.bias", shard_kind::replicated, {"router.bias"}, 1, extent::expert_vector, presence::always,
+                   false, true});
     // The expert bias selects, never weighs: no gradient reaches it (zero, and no weight decay on a
     // vector, so AdamW leaves it as it is); the trainer's balancing update moves it (finalize_grads).
     if constexpr (K.router == moe_router::sigmoid_grouped)
       b.param(at, {"router.expert_bias", shard_kind::replicated, {"gate.e_score_correction_bias"}, 1, extent::expert_vector,
                    presence::always, false, false, param_init::zeros});
-    if constexpr (mixtral) {
+    if constexpr (gpt_oss) {
+      // One tensor per layer and projection holds every expert (HF's stored layout, no converter):
+      // gate_up_proj (E, h, 2 f) with gate and up columns interleaved, down_proj (E, f, h), and
+      // their biases (E, 2 f) interleaved alike and (E, h). The down bias is added once (tp rank 0:
+      // the experts' outputs are partial sums over tp), its gradient summed over tp.
+      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
+                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, false,
+                   hf_stacking::experts_interleaved});
+      b.param(at, {"experts.{expert}.gate_up.bias", shard_kind::fused_gate_up, {"experts.gate_up_proj_bias"}, 1,
+                   extent::expert_ffn, presence::always, true, false, param_init::zeros, true, nullptr, 0, false,
+                   hf_stacking::experts_interleaved});
+      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
+                   presence::always, false, false, param_init::normal, true, nullptr, 0, false, hf_stacking::experts});
+      b.param(at, {"experts.{expert}.down.bias", shard_kind::replicated, {"experts.down_proj_bias"}, 1, extent::hidden,
+                   presence::always, false, true, param_init::zeros, true, nullptr, 0, false, hf_stacking::experts});
+    } else if constexpr (mixtral) {
       b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
                    {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2, extent::expert_ffn,
                    presence::always, false, false, param_init::normal, true});
@@ -652,18 +693,19 @@ struct moe_mlp {
                    {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn});
       b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_experts.down_proj.weight"}, 1, extent::shared_ffn});
     }
-    b.uses(A);
+    if constexpr (!gpt_oss) b.uses(A);  // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says
     b.routes = true;
     basic_text<64> name("moe_mlp<");
-    name.add(name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : ", qwen", K.shared_expert ? ", shared" : "",
+    name.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : gpt_oss ? ", gpt_oss" : ", qwen", K.shared_expert ? ", shared" : "",
              K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "",
              K.fp32_router ? ", fp32_router" : "", ">");
     basic_text<64> label("moe_mlp<");
-    label.add(name_of(A), ">");
+    label.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), ">");
     // The dense MLP's estimate (the paper has no mixture): the experts' activations per token are
     // top_k of them, each narrower.
     return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details,
-                          static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0)),
+                          static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0) |
+                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0)),
                    mlp_keeps);
   }
 };

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "megadsl/parallel/comm.hpp"
@@ -60,6 +61,11 @@ struct local_experts {
   std::int64_t first = 0;            // ep_rank * experts / ep
   std::vector<at::Tensor> gate_up;   // experts / ep of (2 f, h): per expert [gate; up] rows
   std::vector<at::Tensor> down;      // experts / ep of (h, f)
+  // gpt-oss's: each expert's biases (empty: none) and its GLU on the [gate; up] output (empty:
+  // act(gate) * up). down_bias is added to the expert's output before its routing weight scales it.
+  std::vector<at::Tensor> gate_up_bias;  // experts / ep of (2 f)
+  std::vector<at::Tensor> down_bias;     // experts / ep of (h)
+  std::function<at::Tensor(const at::Tensor&)> glu;
 };
 
 // sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h). The (token,

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "megadsl/parallel/comm.hpp"
@@ -58,5 +60,20 @@ std::vector<at::Tensor> gather_hf(const param_plan& p, const shape& s, const lay
 std::string with_layer(std::string_view pattern, std::int64_t layer);
 // ... and for one expert: "layers.{layer}.experts.{expert}.down.weight" -> "layers.3.experts.5.down.weight".
 std::string with_instance(std::string_view pattern, param_instance at);
+
+// How HF stores the experts of a row with hf_stacking (gpt-oss): one tensor per layer holds every
+// expert, each matrix (in, out) (x @ W), gate and up columns interleaved where the row says so.
+//   hf_key             the name of source `slot` for one instance: the HF name, and for an expert's
+//                      slice of a stack "name[e]" (a unique key: initialisation seeds, the
+//                      distributed checkpoint, gathered lists before merge_stacked)
+//   expert_from_stack  expert e of the stored stack, as nn.Linear holds it: (out, in) or (out),
+//                      [gate; up] de-interleaved
+//   stack_slice_of     the inverse: one expert's tensor in the stack's layout
+//   merge_stacked      "name[e]" entries of a list (in stack_slice_of's layout) joined into "name",
+//                      stacked by e, at the place of the first; every e from 0 must be there
+std::string hf_key(const param_row& row, int slot, param_instance at);
+at::Tensor expert_from_stack(const at::Tensor& stack, const param_row& row, std::int64_t expert);
+at::Tensor stack_slice_of(const at::Tensor& linear, const param_row& row);
+void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 }  // namespace megadsl

@@ -130,3 +130,20 @@ expect_out("xielu_mlp  \\[mlp: up_proj, act_fn \\(alpha_p, alpha_n, beta, eps\\)
 expect_out("attention_layernorm")
 expect_out("layers\\.{layer}\\.act\\.beta +model\\.layers\\.{layer}\\.mlp\\.act_fn\\.beta +replicated +\\(\\) +\\(1\\)")
 expect_out("parameters: 179,144 ")  # transformers' count: alpha_p and alpha_n are parameters, beta and eps buffers
+
+# gpt-oss: a learned sink per query head, split with the heads; the experts' biases and clamped
+# SwiGLU; HF's one tensor per layer and projection for every expert (stacked).
+megadsl(describe ${FIXTURES}/gpt-oss-tf5 --tp 2)
+expect_exit(0)
+expect_out("attention  q/k/v \\+ bias, o \\+ bias, rope, learned sinks  \\[self_attn\\]")
+expect_out("moe_mlp<clamped_swiglu>  router \\+ bias -> top 2 of 4, softmax over them")
+expect_out("\n  layers\\.{layer}\\.sinks +model\\.layers\\.{layer}\\.self_attn\\.sinks +column +\\(4\\) +\\(4\\) +dim 0 +\\(2\\) ")
+expect_out("\n  layers\\.{layer}\\.experts\\.{expert}\\.gate_up\\.weight +model\\.layers\\.{layer}\\.mlp\\.experts\\.gate_up_proj +fused gate/up +\\(4, 64, 96\\) stacked +\\(96, 64\\) +dim 0 +\\(48, 64\\) ")
+expect_out("\n  layers\\.{layer}\\.experts\\.{expert}\\.down\\.bias +model\\.layers\\.{layer}\\.mlp\\.experts\\.down_proj_bias +replicated +\\(4, 64\\) stacked ")
+expect_out("parameters: 239,968 ")
+
+megadsl(describe gpt-oss-120b --tp 8 --ep 8)
+expect_exit(0)
+expect_out("gpt-oss-120b: actor \\(LM head\\); preset, openai/gpt-oss-120b")
+expect_out("parameters: 116,829,156,672 ")
+expect_out("published: 116,829,156,672")
