@@ -105,7 +105,7 @@ file(READ ${F}/config.json cfg)
 string(REPLACE "\"intermediate_size\": 176" "\"intermediate_size\": 1000000000000" huge_cfg "${cfg}")
 file(WRITE ${WORK}/huge/config.json "${huge_cfg}")
 set(MODEL ${WORK}/huge)
-run_fails(1 "megadsl: ${WORK}/huge/config\\.json: its sizes \\(hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size\\) give model\\.layers\\.0\\.mlp\\.gate_proj\\.weight the shape \\[1000000000000, 64\\], but model\\.safetensors holds \\[176, 64\\]; this config\\.json does not describe these weights \\(use the checkpoint's own config\\.json\\)"
+run_fails(1 "megadsl: ${WORK}/huge/config\\.json: its sizes \\(hidden_size, heads, head_dim, kv heads, intermediate_size, vocab_size, experts\\) give model\\.layers\\.0\\.mlp\\.gate_proj\\.weight the shape \\[1000000000000, 64\\], but model\\.safetensors holds \\[176, 64\\]; this config\\.json does not describe these weights \\(use the checkpoint's own config\\.json\\)"
           "${GOOD}")
 # Weights that say nothing about the sizes (no model.* tensor): the memory check still stands.
 file(MAKE_DIRECTORY ${WORK}/vast)
