@@ -167,6 +167,7 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_gpt_oss, layout{.ep = 4}>(1, false);
   check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .pp = 2}>(2, false);
   check_moe_training<tiny8_gpt_oss, layout{.pp = 2, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_moonlight, layout{.tp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, false);
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
@@ -202,6 +203,7 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
   check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
+  check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_olmoe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   // The expert biases balanced by load (summed over dp 2) move alike in every layout.
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);
