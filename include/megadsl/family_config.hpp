@@ -159,8 +159,8 @@ struct family_config {
   // read as plain RoPE on theta * alpha^(d / (d - 2)).
   bool ntk_alpha_rope = false;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
-  // Neither rope_parameters nor rope_scaling: refused for this reason (Apertus's class then
-  // substitutes its own RoPE whatever rope_theta says).
+  // Neither rope_parameters nor rope_scaling: refused for this reason (Apertus's and gpt-oss's
+  // classes then substitute their own RoPE whatever rope_theta says); save_hf always writes them.
   std::string_view rope_must_be_stated = {};
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;
