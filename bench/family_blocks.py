@@ -13,7 +13,8 @@ GLM-4 sandwich with RoPE on pairs of half of each head (glm4), q/k norms after R
 (granite), Cohere's one LayerNorm for attention and MLP side by side (cohere; cohere2 with
 three sliding layers of four and RoPE on those only), xIELU (apertus), and gpt-oss's learned
 sinks with its biased experts and clamped SwiGLU (gpt_oss; transformers runs it with eager
-attention, as it has no sdpa path for the sinks). One table: tokens/s of the forward (log-probs + entropy) and of
+attention, as it has no sdpa path for the sinks), Llama 4's chunked and temperature-tuned attention
+with its router on the experts' input (llama4). One table: tokens/s of the forward (log-probs + entropy) and of
 forward + backward (a PPO-style loss), megadsl at tp 1 in this process and transformers (sdpa
 attention, its default experts implementation), the median over the repeats, and the ratio. The
 cases alternate repeat by repeat so that a slow phase of the machine hits both sides alike.
@@ -75,6 +76,15 @@ FAMILIES = {
                      sliding_window=128,
                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
                                       "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})),
+    # chunked RoPE layers (chunks of 128) with q/k L2 norms, a temperature-tuned NoPE layer, odd
+    # layers routing top 1 of 16 (the expert fed x * sigmoid(logit)) beside the shared expert;
+    # transformers' Llama4TextMoe runs every expert over every token, which megadsl does not
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM",
+               dict(BASE, head_dim=64, intermediate_size=256, intermediate_size_mlp=1408, num_local_experts=16,
+                    num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=128, floor_scale=128,
+                    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 8192})),
 }
 # transformers' attention for each family: sdpa, but gpt-oss has none (its sinks: eager or flash only).
 HF_ATTENTION = {"gpt_oss": "eager"}

@@ -31,6 +31,7 @@ at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
     const double low_wavelen = original / low, high_wavelen = original / high;
     const at::Tensor wavelen = 2.0 * std::numbers::pi / inv;
     at::Tensor scaled = at::where(wavelen > low_wavelen, inv / factor, inv);
+    // (Llama 4 Scout's low = high = 1 leaves no medium band: the smooth factor's inf is never picked.)
     const at::Tensor smooth = (original / wavelen - low) / (high - low);
     const at::Tensor smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
     const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
@@ -132,11 +133,21 @@ std::optional<double> scale_of(const attention_math& m) {
   return m.scale != 0 ? std::optional<double>(m.scale) : std::nullopt;
 }
 
-// (s, s) bool: causal, and inside the window when there is one.
-at::Tensor causal_mask(std::int64_t seq, std::int64_t window, const at::TensorOptions& o) {
+// (s, s) bool: causal, inside the window when there is one, and within one chunk when there are
+// chunks (a sequence's positions 0, 1, ...).
+at::Tensor causal_mask(std::int64_t seq, const attention_math& m, const at::TensorOptions& o) {
   at::Tensor causal = at::ones({seq, seq}, o.dtype(at::kBool)).tril();
-  if (window > 0 && window < seq) causal = causal.triu(1 - window);
+  if (m.window > 0 && m.window < seq) causal = causal.triu(1 - m.window);
+  if (m.chunk > 0 && m.chunk < seq) {
+    const at::Tensor id = at::floor_divide(at::arange(seq, o.dtype(at::kLong)), m.chunk);  // (s)
+    causal = causal & id.unsqueeze(1).eq(id.unsqueeze(0));
+  }
   return causal;
+}
+
+// Whether the mask cuts a causal sequence of `seq` tokens (a window or chunks shorter than it).
+bool cuts(const attention_math& m, std::int64_t seq) {
+  return (m.window > 0 && m.window < seq) || (m.chunk > 0 && m.chunk < seq);
 }
 
 // softmax(cap * tanh(q k^T * scale / cap) masked) v, the softmax in fp32 (HF's eager order).
@@ -173,15 +184,27 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
   // Without padding (no key mask) and without a window the fused kernel's own causal flag: no mask
   // is built and the blocks above the diagonal are skipped, half the work of a masked call.
-  if (!key_mask.defined() && m.softcap == 0 && !m.sinks.defined() && (m.window == 0 || m.window >= seq))
+  if (!key_mask.defined() && m.softcap == 0 && !m.sinks.defined() && !cuts(m, seq))
     return at::scaled_dot_product_attention(qb, kb, vb, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),
                                             /*enable_gqa=*/true)
         .transpose(1, 2)
         .reshape({batch * seq, groups * per_group * d});
   // (b, 1, s, s) bool: causal (within the window) and a real key. A query with no visible key (a
   // left-pad row) gets zeros or a uniform mix from the kernel; its row never reaches a result.
-  const at::Tensor causal = causal_mask(seq, m.window, q.options()).view({1, 1, seq, seq});
-  const at::Tensor allowed = key_mask.defined() ? causal & key_mask.to(at::kBool).view({batch, 1, 1, seq}) : causal;
+  at::Tensor allowed;
+  if (key_mask.defined() && m.chunk > 0 && m.chunk < seq) {
+    // Chunks by each row's positions (its real tokens counted from 0, as pack_tokens numbers them:
+    // HF's chunks start at a row's first real token too).
+    attention_math unchunked = m;
+    unchunked.chunk = 0;
+    const at::Tensor real = key_mask.to(at::kBool);                                           // (b, s)
+    const at::Tensor id = at::floor_divide((real.to(at::kLong).cumsum(1) - 1).clamp_min(0), m.chunk);  // (b, s)
+    allowed = causal_mask(seq, unchunked, q.options()).view({1, 1, seq, seq}) & real.view({batch, 1, 1, seq}) &
+              id.unsqueeze(2).eq(id.unsqueeze(1)).unsqueeze(1);
+  } else {
+    const at::Tensor causal = causal_mask(seq, m, q.options()).view({1, 1, seq, seq});
+    allowed = key_mask.defined() ? causal & key_mask.to(at::kBool).view({batch, 1, 1, seq}) : causal;
+  }
   const at::Tensor out = m.softcap != 0 || m.sinks.defined()
                              ? attention_explicit(qb, kb, vb, allowed, m)
                              : at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, scale_of(m),
@@ -194,7 +217,7 @@ namespace {
 // The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream.
 bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
   return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
-         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0 && !m.sinks.defined();
+         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0 && m.chunk == 0 && !m.sinks.defined();
 }
 
 at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -245,9 +268,9 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     const at::Tensor vs = v_parts[i].transpose(0, 1).unsqueeze(0);
     at::Tensor out;  // (1, H, len, d)
     if (m.softcap != 0 || m.sinks.defined())
-      out = attention_explicit(qs, ks, vs, causal_mask(len, m.window, q.options()), m);
-    else if (m.window > 0 && m.window < len)
-      out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m.window, q.options()), 0.0, false,
+      out = attention_explicit(qs, ks, vs, causal_mask(len, m, q.options()), m);
+    else if (cuts(m, len))
+      out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m, q.options()), 0.0, false,
                                              scale_of(m), /*enable_gqa=*/true);
     else
       out = at::scaled_dot_product_attention(qs, ks, vs, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),

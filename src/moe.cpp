@@ -49,6 +49,13 @@ at::Tensor sigmoid_weights(const at::Tensor& logits, const at::Tensor& indices, 
   return w * scale;
 }
 
+routing route_sigmoid_on_input(const at::Tensor& logits, std::int64_t top_k) {
+  TORCH_CHECK(top_k >= 1 && top_k <= logits.size(-1), "megadsl: route_sigmoid_on_input: top_k = ", top_k, " of ",
+              logits.size(-1), " experts");
+  const at::Tensor indices = std::get<1>(logits.topk(top_k, -1, true, false));  // (T, k)
+  return {indices, sigmoid_weights(logits, indices, false, 1.0), /*on_input=*/true};
+}
+
 at::Tensor sigmoid_balance_probs(const at::Tensor& logits) {
   const at::Tensor s = logits.to(at::kFloat).sigmoid();
   return s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
@@ -102,7 +109,10 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);     // (T k): assignment ids by expert
   // Each token once per slot, then permuted: a gather without repeated indices, so its backward is
   // a scatter without collisions (deterministic on CUDA too).
-  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, hidden}).reshape({tokens * k, hidden}).index_select(0, order);
+  const at::Tensor w = r.weights.reshape({tokens * k, 1}).to(x.scalar_type());  // (T k, 1)
+  at::Tensor per_slot = x.unsqueeze(1).expand({tokens, k, hidden}).reshape({tokens * k, hidden});
+  if (r.on_input) per_slot = per_slot * w;  // Llama 4: the expert sees the scaled token
+  const at::Tensor rows = per_slot.index_select(0, order);
 
   // Rows per expert decide the splits: sent to each rank, and received from each rank for each of
   // this rank's experts (the counts go first, in their own all-to-all).
@@ -160,8 +170,7 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
   const at::Tensor returned_here = computed.index_select(0, at::argsort(grouped_index));
   const at::Tensor returned = ranks > 1 ? all_to_all_rows(returned_here, recv, send, *ep) : returned_here;  // (T k, h) by expert
   const at::Tensor per_assignment = returned.index_select(0, at::argsort(order));  // (T k, h) as (t, slot)
-  const at::Tensor w = r.weights.reshape({tokens * k, 1}).to(x.scalar_type());
-  return (per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
+  return (r.on_input ? per_assignment : per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
 }
 
 namespace {

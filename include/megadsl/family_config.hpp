@@ -64,6 +64,12 @@ struct moe_config {
   bool experts_as_wide_as_ffn = false; // Mixtral, OLMoE: experts of intermediate_size, every layer sparse
   bool reads_norm_topk = true;         // norm_topk_prob is read; false: the class always renormalises (Mixtral)
   std::int64_t expert_ffn = 0;         // moe_intermediate_size
+  std::string_view expert_ffn_key = "moe_intermediate_size";  // (Llama 4's intermediate_size)
+  bool shared_as_wide_as_experts = false;  // the one shared expert as wide as each expert (Llama 4's)
+  // Which layers are sparse: every decoder_sparse_step-th but the mlp_only_layers (Qwen), or
+  // every interleave_moe_layer_step-th unless `moe_layers` lists them (Llama 4: sparse_layers_key).
+  std::string_view sparse_step_key = "decoder_sparse_step";
+  std::string_view sparse_layers_key = {};
   std::int64_t shared_expert_ffn = 0;  // shared_expert_intermediate_size
   bool norm_topk = false;              // norm_topk_prob
   // DeepSeek's keys (GLM-4.5): the shared experts as a count of expert widths (n_shared_experts:
@@ -105,6 +111,7 @@ struct family_config {
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;
   std::int64_t head_dim = 0;  // 0: hidden / heads
+  std::string_view ffn_key = "intermediate_size";  // the dense MLP's width (Llama 4's intermediate_size_mlp)
   bool tie_embeddings = false;
   std::string_view eps_key = "rms_norm_eps";
   std::string_view activation_key = "hidden_act";
@@ -142,6 +149,11 @@ struct family_config {
   // `no_rope_layers` (one 0/1 per layer, 1 = RoPE), else every `no_rope_layer_interval`-th layer
   // (4 by default) without RoPE: the shape's nope_layers (SmolLM3).
   bool reads_no_rope_layers = false;
+  bool empty_no_rope_is_default = false;    // an empty no_rope_layers means the interval's pattern (Llama 4)
+  // Llama 4's attention keys: attention_chunk_size (the RoPE layers' chunks), use_qk_norm (their
+  // q/k L2 norm), attn_temperature_tuning with floor_scale and attn_scale (the NoPE layers' q
+  // scale); layer_types must say chunked_attention exactly on the RoPE layers.
+  bool llama4_attention = false;
   // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
   // the shape's nope_layers follow from the window.
   bool nope_on_full_layers = false;

@@ -67,7 +67,11 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(logits_scaling),
         MEGADSL_SHAPE_FIELD(logit_scale),
         MEGADSL_SHAPE_FIELD(swiglu_alpha),
-        MEGADSL_SHAPE_FIELD(swiglu_limit));
+        MEGADSL_SHAPE_FIELD(swiglu_limit),
+        MEGADSL_SHAPE_FIELD(attention_chunk),
+        MEGADSL_SHAPE_FIELD(qk_l2_norm),
+        MEGADSL_SHAPE_FIELD(attn_floor_scale),
+        MEGADSL_SHAPE_FIELD(attn_scale));
   }
 };
 }  // namespace boost::hana

@@ -275,9 +275,9 @@ constexpr void check_shape(const shape& s, violations& out) {
       out.add("rope_scaling_valid").add("rope_scaling.factor = ", r.factor.get(), " must be >= 1");
     if (r.type.get() == rope_type::llama3 &&
         known(r.low_freq_factor, r.high_freq_factor) &&
-        !(r.high_freq_factor.get() > r.low_freq_factor.get() && r.low_freq_factor.get() > 0))
+        !(r.high_freq_factor.get() >= r.low_freq_factor.get() && r.low_freq_factor.get() > 0))
       out.add("rope_scaling_valid")
-          .add("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor (got ",
+          .add("llama3 rope scaling needs 0 < low_freq_factor <= high_freq_factor (got ",
                r.low_freq_factor.get(), " and ", r.high_freq_factor.get(), ")");
     if (r.type.get() == rope_type::yarn && known(r.beta_fast, r.beta_slow) &&
         !(r.beta_fast.get() > 0 && r.beta_slow.get() > 0))

@@ -136,6 +136,15 @@ struct shape {
   // [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
   real swiglu_alpha = 0.0;
   real swiglu_limit = 0.0;
+  // Llama 4's attention: the RoPE layers attend within chunks of attention_chunk tokens of their
+  // sequence (key j visible to query i when both positions fall in one chunk; 0: no chunks), their q
+  // and k L2-normed per head without a weight (use_qk_norm: qk_l2_norm); the NoPE layers scale q
+  // by 1 + attn_scale * ln(1 + floor((p + 1) / attn_floor_scale)) at position p (attention
+  // temperature tuning; attn_floor_scale 0: off). Read by the blocks whose knobs say so.
+  dim attention_chunk = 0;
+  flag qk_l2_norm = false;
+  real attn_floor_scale = 0.0;
+  real attn_scale = 0.0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -157,7 +166,8 @@ inline constexpr shape dynamic_shape = {
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
-    .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic};
+    .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic,
+    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

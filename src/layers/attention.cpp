@@ -28,6 +28,8 @@ struct attention_settings {
   double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
   double softcap = 0;       // Gemma2's tanh soft-cap of the scores; 0: none
   std::int64_t window = 0;  // this layer's sliding window; 0: none
+  std::int64_t chunk = 0;   // Llama 4's attention chunk of this layer; 0: none
+  double floor_scale = 0, temperature = 0;  // Llama 4's NoPE layers' q scale per position; floor_scale 0: none
   bool rope = true;         // false: a NoPE layer (the block's setting 1)
   bool interleaved = false; // RoPE on interleaved pairs (the shape's rope_interleave: ERNIE 4.5)
   bool norm_after_rope = false;  // the q/k norm on the rotated q and k (HunYuan; cp 1 by its rule)
@@ -41,7 +43,12 @@ struct attention_settings {
     if (const double m = s.attention_multiplier.get(); m != 0) scale = m;  // Granite: the scale outright
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
-    rope = b.setting() == 0;
+    rope = (b.setting() & modules::attention_nope_bit) == 0;
+    if ((b.setting() & modules::attention_chunked_bit) != 0) chunk = s.attention_chunk.get();
+    if ((b.setting() & modules::attention_temperature_bit) != 0) {
+      floor_scale = s.attn_floor_scale.get();
+      temperature = s.attn_scale.get();
+    }
     interleaved = s.rope_interleave.get();
     selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;
     if (b.children() > 0) qk_norm = b.child_as<qk_norm_module>(0);
@@ -87,13 +94,21 @@ class attention final : public layer_module {
         sinks = sinks.narrow(0, c.cp->rank() * share, share);
       }
     }
-    const attention_math math{s_.scale, s_.softcap, s_.window, sinks};
+    const attention_math math{s_.scale, s_.softcap, s_.window, s_.chunk, sinks};
+    // Llama 4's temperature tuning (NoPE layers): q times 1 + attn_scale * ln(1 + floor((p + 1) /
+    // floor_scale)) at each token's position p in its sequence, in fp32 (HF counts the row index,
+    // which is the position in an unpadded or right-padded row).
+    at::Tensor q_scale;  // (T, 1, 1, 1) fp32: the whole stream's real tokens
+    if (s_.floor_scale != 0)
+      q_scale = (at::log1p(at::floor((pk.positions.narrow(0, 0, tokens).to(at::kFloat) + 1.0) / s_.floor_scale)) * s_.temperature + 1.0)
+                    .view({tokens, 1, 1, 1});
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
     attention_core core = [rope = c.rope, rotate = s_.rope && !s_.norm_after_rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
-                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
+                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask, q_scale](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-      const at::Tensor qr = rotate ? apply_rope(q_in, rope, pairs) : q_in, kr = rotate ? apply_rope(k_in, rope, pairs) : k_in;
+      const at::Tensor qt = q_scale.defined() ? (q_in.to(at::kFloat) * q_scale).to(q_in.scalar_type()) : q_in;
+      const at::Tensor qr = rotate ? apply_rope(qt, rope, pairs) : qt, kr = rotate ? apply_rope(k_in, rope, pairs) : k_in;
       return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
     };
     at::Tensor a = s_.selective_recompute ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);

@@ -3,7 +3,9 @@
 // and balanced in finalize_grads), with Qwen2-MoE's shared expert behind a sigmoid gate or
 // DeepSeek's ungated shared experts, Megatron's auxiliary losses and router replay. gpt-oss's
 // mixture: the router with a bias (its logits' top k, weighed by a softmax over the k: the
-// renormalised top k of the softmax over all), experts with biases and the clamped SwiGLU.
+// renormalised top k of the softmax over all), experts with biases and the clamped SwiGLU. Llama
+// 4's: the top k of the logits, each chosen expert fed the token times sigmoid(logit), and its
+// ungated shared expert on the token as it is.
 // The whole stream on every tp rank (gathered under SP), its real tokens routed by the replicated
 // router (the same routing on every tp rank), sent to their experts over the ep group, each
 // expert this tp rank's shard of it; partial sums over tp until the reduction.
@@ -36,7 +38,9 @@ class moe_mlp final : public layer_module {
       : router_(b.require("router.weight")), router_bias_(b.find("router.bias")),
         shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
-        act_(activation_fn_of(b.setting() & ~(modules::moe_fp32_router_bit | modules::moe_clamped_swiglu_bit))),
+        act_(activation_fn_of(b.setting() & ~(modules::moe_fp32_router_bit | modules::moe_clamped_swiglu_bit |
+                                              modules::moe_input_router_bit))),
+        input_router_((b.setting() & modules::moe_input_router_bit) != 0),
         fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
         clamped_((b.setting() & modules::moe_clamped_swiglu_bit) != 0), alpha_(b.s().swiglu_alpha.get()),
         limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
@@ -66,9 +70,10 @@ class moe_mlp final : public layer_module {
     // (in fp32 where the block says so: HunYuan's wg).
     const at::Tensor logits = sigmoid || fp32_router_ ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
                                                       : at::linear(x, c.w(router_), router_bias_.defined() ? c.w(router_bias_) : at::Tensor());
-    routing r = sigmoid ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
-                                                s_.norm_topk, s_.scale)
-                        : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
+    routing r = sigmoid        ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
+                                                       s_.norm_topk, s_.scale)
+                : input_router_ ? route_sigmoid_on_input(logits, s_.top_k)
+                               : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
     if (c.replay.defined()) {
       // Router replay: the given experts (the live ones where a position holds -1), weighted by
       // the live router's probabilities for them, renormalised (and scaled) as the live top-k would be.
@@ -77,6 +82,8 @@ class moe_mlp final : public layer_module {
       r.indices = at::where(live, r.indices, given);
       if (sigmoid) {
         r.weights = sigmoid_weights(logits, r.indices, s_.norm_topk, s_.scale);
+      } else if (input_router_) {
+        r.weights = sigmoid_weights(logits, r.indices, false, 1.0);
       } else {
         r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
         if (s_.norm_topk) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
@@ -105,7 +112,7 @@ class moe_mlp final : public layer_module {
       const at::Tensor shared = at::linear(gated(at::linear(x, c.w(shared_gate_up_)), act_), c.w(shared_down_));
       y = shared_gate_.defined() ? y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared : y + shared;
     }
-    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid));
+    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid || input_router_));
     if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
     return c.from_tp(y);
   }
@@ -145,6 +152,7 @@ class moe_mlp final : public layer_module {
   std::vector<at::Tensor> gate_up_bias_, down_bias_;     // their biases (gpt-oss): (2 f/tp), (h) replicated; or none
   at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none; no gate: DeepSeek's)
   activation_fn act_;
+  bool input_router_ = false;  // Llama 4's router: top-k of the logits, sigmoid(logit) scaling the experts' input
   bool fp32_router_ = false;  // the softmax router's logits in fp32 (the block's setting)
   bool clamped_ = false;      // gpt-oss's clamped SwiGLU, not act(gate) * up
   double alpha_ = 0, limit_ = 0;

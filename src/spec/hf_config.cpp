@@ -103,6 +103,10 @@ constexpr key_name key_names[] = {
     {"logit_scale", "logit_scale"},
     {"swiglu_alpha", "swiglu_alpha"},
     {"swiglu_limit", "swiglu_limit"},
+    {"attention_chunk", "attention_chunk_size"},
+    {"qk_l2_norm", "use_qk_norm"},
+    {"attn_floor_scale", "floor_scale"},
+    {"attn_scale", "attn_scale"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -582,7 +586,7 @@ void read_mla(const reader& r, const mla_config& m, shape& s) {
 
 // SmolLM3's NoPE layers: `no_rope_layers` holds one 0/1 per layer (1: the layer applies RoPE); without
 // it, every `no_rope_layer_interval`-th layer (4 by default) has none, as SmolLM3Config derives it.
-void read_no_rope_layers(const reader& r, shape& s) {
+void read_no_rope_layers(const reader& r, shape& s, bool empty_is_default) {
   const std::int64_t layers = s.layers.get();
   std::int64_t nope = 0;
   const auto mark = [&](std::int64_t i, std::string_view key) {
@@ -591,7 +595,9 @@ void read_no_rope_layers(const reader& r, shape& s) {
              "this checkpoint is not supported yet");
     nope |= static_cast<std::int64_t>(std::uint64_t{1} << i);
   };
-  if (const json* list = r.find(r.root(), "no_rope_layers"); list != nullptr && !list->is_null()) {
+  const json* list = r.find(r.root(), "no_rope_layers");
+  if (list != nullptr && empty_is_default && list->is_array() && list->empty()) list = nullptr;  // Llama4TextConfig's fallback
+  if (list != nullptr && !list->is_null()) {
     if (!list->is_array() || static_cast<std::int64_t>(list->size()) != layers)
       r.fail("no_rope_layers", "expected a list of " + std::to_string(layers) + " zeros and ones, got " + describe_json(*list),
              "one entry per layer: 1 where the layer applies RoPE, 0 where it does not");
@@ -682,6 +688,56 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   return out;
 }
 
+// Llama 4's attention keys (family_config::llama4_attention): the RoPE layers' chunks and q/k L2
+// norm, the NoPE layers' temperature tuning; layer_types, if given, must agree with the RoPE layers
+// (Llama4TextAttention rotates by no_rope_layers, the mask follows layer_types).
+void read_llama4_attention(const reader& r, shape& s) {
+  const json& root = r.root();
+  // (reader::find reads null as absent; here null says something else than the class default.)
+  const auto raw = [&](const char* key) -> const json* {
+    const auto it = root.find(key);
+    return it == root.end() ? nullptr : &*it;
+  };
+  const json* chunk = raw("attention_chunk_size");
+  if (chunk != nullptr && chunk->is_null())
+    r.fail("attention_chunk_size", "is null: transformers' Llama 4 then fails to build the chunked layers' mask",
+           "give the chunk (Llama 4's is 8192)");
+  s.attention_chunk = chunk != nullptr ? r.integer(*chunk, "attention_chunk_size", 1) : std::int64_t{8192};
+  const json* qk = raw("use_qk_norm");
+  s.qk_l2_norm = qk == nullptr || (!qk->is_null() && r.boolean(*qk, "use_qk_norm"));  // null: falsy
+  // attn_temperature_tuning is tested for truth (early configs wrote a number).
+  bool tuning = true;
+  if (const json* t = raw("attn_temperature_tuning"); t != nullptr && !t->is_null()) {
+    if (t->is_boolean()) tuning = t->get<bool>();
+    else if (t->is_number()) tuning = t->get<double>() != 0;
+    else r.fail("attn_temperature_tuning", "expected true or false, got " + describe_json(*t), "write true or false");
+  } else if (t != nullptr) {
+    tuning = false;  // null: falsy, as Llama4TextAttention tests it
+  }
+  const auto number = [&](std::string_view key, double fallback) {
+    return r.optional<double>(key, fallback, [&](const json& v, std::string_view k) { return r.number(v, k); });
+  };
+  const double floor_scale = number("floor_scale", 8192.0), scale = number("attn_scale", 0.1);
+  if (tuning && !(floor_scale > 0))
+    r.fail("floor_scale", "is " + show(floor_scale) + ": the NoPE layers divide each position by it",
+           "give a positive floor_scale (Llama 4's is 8192)");
+  s.attn_floor_scale = tuning ? floor_scale : 0.0;
+  s.attn_scale = tuning ? scale : 0.0;
+  if (const json* types = r.find(root, "layer_types"); types != nullptr && !types->is_null()) {
+    if (!types->is_array() || static_cast<std::int64_t>(types->size()) != s.layers.get())
+      r.fail("layer_types", "expected one entry per layer (" + std::to_string(s.layers.get()) + "), got " + describe_json(*types),
+             "write \"chunked_attention\" for the RoPE layers and \"full_attention\" for the others");
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+      const json& t = (*types)[static_cast<std::size_t>(i)];
+      const std::string_view want = nope_layer(s, i) ? "full_attention" : "chunked_attention";
+      if (!t.is_string() || t.get<std::string>() != want)
+        r.fail("layer_types", "makes layer " + std::to_string(i) + " " + describe_json(t) + " where no_rope_layers makes it a " +
+                   (nope_layer(s, i) ? "NoPE" : "RoPE") + " layer; megadsl's Llama 4 layers chunk exactly the RoPE layers",
+               "write \"" + std::string(want) + "\" there (or leave layer_types out)");
+    }
+  }
+}
+
 // A mixture of experts' keys (family_config::moe). Mixtral names its count num_local_experts,
 // Qwen2-MoE num_experts, and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
 void read_experts(const reader& r, const family_config& family, shape& s) {
@@ -717,12 +773,16 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
                   r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
     return;
   }
-  s.expert_ffn = r.optional<std::int64_t>("moe_intermediate_size", m.expert_ffn,
+  s.expert_ffn = r.optional<std::int64_t>(m.expert_ffn_key, m.expert_ffn,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  s.norm_topk = r.optional<bool>("norm_topk_prob", m.norm_topk, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  s.norm_topk = m.reads_norm_topk ? r.optional<bool>("norm_topk_prob", m.norm_topk,
+                                                     [&](const json& v, std::string_view k) { return r.boolean(v, k); })
+                                  : m.norm_topk;
   if (has_extent(s, extent::shared_ffn) && !m.shared_count_key.empty())
     s.shared_expert_ffn = s.expert_ffn.get() * r.optional<std::int64_t>(m.shared_count_key, m.shared_count,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  else if (m.shared_as_wide_as_experts)
+    s.shared_expert_ffn = s.expert_ffn;  // Llama 4's shared expert: intermediate_size, as each expert
   else if (has_extent(s, extent::shared_ffn))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
@@ -745,9 +805,41 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   }
   // Dense layers among the sparse ones: a layer is sparse when it is not in mlp_only_layers and
   // (i + 1) % decoder_sparse_step == 0; the dense ones have a gated MLP of intermediate_size.
-  s.sparse_step = r.optional<std::int64_t>("decoder_sparse_step", 1,
+  s.sparse_step = r.optional<std::int64_t>(m.sparse_step_key, 1,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
   std::int64_t dense = 0;
+  if (!m.sparse_layers_key.empty()) {  // Llama 4: moe_layers lists the sparse layers, overriding the step
+    const json* listed = r.find(root, m.sparse_layers_key);
+    if (listed == nullptr || listed->is_null()) {
+      s.dense_layers = 0;
+      return;
+    }
+    if (!listed->is_array())
+      r.fail(m.sparse_layers_key, "expected a list of layer indices, got " + describe_json(*listed), "write e.g. [1, 3, 5]");
+    std::vector<bool> sparse(static_cast<std::size_t>(s.layers.get()), false);
+    for (const json& e : *listed) {
+      const std::int64_t i = r.integer(e, m.sparse_layers_key, 0);
+      if (i < s.layers.get()) sparse[static_cast<std::size_t>(i)] = true;  // no such layer: transformers matches none either
+    }
+    // The list the step gives (Llama4TextConfig writes it so): the step alone says it.
+    bool stepped = true;
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      stepped = stepped && sparse[static_cast<std::size_t>(i)] == ((i + 1) % s.sparse_step.get() == 0);
+    if (stepped) {
+      s.dense_layers = 0;
+      return;
+    }
+    s.sparse_step = 1;
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+      if (sparse[static_cast<std::size_t>(i)]) continue;
+      if (i >= 63)
+        r.fail(m.sparse_layers_key, "leaves layer " + std::to_string(i) + " dense; megadsl marks dense layers among the first 63 only",
+               "this checkpoint is not supported yet");
+      dense |= std::int64_t{1} << i;
+    }
+    s.dense_layers = dense;
+    return;
+  }
   if (const json* only = r.find(root, "mlp_only_layers")) {
     if (!only->is_array())
       r.fail("mlp_only_layers", "expected a list of layer indices, got " + describe_json(*only), "write e.g. [] or [0, 3]");
@@ -837,7 +929,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.heads = r.required_int("num_attention_heads", "the number of query heads");
   s.kv_heads = r.optional<std::int64_t>("num_key_value_heads", s.heads.get(),
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  s.ffn = r.required_int("intermediate_size", "the MLP width");
+  s.ffn = r.required_int(fam->ffn_key, "the MLP width");
   s.vocab = r.required_int("vocab_size", "the vocabulary size");
   s.head_dim = r.optional<std::int64_t>("head_dim", fam->head_dim,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
@@ -987,7 +1079,11 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.arch = fam->arch;
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
-  if (fam->reads_no_rope_layers) read_no_rope_layers(r, s);
+  if (fam->reads_no_rope_layers) read_no_rope_layers(r, s, fam->empty_no_rope_is_default);
+  s.attention_chunk = 0;  // Llama 4's, read by its blocks only
+  s.qk_l2_norm = false;
+  s.attn_floor_scale = s.attn_scale = 0.0;
+  if (fam->llama4_attention) read_llama4_attention(r, s);
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
   // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
@@ -1230,6 +1326,11 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
            "sizes each expert by intermediate_size and has experts in every layer; this model has norm_topk " +
            show(s.norm_topk) + ", expert_ffn " + show(s.expert_ffn) + ", sparse_step " + show(s.sparse_step) +
            " and dense_layers " + show(s.dense_layers);
+  if (family.moe != nullptr && family.moe->shared_as_wide_as_experts && s.shared_expert_ffn.get() != expert_ffn_of(s).get())
+    return "a " + f + " config sizes its shared expert as each expert, and this model's shared_expert_ffn " +
+           show(s.shared_expert_ffn) + " differs from expert_ffn " + show(expert_ffn_of(s));
+  if (family.llama4_attention && s.attention_chunk.get() < 1)
+    return "a " + f + " config chunks the RoPE layers' attention, and this model has no attention_chunk";
   if (family.moe != nullptr && family.moe->shared_as_wide_as_ffn && s.shared_expert_ffn.get() != s.ffn.get())
     return "a " + f + " config sizes its shared MLP by intermediate_size, and this model's shared_expert_ffn " +
            show(s.shared_expert_ffn) + " differs from ffn " + show(s.ffn);
@@ -1325,7 +1426,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["num_hidden_layers"] = s.layers.get();
   j["num_attention_heads"] = s.heads.get();
   j["num_key_value_heads"] = s.kv_heads.get();
-  j["intermediate_size"] = s.ffn.get();
+  j[std::string(fam->ffn_key)] = s.ffn.get();
   j["vocab_size"] = s.vocab.get();
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
@@ -1388,10 +1489,16 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j[std::string(m.top_k_key)] = s.top_k.get();
     if (m.experts_as_wide_as_ffn && m.reads_norm_topk) j["norm_topk_prob"] = s.norm_topk.get();
     if (!m.experts_as_wide_as_ffn) {
-      j["moe_intermediate_size"] = expert_ffn_of(s).get();
-      j["norm_topk_prob"] = s.norm_topk.get();
+      j[std::string(m.expert_ffn_key)] = expert_ffn_of(s).get();
+      if (m.reads_norm_topk) j["norm_topk_prob"] = s.norm_topk.get();
       if (!m.dense_first_key.empty()) {
         j[std::string(m.dense_first_key)] = dense_prefix(s);
+      } else if (!m.sparse_layers_key.empty()) {  // Llama 4: the step, and the sparse layers listed
+        j[std::string(m.sparse_step_key)] = s.sparse_step.get();
+        json sparse = json::array();
+        for (std::int64_t i = 0; i < s.layers.get(); ++i)
+          if (layer_routes(s, i)) sparse.push_back(i);
+        j[std::string(m.sparse_layers_key)] = sparse;
       } else {
         j["decoder_sparse_step"] = s.sparse_step.get();
         json dense = json::array();
@@ -1400,7 +1507,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
         j["mlp_only_layers"] = dense;
       }
       if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
-      else if (m.shared_expert_ffn != 0) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
+      else if (m.shared_expert_ffn != 0 && !m.shared_as_wide_as_experts) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
       if (has_extent(s, extent::expert_vector)) {
         j["routed_scaling_factor"] = s.routed_scale.get();
         j["n_group"] = s.expert_groups.get();
@@ -1433,6 +1540,16 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     json rope_layers = json::array();
     for (std::int64_t i = 0; i < layers; ++i) rope_layers.push_back(nope_layer(s, i) ? 0 : 1);
     j["no_rope_layers"] = rope_layers;
+  }
+  if (fam->llama4_attention) {
+    json chunked = json::array();
+    for (std::int64_t i = 0; i < layers; ++i) chunked.push_back(nope_layer(s, i) ? "full_attention" : "chunked_attention");
+    j["layer_types"] = chunked;
+    j["attention_chunk_size"] = s.attention_chunk.get();
+    j["use_qk_norm"] = s.qk_l2_norm.get();
+    j["attn_temperature_tuning"] = s.attn_floor_scale.get() != 0;
+    j["floor_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_floor_scale.get() : 8192.0;
+    j["attn_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_scale.get() : 0.1;
   }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {

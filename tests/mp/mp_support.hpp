@@ -221,6 +221,19 @@ struct tiny8_gpt_oss : gpt_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
   static constexpr std::int64_t window = 5;
 };
 
+// Llama 4's composition: layers 3 and 7 without RoPE (their q temperature-tuned from position 3 on),
+// the others chunked by 5 with q/k L2 norms and RoPE on pairs; odd layers route (8 experts, top 2,
+// each fed x * sigmoid(logit), beside the shared expert), even layers a dense SwiGLU; q/k/v and o
+// biases.
+struct tiny8_llama4 : llama4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 96, .vocab = 500,
+                                   .head_dim = 32, .max_positions = 256, .rope_theta = 10000.0, .qkv_bias = true,
+                                   .out_bias = true, .rope_interleave = true, .experts = 8, .top_k = 2, .expert_ffn = 64,
+                                   .shared_expert_ffn = 64, .sparse_step = 2,
+                                   .nope_layers = (std::int64_t{1} << 3) | (std::int64_t{1} << 7), .attention_chunk = 5,
+                                   .qk_l2_norm = true, .attn_floor_scale = 4.0, .attn_scale = 0.3}> {
+  static constexpr std::string_view name = "tiny8-llama4";
+};
+
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
                                      .embedding_multiplier = 4.0, .residual_multiplier = 0.4,

@@ -103,12 +103,12 @@ void check_moe_training(std::int64_t microbatches, bool replay, const micro_batc
     experts_seen += name.find(".experts.") != std::string::npos;
   }
   // This rank's experts only: its stage's sparse layers, experts / ep of each, each its HF tensors
-  // (gate, up and down; gpt-oss's slices of gate_up, down and their biases).
+  // (gate, up and down; gpt-oss's slices of gate_up, down and their biases; Llama 4's of gate_up and down).
   std::int64_t sparse_here = 0, per_expert = 0;
   for (std::int64_t i = 0; i < M::shape.layers.get(); ++i)
     sparse_here += layer_routes(M::shape, i) && place_of_layer(M::shape, L, i).pp_rank == groups.pp->rank();
   for (const param_row& row : arch_of(M::shape).rows) per_expert += row.where == placement::expert ? row.hf_count : 0;
-  CHECK(per_expert >= 3);
+  CHECK(per_expert >= 2);
   CHECK(experts_seen == sparse_here * (M::shape.experts.get() / L.ep.get()) * per_expert);
   if (replay) {
     // The update's forward with the recorded routing takes exactly that routing, after training.
@@ -146,6 +146,12 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_gpt_oss, layout{.tp = 2, .pp = 2}>();
   check_moe_inference<tiny8_gpt_oss, layout{.pp = 2, .rmpad = true}>();
   check_moe_inference<tiny8_gpt_oss, layout{.tp = 4, .sp = true}>();
+  // Llama 4: chunked RoPE layers with q/k L2 norms, temperature-tuned NoPE layers, the router on
+  // the experts' input beside the shared expert, dense and sparse layers interleaved.
+  check_moe_inference<tiny8_llama4, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_llama4, layout{.tp = 2, .pp = 2}>();
+  check_moe_inference<tiny8_llama4, layout{.pp = 2, .rmpad = true}>();
+  check_moe_inference<tiny8_llama4, layout{.tp = 4, .sp = true}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -169,6 +175,11 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_gpt_oss, layout{.pp = 2, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_moonlight, layout{.tp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, false);
+  check_moe_training<tiny8_llama4, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_llama4, layout{.ep = 4}>(1, false);
+  check_moe_training<tiny8_llama4, layout{.tp = 2, .pp = 2}>(2, false);
+  check_moe_training<tiny8_llama4, layout{.pp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, true);
+  check_moe_training<tiny8_llama4, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
@@ -188,10 +199,12 @@ TEST_CASE("mixtures of experts under context parallelism: routing, replay, the a
   check_moe_inference<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>();
   check_moe_inference<tiny8_mixtral, layout{.pp = 2, .cp = 2}>();
   check_moe_inference<tiny8_gpt_oss, layout{.rmpad = true, .cp = 2, .ep = 2}>();  // each cp rank's heads' sinks
+  check_moe_inference<tiny8_llama4, layout{.rmpad = true, .cp = 2, .ep = 2}>();  // chunks and temperatures by position
   // The switch and z losses see every token of the micro-batch (gathered over cp), not a share.
   check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>(2, true, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.cp = 2}>(1, false, nullptr, aux_losses::sequence);
   check_moe_training<tiny8_gpt_oss, layout{.rmpad = true, .cp = 2}>(1, false);  // the sinks' gradients over cp
+  check_moe_training<tiny8_llama4, layout{.cp = 2}>(1, true);
   check_moe_training<tiny8_qwen2_moe, layout{.pp = 2, .rmpad = true, .cp = 2}>(2, true, nullptr, aux_losses::token);
 }
 
@@ -204,6 +217,7 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_qwen3_moe, layout{.tp = 2, .pp = 2, .sp = true, .ep = 2}>(2, false);
   check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_llama4, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_olmoe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   // The expert biases balanced by load (summed over dp 2) move alike in every layout.
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);

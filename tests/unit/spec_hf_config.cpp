@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\" or \"gpt_oss\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\" or \"llama4_text\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\" or \"gpt_oss\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\" or \"llama4_text\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -253,6 +253,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
+        ".attention_chunk = 0, .qk_l2_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
         ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
@@ -890,6 +891,46 @@ TEST_CASE("gpt-oss: biases on unless said, window 128 on alternate layers, the c
   clamped.swiglu_alpha = 1.702;
   clamped.swiglu_limit = 7.0;
   CHECK_THROWS_WITH(megadsl::hf_config_json(clamped, "mixtral", false, "float32", {}), Catch::Contains("clamped SwiGLU"));
+}
+
+TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers, chunks, q/k norm and temperature", "[spec][hf_config]") {
+  const std::string l = R"({"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 48,
+    "intermediate_size_mlp": 96, "vocab_size": 100, "num_local_experts": 4, "interleave_moe_layer_step": 2,
+    "no_rope_layers": [], "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}})";
+  const auto c = parse_hf_config(l, "x");
+  // The dense MLP from intermediate_size_mlp, each expert and the shared one from intermediate_size.
+  CHECK((c.s.ffn.get() == 96 && megadsl::expert_ffn_of(c.s).get() == 48 && c.s.shared_expert_ffn.get() == 48));
+  CHECK((c.s.experts.get() == 4 && c.s.top_k.get() == 1 && !c.s.norm_topk.get()));
+  // Odd layers route (interleave_moe_layer_step 2); an empty no_rope_layers is the default: 3 and 7 NoPE.
+  for (std::int64_t i = 0; i < 8; ++i) {
+    CHECK(megadsl::layer_routes(c.s, i) == (i % 2 == 1));
+    CHECK(megadsl::nope_layer(c.s, i) == (i == 3 || i == 7));
+  }
+  CHECK((c.s.attention_chunk.get() == 8192 && c.s.qk_l2_norm.get() && c.s.attn_floor_scale.get() == 8192.0 &&
+         c.s.attn_scale.get() == 0.1 && c.s.rope_interleave.get() && c.s.rope.low_freq_factor.get() == 1.0));
+  const std::string written = megadsl::hf_config_json(c.s, "llama4_text", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("Llama4ForCausalLM") && Catch::Contains("\"intermediate_size_mlp\": 96") &&
+                          Catch::Contains("\"intermediate_size\": 48") && Catch::Contains("\"moe_layers\"") &&
+                          Catch::Contains("\"chunked_attention\"") && Catch::Contains("\"attention_chunk_size\": 8192"));
+  const auto back = parse_hf_config(written, "w");
+  for (const std::string& m : megadsl::mismatches(back.s, c.s)) FAIL_CHECK(m);
+  // moe_layers overrides the step; use_qk_norm and temperature tuning can be off.
+  const auto listed = parse_hf_config(edited(l, "\"no_rope_layers\"", "\"moe_layers\": [0, 5], \"use_qk_norm\": false, "
+                                                                      "\"attn_temperature_tuning\": false, \"no_rope_layers\""), "x");
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(megadsl::layer_routes(listed.s, i) == (i == 0 || i == 5));
+  CHECK((!listed.s.qk_l2_norm.get() && listed.s.attn_floor_scale.get() == 0.0));
+  CHECK(megadsl::kind_of_layer(listed.s, 0) == 3 + 1);  // a RoPE layer without the q/k norm, routed
+  CHECK(megadsl::kind_of_layer(listed.s, 3) == 2);      // NoPE, dense
+  // Refused: a null chunk (HF cannot build the mask), layer types that chunk a NoPE layer, a zero floor_scale.
+  CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"attention_chunk_size\": null, \"no_rope_layers\"")),
+             Catch::Contains("attention_chunk_size"));
+  CHECK_THAT(error_of(edited(l, "\"no_rope_layers\": []", "\"no_rope_layers\": [1, 1, 1, 0, 1, 1, 1, 0], \"layer_types\": "
+                                "[\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"chunked_attention\", "
+                                "\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"full_attention\"]")),
+             Catch::Contains("layer_types") && Catch::Contains("layer 3"));
+  CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"no_rope_layers\"")), Catch::Contains("floor_scale"));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {

@@ -28,9 +28,12 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm_no_bias(const b
 // q/k norms before RoPE (src/layers/qk_norms.cpp); children: the q norm, the k norm
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const block_build& b);
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> l2_qk_norm(const block_build& b);
 
-// grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any
+// grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any;
+// setting: these bits for its knobs (blocks::attention_knobs)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_build& b);
+inline constexpr std::int64_t attention_nope_bit = 1, attention_chunked_bit = 2, attention_temperature_bit = 4;
 // multi-head latent attention (src/layers/mla.cpp)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
 
@@ -43,6 +46,8 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build&
 inline constexpr std::int64_t moe_fp32_router_bit = 0x100;
 // ... and this bit for experts with gpt-oss's clamped SwiGLU (the shape's swiglu_alpha, swiglu_limit)
 inline constexpr std::int64_t moe_clamped_swiglu_bit = 0x200;
+// ... and this bit for Llama 4's router: top-k of the logits, the experts' input scaled by sigmoid(logit)
+inline constexpr std::int64_t moe_input_router_bit = 0x400;
 
 // the embedding (src/layers/embedding.cpp); setting 1: scaled by sqrt(hidden)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);

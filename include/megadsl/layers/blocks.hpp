@@ -45,6 +45,15 @@
 //   moe_mlp<silu, moe_knobs{.names = moe_names::gpt_oss}>  GptOssMLP: the router with a bias, top-k of
 //                                     its logits weighed by a softmax over the k; experts with biases
 //                                     and the clamped SwiGLU; HF's tensors stacked per layer (hf_stacking)
+//   attention<attention_knobs{.chunked = true}, l2_qk_norm>  Llama 4's RoPE layers: attention within
+//                                     chunks of the shape's attention_chunk tokens, q/k rms-normed
+//                                     per head without a weight; {.rope = false, .temperature = true}:
+//                                     its NoPE layers, q scaled by ln(position) (attn_floor_scale)
+//   gated_mlp<silu, separate, feed_forward_module>  the same MLP under HF's feed_forward (Llama 4)
+//   moe_mlp<silu, moe_knobs{.names = moe_names::llama4, .router = moe_router::sigmoid_on_input}>
+//                                     Llama4TextMoe: top-k of the router's logits, each chosen
+//                                     expert fed x * sigmoid(logit), + the ungated shared expert on x;
+//                                     experts stacked per layer ([gate | up] columns)
 #pragma once
 
 #include <array>
@@ -76,12 +85,16 @@ enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
 // Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
 // HunYuan's are Qwen's with the router at mlp.gate.wg and its ungated shared MLP at mlp.shared_mlp.
 // gpt-oss's: mlp.router (with a bias) and mlp.experts.{gate_up_proj, down_proj}(_bias), every expert
-// of a layer in one tensor (hf_stacking), with biases and the clamped SwiGLU.
-enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss };
+// of a layer in one tensor (hf_stacking), with biases and the clamped SwiGLU. Llama 4's:
+// feed_forward.router, feed_forward.experts.{gate_up_proj, down_proj} stacked (gate_up's columns
+// [gate | up]) and the ungated feed_forward.shared_expert.
+enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss, llama4 };
 // How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
 // (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
-// experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2).
-enum class moe_router : std::int8_t { softmax, sigmoid_grouped };
+// experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2), or
+// Llama 4's: the top-k of the raw logits, each chosen expert fed the token times sigmoid(logit)
+// (the weight scales the expert's input, not its output).
+enum class moe_router : std::int8_t { softmax, sigmoid_grouped, sigmoid_on_input };
 // The HF tensor names of a family's checkpoints outside its blocks: Llama's (model.embed_tokens,
 // model.layers.N., model.norm, lm_head, score) or GPT-NeoX's (gpt_neox.embed_in, embed_out, ...).
 enum class name_scheme : std::int8_t { llama, gpt_neox };
@@ -369,10 +382,22 @@ struct no_qk_norm {
   static constexpr std::string_view label = "";
 };
 
+// Llama 4 (Llama4TextL2Norm): q and k normed per head over head_dim without a weight, eps the
+// shape's rms_eps, in fp32. HF norms them after RoPE; the RMS of a head is the same before and
+// after the rotation, so megadsl norms them before it, as Megatron's qk_l2_norm does.
+struct l2_qk_norm {
+  static constexpr std::string_view label = ", q/k rms-normed per head (no weight)";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.node(at, &modules::l2_qk_norm, {}, "l2_qk_norm");
+  }
+};
+
 struct attention_knobs {
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
   bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
   bool sinks = false;  // gpt-oss's learned sink logit per query head (self_attn.sinks), split with the heads
+  bool chunked = false;  // Llama 4's RoPE layers: attention within the shape's attention_chunk tokens
+  bool temperature = false;  // Llama 4's NoPE layers: q scaled per position (the shape's attn_floor_scale, attn_scale)
 };
 
 constexpr void concatenated_qkv_rule(const shape& s, const layout& l, violations& out);
@@ -395,6 +420,8 @@ struct attention {
     t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? (on(s.rope_interleave) ? ", rope on pairs" : ", rope") : ", no rope",
           QkNorm::label);
     if (K.sinks) t.add(", learned sinks");
+    if (K.chunked && s.attention_chunk.is_static() && s.attention_chunk.get() != 0) t.add(", chunks of ", s.attention_chunk.get());
+    if (K.temperature && s.attn_floor_scale.is_static() && s.attn_floor_scale.get() != 0) t.add(", q temperature-tuned");
     if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
     if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
     if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
@@ -433,11 +460,13 @@ struct attention {
     b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     basic_text<64> name("attention<");
-    name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks>" : ">");
+    name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks" : "", K.chunked ? ", chunked" : "",
+             K.temperature ? ", temperature>" : ">");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
     return b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
-                          K.rope ? 0 : 1),
+                          (K.rope ? 0 : modules::attention_nope_bit) | (K.chunked ? modules::attention_chunked_bit : 0) |
+                              (K.temperature ? modules::attention_temperature_bit : 0)),
                    {.whole = 3, .split = 8, .scores = 5}, &score_units);
   }
 };
@@ -502,19 +531,25 @@ struct mla {
 // over tp (the paper's GPT MLP; for SwiGLU and other widths the customary estimate).
 inline constexpr activation_terms mlp_keeps{.whole = 3, .split = 16};
 
+// The HF module an MLP's tensors sit in: `mlp` (most families) or `feed_forward` (Llama 4).
+struct hf_module {
+  std::string_view name;
+};
+inline constexpr hf_module mlp_module{"mlp"}, feed_forward_module{"feed_forward"};
+
 // down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
 // HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj); Llama's
 // mlp_bias adds biases on all three (separate storage).
-template <activation A = activation::silu, tensor_storage S = tensor_storage::separate>
+template <activation A = activation::silu, tensor_storage S = tensor_storage::separate, const hf_module& M = mlp_module>
 struct gated_mlp {
   static_assert(S != tensor_storage::interleaved, "megadsl: a gated MLP has no interleaved form (separate or concatenated)");
   static constexpr tensor_storage hf_storage = S;
   static constexpr void details(const shape& s, basic_text<256>& t) {
-    t.add(s.mlp_bias.is_static() && s.mlp_bias.get() ? " + biases" : "", "  [mlp",
+    t.add(s.mlp_bias.is_static() && s.mlp_bias.get() ? " + biases" : "", "  [", M.name,
           S == tensor_storage::concatenated ? ": gate_up_proj" : "", "]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
-    const slot at = layer.module("mlp");
+    const slot at = layer.module(M.name);
     if constexpr (S == tensor_storage::separate)
       b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_proj.weight", "up_proj.weight"}, 2});
     else
@@ -607,11 +642,16 @@ template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
   static constexpr bool mixtral = K.names == moe_names::mixtral;
   static constexpr bool gpt_oss = K.names == moe_names::gpt_oss;
+  static constexpr bool llama4 = K.names == moe_names::llama4;
   static constexpr void details(const shape& s, basic_text<256>& t) {
     const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
     if constexpr (gpt_oss)
       t.add("  router + bias -> top ", known(s.top_k), " of ", known(s.experts),
             ", softmax over them; experts clamped SwiGLU + biases  [mlp: router, experts.{gate_up,down}_proj(_bias), stacked]");
+    else if constexpr (K.router == moe_router::sigmoid_on_input)
+      t.add("  router -> top ", known(s.top_k), " of ", known(s.experts),
+            ", each expert fed x * sigmoid(logit); + shared gated_mlp  [feed_forward: router, experts.{gate_up,down}_proj "
+            "stacked, shared_expert]");
     else if constexpr (K.router == moe_router::sigmoid_grouped)
       t.add("  router sigmoid + expert bias -> top ", known(s.top_k), " of ", known(s.experts), " in the best ",
             known(s.group_top_k), " of ", known(s.expert_groups), " groups",
@@ -629,14 +669,16 @@ struct moe_mlp {
     if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: shared_mlp]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
-    const slot at = layer.module(mixtral ? "block_sparse_moe" : "mlp");
+    const slot at = layer.module(mixtral ? "block_sparse_moe" : llama4 ? "feed_forward" : "mlp");
+    static_assert(llama4 == (K.router == moe_router::sigmoid_on_input) && (!llama4 || (!K.shared_expert && !K.shared_experts && !K.fp32_router)),
+                  "megadsl: Llama 4's mixture is its router on the experts' input with its own ungated shared expert");
     static_assert(!(K.shared_expert && K.shared_experts), "megadsl: a mixture has Qwen's gated shared expert or DeepSeek's shared experts, not both");
     static_assert(!(K.names == moe_names::hunyuan && (K.shared_expert || K.shared_experts)),
                   "megadsl: HunYuan's names include its ungated shared MLP (mlp.shared_mlp); set no other shared expert");
     static_assert(!gpt_oss || (!K.shared_expert && !K.shared_experts && K.router == moe_router::softmax && !K.fp32_router),
                   "megadsl: gpt-oss's mixture is its softmax router with a bias and no shared expert");
     b.param(at, {"router.weight", shard_kind::replicated,
-                 {K.names == moe_names::hunyuan ? "gate.wg.weight" : gpt_oss ? "router.weight" : "gate.weight"}, 1,
+                 {K.names == moe_names::hunyuan ? "gate.wg.weight" : gpt_oss || llama4 ? "router.weight" : "gate.weight"}, 1,
                  extent::experts, presence::always, false, true});
     if constexpr (gpt_oss)  // applied on every tp rank alike: replicated, its gradient partial over tp like the weight's
       b.param(at, {"router.bias", shard_kind::replicated, {"router.bias"}, 1, extent::expert_vector, presence::always,
@@ -661,6 +703,17 @@ struct moe_mlp {
                    presence::always, false, false, param_init::normal, true, nullptr, 0, false, hf_stacking::experts});
       b.param(at, {"experts.{expert}.down.bias", shard_kind::replicated, {"experts.down_proj_bias"}, 1, extent::hidden,
                    presence::always, false, true, param_init::zeros, true, nullptr, 0, false, hf_stacking::experts});
+    } else if constexpr (llama4) {
+      // Stacked like gpt-oss's, without biases: gate_up_proj (E, h, 2 f) with the gate's columns
+      // first, then the up's; down_proj (E, f, h).
+      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
+                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, false,
+                   hf_stacking::experts});
+      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
+                   presence::always, false, false, param_init::normal, true, nullptr, 0, false, hf_stacking::experts});
+      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
+                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2, extent::shared_ffn});
+      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_expert.down_proj.weight"}, 1, extent::shared_ffn});
     } else if constexpr (mixtral) {
       b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
                    {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2, extent::expert_ffn,
@@ -696,8 +749,8 @@ struct moe_mlp {
     if constexpr (!gpt_oss) b.uses(A);  // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says
     b.routes = true;
     basic_text<64> name("moe_mlp<");
-    name.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : gpt_oss ? ", gpt_oss" : ", qwen", K.shared_expert ? ", shared" : "",
-             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : "", K.shared_experts ? ", shared_experts" : "",
+    name.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : gpt_oss ? ", gpt_oss" : llama4 ? ", llama4" : ", qwen", K.shared_expert ? ", shared" : "",
+             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : K.router == moe_router::sigmoid_on_input ? ", sigmoid_on_input" : "", K.shared_experts ? ", shared_experts" : "",
              K.fp32_router ? ", fp32_router" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), ">");
@@ -705,7 +758,7 @@ struct moe_mlp {
     // top_k of them, each narrower.
     return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details,
                           static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0) |
-                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0)),
+                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0) | (llama4 ? modules::moe_input_router_bit : 0)),
                    mlp_keeps);
   }
 };

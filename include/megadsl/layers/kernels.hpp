@@ -33,6 +33,9 @@ struct attention_math {
   double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
   double softcap = 0;       // scores = cap * tanh(scores / cap) before the mask (Gemma2); 0: none
   std::int64_t window = 0;  // key j is visible to query i only when i - j < window; 0: no window
+  // Llama 4's chunked attention: key j is visible to query i only when their positions in the
+  // sequence fall in one chunk of this many (p / chunk equal); 0: no chunks.
+  std::int64_t chunk = 0;
   // gpt-oss's learned sinks (one logit per local query head, in q's head order): each row's
   // softmax has that one more logit, without a value. Undefined: none.
   at::Tensor sinks;

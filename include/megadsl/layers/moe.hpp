@@ -22,9 +22,11 @@ namespace megadsl {
 
 // Which experts each token goes to, and with which weights: indices (T, k) int64, weights (T, k)
 // fp32 (HF keeps routing weights in fp32 until they scale the experts' outputs).
+// With on_input (Llama 4) each weight scales the token before its expert, not the expert's output.
 struct routing {
   at::Tensor indices;
   at::Tensor weights;
+  bool on_input = false;
 };
 
 // HF's router (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock): softmax
@@ -41,6 +43,11 @@ routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, 
                               std::int64_t group_top_k, bool renormalise, double scale);
 // That router's weights for given experts (router replay): the same scores, renormalisation, scale.
 at::Tensor sigmoid_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double scale);
+
+// Llama 4's router (Llama4Router): the top k of the logits as they are (in their dtype), each
+// chosen expert fed the token times sigmoid(logit) (fp32, cast to the token's dtype where it
+// scales it): on_input. Replayed experts take sigmoid_weights(logits, indices, false, 1).
+routing route_sigmoid_on_input(const at::Tensor& logits, std::int64_t top_k);
 
 // A router's expert bias and the tokens its experts received in this step's training forwards:
 // the aux-loss-free balancing of DeepSeek-V3 (Megatron's moe_router_enable_expert_bias). Each
@@ -68,7 +75,8 @@ struct local_experts {
   std::function<at::Tensor(const at::Tensor&)> glu;
 };
 
-// sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h). The (token,
+// sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h) (with
+// r.on_input: sum_j expert_{indices[t, j]}(weights[t, j] * x_t)). The (token,
 // slot) assignments are sorted by expert, sent to the ranks that hold their experts (all_to_all
 // over `ep`; nullptr or a group of one: every expert is here), run through each expert's gated MLP,
 // sent back and summed per token. Differentiable in x, in the routing weights and in the experts'

@@ -147,3 +147,18 @@ expect_exit(0)
 expect_out("gpt-oss-120b: actor \\(LM head\\); preset, openai/gpt-oss-120b")
 expect_out("parameters: 116,829,156,672 ")
 expect_out("published: 116,829,156,672")
+
+# Llama 4: six kinds of layer (chunked RoPE layers with and without the q/k L2 norm, temperature-tuned
+# NoPE layers, each dense or routed), the router feeding the experts' input, experts stacked under
+# feed_forward.
+megadsl(describe ${FIXTURES}/llama4-tf5 --tp 2)
+expect_exit(0)
+expect_out("attention  q/k/v \\+ bias, o \\+ bias, rope on pairs, q/k rms-normed per head \\(no weight\\), chunks of 4  \\[self_attn\\]")
+expect_out("attention \\(no RoPE\\)  q/k/v \\+ bias, o \\+ bias, no rope, q temperature-tuned  \\[self_attn\\]")
+expect_out("moe_mlp<silu>  router -> top 1 of 4, each expert fed x \\* sigmoid\\(logit\\); \\+ shared gated_mlp")
+expect_out("gated_mlp<silu>  \\[feed_forward\\]")
+expect_out("model\\.layers\\.{layer}\\.feed_forward\\.experts\\.gate_up_proj +fused gate/up +\\(4, 64, 96\\) stacked")
+expect_out("parameters: 218,432 ")
+megadsl(describe llama4-scout --tp 8 --ep 8)
+expect_exit(0)
+expect_out("parameters: 107,769,861,120 \\(108B, HF count: true vocab, tied counted once\\); published: 107,769,861,120")

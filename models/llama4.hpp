@@ -1,0 +1,117 @@
+// Meta's Llama 4 (text) as strong preset types: pre-norm layers of two attentions and two MLPs,
+// chosen per layer from config.json. The RoPE layers (no_rope_layers 1; all but every fourth by
+// default) rotate pairs of each head, norm q and k per head without a weight (use_qk_norm) and
+// attend within chunks of attention_chunk_size tokens; the NoPE layers attend over the whole
+// causal prefix with q scaled by ln(position) (attention temperature tuning). Every
+// interleave_moe_layer_step-th layer (or those moe_layers lists) has the mixture: the top-k of the
+// router's logits, each chosen expert fed the token times sigmoid(logit), its experts stacked as
+// transformers stores them, beside an ungated shared expert; the others a SwiGLU of
+// intermediate_size_mlp. Both MLPs sit under HF's `feed_forward`.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/models/qwen_moe.hpp"  // qwen_sparse_layer: the same rule for which layers route
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Layer i's kind: its attention (0 RoPE with the q/k norm, 1 RoPE without, 2 NoPE) plus 3 where
+// it routes.
+constexpr int llama4_layer(const shape& s, std::int64_t layer) {
+  const int attention = nope_layer(s, layer) ? 2 : s.qk_l2_norm.get() ? 0 : 1;
+  return attention + 3 * qwen_sparse_layer(s, layer);
+}
+
+using llama4_rope_attention = blocks::attention<blocks::attention_knobs{.chunked = true}, blocks::l2_qk_norm>;
+using llama4_rope_attention_unnormed = blocks::attention<blocks::attention_knobs{.chunked = true}>;
+using llama4_nope_attention = blocks::attention<blocks::attention_knobs{.rope = false, .temperature = true}>;
+using llama4_dense_mlp = blocks::gated_mlp<activation::silu, tensor_storage::separate, blocks::feed_forward_module>;
+using llama4_moe = blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::llama4, .router = moe_router::sigmoid_on_input}>;
+
+template <class Attention, class Mlp>
+using llama4_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
+
+using llama4_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::select<&llama4_layer, llama4_block<llama4_rope_attention, llama4_dense_mlp>,
+                   llama4_block<llama4_rope_attention_unnormed, llama4_dense_mlp>, llama4_block<llama4_nope_attention, llama4_dense_mlp>,
+                   llama4_block<llama4_rope_attention, llama4_moe>, llama4_block<llama4_rope_attention_unnormed, llama4_moe>,
+                   llama4_block<llama4_nope_attention, llama4_moe>>,
+    blocks::rms_norm<>>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+// Experts and the shared expert of intermediate_size, the dense layers' MLP of
+// intermediate_size_mlp; top 1 by default, never renormalised (each weight is its own sigmoid).
+inline constexpr moe_config llama4_moe_config{.count_key = "num_local_experts", .top_k = 1, .reads_norm_topk = false,
+                                              .expert_ffn = 8192, .expert_ffn_key = "intermediate_size",
+                                              .shared_as_wide_as_experts = true,
+                                              .sparse_step_key = "interleave_moe_layer_step", .sparse_layers_key = "moe_layers"};
+inline constexpr config_key_rule llama4_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},  // q/k/v and o_proj biases
+    {"intermediate_size_mlp", key_use::read},
+    {"num_local_experts", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"interleave_moe_layer_step", key_use::read},
+    {"moe_layers", key_use::read},
+    {"no_rope_layers", key_use::read},
+    {"no_rope_layer_interval", key_use::read},
+    {"layer_types", key_use::read},
+    {"attention_chunk_size", key_use::read},
+    {"use_qk_norm", key_use::read},
+    {"attn_temperature_tuning", key_use::read},
+    {"floor_scale", key_use::read},
+    {"attn_scale", key_use::read},
+    // Llama4Router never reads it (no jitter in transformers' Llama 4).
+    {"router_jitter_noise", key_use::no_effect},
+    {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
+    {"output_router_logits", key_use::no_effect},
+    {"for_llm_compressor", key_use::no_effect},    // early Hub configs' flag for a quantization tool
+};
+inline constexpr family_config llama4_config{
+    .model_type = "llama4_text", .hf_class = "Llama4", .display = "Llama 4 (text)",
+    .arch = &architecture_of<llama4_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0,
+    .head_dim = 128, .ffn_key = "intermediate_size_mlp", .bias = bias_rule::attention_bias, .reads_no_rope_layers = true,
+    .empty_no_rope_is_default = true, .llama4_attention = true, .interleaved_rope = true, .moe = &llama4_moe_config,
+    .keys = llama4_keys};
+
+// Llama 4 (text): chunked RoPE layers with the q/k L2 norm, temperature-tuned NoPE layers, dense
+// and sparse layers interleaved.
+template <shape S>
+struct llama4 : decoder_family<llama4_blocks, S> {
+  static constexpr std::string_view family = llama4_config.model_type;
+  static constexpr std::string_view name = "llama4";
+};
+
+// The published models' text shape: 48 layers of 40 query heads of 128 over 8 kv heads, every
+// fourth layer (3, 7, ..., 47) without RoPE, chunks of 8192, temperature tuning (8192, 0.1),
+// experts and the shared expert of 8192, dense layers of 16384, top 1, vocab 202048, untied.
+constexpr shape llama4_with(std::int64_t experts, std::int64_t sparse_step, bool qk_norm, rope_scaling rope,
+                            std::int64_t max_positions) {
+  shape s{.hidden = 5120, .layers = 48, .heads = 40, .kv_heads = 8, .ffn = 16384, .vocab = 202048, .head_dim = 128,
+          .max_positions = max_positions, .rms_eps = 1e-5, .rope_theta = 500000.0, .rope = rope,
+          .rope_interleave = true, .experts = experts, .top_k = 1, .expert_ffn = 8192, .shared_expert_ffn = 8192,
+          .sparse_step = sparse_step, .attention_chunk = 8192, .qk_l2_norm = qk_norm, .attn_floor_scale = 8192.0,
+          .attn_scale = 0.1};
+  for (std::int64_t i = 3; i < 48; i += 4) s.nope_layers = s.nope_layers.get() | (std::int64_t{1} << i);
+  return s;
+}
+
+// Llama-4-Scout-17B-16E (its text model): 16 experts in every layer, the q/k norm, llama3 RoPE
+// scaling x16 over 8192 positions. The count is the text model's (Llama4ForCausalLM), without the
+// vision tower of the published multimodal checkpoint.
+struct llama4_scout : llama4<llama4_with(16, 1, true,
+                                         rope_scaling{.type = rope_type::llama3, .factor = 16.0, .low_freq_factor = 1.0,
+                                                      .high_freq_factor = 1.0, .original_max_positions = 8192},
+                                         10485760)> {
+  static constexpr std::string_view name = "llama4-scout";
+  static constexpr std::string_view hf_repo = "meta-llama/Llama-4-Scout-17B-16E";
+  static constexpr std::int64_t published_params = 107'769'861'120;
+};
+
+}  // namespace megadsl
