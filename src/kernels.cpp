@@ -125,7 +125,9 @@ at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t, bool interleave
 // CPU, memory-efficient where flash does not apply): no (s, s) score matrix is kept for the backward.
 // Grouped-query heads are passed as they are (enable_gqa): query head g*Q + i reads kv head g. A
 // soft-cap is not something the fused kernels do: those layers take the explicit path, as HF's
-// eager attention does (HF has no fused path for Gemma2 either).
+// eager attention does (HF has no fused path for Gemma2 either). gpt-oss's sinks take the CPU
+// flash kernel with its log-sum-exp (sink_attention_fn) where every row has a visible key, and the
+// explicit path elsewhere (a padded batch, CUDA).
 
 namespace {
 
@@ -173,6 +175,64 @@ at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const 
   return at::matmul(probs, v);  // (b, H, s, d)
 }
 
+// gpt-oss's sinks through the fused CPU kernel (flash attention with its log-sum-exp L per row):
+// softmax over [scores | sink] is the kernel's softmax times c = sigmoid(L - sink), so O' = O c,
+// without the (s, s) scores. Backward: the kernel's own, given dO c and O' (its row term
+// sum(dO c * O') is then the one the sink's softmax needs), and d sink = -sum (1 - c)(dO . O').
+// q, k, v: (b, H, s, d) (kv heads already expanded); sinks (H); mask: additive (1, 1, s, s) or
+// undefined with `causal`.
+struct sink_attention_fn : torch::autograd::Function<sink_attention_fn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& sinks, const std::optional<at::Tensor>& m, bool causal,
+                            double scale) {
+    const std::optional<double> sc = scale != 0 ? std::optional<double>(scale) : std::nullopt;
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, m, sc);  // (b, H, s, d), (b, H, s)
+    const at::Tensor c = at::sigmoid(lse - sinks.to(at::kFloat).view({1, -1, 1})).unsqueeze(-1);  // (b, H, s, 1) fp32
+    const at::Tensor out = (o.to(at::kFloat) * c).to(o.scalar_type());
+    ctx->save_for_backward({q, k, v, out, lse, c});
+    if (m) ctx->saved_data["mask"] = *m;  // (not a differentiable input: no gradient)
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4], &c = saved[5];
+    const auto found = ctx->saved_data.find("mask");
+    const std::optional<at::Tensor> mask =
+        found != ctx->saved_data.end() ? std::optional<at::Tensor>(found->second.toTensor()) : std::nullopt;
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor g = grads[0].to(at::kFloat);
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        (g * c).to(q.scalar_type()).contiguous(), q, k, v, out, lse, 0.0, ctx->saved_data["causal"].toBool(), mask,
+        scale != 0 ? std::optional<double>(scale) : std::nullopt);
+    const at::Tensor dsinks = -((1.0 - c) * (g * out.to(at::kFloat)).sum(-1, true)).sum({0, 2, 3});  // (H)
+    return {dq, dk, dv, dsinks, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Whether the sinks can take the fused kernel: on the CPU (the CUDA path keeps the explicit
+// scores for now), without a soft-cap, every row with a visible key (no key mask: a padded batch's
+// pad rows would have none, and the kernel's backward no finite log-sum-exp for them).
+bool fused_sinks_apply(const at::Tensor& q, const at::Tensor& key_mask, const attention_math& m) {
+  return m.sinks.defined() && m.softcap == 0 && !key_mask.defined() && q.device().is_cpu() &&
+         (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16);
+}
+
+// (b, H, s, d) = the sinks' attention of one batch of equal rows: causal, cut by the window or chunks.
+at::Tensor attention_sinks_fused(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& vb, const attention_math& m) {
+  const std::int64_t per_group = qb.size(1) / kb.size(1), seq = qb.size(2);
+  const at::Tensor k = per_group == 1 ? kb : kb.repeat_interleave(per_group, 1);
+  const at::Tensor v = per_group == 1 ? vb : vb.repeat_interleave(per_group, 1);
+  at::Tensor mask;  // additive: 0 where visible, -inf elsewhere
+  if (cuts(m, seq))
+    mask = at::zeros({1, 1, seq, seq}, qb.options())
+               .masked_fill(causal_mask(seq, m, qb.options()).logical_not().view({1, 1, seq, seq}),
+                            -std::numeric_limits<double>::infinity());
+  return sink_attention_fn::apply(qb, k, v, m.sinks, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                  !mask.defined(), m.scale);
+}
+
 }  // namespace
 
 at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -189,6 +249,8 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
                                             /*enable_gqa=*/true)
         .transpose(1, 2)
         .reshape({batch * seq, groups * per_group * d});
+  if (fused_sinks_apply(q, key_mask, m))
+    return attention_sinks_fused(qb, kb, vb, m).transpose(1, 2).reshape({batch * seq, groups * per_group * d});
   // (b, 1, s, s) bool: causal (within the window) and a real key. A query with no visible key (a
   // left-pad row) gets zeros or a uniform mix from the kernel; its row never reaches a result.
   at::Tensor allowed;
@@ -267,7 +329,9 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     const at::Tensor ks = k_parts[i].transpose(0, 1).unsqueeze(0);  // (1, G, len, d)
     const at::Tensor vs = v_parts[i].transpose(0, 1).unsqueeze(0);
     at::Tensor out;  // (1, H, len, d)
-    if (m.softcap != 0 || m.sinks.defined())
+    if (fused_sinks_apply(q, at::Tensor(), m))
+      out = attention_sinks_fused(qs, ks, vs, m);
+    else if (m.softcap != 0 || m.sinks.defined())
       out = attention_explicit(qs, ks, vs, causal_mask(len, m, q.options()), m);
     else if (cuts(m, len))
       out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m, q.options()), 0.0, false,

@@ -592,6 +592,20 @@ TEST_CASE("bad checkpoints give one-line errors naming the file and the tensor",
   const fs::path truncated = with("truncated", [](const fs::path&, auto&) {});
   fs::resize_file(truncated / "model.safetensors", fs::file_size(truncated / "model.safetensors") - 100);
   CHECK_THROWS_WITH(load_hf(actor, single, truncated), Catch::Contains("model.safetensors"));
+
+  // gpt-oss as published: the experts' MXFP4 blocks and scales in place of their weights, refused
+  // with the dequantisation to run first (before the plain tensors are reported missing).
+  const fs::path oss = fixtures / "gpt-oss-tf5";
+  const fs::path mxfp4 = edited_copy(oss, "mxfp4", [](const fs::path&, auto& ts) {
+    const std::string down = "model.layers.0.mlp.experts.down_proj";
+    std::erase_if(ts, [&](const auto& t) { return t.first == down; });
+    ts.emplace_back(down + "_blocks", at::zeros({4, 64, 3, 16}, at::kByte));
+    ts.emplace_back(down + "_scales", at::zeros({4, 64, 3}, at::kByte));
+  });
+  parallel_model<causal_lm<any_llama>> gpt_oss(single, options_for(oss), read_hf_config(oss).s);
+  CHECK_THROWS_WITH(load_hf(gpt_oss, single, mxfp4),
+                    Catch::Contains(mxfp4.string()) && Catch::Contains("down_proj_blocks is a quantised weight (MXFP4") &&
+                        Catch::Contains("dequantize the checkpoint first"));
 }
 
 }  // namespace megadsl::test

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -167,6 +168,39 @@ TEST_CASE("a batch without padding takes the fused causal kernel and gives the m
       CHECK(at::allclose(batched.narrow(0, row * s, s), alone, 1e-12, 1e-12));
     }
   }
+}
+
+TEST_CASE("learned sinks through the fused kernel equal the explicit scores with the sink column, values and gradients", "[world4]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const std::int64_t b = 2, s = 9;
+  const auto leaf = [&](std::initializer_list<std::int64_t> size) { return at::randn(size, gen, at::kFloat).requires_grad_(true); };
+  const at::Tensor q = leaf({b * s, 2, 2, 8}), k = leaf({b * s, 2, 8}), v = leaf({b * s, 2, 8}), sinks = leaf({4});
+  const at::Tensor ones = at::ones({b, s}, at::kBool);  // a key mask: the explicit path
+  // Each of (output, dq, dk, dv, dsinks) of one call.
+  const auto run = [&](const std::function<at::Tensor(const attention_math&)>& call, const attention_math& m) {
+    const at::Tensor out = call(m);
+    const at::Tensor weight = at::linspace(-1.0, 1.0, out.numel(), at::kFloat).view(out.sizes());
+    const auto grads = torch::autograd::grad({(out * weight).sum()}, {q, k, v, sinks});
+    std::vector<at::Tensor> all{out.detach()};
+    all.insert(all.end(), grads.begin(), grads.end());
+    return all;
+  };
+  for (const auto& [window, chunk] : {std::pair{0L, 0L}, std::pair{4L, 0L}, std::pair{0L, 3L}}) {
+    INFO("window " << window << ", chunk " << chunk);
+    const attention_math m{.window = window, .chunk = chunk, .sinks = sinks};
+    const auto fused = run([&](const attention_math& mm) { return attention_padded(q, k, v, {}, b, s, mm); }, m);
+    const auto explicit_ = run([&](const attention_math& mm) { return attention_padded(q, k, v, ones, b, s, mm); }, m);
+    for (std::size_t i = 0; i < fused.size(); ++i) CHECK(at::allclose(fused[i], explicit_[i], 1e-5, 1e-5));
+    // Packed sequences of unequal lengths (7 and 11): each through the fused kernel alone.
+    const auto packed = run([&](const attention_math& mm) { return attention_varlen(q, k, v, {0, 7, b * s}, mm); }, m);
+    const auto first = run([&](const attention_math& mm) {
+      return attention_padded(q.narrow(0, 0, 7), k.narrow(0, 0, 7), v.narrow(0, 0, 7), at::ones({1, 7}, at::kBool), 1, 7, mm);
+    }, m);
+    CHECK(at::allclose(packed[0].narrow(0, 0, 7), first[0], 1e-5, 1e-5));
+  }
+  // The sink takes its share of each row: without it the output differs.
+  const at::Tensor plain = attention_padded(q, k, v, {}, b, s, attention_math{});
+  CHECK(!at::allclose(plain, attention_padded(q, k, v, {}, b, s, attention_math{.sinks = sinks}), 1e-3, 1e-3));
 }
 
 // Hidden ([.]): run by its own CTest entry, which expects the error text and a clean exit.
