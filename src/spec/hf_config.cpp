@@ -887,6 +887,16 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
   const family_config* fam = family_named(out.model_type);
+  // A multimodal checkpoint whose text model is a family (Llama 4's and Gemma 3's as published):
+  // megadsl trains the text model, stored on its own.
+  if (const json* text = r.find(root, "text_config"); fam == nullptr && text != nullptr && text->is_object()) {
+    const auto it = text->find("model_type");
+    if (it != text->end() && it->is_string() && family_named(it->get<std::string>()) != nullptr)
+      r.fail("model_type", "\"" + printable(out.model_type) + "\" is a multimodal checkpoint, its text model (text_config) a \"" +
+                               printable(it->get<std::string>()) + "\" under language_model.*, which megadsl reads on its own",
+             "save the text model alone with transformers (e.g. Llama 4: "
+             "Llama4ForConditionalGeneration.from_pretrained(dir).language_model.save_pretrained(out)) and give megadsl that");
+  }
   if (fam == nullptr)
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
            "megadsl reads model_type " + types + " (" + names + ")");

@@ -931,6 +931,10 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
                                 "\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"full_attention\"]")),
              Catch::Contains("layer_types") && Catch::Contains("layer 3"));
   CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"no_rope_layers\"")), Catch::Contains("floor_scale"));
+  // Llama 4 as published: the multimodal wrapper, its text model named, the way to save it alone.
+  CHECK_THAT(error_of(R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_size": 64}})"),
+             Catch::Contains("\"llama4\" is a multimodal checkpoint") && Catch::Contains("\"llama4_text\" under language_model") &&
+                 Catch::Contains("language_model.save_pretrained(out)"));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {
