@@ -86,11 +86,8 @@ std::string shape_text(const std::vector<std::int64_t>& v) {
 // every expert of the layer in one tensor (gpt-oss: (experts, in, out) or (experts, out)), or the
 // plan's nn.Linear shape.
 std::vector<std::int64_t> stored_shape(const param_plan& p, int i, const shape& s) {
-  const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
-  if (p.row->hf_scalar) return {};
-  if (p.row->stacking != hf_stacking::none)
-    return d.rank == 1 ? std::vector<std::int64_t>{s.experts.get(), d.rows} : std::vector<std::int64_t>{s.experts.get(), d.cols, d.rows};
-  return d.rank == 1 ? std::vector<std::int64_t>{d.rows} : std::vector<std::int64_t>{d.rows, d.cols};
+  const stored_dims d = hf_stored_shape(p, i, s);
+  return {d.size.begin(), d.size.begin() + d.rank};
 }
 
 }  // namespace
