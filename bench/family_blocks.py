@@ -14,7 +14,9 @@ GLM-4 sandwich with RoPE on pairs of half of each head (glm4), q/k norms after R
 three sliding layers of four and RoPE on those only), xIELU (apertus), and gpt-oss's learned
 sinks with its biased experts and clamped SwiGLU (gpt_oss; transformers runs it with eager
 attention, as it has no sdpa path for the sinks), Llama 4's chunked and temperature-tuned attention
-with its router on the experts' input (llama4). One table: tokens/s of the forward (log-probs + entropy) and of
+with its router on the experts' input (llama4), Qwen3-Next's gated DeltaNet beside its output-gated
+attention (qwen3_next; transformers' torch fallbacks of the chunked delta rule and the conv, as it
+runs without flash-linear-attention and causal-conv1d). One table: tokens/s of the forward (log-probs + entropy) and of
 forward + backward (a PPO-style loss), megadsl at tp 1 in this process and transformers (sdpa
 attention, its default experts implementation), the median over the repeats, and the ratio. The
 cases alternate repeat by repeat so that a slow phase of the machine hits both sides alike.
@@ -85,6 +87,12 @@ FAMILIES = {
                     rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
                                      "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                                      "original_max_position_embeddings": 8192})),
+    # gated DeltaNet layers (4 key heads of 64, two value heads each, a conv of 4) with output-gated
+    # attention every fourth layer (zero-centred q/k norms, RoPE on a quarter of each head); every
+    # layer a softmax mixture of 16 experts, top 4, beside the shared expert behind its sigmoid gate
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(BASE, head_dim=64, num_experts=16, shared_expert_intermediate_size=512, linear_num_key_heads=4,
+                        linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64, **MOE)),
 }
 # transformers' attention for each family: sdpa, but gpt-oss has none (its sinks: eager or flash only).
 HF_ATTENTION = {"gpt_oss": "eager"}

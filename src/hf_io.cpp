@@ -316,6 +316,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
                                shape_text(want) + (want.empty() ? " (a scalar)" : ""));
       if (p.plan->row->hf_scalar) v = v.reshape({1});  // HF's 0-dim buffer (xIELU's beta), held as (1)
+      if (p.plan->row->hf_conv) v = v.squeeze(1);       // nn.Conv1d's (channels, 1, taps), held as (channels, taps)
       // gpt-oss's experts: one tensor per layer holds them all; this one's slice, as nn.Linear holds it.
       if (p.plan->row->stacking != hf_stacking::none) v = expert_from_stack(v, *p.plan->row, p.at.expert);
       if (!at::isFloatingType(v.scalar_type()))

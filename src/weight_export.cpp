@@ -26,6 +26,7 @@ std::vector<std::string> names_of(const param_plan& p, param_instance at) {
 at::Tensor stored_form(const param_row& row, const at::Tensor& t) {
   if (row.stacking != hf_stacking::none) return stack_slice_of(t, row);
   if (row.hf_scalar) return t.reshape({});  // HF's 0-dim buffer (xIELU's beta), held as (1)
+  if (row.hf_conv) return t.unsqueeze(1);    // nn.Conv1d's (channels, 1, taps)
   return t;
 }
 

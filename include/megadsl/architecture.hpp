@@ -130,6 +130,9 @@ struct block_param {
   // (load_hf, save_hf, the export); not one of HF's parameters (parameter_count leaves it out).
   bool hf_scalar = false;
   hf_stacking stacking = hf_stacking::none;  // (per_expert rows) how HF stores the layer's experts
+  // HF stores it as a depthwise nn.Conv1d's weight, (rows, 1, cols), megadsl as (rows, cols)
+  // (Qwen3-Next's conv1d: one filter of cols taps per channel).
+  bool hf_conv = false;
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -150,6 +153,7 @@ struct param_row {
   double init_value = 0;          // (block_param::init_value)
   bool hf_scalar = false;         // (block_param::hf_scalar)
   hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
+  bool hf_conv = false;                      // (block_param::hf_conv)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder

@@ -154,6 +154,10 @@ struct family_config {
   // q/k L2 norm), attn_temperature_tuning with floor_scale and attn_scale (the NoPE layers' q
   // scale); layer_types must say chunked_attention exactly on the RoPE layers.
   bool llama4_attention = false;
+  // Qwen3-Next's gated DeltaNet keys: linear_num_key_heads, linear_num_value_heads,
+  // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, and which layers are
+  // linear: layer_types ("linear_attention" / "full_attention") or full_attention_interval.
+  bool linear_attention = false;
   // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
   // the shape's nope_layers follow from the window.
   bool nope_on_full_layers = false;

@@ -71,7 +71,13 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(attention_chunk),
         MEGADSL_SHAPE_FIELD(qk_l2_norm),
         MEGADSL_SHAPE_FIELD(attn_floor_scale),
-        MEGADSL_SHAPE_FIELD(attn_scale));
+        MEGADSL_SHAPE_FIELD(attn_scale),
+        MEGADSL_SHAPE_FIELD(linear_layers),
+        MEGADSL_SHAPE_FIELD(linear_key_heads),
+        MEGADSL_SHAPE_FIELD(linear_value_heads),
+        MEGADSL_SHAPE_FIELD(linear_key_dim),
+        MEGADSL_SHAPE_FIELD(linear_value_dim),
+        MEGADSL_SHAPE_FIELD(linear_conv_kernel));
   }
 };
 }  // namespace boost::hana

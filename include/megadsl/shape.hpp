@@ -145,6 +145,18 @@ struct shape {
   flag qk_l2_norm = false;
   real attn_floor_scale = 0.0;
   real attn_scale = 0.0;
+  // Qwen3-Next's gated DeltaNet layers (0 elsewhere): bit i of linear_layers says layer i (< 63)
+  // mixes tokens by the gated delta rule instead of attention (layer_types "linear_attention"),
+  // with linear_key_heads heads of linear_key_dim for q and k, linear_value_heads of
+  // linear_value_dim for v (a multiple of the key heads: each key head serves that many), and a
+  // causal depthwise conv of linear_conv_kernel taps over [q | k | v]. Read by the families'
+  // choice of layer kind and by the gated DeltaNet block.
+  dim linear_layers = 0;
+  dim linear_key_heads = 0;
+  dim linear_value_heads = 0;
+  dim linear_key_dim = 0;
+  dim linear_value_dim = 0;
+  dim linear_conv_kernel = 0;
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -167,7 +179,9 @@ inline constexpr shape dynamic_shape = {
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
     .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic,
-    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic};
+    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic,
+    .linear_layers = dynamic, .linear_key_heads = dynamic, .linear_value_heads = dynamic, .linear_key_dim = dynamic,
+    .linear_value_dim = dynamic, .linear_conv_kernel = dynamic};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
@@ -177,6 +191,11 @@ constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {
 // Whether `layer` applies no RoPE (the shape's nope_layers).
 constexpr bool nope_layer(const shape& s, std::int64_t layer) {
   return layer >= 0 && layer < 64 && ((static_cast<std::uint64_t>(s.nope_layers.get()) >> layer) & 1u) != 0;
+}
+
+// Whether `layer` is a gated DeltaNet layer (the shape's linear_layers).
+constexpr bool linear_layer(const shape& s, std::int64_t layer) {
+  return layer >= 0 && layer < 63 && ((static_cast<std::uint64_t>(s.linear_layers.get()) >> layer) & 1u) != 0;
 }
 
 // head_dim as the model uses it; dynamic while it cannot be known yet.

@@ -106,6 +106,7 @@ struct stored_dims {
 constexpr stored_dims hf_stored_shape(const param_plan& p, int i, const shape& s) {
   const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
   if (p.row->hf_scalar) return {};
+  if (p.row->hf_conv) return {{d.rows, 1, d.cols}, 3};
   if (p.row->stacking != hf_stacking::none)
     return d.rank == 1 ? stored_dims{{s.experts.get(), d.rows, 0}, 2} : stored_dims{{s.experts.get(), d.cols, d.rows}, 3};
   return d.rank == 1 ? stored_dims{{d.rows, 0, 0}, 1} : stored_dims{{d.rows, d.cols, 0}, 2};

@@ -46,6 +46,7 @@ from ._C import (
     Model,
     Trainer,
     actor_loss,
+    kernels,
     is_initialized,
     kl_penalty,
     policy_loss,

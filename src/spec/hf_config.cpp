@@ -107,6 +107,12 @@ constexpr key_name key_names[] = {
     {"qk_l2_norm", "use_qk_norm"},
     {"attn_floor_scale", "floor_scale"},
     {"attn_scale", "attn_scale"},
+    {"linear_layers", "layer_types (\"linear_attention\") / full_attention_interval"},
+    {"linear_key_heads", "linear_num_key_heads"},
+    {"linear_value_heads", "linear_num_value_heads"},
+    {"linear_key_dim", "linear_key_head_dim"},
+    {"linear_value_dim", "linear_value_head_dim"},
+    {"linear_conv_kernel", "linear_conv_kernel_dim"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
     {"rope.low_freq_factor", "rope_scaling.low_freq_factor"},
@@ -738,6 +744,49 @@ void read_llama4_attention(const reader& r, shape& s) {
   }
 }
 
+// Qwen3-Next's gated DeltaNet keys (family_config::linear_attention), with Qwen3NextConfig's
+// defaults: the heads and dims of the linear layers, and which layers they are (layer_types, or
+// every layer but each full_attention_interval-th).
+void read_linear_attention(const reader& r, shape& s) {
+  const auto size = [&](std::string_view key, std::int64_t fallback) {
+    return r.optional<std::int64_t>(key, fallback, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  };
+  s.linear_key_heads = size("linear_num_key_heads", 16);
+  s.linear_value_heads = size("linear_num_value_heads", 32);
+  s.linear_key_dim = size("linear_key_head_dim", 128);
+  s.linear_value_dim = size("linear_value_head_dim", 128);
+  s.linear_conv_kernel = size("linear_conv_kernel_dim", 4);
+  if (s.linear_value_heads.get() % s.linear_key_heads.get() != 0)
+    r.fail("linear_num_value_heads", "is " + show(s.linear_value_heads.get()) + ", not a multiple of linear_num_key_heads " +
+               show(s.linear_key_heads.get()),
+           "transformers groups the value heads per key head: give a multiple");
+  const std::int64_t layers = s.layers.get();
+  std::int64_t bits = 0;
+  const auto mark = [&](std::int64_t i, std::string_view key) {
+    if (i >= 63)
+      r.fail(key, "makes layer " + std::to_string(i) + " a linear-attention layer; megadsl marks them among the first 63 "
+                  "layers only", "this checkpoint is not supported yet");
+    bits |= std::int64_t{1} << i;
+  };
+  if (const json* types = r.find(r.root(), "layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
+      r.fail("layer_types", "expected one entry per layer (" + std::to_string(layers) + "), got " + describe_json(*types),
+             "write \"linear_attention\" or \"full_attention\" for each layer");
+    for (std::int64_t i = 0; i < layers; ++i) {
+      const json& t = (*types)[static_cast<std::size_t>(i)];
+      if (t == "linear_attention") mark(i, "layer_types");
+      else if (t != "full_attention")
+        r.fail("layer_types", "holds " + describe_json(t) + " at layer " + std::to_string(i) + ", a layer type Qwen3-Next does not have",
+               "use \"linear_attention\" or \"full_attention\"");
+    }
+  } else {
+    const std::int64_t every = size("full_attention_interval", 4);
+    for (std::int64_t i = 0; i < layers; ++i)
+      if ((i + 1) % every != 0) mark(i, "full_attention_interval");
+  }
+  s.linear_layers = bits;
+}
+
 // A mixture of experts' keys (family_config::moe). Mixtral names its count num_local_experts,
 // Qwen2-MoE num_experts, and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
 void read_experts(const reader& r, const family_config& family, shape& s) {
@@ -1094,6 +1143,9 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   s.qk_l2_norm = false;
   s.attn_floor_scale = s.attn_scale = 0.0;
   if (fam->llama4_attention) read_llama4_attention(r, s);
+  s.linear_layers = s.linear_key_heads = s.linear_value_heads = s.linear_key_dim = s.linear_value_dim = 0;
+  s.linear_conv_kernel = 0;  // Qwen3-Next's, read by its blocks only
+  if (fam->linear_attention) read_linear_attention(r, s);
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
   // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
@@ -1560,6 +1612,16 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["attn_temperature_tuning"] = s.attn_floor_scale.get() != 0;
     j["floor_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_floor_scale.get() : 8192.0;
     j["attn_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_scale.get() : 0.1;
+  }
+  if (fam->linear_attention) {
+    json kinds = json::array();
+    for (std::int64_t i = 0; i < layers; ++i) kinds.push_back(linear_layer(s, i) ? "linear_attention" : "full_attention");
+    j["layer_types"] = kinds;
+    j["linear_num_key_heads"] = s.linear_key_heads.get();
+    j["linear_num_value_heads"] = s.linear_value_heads.get();
+    j["linear_key_head_dim"] = s.linear_key_dim.get();
+    j["linear_value_head_dim"] = s.linear_value_dim.get();
+    j["linear_conv_kernel_dim"] = s.linear_conv_kernel.get();
   }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {

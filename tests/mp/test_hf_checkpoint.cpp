@@ -67,7 +67,10 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // SwiGLU, its experts stacked per layer as transformers stores them; Llama 4's chunked RoPE layers
 // (RoPE on pairs, q/k L2 norms) and temperature-tuned NoPE layers, dense and sparse layers
 // interleaved, its router feeding each expert x * sigmoid(logit) beside the shared expert, its
-// experts stacked ([gate | up]).
+// experts stacked ([gate | up]); Qwen3-Next's gated DeltaNet layers (the chunked delta rule, the
+// causal conv, the gated norm; two value heads per key head) beside its output-gated attention with
+// zero-centred q/k norms and RoPE on a quarter of each head, mixtures with the gated shared expert
+// and dense layers.
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
@@ -75,10 +78,11 @@ constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3
                                         "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5",
                                         "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5", "gemma3-text-tf5", "olmo3-tf5",
                                         "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "apertus-tf5",
-                                        "gpt-oss-tf5", "llama4-tf5"};
+                                        "gpt-oss-tf5", "llama4-tf5", "qwen3-next-tf5"};
 constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5", "olmoe-tf5",
                                              "glm4-moe-tf5", "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5",
-                                             "qwen3-moe-mixed-tf5", "hunyuan-moe-tf5", "gpt-oss-tf5", "llama4-tf5"};
+                                             "qwen3-moe-mixed-tf5", "hunyuan-moe-tf5", "gpt-oss-tf5", "llama4-tf5",
+                                             "qwen3-next-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -329,6 +333,7 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
   check_export<layout{.tp = 2, .ep = 2}>("gpt-oss-tf5", 2048);  // each layer's stacks whole, whatever the bucket
   check_export<layout{.pp = 2, .ep = 2}>("gpt-oss-tf5", std::int64_t{1} << 30);
   check_export<layout{.tp = 2, .ep = 2}>("llama4-tf5", 2048);
+  check_export<layout{.tp = 2, .ep = 2}>("qwen3-next-tf5", 4096);  // the conv's (channels, 1, taps) restored
 
   // A rollout engine's tp rank gets its slice: q/k/v and gate/up by rows, o/down by columns,
   // norms whole; with fewer kv heads than rollout ranks each gets its query group's kv head.

@@ -2,6 +2,8 @@
 // replay (record the routing in one forward, replay it in a later forward and its backward).
 #include "../catch_torch.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 
 #include "megadsl/layers/moe.hpp"
@@ -152,6 +154,11 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_llama4, layout{.tp = 2, .pp = 2}>();
   check_moe_inference<tiny8_llama4, layout{.pp = 2, .rmpad = true}>();
   check_moe_inference<tiny8_llama4, layout{.tp = 4, .sp = true}>();
+  // Qwen3-Next: gated DeltaNet layers (each packed sequence from a zero state), output-gated
+  // attention, mixtures with the gated shared expert, a dense layer.
+  check_moe_inference<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_qwen3_next, layout{.tp = 2, .pp = 2}>();
+  check_moe_inference<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -180,6 +187,10 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_llama4, layout{.tp = 2, .pp = 2}>(2, false);
   check_moe_training<tiny8_llama4, layout{.pp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, true);
   check_moe_training<tiny8_llama4, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_qwen3_next, layout{.ep = 4}>(1, false);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .pp = 2}>(2, false);
+  check_moe_training<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, true);
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);
@@ -191,6 +202,51 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   // The balancer reorders rows over dp and into micro-batches; the routing travels with its rows.
   const micro_batch_options budget{.max_token_len = 20};
   check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .ep = 4}>(0, true, &budget);
+}
+
+// Qwen3-Next's rows longer than the delta rule's chunk (64): 150, 70 and 21 tokens, right- and
+// left-padded and packed back to back; each layout's outputs equal one process's right-padded ones.
+template <layout L>
+void check_long_qwen3_next(const batch& right, const batch& left, const at::Tensor& log_probs, const at::Tensor& entropy) {
+  INFO("tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get());
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<tiny8_qwen3_next, L>> model(groups, test_options<tiny8_qwen3_next>());
+  for (const batch* b : {&right, &left}) {
+    const model_output o = model.forward(*b);
+    CHECK(max_abs_diff(o.log_probs.masked_select(o.valid.to(at::kBool)), log_probs) <= 1e-5);
+    CHECK(max_abs_diff(o.entropy.masked_select(b->attention_mask.to(at::kBool)), entropy) <= 1e-5);
+  }
+}
+
+TEST_CASE("Qwen3-Next: rows longer than the delta rule's chunk, padded either side or packed, equal one process",
+          "[world4][moe]") {
+  const std::int64_t lengths[] = {150, 70, 21}, seq = 150;
+  const at::Tensor tokens = at::randint(1, tiny8_qwen3_next::shape.vocab.get(), {3, seq},
+                                        at::make_generator<at::CPUGeneratorImpl>(11));
+  at::Tensor right_mask = at::zeros({3, seq}, at::kLong), left_mask = at::zeros({3, seq}, at::kLong);
+  at::Tensor right_ids = at::zeros({3, seq}, at::kLong), left_ids = at::zeros({3, seq}, at::kLong);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const std::int64_t n = lengths[i];
+    right_mask[i].narrow(0, 0, n).fill_(1);
+    left_mask[i].narrow(0, seq - n, n).fill_(1);
+    right_ids[i].narrow(0, 0, n).copy_(tokens[i].narrow(0, 0, n));
+    left_ids[i].narrow(0, seq - n, n).copy_(tokens[i].narrow(0, 0, n));
+  }
+  const batch right{.input_ids = right_ids, .attention_mask = right_mask}, left{.input_ids = left_ids, .attention_mask = left_mask};
+  auto single = parallel_groups::single();
+  parallel_model<causal_lm<tiny8_qwen3_next>> ref(single, test_options<tiny8_qwen3_next>());
+  const model_output r = ref.forward(right);
+  const at::Tensor log_probs = r.log_probs.masked_select(r.valid.to(at::kBool)), entropy = r.entropy.masked_select(right_mask.to(at::kBool));
+  // The state carries over the chunks: a token of the first chunk changes the last chunk's outputs.
+  batch edited = right;
+  edited.input_ids = right_ids.clone();
+  edited.input_ids[0][10] = (right_ids[0][10].item<std::int64_t>() % 400) + 1;
+  CHECK(max_abs_diff(ref.forward(edited).entropy[0].narrow(0, 140, 10), r.entropy[0].narrow(0, 140, 10)) > 1e-6);
+  check_long_qwen3_next<layout{}>(right, left, log_probs, entropy);
+  check_long_qwen3_next<layout{.rmpad = true}>(right, left, log_probs, entropy);
+  check_long_qwen3_next<layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(right, left, log_probs, entropy);
+  check_long_qwen3_next<layout{.pp = 2, .rmpad = true}>(right, left, log_probs, entropy);
+  check_long_qwen3_next<layout{.tp = 2, .pp = 2}>(right, left, log_probs, entropy);
 }
 
 TEST_CASE("mixtures of experts under context parallelism: routing, replay, the auxiliary losses over the whole "
@@ -218,6 +274,7 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_qwen2_moe_mixed, layout{.tp = 2, .pp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_llama4, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_olmoe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   // The expert biases balanced by load (summed over dp 2) move alike in every layout.
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false);

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "megadsl/layers/gated_delta_rule.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -201,6 +202,52 @@ TEST_CASE("learned sinks through the fused kernel equal the explicit scores with
   // The sink takes its share of each row: without it the output differs.
   const at::Tensor plain = attention_padded(q, k, v, {}, b, s, attention_math{});
   CHECK(!at::allclose(plain, attention_padded(q, k, v, {}, b, s, attention_math{.sinks = sinks}), 1e-3, 1e-3));
+}
+
+TEST_CASE("the chunked gated delta rule equals the token-by-token rule, values and gradients, over several chunks", "[world4]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  // 150 tokens: two whole chunks of 64 and a part; 2 key heads, each serving 2 value heads.
+  const std::int64_t b = 2, l = 150, hk = 2, hv = 4, dk = 8, dv = 6;
+  const auto leaf = [&](const at::Tensor& t) { return t.detach().requires_grad_(true); };
+  const at::Tensor q = leaf(at::randn({b, l, hk, dk}, gen, at::kFloat)), k = leaf(at::randn({b, l, hk, dk}, gen, at::kFloat));
+  const at::Tensor v = leaf(at::randn({b, l, hv, dv}, gen, at::kFloat));
+  // Slow decays (the state carries across the chunks' boundaries), rates in (0, 1).
+  const at::Tensor g = leaf(-0.05 * at::rand({b, l, hv}, gen, at::kFloat));
+  const at::Tensor beta = leaf(at::rand({b, l, hv}, gen, at::kFloat));
+  const auto run = [&](const std::function<at::Tensor()>& call) {
+    const at::Tensor out = call();
+    const at::Tensor weight = at::linspace(-1.0, 1.0, out.numel(), at::kFloat).view(out.sizes());
+    const auto grads = torch::autograd::grad({(out * weight).sum()}, {q, k, v, g, beta});
+    std::vector<at::Tensor> all{out.detach()};
+    all.insert(all.end(), grads.begin(), grads.end());
+    return all;
+  };
+  const auto recurrent = run([&] { return recurrent_gated_delta_rule(q, k, v, g, beta); });
+  for (const std::int64_t chunk : {64L, 16L}) {
+    INFO("chunk " << chunk);
+    const auto chunked = run([&] { return chunk_gated_delta_rule(q, k, v, g, beta, chunk); });
+    const char* what[] = {"output", "dq", "dk", "dv", "dg", "dbeta"};
+    for (std::size_t i = 0; i < chunked.size(); ++i) {
+      INFO(what[i] << " max |diff| " << (chunked[i] - recurrent[i]).abs().max().item<double>());
+      CHECK(at::allclose(chunked[i], recurrent[i], 1e-4, 1e-4));
+    }
+  }
+  // Each row from its own zero state: a row alone gives its rows' outputs.
+  const at::Tensor both = chunk_gated_delta_rule(q, k, v, g, beta).detach();
+  const at::Tensor second = chunk_gated_delta_rule(q.narrow(0, 1, 1), k.narrow(0, 1, 1), v.narrow(0, 1, 1), g.narrow(0, 1, 1),
+                                                   beta.narrow(0, 1, 1)).detach();
+  CHECK(at::allclose(both.narrow(0, 1, 1), second, 1e-5, 1e-5));
+  // The state carries across a chunk's boundary: the last tokens' outputs (the third chunk) change
+  // when tokens of the second chunk do.
+  const at::Tensor v2 = v.detach().clone();
+  v2.narrow(1, 110, 10).add_(1.0);
+  CHECK(!at::allclose(chunk_gated_delta_rule(q, k, v2, g, beta).narrow(1, l - 5, 5), both.narrow(1, l - 5, 5), 1e-3, 1e-3));
+  // The causal conv: zero history, each output from its own and the K - 1 earlier inputs.
+  const at::Tensor x = at::randn({1, 6, 3}, gen, at::kFloat), w = at::randn({3, 4}, gen, at::kFloat);
+  const at::Tensor y = causal_conv1d_silu(x, w);
+  const auto tap = [&](std::int64_t t, std::int64_t j) { return t < 0 ? at::zeros({3}) : x[0][t] * w.select(1, j); };
+  for (const std::int64_t t : {0L, 2L, 5L})
+    CHECK(at::allclose(y[0][t], at::silu(tap(t - 3, 0) + tap(t - 2, 1) + tap(t - 1, 2) + tap(t, 3)), 1e-6, 1e-6));
 }
 
 // Hidden ([.]): run by its own CTest entry, which expects the error text and a clean exit.

@@ -95,6 +95,22 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
         const double sq = static_cast<double>(seq);
         double nc = 12 * L * h * h * ((1 + g / n + sq / h) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
         double c = 12 * L * h * h * ((1 + g / n + sq / h / 2) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
+        if (has("layers.{layer}.in_proj_qkvz.weight")) {
+          // Qwen3-Next's hybrid: 6 per element of each layer's matrices (the full layers' q_proj twice
+          // as wide for its gate; the DeltaNet's projections, its depthwise conv's taps and out_proj),
+          // the scores on the full-attention layers only (the delta rule's own cost left out).
+          double linear = 0;
+          for (std::int64_t i = 0; i < s.layers.get(); ++i) linear += megadsl::linear_layer(s, i) ? 1 : 0;
+          const double full = L - linear;
+          const double nk = static_cast<double>(s.linear_key_heads.get()), nv = static_cast<double>(s.linear_value_heads.get());
+          const double dk = static_cast<double>(s.linear_key_dim.get()), dv = static_cast<double>(s.linear_value_dim.get());
+          const double taps = static_cast<double>(s.linear_conv_kernel.get());
+          const double attention = (3 * n * d + 2 * g * d) * h;
+          const double deltanet = (2 * nk * dk + 2 * nv * dv) * h + 2 * nv * h + (2 * nk * dk + nv * dv) * taps + h * nv * dv;
+          const double mlp_head = 12 * L * h * h * (ffn / h * m + vp / (2 * L * h));
+          nc = 6 * (full * attention + linear * deltanet) + 12 * full * sq * n * d + mlp_head;
+          c = 6 * (full * attention + linear * deltanet) + 6 * full * sq * n * d + mlp_head;
+        }
         if (has("layers.{layer}.kv_up.weight")) {
           // Multi-head latent attention (Megatron's MLA form, the latents' norm weights left out): 6 per
           // element of q_a/q_b (or q), kv_a, kv_b and o, and q k^T over dqk and p v over dv per head.
@@ -223,8 +239,18 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           // Multi-head latent attention's down projections and their norms are replicated.
           const std::int64_t rq = s.q_lora_rank.get(), rkv = s.kv_lora_rank.get();
           const std::int64_t latents = row("layers.{layer}.kv_up.weight") ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
-          const std::int64_t replicated =
-              L * (norms + biases) * h + per_norm * h + L * qk_norms + routers + expert_biases + latents + (actor ? 0 : h + 1);
+          // Qwen3-Next: the q/k norms on its full-attention layers only; each DeltaNet layer's conv
+          // (channels, taps) and gated norm (dv) are replicated.
+          std::int64_t attention_layers = L, deltanet = 0;
+          if (row("layers.{layer}.conv1d.weight") != nullptr)
+            for (std::int64_t i = 0; i < L; ++i)
+              if (megadsl::linear_layer(s, i)) {
+                --attention_layers;
+                deltanet += (2 * s.linear_key_heads.get() * s.linear_key_dim.get() + s.linear_value_heads.get() * s.linear_value_dim.get()) *
+                                s.linear_conv_kernel.get() + s.linear_value_dim.get();
+              }
+          const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + attention_layers * qk_norms + routers +
+                                          expert_biases + latents + deltanet + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\" or \"llama4_text\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\" or \"qwen3_next\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\" or \"llama4_text\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\" or \"qwen3_next\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -254,7 +254,8 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
         ".attention_chunk = 0, .qk_l2_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
-        ".arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
+        ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
+        ".linear_conv_kernel = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
         std::string::npos);
@@ -947,4 +948,51 @@ TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", 
   const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "cohere", false, "float32", c.attention_window), "w");
   CHECK(megadsl::mismatches(back.s, c.s).empty());
   CHECK_THAT(error_of(edited(c1, "\"use_qk_norm\": false", "\"use_qk_norm\": true")), Catch::Contains("use_qk_norm"));
+}
+
+TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNet's heads, a quarter of each head rotated",
+          "[spec][hf_config]") {
+  const std::string q = R"({"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100,
+    "num_experts": 16, "mlp_only_layers": [1], "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 8, "rope_parameters": {"rope_type": "default",
+    "rope_theta": 10000000.0}})";
+  const auto c = parse_hf_config(q, "x");
+  // Qwen3NextConfig's defaults: head_dim 256, a quarter rotated, top 10 renormalised, experts and the
+  // shared expert of 512, a conv of 4, full attention every fourth layer.
+  CHECK((megadsl::effective_head_dim(c.s).get() == 256 && c.s.rotary_fraction.get() == 0.25 && c.s.top_k.get() == 10 &&
+         c.s.norm_topk.get() && megadsl::expert_ffn_of(c.s).get() == 512 && c.s.shared_expert_ffn.get() == 512));
+  CHECK((c.s.linear_key_heads.get() == 2 && c.s.linear_value_heads.get() == 4 && c.s.linear_key_dim.get() == 16 &&
+         c.s.linear_value_dim.get() == 8 && c.s.linear_conv_kernel.get() == 4));
+  for (std::int64_t i = 0; i < 8; ++i) {
+    CHECK(megadsl::linear_layer(c.s, i) == (i % 4 != 3));
+    // Kinds: 0 linear, 1 full, + 2 routed (every layer but 1).
+    CHECK(megadsl::kind_of_layer(c.s, i) == (i % 4 != 3 ? 0 : 1) + (i == 1 ? 0 : 2));
+  }
+  const std::string written = megadsl::hf_config_json(c.s, "qwen3_next", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("Qwen3NextForCausalLM") && Catch::Contains("\"linear_attention\"") &&
+                          Catch::Contains("\"linear_num_value_heads\": 4") && Catch::Contains("\"partial_rotary_factor\": 0.25"));
+  const auto back = parse_hf_config(written, "w");
+  for (const std::string& m : megadsl::mismatches(back.s, c.s)) FAIL_CHECK(m);
+  // layer_types overrides the interval.
+  const auto typed = parse_hf_config(edited(q, "\"num_experts\"", "\"layer_types\": [\"full_attention\", \"linear_attention\", "
+      "\"linear_attention\", \"linear_attention\", \"linear_attention\", \"linear_attention\", \"linear_attention\", "
+      "\"full_attention\"], \"num_experts\""), "x");
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(megadsl::linear_layer(typed.s, i) == (i != 0 && i != 7));
+  const auto every2 = parse_hf_config(edited(q, "\"num_experts\"", "\"full_attention_interval\": 2, \"num_experts\""), "x");
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(megadsl::linear_layer(every2.s, i) == (i % 2 == 0));
+  // Refused: a layer type it does not have, a list of the wrong length, value heads not whole per key head.
+  CHECK_THAT(error_of(edited(q, "\"num_experts\"", "\"layer_types\": [\"sliding_attention\", \"full_attention\", "
+      "\"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\", "
+      "\"full_attention\"], \"num_experts\"")), Catch::Contains("layer_types") && Catch::Contains("sliding_attention"));
+  CHECK_THAT(error_of(edited(q, "\"num_experts\"", "\"layer_types\": [\"full_attention\"], \"num_experts\"")),
+             Catch::Contains("one entry per layer"));
+  CHECK_THAT(error_of(edited(q, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3")),
+             Catch::Contains("linear_num_value_heads") && Catch::Contains("multiple"));
+  // Its layouts: whole key heads per tp rank, kv heads split (no replication), no cp.
+  megadsl::shape s = c.s;
+  CHECK(megadsl::check(s, megadsl::layout{.tp = 2}).ok());
+  CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).has("linear_heads_divisible_by_tp"));
+  CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).has("gated_attention_kv_heads_divisible_by_tp"));
+  CHECK(megadsl::check(s, megadsl::layout{.cp = 2}).has("cp_splits_heads"));
 }

@@ -36,6 +36,10 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_buil
 inline constexpr std::int64_t attention_nope_bit = 1, attention_chunked_bit = 2, attention_temperature_bit = 4;
 // multi-head latent attention (src/layers/mla.cpp)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
+// Qwen3-Next's gated DeltaNet (src/layers/gated_delta_net.cpp) and its output-gated attention
+// (src/layers/gated_attention.cpp; child 0: its q/k norm)
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_delta_net(const block_build& b);
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_attention(const block_build& b);
 
 // MLPs; setting: the activation (architecture.hpp's `activation`)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp

@@ -54,6 +54,10 @@
 //                                     Llama4TextMoe: top-k of the router's logits, each chosen
 //                                     expert fed x * sigmoid(logit), + the ungated shared expert on x;
 //                                     experts stacked per layer ([gate | up] columns)
+//   gated_delta_net                   Qwen3NextGatedDeltaNet: linear attention by the gated delta rule
+//                                     (chunked, exact backward), causal conv, gated output norm
+//   gated_attention<per_head_qk_norm<rms_norm<rms_1p>>>  Qwen3NextAttention: q_proj = [q | gate] per
+//                                     head, the output times sigmoid(gate)
 #pragma once
 
 #include <array>
@@ -203,7 +207,7 @@ class arch_builder {
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
                         p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar,
-                        p.stacking};
+                        p.stacking, p.hf_conv};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
@@ -522,6 +526,102 @@ struct mla {
     b.rule(&mla_rule);
     return b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
                    {.whole = 3, .split = 8, .scores = 5}, &score_units);
+  }
+};
+
+constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations& out);
+
+// Qwen3-Next's gated DeltaNet (Qwen3NextGatedDeltaNet), a linear-attention layer: in_proj_qkvz
+// gives per key head [q | k | v of its value heads | z of them] and in_proj_ba [b | a] of its
+// value heads (so each tp rank's key heads are one contiguous block of rows: column-parallel); a
+// causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over the channels [q | k | v];
+// q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated delta rule with decay
+// g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value head reading its key
+// head; the output RMS-normed per head (weight per dim) times SiLU(z), then out_proj
+// (row-parallel). The conv's weight and the norm's are replicated, each rank applying its heads'
+// share (their gradients partial over tp). The state starts at zero in each sequence: padded rows
+// as transformers masks them, packed sequences each from its own start.
+struct gated_delta_net {
+  static constexpr std::int64_t key_width(const shape& s) { return s.linear_key_heads.get() * s.linear_key_dim.get(); }
+  static constexpr std::int64_t value_width(const shape& s) { return s.linear_value_heads.get() * s.linear_value_dim.get(); }
+  static constexpr row_dims qkvz(const shape& s) { return {2 * key_width(s) + 2 * value_width(s), s.hidden.get()}; }
+  static constexpr row_dims ba(const shape& s) { return {2 * s.linear_value_heads.get(), s.hidden.get()}; }
+  static constexpr row_dims conv(const shape& s) { return {2 * key_width(s) + value_width(s), s.linear_conv_kernel.get()}; }
+  static constexpr row_dims per_value_head(const shape& s) { return {s.linear_value_heads.get(), 0}; }
+  static constexpr row_dims norm(const shape& s) { return {s.linear_value_dim.get(), 0}; }
+  static constexpr row_dims out(const shape& s) { return {s.hidden.get(), value_width(s)}; }
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
+    t.add("  q/k ", known(s.linear_key_heads), " heads of ", known(s.linear_key_dim), ", v ", known(s.linear_value_heads),
+          " heads of ", known(s.linear_value_dim), ", conv ", known(s.linear_conv_kernel),
+          "  [linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module("linear_attn");
+    b.param(at, {"in_proj_qkvz.weight", shard_kind::column, {"in_proj_qkvz.weight"}, 1, extent::none, presence::always, false,
+                 false, param_init::normal, false, &qkvz});
+    b.param(at, {"in_proj_ba.weight", shard_kind::column, {"in_proj_ba.weight"}, 1, extent::none, presence::always, false,
+                 false, param_init::normal, false, &ba});
+    b.param(at, {"conv1d.weight", shard_kind::replicated, {"conv1d.weight"}, 1, extent::none, presence::always, false, true,
+                 param_init::normal, false, &conv, 0, false, hf_stacking::none, /*hf_conv=*/true});
+    b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
+                 param_init::ones, false, &per_value_head});
+    // A = exp(A_log); HF draws A uniformly from [0.01, 16] where no checkpoint gives it: e^2 here.
+    b.param(at, {"A_log", shard_kind::column, {"A_log"}, 1, extent::none, presence::always, false, false,
+                 param_init::constant, false, &per_value_head, 2.0});
+    b.param(at, {"linear_norm.weight", shard_kind::replicated, {"norm.weight"}, 1, extent::none, presence::always, false, true,
+                 param_init::ones, false, &norm});
+    b.param(at, {"out_proj.weight", shard_kind::row, {"out_proj.weight"}, 1, extent::none, presence::always, false, false,
+                 param_init::normal, false, &out});
+    b.rule(&gated_delta_net_rule);
+    // Keeps its input (2, whole without SP) and, split over tp, the projections, the conv's output,
+    // the chunked rule's intermediates and the gated norm's input (about 12).
+    return b.costs(b.node(at, &modules::gated_delta_net, {}, "gated_delta_net", "gated_delta_net (linear attention)", &details),
+                   {.whole = 3, .split = 12});
+  }
+};
+
+constexpr void gated_attention_rule(const shape& s, const layout& l, violations& out);
+
+// Qwen3-Next's full-attention layers (Qwen3NextAttention): q_proj gives each head [q | gate] (2 x
+// head_dim rows per head, so a tp rank's heads are one contiguous block), k_proj and v_proj its kv
+// heads (column-parallel: kv_heads a multiple of tp); the q/k norm `QkNorm` per head before RoPE
+// (zero-centred RMSNorms in Qwen3-Next); RoPE on the shape's rotary share; causal attention; the
+// output times sigmoid(gate) before o_proj (row-parallel).
+template <class QkNorm>
+struct gated_attention {
+  static constexpr std::int64_t d(const shape& s) { return effective_head_dim(s).get(); }
+  static constexpr row_dims q(const shape& s) { return {2 * s.heads.get() * d(s), s.hidden.get()}; }
+  static constexpr row_dims q_bias(const shape& s) { return {2 * s.heads.get() * d(s), 0}; }
+  static constexpr row_dims kv(const shape& s) { return {s.kv_heads.get() * d(s), s.hidden.get()}; }
+  static constexpr row_dims kv_bias(const shape& s) { return {s.kv_heads.get() * d(s), 0}; }
+  static constexpr std::int64_t score_units(const shape& s) { return s.heads.get() * d(s); }
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    auto on = [](const auto& v) { return v.is_static() && v.get(); };
+    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", ", rope",
+          s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0 ? " on part of each head" : "", QkNorm::label,
+          ", output times sigmoid(gate)  [self_attn: q_proj = [q | gate] per head]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module("self_attn");
+    const auto param = [&](std::string_view name, shard_kind k, presence when, row_dims_fn dims) {
+      b.param(at, {name, k, {name}, 1, extent::none, when, false, false, param_init::normal, false, dims});
+    };
+    param("q_proj.weight", shard_kind::column, presence::always, &q);
+    param("k_proj.weight", shard_kind::column, presence::always, &kv);
+    param("v_proj.weight", shard_kind::column, presence::always, &kv);
+    b.param(at, {"q_proj.bias", shard_kind::column, {"q_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
+                 param_init::zeros, false, &q_bias});
+    b.param(at, {"k_proj.bias", shard_kind::column, {"k_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
+                 param_init::zeros, false, &kv_bias});
+    b.param(at, {"v_proj.bias", shard_kind::column, {"v_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
+                 param_init::zeros, false, &kv_bias});
+    const int qk = lower_block<QkNorm>(b, at);
+    b.param(at.sub("o_proj", "o_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
+    b.param(at.sub("o_proj", "o_proj"), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    b.rule(&gated_attention_rule);
+    return b.costs(b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details),
+                   {.whole = 3, .split = 10, .scores = 5}, &score_units);
   }
 };
 
@@ -1059,6 +1159,39 @@ constexpr void qk_norm_after_rope_rule(const shape& s, const layout& l, violatio
   if (s.rope_interleave.is_static() && s.rope_interleave.get())
     out.add("qk_norm_after_rope_needs_halves")
         .add("rope_interleave: q/k norms after RoPE on interleaved pairs are not supported; rotate halves");
+}
+constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations& out) {
+  if (l.cp.is_static() && l.cp.get() > 1)
+    out.add("cp_splits_heads", {l.cp.get()})
+        .add("cp = ", l.cp.get(), ": the gated DeltaNet layers carry their state along the whole sequence and have no "
+             "context-parallel path yet; use cp = 1");
+  if (!megadsl::detail::known(s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim,
+                              s.linear_conv_kernel))
+    return;
+  const std::int64_t nk = s.linear_key_heads.get(), nv = s.linear_value_heads.get();
+  if (nk < 1 || nv < 1 || s.linear_key_dim.get() < 1 || s.linear_value_dim.get() < 1 || s.linear_conv_kernel.get() < 1) {
+    out.add("positive_sizes", {nk, nv})
+        .add("linear_num_key_heads = ", nk, ", linear_num_value_heads = ", nv, ": the gated DeltaNet needs every head "
+             "count, head dim and the conv kernel >= 1");
+    return;
+  }
+  if (nv % nk != 0)
+    out.add("linear_value_heads_per_key_head", {nv, nk})
+        .add("linear_num_value_heads = ", nv, " is not a multiple of linear_num_key_heads = ", nk,
+             ": each key head serves a whole number of value heads");
+  if (l.tp.is_static() && l.tp.get() > 0 && nk % l.tp.get() != 0)
+    out.add("linear_heads_divisible_by_tp", {nk, l.tp.get()})
+        .add("linear_num_key_heads = ", nk, " is not divisible by tp = ", l.tp.get(),
+             ": each tp rank takes whole key heads of the gated DeltaNet with their value heads");
+}
+constexpr void gated_attention_rule(const shape& s, const layout& l, violations& out) {
+  if (l.cp.is_static() && l.cp.get() > 1)
+    out.add("cp_splits_heads", {l.cp.get()})
+        .add("cp = ", l.cp.get(), ": the gated attention has no context-parallel path yet; use cp = 1");
+  if (l.tp.is_static() && l.tp.get() > 0 && s.kv_heads.is_static() && s.kv_heads.get() % l.tp.get() != 0)
+    out.add("gated_attention_kv_heads_divisible_by_tp", {s.kv_heads.get(), l.tp.get()})
+        .add("kv_heads = ", s.kv_heads.get(), " is not divisible by tp = ", l.tp.get(),
+             ": the gated attention splits k_proj and v_proj by whole kv heads (no replication); use a tp that divides kv_heads");
 }
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
   if (s.attention_multiplier.is_static() && s.attention_multiplier.get() != 0)

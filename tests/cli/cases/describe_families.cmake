@@ -162,3 +162,18 @@ expect_out("parameters: 218,432 ")
 megadsl(describe llama4-scout --tp 8 --ep 8)
 expect_exit(0)
 expect_out("parameters: 107,769,861,120 \\(108B, HF count: true vocab, tied counted once\\); published: 107,769,861,120")
+
+# Qwen3-Next: gated DeltaNet layers (the conv's weight shown in HF's (channels, 1, taps)) beside
+# output-gated attention, four kinds of layer; the published 80B's count as transformers gives it.
+megadsl(describe ${FIXTURES}/qwen3-next-tf5 --tp 2)
+expect_exit(0)
+expect_out("gated_delta_net \\(linear attention\\)  q/k 4 heads of 16, v 8 heads of 12, conv 4  \\[linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj\\]")
+expect_out("attention \\(output gate\\)  q/k/v, rope on part of each head, q/k rms_norm per head, output times sigmoid\\(gate\\)")
+expect_out("model\\.layers\\.{layer}\\.linear_attn\\.conv1d\\.weight +replicated +\\(224, 1, 4\\) +\\(224, 4\\)")
+expect_out("parameters: 272,952 ")
+megadsl(describe qwen3-next-80b-a3b --tp 2 --ep 8)
+expect_exit(0)
+expect_out("parameters: 79,674,391,296 \\(79.7B, HF count: true vocab, tied counted once\\); published: 79,674,391,296")
+megadsl(check qwen3-next-80b-a3b --tp 4)
+expect_exit(1)
+expect_err("gated_attention_kv_heads_divisible_by_tp: kv_heads = 2 is not divisible by tp = 4")
