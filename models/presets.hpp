@@ -33,6 +33,7 @@
 #include "megadsl/models/phi3.hpp"
 #include "megadsl/models/qwen.hpp"
 #include "megadsl/models/qwen3.hpp"
+#include "megadsl/models/qwen3_5.hpp"
 #include "megadsl/models/qwen3_next.hpp"
 #include "megadsl/models/qwen_moe.hpp"
 #include "megadsl/models/seed_oss.hpp"

@@ -30,9 +30,9 @@ using qwen3_next_block = blocks::block<blocks::pre_norm<qwen3_next_norm, Mixer>,
 
 using qwen3_next_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::select<&qwen3_next_layer, qwen3_next_block<blocks::gated_delta_net, blocks::gated_mlp<activation::silu>>,
+    blocks::select<&qwen3_next_layer, qwen3_next_block<blocks::gated_delta_net<>, blocks::gated_mlp<activation::silu>>,
                    qwen3_next_block<qwen3_next_attention, blocks::gated_mlp<activation::silu>>,
-                   qwen3_next_block<blocks::gated_delta_net, qwen3_next_moe>, qwen3_next_block<qwen3_next_attention, qwen3_next_moe>>,
+                   qwen3_next_block<blocks::gated_delta_net<>, qwen3_next_moe>, qwen3_next_block<qwen3_next_attention, qwen3_next_moe>>,
     qwen3_next_norm>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -23,7 +23,8 @@ inline constexpr auto families = std::to_array<const family_config*>(
      &deepseek_v3_config, &gemma3_config, &olmo3_config,
      &exaone4_config, &ernie4_5_config, &glm4_config, &kimi_k2_config,
      &hunyuan_dense_config, &granite_config, &cohere2_config,
-     &hunyuan_moe_config, &cohere_config, &apertus_config, &gpt_oss_config, &llama4_config, &qwen3_next_config});
+     &hunyuan_moe_config, &cohere_config, &apertus_config, &gpt_oss_config, &llama4_config, &qwen3_next_config,
+     &qwen3_5_config, &qwen3_5_moe_config});
 
 // The family whose config.json says `model_type`, or nullptr.
 constexpr const family_config* find_family(std::string_view model_type) {

@@ -141,6 +141,17 @@ std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const
       out.push_back({1, 0, half, tp_rank * half, half});
       break;
     }
+    case shard_kind::column_slots: {  // each slot's share, side by side: [slot0_r ; slot1_r ; slot2_r]
+      std::int64_t global = 0, local = 0;
+      for (const std::int64_t rows : row.slots_of(s)) {
+        if (rows == 0) continue;
+        const std::int64_t share = rows / tp;
+        out.push_back({0, 0, local, global + tp_rank * share, share});
+        global += rows;
+        local += share;
+      }
+      break;
+    }
     case shard_kind::fused_qkv: {
       const qkv_rank_layout q = qkv_layout(s, l, tp_rank);
       const std::int64_t d = q.head_dim, block = (q.q_per_group + 2) * d, qrows = q.q_per_group * d;

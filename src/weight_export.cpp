@@ -203,7 +203,7 @@ hf_tensor_list weight_stream::next() {
         // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
         // ranks); one HF tensor holding several projections (Phi-3, GPT-NeoX) cannot be sliced evenly.
         const shard_kind kind = p.plan->row->kind;
-        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
+        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up || kind == shard_kind::column_slots;
         const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
                                   : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
                                                                                                            : 0;

@@ -38,6 +38,8 @@ enum class shard_kind : std::int8_t {
   replicated,     // whole on every tp rank
   fused_qkv,      // column; per rank, per local kv group: [q heads | k | v]
   fused_gate_up,  // column; per rank [gate_r ; up_r]
+  column_slots,   // column; HF's rows are up to three slots of their own sizes (the row's slots_of),
+                  // each split over tp: per rank [slot0_r ; slot1_r ; slot2_r] (Qwen3.5's in_proj_qkv)
 };
 
 constexpr std::string_view name_of(shard_kind k) {
@@ -48,6 +50,7 @@ constexpr std::string_view name_of(shard_kind k) {
     case shard_kind::replicated: return "replicated";
     case shard_kind::fused_qkv: return "fused q/k/v";
     case shard_kind::fused_gate_up: return "fused gate/up";
+    case shard_kind::column_slots: return "column slots";
   }
   return "?";
 }
@@ -93,6 +96,8 @@ struct row_dims {
   std::int64_t rows = 0, cols = 0;
 };
 using row_dims_fn = row_dims (*)(const shape&);
+// The rows of each slot of a shard_kind::column_slots row's HF tensor, in order (0: no such slot).
+using row_slots_fn = std::array<std::int64_t, 3> (*)(const shape&);
 
 // How a parameter starts when a model is built without a checkpoint.
 enum class param_init : std::int8_t {
@@ -133,6 +138,7 @@ struct block_param {
   // HF stores it as a depthwise nn.Conv1d's weight, (rows, 1, cols), megadsl as (rows, cols)
   // (Qwen3-Next's conv1d: one filter of cols taps per channel).
   bool hf_conv = false;
+  row_slots_fn slots_of = nullptr;  // (shard_kind::column_slots) its slots' rows
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -154,6 +160,7 @@ struct param_row {
   bool hf_scalar = false;         // (block_param::hf_scalar)
   hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
   bool hf_conv = false;                      // (block_param::hf_conv)
+  row_slots_fn slots_of = nullptr;           // (block_param::slots_of)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder

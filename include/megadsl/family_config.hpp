@@ -69,6 +69,7 @@ struct moe_config {
   // Which layers are sparse: every decoder_sparse_step-th but the mlp_only_layers (Qwen), or
   // every interleave_moe_layer_step-th unless `moe_layers` lists them (Llama 4: sparse_layers_key).
   std::string_view sparse_step_key = "decoder_sparse_step";
+  bool every_layer = false;  // every layer routes, no key says otherwise (Qwen3.5-MoE)
   std::string_view sparse_layers_key = {};
   std::int64_t shared_expert_ffn = 0;  // shared_expert_intermediate_size
   bool norm_topk = false;              // norm_topk_prob

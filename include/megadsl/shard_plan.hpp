@@ -171,7 +171,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
     const row_dims d = row.dims_of(s);
     p.hf_shapes[0] = p.global = d.cols == 0 ? vec(d.rows) : mat(d.rows, d.cols);
     p.local = p.global;
-    if (row.kind == shard_kind::column) {
+    if (row.kind == shard_kind::column || row.kind == shard_kind::column_slots) {
       p.local = d.cols == 0 ? vec(d.rows / tp) : mat(d.rows / tp, d.cols);
       p.split_dim = 0;
     } else if (row.kind == shard_kind::row) {
@@ -234,6 +234,7 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
       p.split_dim = 1;
       break;
     }
+    case shard_kind::column_slots: break;  // always sized by its dims_of (above)
     case shard_kind::column: {
       // A plain MLP's fc weight (ffn, h) and bias (ffn); NeoX's query_key_value ((heads + 2 kv) d, h)
       // and its bias, whose rows are grouped per head, so each rank's heads are contiguous.

@@ -1,5 +1,6 @@
-// Qwen3-Next's gated DeltaNet on this tp rank's key heads and their value heads: the column-
-// parallel in_proj_qkvz / in_proj_ba, the causal depthwise conv and SiLU over this rank's
+// The gated DeltaNet (Qwen3-Next's, Qwen3.5's) on this tp rank's key heads and their value heads:
+// the column-parallel input projections (Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key
+// head, or Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a: the block's setting 1), the causal depthwise conv and SiLU over this rank's
 // channels of [q | k | v], the gated delta rule (chunked, layers/gated_delta_rule.hpp) from a zero
 // state in each sequence, the gated RMSNorm per value head, the row-parallel out_proj. The rule
 // runs on the batch's rows: padded rows as transformers runs them (padding zeroed before the
@@ -18,9 +19,17 @@ namespace {
 class gated_delta_net final : public layer_module {
  public:
   explicit gated_delta_net(const block_build& b)
-      : qkvz_(b.require("in_proj_qkvz.weight")), ba_(b.require("in_proj_ba.weight")), conv_(b.require("conv1d.weight")),
-        dt_bias_(b.require("dt_bias")), a_log_(b.require("A_log")), norm_(b.require("linear_norm.weight")),
-        out_(b.require("out_proj.weight")) {
+      : split_(b.setting() == 1), conv_(b.require("conv1d.weight")), dt_bias_(b.require("dt_bias")),
+        a_log_(b.require("A_log")), norm_(b.require("linear_norm.weight")), out_(b.require("out_proj.weight")) {
+    if (split_) {
+      qkv_ = b.require("in_proj_qkv.weight");
+      z_ = b.require("in_proj_z.weight");
+      b_ = b.require("in_proj_b.weight");
+      a_ = b.require("in_proj_a.weight");
+    } else {
+      qkvz_ = b.require("in_proj_qkvz.weight");
+      ba_ = b.require("in_proj_ba.weight");
+    }
     const shape& s = b.s();
     const std::int64_t tp = b.args.l.tp.get(), rank = b.args.tp_rank;
     key_heads_ = s.linear_key_heads.get() / tp;
@@ -42,25 +51,37 @@ class gated_delta_net final : public layer_module {
     const std::int64_t rows = pk.batch, len = pk.seq;
     at::Tensor x = c.to_tp(h);                               // (T', H) on every tp rank
     if (x.size(0) != tokens) x = x.narrow(0, 0, tokens);     // SP padding rows: (T, H)
-    // Each row of the batch, zeros at its padding: (B, S, ...).
-    const at::Tensor qkvz = pk.unpack(at::linear(x, c.w(qkvz_))).view({rows, len, nk, 2 * dk_ + 2 * r * dv_});
-    const at::Tensor ba = pk.unpack(at::linear(x, c.w(ba_))).view({rows, len, nk, 2 * r});
-    const auto parts = qkvz.split_with_sizes({dk_, dk_, r * dv_, r * dv_}, -1);  // per key head [q | k | v | z]
-    const auto gates = ba.split_with_sizes({r, r}, -1);                          // per key head [b | a]
-    const at::Tensor mixed = at::cat({parts[0].reshape({rows, len, nk * dk_}), parts[1].reshape({rows, len, nk * dk_}),
-                                      parts[2].reshape({rows, len, nv * dv_})}, -1);  // (B, S, channels)
+    // Each row of the batch, zeros at its padding: (B, S, ...). mixed: this rank's conv channels
+    // [q | k | v]; z (B, S, nv, dv); the rate's and the decay's inputs b, a (B, S, nv).
+    const auto rows_of = [&](const at::Tensor& weight) { return pk.unpack(at::linear(x, c.w(weight))); };
+    at::Tensor mixed, z, b_in, a_in;
+    if (split_) {  // Qwen3.5: in_proj_qkv's rows here are already [q_r | k_r | v_r]
+      mixed = rows_of(qkv_);
+      z = rows_of(z_).view({rows, len, nv, dv_});
+      b_in = rows_of(b_);
+      a_in = rows_of(a_);
+    } else {  // Qwen3-Next: per key head [q | k | v | z] and [b | a]
+      const at::Tensor qkvz = rows_of(qkvz_).view({rows, len, nk, 2 * dk_ + 2 * r * dv_});
+      const at::Tensor ba = rows_of(ba_).view({rows, len, nk, 2 * r});
+      const auto parts = qkvz.split_with_sizes({dk_, dk_, r * dv_, r * dv_}, -1);
+      const auto gates = ba.split_with_sizes({r, r}, -1);
+      mixed = at::cat({parts[0].reshape({rows, len, nk * dk_}), parts[1].reshape({rows, len, nk * dk_}),
+                       parts[2].reshape({rows, len, nv * dv_})}, -1);
+      z = parts[3].reshape({rows, len, nv, dv_});
+      b_in = gates[0].reshape({rows, len, nv});
+      a_in = gates[1].reshape({rows, len, nv});
+    }
     const at::Tensor w = c.w(conv_);                                                  // (C, K) every channel
     const at::Tensor local_w = at::cat({w.narrow(0, channels_[0], widths_[0]), w.narrow(0, channels_[1], widths_[1]),
                                         w.narrow(0, channels_[2], widths_[2])});      // (this rank's channels, K)
     const auto qkv = causal_conv1d_silu(mixed, local_w).split_with_sizes({nk * dk_, nk * dk_, nv * dv_}, -1);
     const at::Tensor q = qkv[0].view({rows, len, nk, dk_}), k = qkv[1].view({rows, len, nk, dk_});
     const at::Tensor v = qkv[2].view({rows, len, nv, dv_});
-    const at::Tensor beta = gates[0].reshape({rows, len, nv}).sigmoid();
+    const at::Tensor beta = b_in.sigmoid();
     // g = -exp(A_log) * softplus(a + dt_bias), in fp32 (the master values of A_log and dt_bias).
-    const at::Tensor g = -a_log_.to(at::kFloat).exp() * at::softplus(gates[1].reshape({rows, len, nv}).to(at::kFloat) +
+    const at::Tensor g = -a_log_.to(at::kFloat).exp() * at::softplus(a_in.to(at::kFloat) +
                                                                      dt_bias_.to(at::kFloat));
     const at::Tensor core = chunk_gated_delta_rule(q, k, v, g, beta);  // (B, S, nv, dv)
-    const at::Tensor z = parts[3].reshape({rows, len, nv, dv_});
     // Qwen3NextRMSNormGated: w * rms_normed(x).to(dtype), times silu(z) in fp32, cast back.
     const at::Tensor cf = core.to(at::kFloat);
     const at::Tensor normed = c.w(norm_) * (cf * at::rsqrt(cf.pow(2).mean(-1, true) + eps_)).to(core.scalar_type());
@@ -71,7 +92,9 @@ class gated_delta_net final : public layer_module {
   }
 
  private:
+  bool split_ = false;        // Qwen3.5's projections (the block's setting 1)
   at::Tensor qkvz_, ba_;      // (nk/tp * (2 dk + 2 r dv), H), (nk/tp * 2 r, H): this rank's key heads
+  at::Tensor qkv_, z_, b_, a_;  // ([q_r | k_r | v_r], H), (nv/tp * dv, H), (nv/tp, H) x2: Qwen3.5's
   at::Tensor conv_;           // (2 nk dk + nv dv, K) every channel, replicated
   at::Tensor dt_bias_, a_log_;  // (nv/tp) this rank's value heads
   at::Tensor norm_;           // (dv) replicated

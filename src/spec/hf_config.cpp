@@ -841,6 +841,11 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
     s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
     s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   }
+  if (m.every_layer) {  // no dense layer (Qwen3.5-MoE's config class has no key for one)
+    s.sparse_step = 1;
+    s.dense_layers = 0;
+    return;
+  }
   if (!m.dense_first_key.empty()) {  // the first k layers dense, the rest sparse
     const std::int64_t k = r.optional<std::int64_t>(m.dense_first_key, m.dense_first,
         [&](const json& v, std::string_view key) { return r.integer(v, key, 0); });
@@ -1391,6 +1396,12 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
   if (family.moe != nullptr && family.moe->shared_as_wide_as_experts && s.shared_expert_ffn.get() != expert_ffn_of(s).get())
     return "a " + f + " config sizes its shared expert as each expert, and this model's shared_expert_ffn " +
            show(s.shared_expert_ffn) + " differs from expert_ffn " + show(expert_ffn_of(s));
+  if (family.moe != nullptr && family.ffn_key == family.moe->expert_ffn_key && s.ffn.get() != expert_ffn_of(s).get())
+    return "a " + f + " config has one MLP width, " + std::string(family.ffn_key) + " (its experts'), and this model's ffn " +
+           show(s.ffn) + " differs from expert_ffn " + show(expert_ffn_of(s));
+  if (family.moe != nullptr && family.moe->every_layer && (!every_layer_routes(s) || !s.norm_topk.get()))
+    return "a " + f + " config has experts in every layer and renormalises the top-k weights; this model has norm_topk " +
+           show(s.norm_topk) + ", sparse_step " + show(s.sparse_step) + " and dense_layers " + show(s.dense_layers);
   if (family.llama4_attention && s.attention_chunk.get() < 1)
     return "a " + f + " config chunks the RoPE layers' attention, and this model has no attention_chunk";
   if (family.moe != nullptr && family.moe->shared_as_wide_as_ffn && s.shared_expert_ffn.get() != s.ffn.get())
@@ -1553,7 +1564,9 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     if (!m.experts_as_wide_as_ffn) {
       j[std::string(m.expert_ffn_key)] = expert_ffn_of(s).get();
       if (m.reads_norm_topk) j["norm_topk_prob"] = s.norm_topk.get();
-      if (!m.dense_first_key.empty()) {
+      if (m.every_layer) {
+        // (no key: every layer routes)
+      } else if (!m.dense_first_key.empty()) {
         j[std::string(m.dense_first_key)] = dense_prefix(s);
       } else if (!m.sparse_layers_key.empty()) {  // Llama 4: the step, and the sparse layers listed
         j[std::string(m.sparse_step_key)] = s.sparse_step.get();

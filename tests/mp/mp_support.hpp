@@ -247,6 +247,17 @@ struct tiny8_qwen3_next
   static constexpr std::string_view name = "tiny8-qwen3-next";
 };
 
+// Qwen3.5-MoE's composition: tiny8_qwen3_next's sizes with the DeltaNet's projections stored apart
+// (in_proj_qkv's q, k and v slots each split over tp) and a mixture in every layer.
+struct tiny8_qwen3_5_moe
+    : qwen3_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 64, .vocab = 500, .head_dim = 32,
+                        .max_positions = 256, .rope_theta = 10000.0, .rotary_fraction = 0.25, .experts = 8, .top_k = 2,
+                        .expert_ffn = 64, .shared_expert_ffn = 96, .norm_topk = true,
+                        .linear_layers = linear_every_but(8, 4), .linear_key_heads = 2, .linear_value_heads = 4,
+                        .linear_key_dim = 32, .linear_value_dim = 16, .linear_conv_kernel = 4}> {
+  static constexpr std::string_view name = "tiny8-qwen3.5-moe";
+};
+
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
                                      .embedding_multiplier = 4.0, .residual_multiplier = 0.4,

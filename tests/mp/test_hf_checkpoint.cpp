@@ -70,7 +70,8 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // experts stacked ([gate | up]); Qwen3-Next's gated DeltaNet layers (the chunked delta rule, the
 // causal conv, the gated norm; two value heads per key head) beside its output-gated attention with
 // zero-centred q/k norms and RoPE on a quarter of each head, mixtures with the gated shared expert
-// and dense layers.
+// and dense layers; Qwen3.5's (dense, and MoE in every layer) with the DeltaNet's projections
+// stored apart, in_proj_qkv's q, k and v each split over tp (shard_kind::column_slots).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
@@ -78,11 +79,12 @@ constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3
                                         "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5",
                                         "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5", "gemma3-text-tf5", "olmo3-tf5",
                                         "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "apertus-tf5",
-                                        "gpt-oss-tf5", "llama4-tf5", "qwen3-next-tf5"};
+                                        "gpt-oss-tf5", "llama4-tf5", "qwen3-next-tf5", "qwen3-5-tf5",
+                                        "qwen3-5-moe-tf5"};
 constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5", "olmoe-tf5",
                                              "glm4-moe-tf5", "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5",
                                              "qwen3-moe-mixed-tf5", "hunyuan-moe-tf5", "gpt-oss-tf5", "llama4-tf5",
-                                             "qwen3-next-tf5"};
+                                             "qwen3-next-tf5", "qwen3-5-moe-tf5"};
 
 // What a model built for the checkpoint in `dir` is told: its attention window.
 model_options options_for(const fs::path& dir) { return {.attention_window = read_hf_config(dir).attention_window}; }
@@ -334,6 +336,7 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
   check_export<layout{.pp = 2, .ep = 2}>("gpt-oss-tf5", std::int64_t{1} << 30);
   check_export<layout{.tp = 2, .ep = 2}>("llama4-tf5", 2048);
   check_export<layout{.tp = 2, .ep = 2}>("qwen3-next-tf5", 4096);  // the conv's (channels, 1, taps) restored
+  check_export<layout{.tp = 4, .sp = true}>("qwen3-5-tf5", 20000);   // in_proj_qkv's three slots gathered over tp
 
   // A rollout engine's tp rank gets its slice: q/k/v and gate/up by rows, o/down by columns,
   // norms whole; with fewer kv heads than rollout ranks each gets its query group's kv head.

@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\" or \"qwen3_next\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\" or \"qwen3_next\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -995,4 +995,33 @@ TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNe
   CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).has("linear_heads_divisible_by_tp"));
   CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).has("gated_attention_kv_heads_divisible_by_tp"));
   CHECK(megadsl::check(s, megadsl::layout{.cp = 2}).has("cp_splits_heads"));
+}
+
+TEST_CASE("Qwen3.5: its text models' configs, the DeltaNet's projections stored apart, mixtures in every layer",
+          "[spec][hf_config]") {
+  const std::string d = R"({"model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "layer_types": ["linear_attention", "full_attention",
+    "linear_attention", "full_attention"], "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true}})";
+  const auto c = parse_hf_config(d, "x");
+  CHECK((c.model_type == "qwen3_5_text" && c.s.rotary_fraction.get() == 0.25 && c.s.experts.get() == 0));
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(megadsl::kind_of_layer(c.s, i) == (i % 2 == 0 ? 0 : 1));
+  const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "qwen3_5_text", false, "float32", c.attention_window), "w");
+  for (const std::string& m : megadsl::mismatches(back.s, c.s)) FAIL_CHECK(m);
+  // The MoE text model: no dense width (the experts' is the shape's ffn), every layer routes, top 8 renormalised.
+  const std::string m = R"({"model_type": "qwen3_5_moe_text", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "num_experts": 16,
+    "moe_intermediate_size": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4})";
+  const auto e = parse_hf_config(m, "x");
+  CHECK((e.s.top_k.get() == 8 && e.s.norm_topk.get() && megadsl::expert_ffn_of(e.s).get() == 32 && e.s.shared_expert_ffn.get() == 512));
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(megadsl::layer_routes(e.s, i));
+  const std::string written = megadsl::hf_config_json(e.s, "qwen3_5_moe_text", false, "float32", e.attention_window);
+  CHECK_THAT(written, Catch::Contains("Qwen3_5MoeForCausalLM") && !Catch::Contains("mlp_only_layers") &&
+                          !Catch::Contains("decoder_sparse_step") && !Catch::Contains("norm_topk_prob"));
+  const auto eback = parse_hf_config(written, "w");
+  for (const std::string& x : megadsl::mismatches(eback.s, e.s)) FAIL_CHECK(x);
+  // The published multimodal checkpoints: the text model named, and how to save it alone.
+  CHECK_THAT(error_of(R"({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64}})"),
+             Catch::Contains("\"qwen3_5\" is a multimodal checkpoint") && Catch::Contains("\"qwen3_5_text\""));
 }

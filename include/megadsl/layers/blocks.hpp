@@ -54,8 +54,9 @@
 //                                     Llama4TextMoe: top-k of the router's logits, each chosen
 //                                     expert fed x * sigmoid(logit), + the ungated shared expert on x;
 //                                     experts stacked per layer ([gate | up] columns)
-//   gated_delta_net                   Qwen3NextGatedDeltaNet: linear attention by the gated delta rule
-//                                     (chunked, exact backward), causal conv, gated output norm
+//   gated_delta_net<grouped | split>  Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet: linear attention by
+//                                     the gated delta rule (chunked, exact backward), causal conv, gated
+//                                     output norm; HF's in_proj_qkvz + in_proj_ba, or in_proj_qkv/z/b/a
 //   gated_attention<per_head_qk_norm<rms_norm<rms_1p>>>  Qwen3NextAttention: q_proj = [q | gate] per
 //                                     head, the output times sigmoid(gate)
 #pragma once
@@ -207,7 +208,7 @@ class arch_builder {
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
                         p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar,
-                        p.stacking, p.hf_conv};
+                        p.stacking, p.hf_conv, p.slots_of};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
@@ -531,21 +532,31 @@ struct mla {
 
 constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations& out);
 
-// Qwen3-Next's gated DeltaNet (Qwen3NextGatedDeltaNet), a linear-attention layer: in_proj_qkvz
-// gives per key head [q | k | v of its value heads | z of them] and in_proj_ba [b | a] of its
-// value heads (so each tp rank's key heads are one contiguous block of rows: column-parallel); a
-// causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over the channels [q | k | v];
-// q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated delta rule with decay
-// g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value head reading its key
-// head; the output RMS-normed per head (weight per dim) times SiLU(z), then out_proj
-// (row-parallel). The conv's weight and the norm's are replicated, each rank applying its heads'
-// share (their gradients partial over tp). The state starts at zero in each sequence: padded rows
-// as transformers masks them, packed sequences each from its own start.
+// How HF stores a gated DeltaNet's input projections: Qwen3-Next's in_proj_qkvz (per key head
+// [q | k | v of its value heads | z of them]) and in_proj_ba (per key head [b | a] of its value
+// heads), or Qwen3.5's in_proj_qkv ([all q | all k | all v]), in_proj_z, in_proj_b and in_proj_a.
+enum class delta_net_storage : std::int8_t { grouped, split };
+
+// The gated DeltaNet (Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet), a linear-attention layer: the
+// input projections (column-parallel by whole key heads with their value heads: grouped per key
+// head, HF's rows are contiguous per rank; split, each of q, k and v is its own slot of in_proj_qkv,
+// shard_kind::column_slots); a causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over
+// the channels [q | k | v]; q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated
+// delta rule with decay g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value
+// head reading its key head; the output RMS-normed per head (weight per dim) times SiLU(z), then
+// out_proj (row-parallel). The conv's weight and the norm's are replicated, each rank applying its
+// heads' share (their gradients partial over tp). The state starts at zero in each sequence: padded
+// rows as transformers masks them, packed sequences each from its own start.
+template <delta_net_storage S = delta_net_storage::grouped>
 struct gated_delta_net {
   static constexpr std::int64_t key_width(const shape& s) { return s.linear_key_heads.get() * s.linear_key_dim.get(); }
   static constexpr std::int64_t value_width(const shape& s) { return s.linear_value_heads.get() * s.linear_value_dim.get(); }
   static constexpr row_dims qkvz(const shape& s) { return {2 * key_width(s) + 2 * value_width(s), s.hidden.get()}; }
   static constexpr row_dims ba(const shape& s) { return {2 * s.linear_value_heads.get(), s.hidden.get()}; }
+  static constexpr row_dims qkv(const shape& s) { return {2 * key_width(s) + value_width(s), s.hidden.get()}; }
+  static constexpr std::array<std::int64_t, 3> qkv_slots(const shape& s) { return {key_width(s), key_width(s), value_width(s)}; }
+  static constexpr row_dims z(const shape& s) { return {value_width(s), s.hidden.get()}; }
+  static constexpr row_dims gate(const shape& s) { return {s.linear_value_heads.get(), s.hidden.get()}; }
   static constexpr row_dims conv(const shape& s) { return {2 * key_width(s) + value_width(s), s.linear_conv_kernel.get()}; }
   static constexpr row_dims per_value_head(const shape& s) { return {s.linear_value_heads.get(), 0}; }
   static constexpr row_dims norm(const shape& s) { return {s.linear_value_dim.get(), 0}; }
@@ -554,14 +565,24 @@ struct gated_delta_net {
     const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
     t.add("  q/k ", known(s.linear_key_heads), " heads of ", known(s.linear_key_dim), ", v ", known(s.linear_value_heads),
           " heads of ", known(s.linear_value_dim), ", conv ", known(s.linear_conv_kernel),
-          "  [linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj]");
+          S == delta_net_storage::grouped ? "  [linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj]"
+                                          : "  [linear_attn: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module("linear_attn");
-    b.param(at, {"in_proj_qkvz.weight", shard_kind::column, {"in_proj_qkvz.weight"}, 1, extent::none, presence::always, false,
-                 false, param_init::normal, false, &qkvz});
-    b.param(at, {"in_proj_ba.weight", shard_kind::column, {"in_proj_ba.weight"}, 1, extent::none, presence::always, false,
-                 false, param_init::normal, false, &ba});
+    const auto matrix = [&](std::string_view name, shard_kind k, row_dims_fn dims) {
+      b.param(at, {name, k, {name}, 1, extent::none, presence::always, false, false, param_init::normal, false, dims});
+    };
+    if constexpr (S == delta_net_storage::grouped) {
+      matrix("in_proj_qkvz.weight", shard_kind::column, &qkvz);
+      matrix("in_proj_ba.weight", shard_kind::column, &ba);
+    } else {
+      b.param(at, {"in_proj_qkv.weight", shard_kind::column_slots, {"in_proj_qkv.weight"}, 1, extent::none, presence::always,
+                   false, false, param_init::normal, false, &qkv, 0, false, hf_stacking::none, false, &qkv_slots});
+      matrix("in_proj_z.weight", shard_kind::column, &z);
+      matrix("in_proj_b.weight", shard_kind::column, &gate);
+      matrix("in_proj_a.weight", shard_kind::column, &gate);
+    }
     b.param(at, {"conv1d.weight", shard_kind::replicated, {"conv1d.weight"}, 1, extent::none, presence::always, false, true,
                  param_init::normal, false, &conv, 0, false, hf_stacking::none, /*hf_conv=*/true});
     b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
@@ -571,12 +592,12 @@ struct gated_delta_net {
                  param_init::constant, false, &per_value_head, 2.0});
     b.param(at, {"linear_norm.weight", shard_kind::replicated, {"norm.weight"}, 1, extent::none, presence::always, false, true,
                  param_init::ones, false, &norm});
-    b.param(at, {"out_proj.weight", shard_kind::row, {"out_proj.weight"}, 1, extent::none, presence::always, false, false,
-                 param_init::normal, false, &out});
+    matrix("out_proj.weight", shard_kind::row, &out);
     b.rule(&gated_delta_net_rule);
     // Keeps its input (2, whole without SP) and, split over tp, the projections, the conv's output,
     // the chunked rule's intermediates and the gated norm's input (about 12).
-    return b.costs(b.node(at, &modules::gated_delta_net, {}, "gated_delta_net", "gated_delta_net (linear attention)", &details),
+    return b.costs(b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
+                          "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0),
                    {.whole = 3, .split = 12});
   }
 };

@@ -177,3 +177,9 @@ expect_out("parameters: 79,674,391,296 \\(79.7B, HF count: true vocab, tied coun
 megadsl(check qwen3-next-80b-a3b --tp 4)
 expect_exit(1)
 expect_err("gated_attention_kv_heads_divisible_by_tp: kv_heads = 2 is not divisible by tp = 4")
+
+# Qwen3.5: the DeltaNet's in_proj_qkv holds all q, all k, all v: each slot split over tp.
+megadsl(describe ${FIXTURES}/qwen3-5-tf5 --tp 2)
+expect_exit(0)
+expect_out("model\\.layers\\.{layer}\\.linear_attn\\.in_proj_qkv\\.weight +column slots +\\(224, 64\\) +\\(224, 64\\) +dim 0 +\\(112, 64\\)")
+expect_out("\\[linear_attn: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj\\]")

@@ -1,0 +1,101 @@
+// Qwen3.5's text models as strong preset types: Qwen3-Next's hybrid (gated DeltaNet layers with
+// output-gated full attention every full_attention_interval-th layer, zero-centred norms, RoPE on a
+// quarter of each head) with the DeltaNet's projections stored apart (in_proj_qkv = [all q | all k |
+// all v], in_proj_z, in_proj_b, in_proj_a); the dense text model's MLP a SwiGLU in every layer,
+// Qwen3.5-MoE's a mixture with the gated shared expert in every layer (top-k always renormalised).
+// Two kinds of layer each, chosen per layer from config.json.
+//
+// Qwen3.5 rotates by multimodal RoPE (mrope_section): with text only, its three position streams
+// are one and the rotation is plain RoPE, which is what megadsl applies (megadsl trains the text
+// model: the published checkpoints' vision tower is not read, see hf_config.cpp's text_config).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "megadsl/family_config.hpp"
+#include "megadsl/model.hpp"
+#include "megadsl/models/qwen3_next.hpp"  // its norms, attention and mixture
+#include "megadsl/shape.hpp"
+
+namespace megadsl {
+
+// Layer i's kind: 0 linear attention, 1 full attention.
+constexpr int qwen3_5_layer(const shape& s, std::int64_t layer) { return linear_layer(s, layer) ? 0 : 1; }
+
+using qwen3_5_delta_net = blocks::gated_delta_net<blocks::delta_net_storage::split>;
+
+using qwen3_5_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::select<&qwen3_5_layer, qwen3_next_block<qwen3_5_delta_net, blocks::gated_mlp<activation::silu>>,
+                   qwen3_next_block<qwen3_next_attention, blocks::gated_mlp<activation::silu>>>,
+    qwen3_next_norm>;
+
+using qwen3_5_moe_blocks = blocks::decoder<
+    blocks::embedding<>,
+    blocks::select<&qwen3_5_layer, qwen3_next_block<qwen3_5_delta_net, qwen3_next_moe>,
+                   qwen3_next_block<qwen3_next_attention, qwen3_next_moe>>,
+    qwen3_next_norm>;
+
+// ---- config.json (megadsl/family_config.hpp) ----
+
+inline constexpr config_key_rule qwen3_5_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},  // q/k/v and o_proj biases
+    {"layer_types", key_use::read},
+    {"full_attention_interval", key_use::read},
+    {"linear_num_key_heads", key_use::read},
+    {"linear_num_value_heads", key_use::read},
+    {"linear_key_head_dim", key_use::read},
+    {"linear_value_head_dim", key_use::read},
+    {"linear_conv_kernel_dim", key_use::read},
+    {"partial_rotary_factor", key_use::read},
+};
+inline constexpr family_config qwen3_5_config{
+    .model_type = "qwen3_5_text", .hf_class = "Qwen3_5", .display = "Qwen3.5 (text)",
+    .arch = &architecture_of<qwen3_5_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
+    .bias = bias_rule::attention_bias, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
+    .linear_attention = true, .keys = qwen3_5_keys};
+
+// Experts of moe_intermediate_size in every layer (the config class has no dense MLP width: the
+// shape's ffn is the experts'), top 8 always renormalised, the shared expert of 512.
+inline constexpr moe_config qwen3_5_moe_moe_config{.count_key = "num_experts", .top_k = 8, .reads_norm_topk = false,
+                                                   .expert_ffn = 512, .every_layer = true, .shared_expert_ffn = 512,
+                                                   .norm_topk = true};
+inline constexpr config_key_rule qwen3_5_moe_keys[] = {
+    {"rms_norm_eps", key_use::read},
+    {"attention_bias", key_use::read},
+    {"num_experts", key_use::read},
+    {"num_experts_per_tok", key_use::read},
+    {"moe_intermediate_size", key_use::read},
+    {"shared_expert_intermediate_size", key_use::read},
+    {"layer_types", key_use::read},
+    {"full_attention_interval", key_use::read},
+    {"linear_num_key_heads", key_use::read},
+    {"linear_num_value_heads", key_use::read},
+    {"linear_key_head_dim", key_use::read},
+    {"linear_value_head_dim", key_use::read},
+    {"linear_conv_kernel_dim", key_use::read},
+    {"partial_rotary_factor", key_use::read},
+    {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
+    {"output_router_logits", key_use::no_effect},
+};
+inline constexpr family_config qwen3_5_moe_config{
+    .model_type = "qwen3_5_moe_text", .hf_class = "Qwen3_5Moe", .display = "Qwen3.5-MoE (text)",
+    .arch = &architecture_of<qwen3_5_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
+    .ffn_key = "moe_intermediate_size", .bias = bias_rule::attention_bias, .partial_rotary_key = "partial_rotary_factor",
+    .partial_rotary_default = 0.25, .linear_attention = true, .moe = &qwen3_5_moe_moe_config, .keys = qwen3_5_moe_keys};
+
+template <shape S>
+struct qwen3_5 : decoder_family<qwen3_5_blocks, S> {
+  static constexpr std::string_view family = qwen3_5_config.model_type;
+  static constexpr std::string_view name = "qwen3_5";
+};
+
+template <shape S>
+struct qwen3_5_moe : decoder_family<qwen3_5_moe_blocks, S> {
+  static constexpr std::string_view family = qwen3_5_moe_config.model_type;
+  static constexpr std::string_view name = "qwen3_5_moe";
+};
+
+}  // namespace megadsl
