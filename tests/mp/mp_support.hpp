@@ -234,7 +234,7 @@ struct tiny8_llama4 : llama4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_h
   static constexpr std::string_view name = "tiny8-llama4";
 };
 
-// Qwen3-Next's composition: gated DeltaNet layers (2 key heads of 32, each serving 2 value heads of
+// Qwen3-Next's composition: gated DeltaNet layers (4 key heads of 32, each serving 2 value heads of
 // 16, a conv of 4) with output-gated attention on layers 3 and 7 (zero-centred q/k norms, RoPE on a
 // quarter of each head); every layer but layer 1 a mixture of 8 experts (top 2, renormalised)
 // beside the shared expert behind its sigmoid gate.
@@ -242,7 +242,7 @@ struct tiny8_qwen3_next
     : qwen3_next<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 96, .vocab = 500, .head_dim = 32,
                        .max_positions = 256, .rope_theta = 10000.0, .rotary_fraction = 0.25, .experts = 8, .top_k = 2,
                        .expert_ffn = 64, .shared_expert_ffn = 96, .norm_topk = true, .dense_layers = 0b10,
-                       .linear_layers = linear_every_but(8, 4), .linear_key_heads = 2, .linear_value_heads = 4,
+                       .linear_layers = linear_every_but(8, 4), .linear_key_heads = 4, .linear_value_heads = 8,
                        .linear_key_dim = 32, .linear_value_dim = 16, .linear_conv_kernel = 4}> {
   static constexpr std::string_view name = "tiny8-qwen3-next";
 };

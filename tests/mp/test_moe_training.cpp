@@ -159,6 +159,7 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
   check_moe_inference<tiny8_qwen3_next, layout{.tp = 2, .pp = 2}>();
   check_moe_inference<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true}>();
+  check_moe_inference<tiny8_qwen3_next, layout{.tp = 4, .sp = true}>();  // 2 kv heads over 4 ranks
   check_moe_inference<tiny8_qwen3_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
 }
 
@@ -194,6 +195,7 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, true);
   check_moe_training<tiny8_qwen3_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_5_moe, layout{.tp = 2, .pp = 2}>(2, false);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 4, .sp = true}>(2, false);  // k_proj / v_proj's gradients summed over tp
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_mixtral, layout{.ep = 4}>(1, true, nullptr, aux_losses::sequence);

@@ -252,7 +252,11 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + attention_layers * qk_norms + routers +
                                           expert_biases + latents + deltanet + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
-          if (kv < tp) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
+          // Fused q/k/v: kv heads replicated where fewer than tp. Qwen3-Next's gated attention keeps
+          // k_proj and v_proj whole on every rank (with their biases), on its full-attention layers.
+          if (kv < tp && row("layers.{layer}.qkv.weight") != nullptr) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
+          if (row("layers.{layer}.k_proj.weight") != nullptr)
+            expected += attention_layers * 2 * kv * d * (h + (s.qkv_bias.get() ? 1 : 0)) * (tp - 1);
           INFO(P::name << (actor ? " actor" : " critic") << " tp " << tp << " pp " << pp);
           CHECK(sum == expected);
         }

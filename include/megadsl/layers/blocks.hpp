@@ -605,8 +605,10 @@ struct gated_delta_net {
 constexpr void gated_attention_rule(const shape& s, const layout& l, violations& out);
 
 // Qwen3-Next's full-attention layers (Qwen3NextAttention): q_proj gives each head [q | gate] (2 x
-// head_dim rows per head, so a tp rank's heads are one contiguous block), k_proj and v_proj its kv
-// heads (column-parallel: kv_heads a multiple of tp); the q/k norm `QkNorm` per head before RoPE
+// head_dim rows per head, so a tp rank's heads are one contiguous block, column-parallel); k_proj
+// and v_proj replicated (they are small: Qwen3-Next has 2 kv heads), each rank projecting the kv
+// heads its query heads read, so any tp the kv heads fit (a multiple or a divisor) works, fewer kv
+// heads than ranks included; their gradients partial over tp; the q/k norm `QkNorm` per head before RoPE
 // (zero-centred RMSNorms in Qwen3-Next); RoPE on the shape's rotary share; causal attention; the
 // output times sigmoid(gate) before o_proj (row-parallel).
 template <class QkNorm>
@@ -629,14 +631,15 @@ struct gated_attention {
       b.param(at, {name, k, {name}, 1, extent::none, when, false, false, param_init::normal, false, dims});
     };
     param("q_proj.weight", shard_kind::column, presence::always, &q);
-    param("k_proj.weight", shard_kind::column, presence::always, &kv);
-    param("v_proj.weight", shard_kind::column, presence::always, &kv);
+    const auto replicated = [&](std::string_view name, presence when, row_dims_fn dims, param_init init) {
+      b.param(at, {name, shard_kind::replicated, {name}, 1, extent::none, when, false, true, init, false, dims});
+    };
+    replicated("k_proj.weight", presence::always, &kv, param_init::normal);
+    replicated("v_proj.weight", presence::always, &kv, param_init::normal);
     b.param(at, {"q_proj.bias", shard_kind::column, {"q_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
                  param_init::zeros, false, &q_bias});
-    b.param(at, {"k_proj.bias", shard_kind::column, {"k_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
-                 param_init::zeros, false, &kv_bias});
-    b.param(at, {"v_proj.bias", shard_kind::column, {"v_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
-                 param_init::zeros, false, &kv_bias});
+    replicated("k_proj.bias", presence::qkv_bias, &kv_bias, param_init::zeros);
+    replicated("v_proj.bias", presence::qkv_bias, &kv_bias, param_init::zeros);
     const int qk = lower_block<QkNorm>(b, at);
     b.param(at.sub("o_proj", "o_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", "o_proj"), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
@@ -1209,10 +1212,6 @@ constexpr void gated_attention_rule(const shape& s, const layout& l, violations&
   if (l.cp.is_static() && l.cp.get() > 1)
     out.add("cp_splits_heads", {l.cp.get()})
         .add("cp = ", l.cp.get(), ": the gated attention has no context-parallel path yet; use cp = 1");
-  if (l.tp.is_static() && l.tp.get() > 0 && s.kv_heads.is_static() && s.kv_heads.get() % l.tp.get() != 0)
-    out.add("gated_attention_kv_heads_divisible_by_tp", {s.kv_heads.get(), l.tp.get()})
-        .add("kv_heads = ", s.kv_heads.get(), " is not divisible by tp = ", l.tp.get(),
-             ": the gated attention splits k_proj and v_proj by whole kv heads (no replication); use a tp that divides kv_heads");
 }
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
   if (s.attention_multiplier.is_static() && s.attention_multiplier.get() != 0)

@@ -174,9 +174,12 @@ expect_out("parameters: 272,952 ")
 megadsl(describe qwen3-next-80b-a3b --tp 2 --ep 8)
 expect_exit(0)
 expect_out("parameters: 79,674,391,296 \\(79.7B, HF count: true vocab, tied counted once\\); published: 79,674,391,296")
-megadsl(check qwen3-next-80b-a3b --tp 4)
+# Its 2 kv heads over 8 ranks (k_proj / v_proj replicated), 16 key heads of the DeltaNet over 8; no cp.
+megadsl(check qwen3-next-80b-a3b --tp 8 --ep 8)
+expect_exit(0)
+megadsl(check qwen3-next-80b-a3b --cp 2)
 expect_exit(1)
-expect_err("gated_attention_kv_heads_divisible_by_tp: kv_heads = 2 is not divisible by tp = 4")
+expect_err("cp_splits_heads: cp = 2: the gated DeltaNet layers carry their state along the whole sequence")
 
 # Qwen3.5: the DeltaNet's in_proj_qkv holds all q, all k, all v: each slot split over tp.
 megadsl(describe ${FIXTURES}/qwen3-5-tf5 --tp 2)
