@@ -42,13 +42,6 @@ using qwen3_5_moe_blocks = blocks::decoder<
 inline constexpr config_key_rule qwen3_5_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"attention_bias", key_use::read},  // q/k/v and o_proj biases
-    {"layer_types", key_use::read},
-    {"full_attention_interval", key_use::read},
-    {"linear_num_key_heads", key_use::read},
-    {"linear_num_value_heads", key_use::read},
-    {"linear_key_head_dim", key_use::read},
-    {"linear_value_head_dim", key_use::read},
-    {"linear_conv_kernel_dim", key_use::read},
     {"partial_rotary_factor", key_use::read},
 };
 inline constexpr family_config qwen3_5_config{
@@ -69,13 +62,6 @@ inline constexpr config_key_rule qwen3_5_moe_keys[] = {
     {"num_experts_per_tok", key_use::read},
     {"moe_intermediate_size", key_use::read},
     {"shared_expert_intermediate_size", key_use::read},
-    {"layer_types", key_use::read},
-    {"full_attention_interval", key_use::read},
-    {"linear_num_key_heads", key_use::read},
-    {"linear_num_value_heads", key_use::read},
-    {"linear_key_head_dim", key_use::read},
-    {"linear_value_head_dim", key_use::read},
-    {"linear_conv_kernel_dim", key_use::read},
     {"partial_rotary_factor", key_use::read},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},

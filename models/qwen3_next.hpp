@@ -49,13 +49,6 @@ inline constexpr config_key_rule qwen3_next_keys[] = {
     {"norm_topk_prob", key_use::read},
     {"decoder_sparse_step", key_use::read},
     {"mlp_only_layers", key_use::read},
-    {"layer_types", key_use::read},
-    {"full_attention_interval", key_use::read},
-    {"linear_num_key_heads", key_use::read},
-    {"linear_num_value_heads", key_use::read},
-    {"linear_key_head_dim", key_use::read},
-    {"linear_value_head_dim", key_use::read},
-    {"linear_conv_kernel_dim", key_use::read},
     {"partial_rotary_factor", key_use::read},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},

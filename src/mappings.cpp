@@ -132,6 +132,26 @@ at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp) {
   return got.view({n, rows, -1}).transpose(0, 1).reshape({rows, -1});
 }
 
+void cp_whole_stream_heads(const at::Tensor& grouped, at::Tensor& q, at::Tensor& k, at::Tensor& v,
+                           std::int64_t tokens, const comm_group& cp) {
+  const std::int64_t n = cp.size(), rows = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  if (groups % n == 0) {
+    const at::Tensor both = grouped.defined() ? grouped : at::cat({q, k.unsqueeze(2), v.unsqueeze(2)}, 2);
+    const auto parts = cp_tokens_to_heads(both, cp).narrow(0, 0, tokens).split_with_sizes({per_group, 1, 1}, 2);
+    q = parts[0];             // (T, G/cp, Q, d)
+    k = parts[1].squeeze(2);  // (T, G/cp, d)
+    v = parts[2].squeeze(2);
+    return;
+  }
+  const std::int64_t share = groups * per_group / n, group = cp.rank() * share / per_group;
+  q = cp_tokens_to_heads(q.reshape({rows, groups * per_group, d}), cp).narrow(0, 0, tokens).unsqueeze(1);  // (T, 1, share, d)
+  const auto whole = [&](const at::Tensor& t) {  // (rows, G, d) -> (T, 1, d): this rank's group
+    return gather_from_sp(t.contiguous(), cp).narrow(0, 0, tokens).narrow(1, group, 1);
+  };
+  k = whole(k);
+  v = whole(v);
+}
+
 at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp) {
   std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * mine.dim()), 0);
   pad.back() = rows - mine.size(0);  // dim 0's trailing padding: every rank sends `rows`

@@ -18,16 +18,15 @@ using torch::autograd::variable_list;
 
 // The region travels with the autograd node as an opaque capsule.
 struct region : torch::CustomClassHolder {
-  explicit region(attention_core f) : run(std::move(f)) {}
-  attention_core run;
+  explicit region(core_region f) : run(std::move(f)) {}
+  core_region run;
 };
 
 struct recompute_fn : torch::autograd::Function<recompute_fn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::intrusive_ptr<region>& f) {
-    ctx->save_for_backward({q, k, v});  // the region's inputs: what is kept instead of its insides
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs, const c10::intrusive_ptr<region>& f) {
+    ctx->save_for_backward(inputs.vec());  // the region's inputs: what is kept instead of its insides
     ctx->saved_data["region"] = c10::IValue::make_capsule(f);
-    return f->run(q, k, v);  // grad mode is off inside a custom function's forward
+    return f->run(inputs.vec());  // grad mode is off inside a custom function's forward
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -37,9 +36,11 @@ struct recompute_fn : torch::autograd::Function<recompute_fn> {
     ++reruns;
     variable_list inputs;
     for (const at::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(true));
-    const at::Tensor out = f->run(inputs[0], inputs[1], inputs[2]);
-    variable_list d = torch::autograd::grad({out}, inputs, {grads[0]});
-    return {d[0], d[1], d[2], {}};
+    const at::Tensor out = f->run(inputs);
+    variable_list d = torch::autograd::grad({out}, inputs, {grads[0]}, /*retain_graph=*/std::nullopt,
+                                            /*create_graph=*/false, /*allow_unused=*/true);
+    d.emplace_back();  // the region itself
+    return d;
   }
 };
 
@@ -80,9 +81,14 @@ at::Tensor recompute_layer(layer_region f, const at::Tensor& x) {
   return recompute_layer_fn::apply(input, c10::make_intrusive<layer_holder>(std::move(f)));
 }
 
+at::Tensor recompute_in_backward(core_region f, const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return f(inputs);
+  return recompute_fn::apply(at::TensorList(inputs), c10::make_intrusive<region>(std::move(f)));
+}
+
 at::Tensor recompute_in_backward(attention_core f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (!at::GradMode::is_enabled()) return f(q, k, v);
-  return recompute_fn::apply(q, k, v, c10::make_intrusive<region>(std::move(f)));
+  return recompute_in_backward(
+      core_region([f = std::move(f)](const std::vector<at::Tensor>& x) { return f(x[0], x[1], x[2]); }), {q, k, v});
 }
 
 }  // namespace megadsl

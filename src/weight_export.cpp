@@ -39,6 +39,7 @@ struct entry {
   std::vector<std::int64_t> shape;
   int split_dim = -1;
   std::int64_t head = 0;  // 0, or the head size of a k or v; -1: several projections in one HF tensor
+  std::vector<std::int64_t> slots;  // shard_kind::column_slots: each slot's rows, split apart
 };
 
 std::string header_text(const std::vector<entry>& es, bool stage_done) {
@@ -47,6 +48,8 @@ std::string header_text(const std::vector<entry>& es, bool stage_done) {
   for (const entry& e : es) {
     os << e.name << '\t' << static_cast<int>(e.dtype) << '\t' << e.split_dim << '\t' << e.head << '\t' << e.shape.size();
     for (std::int64_t d : e.shape) os << '\t' << d;
+    os << '\t' << e.slots.size();
+    for (std::int64_t d : e.slots) os << '\t' << d;
     os << '\n';
   }
   return os.str();
@@ -70,15 +73,33 @@ std::vector<entry> parse_header(const std::string& text, bool& stage_done) {
     e.dtype = static_cast<at::ScalarType>(dtype);
     e.shape.resize(rank);
     for (auto& d : e.shape) ls >> d;
+    std::size_t slots = 0;
+    ls >> slots;
+    e.slots.resize(slots);
+    for (auto& d : e.slots) ls >> d;
     out.push_back(std::move(e));
   }
   return out;
 }
 
 // The slice of rollout tp rank `rank` of `tp`: even chunks along the split dim; k or v heads
-// replicated when there are fewer than `tp` of them (each rollout rank holds its query group's).
+// replicated when there are fewer than `tp` of them (each rollout rank holds its query group's); a
+// tensor of slots (Qwen3.5's in_proj_qkv, the DeltaNet's conv) each slot's chunk, side by side
+// ([q_r ; k_r ; v_r], as a merged column-parallel layer holds it).
 at::Tensor rollout_slice(const at::Tensor& t, const entry& e, std::int64_t tp, std::int64_t rank) {
   if (tp == 1 || e.split_dim < 0) return t;
+  if (!e.slots.empty()) {
+    std::vector<at::Tensor> pieces;
+    std::int64_t at = 0;
+    for (const std::int64_t rows : e.slots) {
+      if (rows % tp != 0)
+        throw std::invalid_argument("megadsl: weight export: " + e.name + " has a slot of " + std::to_string(rows) +
+                                    " rows, which a rollout tp of " + std::to_string(tp) + " does not divide");
+      pieces.push_back(t.narrow(e.split_dim, at + rank * (rows / tp), rows / tp));
+      at += rows;
+    }
+    return at::cat(pieces, e.split_dim);
+  }
   if (e.head < 0)
     throw std::invalid_argument("megadsl: weight export: " + e.name + " holds several projections in one HF tensor (" +
                                 "q/k/v or gate/up), which a rollout engine splits per projection; export full tensors "
@@ -203,13 +224,17 @@ hf_tensor_list weight_stream::next() {
         // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
         // ranks); one HF tensor holding several projections (Phi-3, GPT-NeoX) cannot be sliced evenly.
         const shard_kind kind = p.plan->row->kind;
-        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up || kind == shard_kind::column_slots;
+        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
         const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
                                   : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
                                                                                                            : 0;
         // A stack of experts goes whole to every rollout rank (its engine splits its experts itself).
         const int split = p.plan->row->stacking != hf_stacking::none ? -1 : p.plan->split_dim;
-        entries.push_back({name, t.scalar_type(), t.sizes().vec(), split, head});
+        std::vector<std::int64_t> slots;
+        if (kind == shard_kind::column_slots)
+          for (const std::int64_t rows : p.plan->row->slots_of(s.c.s))
+            if (rows > 0) slots.push_back(rows);
+        entries.push_back({name, t.scalar_type(), t.sizes().vec(), split, head, std::move(slots)});
         const std::int64_t n = t.numel() * t.element_size();
         flat.narrow(0, at, n).copy_(t.reshape({-1}).view(at::kByte));
         at += n;

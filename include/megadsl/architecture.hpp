@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "megadsl/shape.hpp"
 #include "megadsl/text.hpp"
@@ -182,6 +183,15 @@ struct activation_terms {
   double whole = 0, split = 0, scores = 0;
 };
 
+// A token mixer's cost beyond its matrices that grows with the tokens, not with the sequence's
+// square (module_node::per_token), per layer and token, forward + backward, as each convention
+// counts it: Megatron's formula and verl's estimator. verl_weights: the weights verl's estimator
+// counts for the block (6 FLOPs per token each), which for a layer holding such a block replace
+// the attention's h (2 n d + 2 g d) in verl's figure.
+struct token_flops {
+  std::int64_t megatron = 0, verl = 0, verl_weights = 0;
+};
+
 // A block's run-time module factory, defined in the block's own source file (compiled once).
 using module_factory = std::unique_ptr<block_module> (*)(const block_build&);
 
@@ -202,6 +212,10 @@ struct module_node {
   // 2 x 2 x seq FLOPs per token forward (Megatron's 12 s L n d for forward + backward, non-causal).
   // Null: none.
   std::int64_t (*score_units)(const shape&) = nullptr;
+  // Its per-token FLOPs that neither its matrices nor sequence-long scores account for (a
+  // recurrent rule's: the gated DeltaNet's), per layer, and the weights verl's estimator counts for
+  // it in place of an attention's (token_flops). Null: none, and verl counts an attention's.
+  token_flops (*per_token)(const shape&) = nullptr;
   activation_terms keeps{};  // what it keeps for the backward
 };
 
@@ -280,6 +294,24 @@ constexpr std::int64_t score_units(const shape& s) {
   std::int64_t total = 0;
   for (std::int64_t i = 0; i < s.layers.get(); ++i) total += per_kind[kind_of_layer(s, i)];
   return total;
+}
+
+// The per-token costs (module_node::per_token) of layer `layer`'s blocks, summed, and whether
+// any of its blocks declares one.
+constexpr std::pair<token_flops, bool> layer_token_flops(const shape& s, std::int64_t layer) {
+  const architecture& a = arch_of(s);
+  const layer_kind& k = a.kinds[static_cast<std::size_t>(kind_of_layer(s, layer))];
+  token_flops t;
+  bool any = false;
+  for (int n = k.first_node; n < k.first_node + k.nodes; ++n)
+    if (const auto f = a.nodes[static_cast<std::size_t>(n)].per_token; f != nullptr) {
+      const token_flops b = f(s);
+      t.megatron += b.megatron;
+      t.verl += b.verl;
+      t.verl_weights += b.verl_weights;
+      any = true;
+    }
+  return {t, any};
 }
 
 // The activations layer `layer` keeps: its blocks' terms summed.

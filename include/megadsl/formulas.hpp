@@ -184,6 +184,9 @@ constexpr double activation_bytes_first_stage(const shape& s, const layout& l, s
 //                        counted as a matmul, tied or not); verl after PR #4959
 //   verl_legacy          6 N_verl + 12 d n L s: verl before PR #4959 (what the anchors table's
 //                        54.62 / 61.06 GF/token for Llama-3-8B use)
+// A layer whose mixer runs a recurrent rule (the gated DeltaNet) adds that rule's per-token FLOPs
+// as Megatron's formula and verl's estimator count them (module_node::per_token), and its score
+// term is only the attention layers'; torchtitan's form has no such term.
 struct flops_per_token {
   double megatron_non_causal, megatron_causal, torchtitan, verl, verl_legacy;
 };
@@ -202,6 +205,16 @@ constexpr bool multiplies_tokens(const param_plan& p) {
 // the LM head counts the padded vocab (Megatron's V'). A mixture of experts counts the top_k
 // experts each token goes to and the shared expert, as Megatron's MoE formula does (the router's
 // h x experts and the shared gate's h are left out there too).
+// The layers' per-token mixing costs (module_node::per_token: a recurrent rule's), summed.
+constexpr token_flops mixing_per_token(const shape& s) {
+  token_flops t;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+    const token_flops f = layer_token_flops(s, i).first;
+    t.megatron += f.megatron;
+    t.verl += f.verl;
+  }
+  return t;
+}
 constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l) {
   std::int64_t layers = 0, head = 0;
   for_each_param(s, l, head_info{}, [&](const param_plan& p) {
@@ -211,21 +224,29 @@ constexpr std::int64_t megatron_dense_per_token(const shape& s, const layout& l)
       layers += hf_elements(p) * s.top_k.get() * (existing_instances(*p.row, s) / s.experts.get());
     else layers += hf_elements(p) * existing_instances(*p.row, s);
   });
-  return 6 * (layers + head);
+  return 6 * (layers + head) + mixing_per_token(s).megatron;
 }
 // verl's own count (_estimate_qwen2_flops), gated MLP included whatever the composition: it is
 // verl's convention, reproduced as verl reports it. For a mixture of experts, verl's MoE estimates'
-// form: the router, top_k gated experts and the shared expert in place of the dense MLP.
+// form: the router, top_k gated experts and the shared expert in place of the dense MLP. A layer
+// whose mixer declares the weights verl counts for it (token_flops::verl_weights: Qwen3.5's gated
+// attention and gated DeltaNet, _estimate_qwen3_5_flops) counts those in place of h (2 n d + 2 g d).
 constexpr std::int64_t verl_dense_parameters(const shape& s) {
   const std::int64_t L = s.layers, h = s.hidden, n = s.heads, g = s.kv_heads,
                      d = effective_head_dim(s);
   const std::int64_t sparse_mlp = routes_any(s)
                                       ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
-                                                                       (has_extent(s, extent::shared_ffn) ? s.shared_expert_ffn.get() : 0))
+                                                                       (has_extent(s, extent::shared_ffn) ? s.shared_expert_ffn.get() : 0)) +
+                                            (has_extent(s, extent::one_row) ? h : 0)  // the shared expert's gate
                                       : 0;
   std::int64_t mlp = 0;
-  for (std::int64_t i = 0; i < L; ++i) mlp += layer_routes(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
-  return L * h * (n * d + 2 * g * d + n * d) + mlp + 2 * s.vocab.get() * h;
+  std::int64_t mixers = 0;
+  for (std::int64_t i = 0; i < L; ++i) {
+    mlp += layer_routes(s, i) ? sparse_mlp : 3 * h * s.ffn.get();
+    const auto [f, declared] = layer_token_flops(s, i);
+    mixers += declared ? f.verl_weights : h * (n * d + 2 * g * d + n * d);
+  }
+  return mixers + mlp + 2 * s.vocab.get() * h;
 }
 }  // namespace detail
 
@@ -240,7 +261,7 @@ constexpr flops_per_token training_flops_per_token(const shape& s, const layout&
       idle_experts += hf_elements(p) * (s.experts.get() - s.top_k.get()) * (existing_instances(*p.row, s) / s.experts.get());
   });
   const std::int64_t non_embedding = parameter_count(s) - s.vocab.get() * s.hidden.get() - idle_experts;
-  const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s);
+  const std::int64_t verl_dense = 6 * detail::verl_dense_parameters(s) + detail::mixing_per_token(s).verl;
   // The sequence term in doubles: seq * L n d overflows 64 bits past seq ~ 1e13 (exact below 2^53).
   const double score = static_cast<double>(seq) * static_cast<double>(unit);
   return {
@@ -263,7 +284,7 @@ constexpr double verl_flops(const shape& s, const Seqlens& seqlens,
     tokens += static_cast<double>(n);
     squares += static_cast<double>(n) * static_cast<double>(n);
   }
-  return 6 * static_cast<double>(detail::verl_dense_parameters(s)) * tokens +
+  return static_cast<double>(6 * detail::verl_dense_parameters(s) + detail::mixing_per_token(s).verl) * tokens +
          attention_coefficient * squares * static_cast<double>(score_units(s));
 }
 

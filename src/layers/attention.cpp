@@ -85,7 +85,7 @@ class attention final : public layer_module {
       }
       s_.qk_norm->apply(q, k, c);
     }
-    if (c.cp != nullptr) to_whole_stream(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
+    if (c.cp != nullptr) cp_whole_stream_heads(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
     at::Tensor sinks;  // (heads of the core): this rank's, of them this cp rank's share
     if (sinks_.defined()) {
       sinks = c.w(sinks_);
@@ -118,31 +118,6 @@ class attention final : public layer_module {
   }
 
  private:
-  // Context parallelism (Ulysses, rule cp_splits_heads): this rank's rows of all its heads -> the
-  // whole stream's real tokens of this cp rank's share of them. Whole groups travel in one
-  // all-to-all of [q | k | v] (`grouped`, when it still holds them); a share of one group's query
-  // heads travels alone, and that group's k and v are gathered whole over cp (their gradients
-  // summed back by the gather's reduce-scatter).
-  static void to_whole_stream(const at::Tensor& grouped, at::Tensor& q, at::Tensor& k, at::Tensor& v,
-                              std::int64_t tokens, const comm_group& cp) {
-    const std::int64_t n = cp.size(), rows = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
-    if (groups % n == 0) {
-      const at::Tensor both = grouped.defined() ? grouped : at::cat({q, k.unsqueeze(2), v.unsqueeze(2)}, 2);
-      const auto parts = cp_tokens_to_heads(both, cp).narrow(0, 0, tokens).split_with_sizes({per_group, 1, 1}, 2);
-      q = parts[0];             // (T, G/cp, Q, d)
-      k = parts[1].squeeze(2);  // (T, G/cp, d)
-      v = parts[2].squeeze(2);
-      return;
-    }
-    const std::int64_t share = groups * per_group / n, group = cp.rank() * share / per_group;
-    q = cp_tokens_to_heads(q.reshape({rows, groups * per_group, d}), cp).narrow(0, 0, tokens).unsqueeze(1);  // (T, 1, share, d)
-    const auto whole = [&](const at::Tensor& t) {  // (rows, G, d) -> (T, 1, d): this rank's group
-      return gather_from_sp(t.contiguous(), cp).narrow(0, 0, tokens).narrow(1, group, 1);
-    };
-    k = whole(k);
-    v = whole(v);
-  }
-
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups
   at::Tensor o_, o_bias_;      // (h, heads*d/tp), (h)
   at::Tensor sinks_;           // (heads/tp): the learned sink logits of this rank's query heads (gpt-oss)

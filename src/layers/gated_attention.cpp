@@ -1,12 +1,15 @@
 // Qwen3-Next's output-gated attention on this tp rank's heads: q_proj gives each head [q | gate]
 // (column-parallel), k_proj / v_proj (replicated) the kv heads this rank's query heads read (one of
 // them for several ranks when there are fewer kv heads than ranks), the q/k norm per head before RoPE on the
-// shape's rotary share, causal attention over padded rows or packed sequences, the output times
+// shape's rotary share, causal attention over padded rows or packed sequences (under context
+// parallelism over whole sequences of this cp rank's share of the heads, Ulysses), the output times
 // sigmoid(gate), the row-parallel o_proj.
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/recompute.hpp"
+#include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
@@ -29,28 +32,39 @@ class gated_attention final : public layer_module {
     groups_ = std::max<std::int64_t>(1, heads_ / group);
     first_kv_ = b.args.tp_rank * heads_ / group;
     window_ = b.args.options.attention_window.of(b.params.layer);
+    selective_ = b.args.l.recompute.get() == recompute_kind::selective;
   }
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
-    const packed_tokens& pk = c.sequences();
+    const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
     const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), n = heads_, g = groups_, d = d_;
-    at::Tensor x = c.to_tp(h);                            // (T', H)
-    if (x.size(0) != tokens) x = x.narrow(0, 0, tokens);  // SP padding rows: (T, H)
-    const auto q_gate = at::linear(x, c.w(q_), c.w(q_bias_)).view({tokens, n, 2 * d}).split_with_sizes({d, d}, -1);
-    at::Tensor q = q_gate[0].reshape({tokens, g, n / g, d});                       // (T, G, Q, d)
+    at::Tensor x = c.to_tp(h);                                  // (T'/cp, H)
+    const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
+    if (x.size(0) != rows) x = x.narrow(0, 0, rows);            // SP padding rows: (T, H)
+    const auto q_gate = at::linear(x, c.w(q_), c.w(q_bias_)).view({rows, n, 2 * d}).split_with_sizes({d, d}, -1);
+    at::Tensor q = q_gate[0].reshape({rows, g, n / g, d});                       // (rows, G, Q, d)
     // This rank's kv heads' rows of the replicated k_proj / v_proj (their gradients land in those rows).
     const auto mine = [&](const at::Tensor& p) { return p.defined() ? c.w(p).narrow(0, first_kv_ * d, g * d) : p; };
-    at::Tensor k = at::linear(x, mine(k_), mine(k_bias_)).view({tokens, g, d});      // (T, G, d)
-    const at::Tensor v = at::linear(x, mine(v_), mine(v_bias_)).view({tokens, g, d});
-    qk_norm_->apply(q, k, c);
-    q = apply_rope(q, c.rope);
-    k = apply_rope(k, c.rope);
+    at::Tensor k = at::linear(x, mine(k_), mine(k_bias_)).view({rows, g, d});      // (rows, G, d)
+    at::Tensor v = at::linear(x, mine(v_), mine(v_bias_)).view({rows, g, d});
+    qk_norm_->apply(q, k, c);  // per head: on this rank's rows
+    // Context parallelism (Ulysses): whole sequences of this cp rank's share of the heads.
+    if (c.cp != nullptr) cp_whole_stream_heads({}, q, k, v, tokens, *c.cp);     // (T, G/cp, Q, d) or (T, 1, Q/cp, d)
+    // The attention core, RoPE then the kernel; under selective recompute only q, k, v are kept
+    // and the core runs again in the backward.
     const attention_math math{0.0, 0.0, window_};
-    at::Tensor a = pk.rmpad ? attention_varlen(q, k, v, pk.cu_seqlens, math)
-                            : attention_padded(q, k, v, pk.no_padding ? at::Tensor() : pk.attention_mask, pk.batch, pk.seq, math);
-    a = a * at::sigmoid(q_gate[1].reshape({tokens, n * d}));                      // (T, n*d)
+    attention_core core = [rope = c.rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
+                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
+                              const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+      const at::Tensor qr = apply_rope(q_in, rope), kr = apply_rope(k_in, rope);
+      return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
+    };
+    at::Tensor a = selective_ ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);
+    const at::Tensor gate = at::sigmoid(q_gate[1].reshape({rows, n * d}));       // (rows, n*d)
+    if (c.cp == nullptr) a = a * gate;                                            // (T, n*d)
     if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', n*d)
-    return c.row(a, o_, o_bias_);  // (T'/tp or T', H)
+    if (c.cp != nullptr) a = cp_heads_to_tokens(a, *c.cp) * gate;                 // (T'/cp, n*d)
+    return c.row(a, o_, o_bias_);  // (T'/cp/tp or T'/cp, H)
   }
 
  private:
@@ -59,6 +73,7 @@ class gated_attention final : public layer_module {
   at::Tensor o_, o_bias_;  // (H, n/tp * d), (H)
   std::unique_ptr<qk_norm_module> qk_norm_;
   std::int64_t heads_ = 0, groups_ = 0, first_kv_ = 0, d_ = 0, window_ = 0;  // groups_: this rank's kv heads
+  bool selective_ = false;  // selective recompute: the core runs again in the backward
 };
 
 }  // namespace

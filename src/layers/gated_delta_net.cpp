@@ -1,15 +1,21 @@
 // The gated DeltaNet (Qwen3-Next's, Qwen3.5's) on this tp rank's key heads and their value heads:
 // the column-parallel input projections (Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key
-// head, or Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a: the block's setting 1), the causal depthwise conv and SiLU over this rank's
-// channels of [q | k | v], the gated delta rule (chunked, layers/gated_delta_rule.hpp) from a zero
-// state in each sequence, the gated RMSNorm per value head, the row-parallel out_proj. The rule
-// runs on the batch's rows: padded rows as transformers runs them (padding zeroed before the
-// projections, so a left-padded row starts from zero), packed sequences unpacked to their rows, so
-// each restarts its conv history and state.
+// head, or Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a: the block's setting 1), the
+// causal depthwise conv and SiLU over this rank's channels of [q | k | v], the gated delta rule
+// (chunked, layers/gated_delta_rule.hpp) from a zero state in each sequence, the gated RMSNorm per
+// value head, the row-parallel out_proj. The conv and the rule run on the batch's rows: padded rows
+// as transformers runs them (padding zeroed before the conv, so a left-padded row starts from
+// zero), packed sequences unpacked to their rows, so each restarts its conv history and state.
+// Under context parallelism (Ulysses) the per-key-head inputs of the conv and the rule go by one
+// all-to-all from this cp rank's tokens to whole sequences of its share of the key heads, and the
+// rule's output comes back by another; z, the norm and out_proj stay on this rank's tokens. Under
+// selective recompute the rule keeps only its inputs and runs again in the backward.
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/gated_delta_rule.hpp"
+#include "megadsl/layers/recompute.hpp"
+#include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
@@ -31,77 +37,84 @@ class gated_delta_net final : public layer_module {
       ba_ = b.require("in_proj_ba.weight");
     }
     const shape& s = b.s();
-    const std::int64_t tp = b.args.l.tp.get(), rank = b.args.tp_rank;
-    key_heads_ = s.linear_key_heads.get() / tp;
+    key_heads_ = s.linear_key_heads.get() / b.args.l.tp.get();
     per_key_ = s.linear_value_heads.get() / s.linear_key_heads.get();
     dk_ = s.linear_key_dim.get();
     dv_ = s.linear_value_dim.get();
     eps_ = s.rms_eps.get();
-    // This rank's conv channels: its q heads', its k heads', its v heads' (HF orders the conv's
-    // channels [all q | all k | all v]).
-    const std::int64_t key_width = s.linear_key_heads.get() * dk_, local_key = key_heads_ * dk_,
-                       local_value = key_heads_ * per_key_ * dv_;
-    channels_ = {rank * local_key, key_width + rank * local_key, 2 * key_width + rank * local_value};
-    widths_ = {local_key, local_key, local_value};
+    selective_ = b.args.l.recompute.get() == recompute_kind::selective;
   }
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
-    const packed_tokens& pk = c.sequences();
+    const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
     const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), nk = key_heads_, r = per_key_, nv = nk * r;
-    const std::int64_t rows = pk.batch, len = pk.seq;
-    at::Tensor x = c.to_tp(h);                               // (T', H) on every tp rank
-    if (x.size(0) != tokens) x = x.narrow(0, 0, tokens);     // SP padding rows: (T, H)
-    // Each row of the batch, zeros at its padding: (B, S, ...). mixed: this rank's conv channels
-    // [q | k | v]; z (B, S, nv, dv); the rate's and the decay's inputs b, a (B, S, nv).
-    const auto rows_of = [&](const at::Tensor& weight) { return pk.unpack(at::linear(x, c.w(weight))); };
-    at::Tensor mixed, z, b_in, a_in;
-    if (split_) {  // Qwen3.5: in_proj_qkv's rows here are already [q_r | k_r | v_r]
-      mixed = rows_of(qkv_);
-      z = rows_of(z_).view({rows, len, nv, dv_});
-      b_in = rows_of(b_);
-      a_in = rows_of(a_);
+    const std::int64_t batch = pk.batch, len = pk.seq, dk = dk_, dv = dv_;
+    const std::int64_t cp = c.cp != nullptr ? c.cp->size() : 1, cp_rank = c.cp != nullptr ? c.cp->rank() : 0;
+    const std::int64_t nkc = nk / cp, nvc = nkc * r;  // the key and value heads the rule runs here
+    at::Tensor x = c.to_tp(h);                        // (T'/cp, H) on every tp rank
+    const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
+    if (x.size(0) != rows) x = x.narrow(0, 0, rows);  // SP padding rows: (T, H)
+    // Per key head [q | k | v | b | a] of its value heads: (rows, nk, W), and z (rows, nv, dv).
+    const std::int64_t width = 2 * dk + r * dv + 2 * r;
+    at::Tensor heads, z;
+    if (split_) {  // Qwen3.5: in_proj_qkv's rows here are [q_r | k_r | v_r], z / b / a per value head
+      const auto qkv = at::linear(x, c.w(qkv_)).split_with_sizes({nk * dk, nk * dk, nv * dv}, -1);
+      heads = at::cat({qkv[0].view({rows, nk, dk}), qkv[1].view({rows, nk, dk}), qkv[2].view({rows, nk, r * dv}),
+                       at::linear(x, c.w(b_)).view({rows, nk, r}), at::linear(x, c.w(a_)).view({rows, nk, r})}, -1);
+      z = at::linear(x, c.w(z_)).view({rows, nv, dv});
     } else {  // Qwen3-Next: per key head [q | k | v | z] and [b | a]
-      const at::Tensor qkvz = rows_of(qkvz_).view({rows, len, nk, 2 * dk_ + 2 * r * dv_});
-      const at::Tensor ba = rows_of(ba_).view({rows, len, nk, 2 * r});
-      const auto parts = qkvz.split_with_sizes({dk_, dk_, r * dv_, r * dv_}, -1);
-      const auto gates = ba.split_with_sizes({r, r}, -1);
-      mixed = at::cat({parts[0].reshape({rows, len, nk * dk_}), parts[1].reshape({rows, len, nk * dk_}),
-                       parts[2].reshape({rows, len, nv * dv_})}, -1);
-      z = parts[3].reshape({rows, len, nv, dv_});
-      b_in = gates[0].reshape({rows, len, nv});
-      a_in = gates[1].reshape({rows, len, nv});
+      const auto qkvz = at::linear(x, c.w(qkvz_)).view({rows, nk, 2 * dk + 2 * r * dv}).split_with_sizes({2 * dk + r * dv, r * dv}, -1);
+      heads = at::cat({qkvz[0], at::linear(x, c.w(ba_)).view({rows, nk, 2 * r})}, -1);
+      z = qkvz[1].reshape({rows, nv, dv});
     }
-    const at::Tensor w = c.w(conv_);                                                  // (C, K) every channel
-    const at::Tensor local_w = at::cat({w.narrow(0, channels_[0], widths_[0]), w.narrow(0, channels_[1], widths_[1]),
-                                        w.narrow(0, channels_[2], widths_[2])});      // (this rank's channels, K)
-    const auto qkv = causal_conv1d_silu(mixed, local_w).split_with_sizes({nk * dk_, nk * dk_, nv * dv_}, -1);
-    const at::Tensor q = qkv[0].view({rows, len, nk, dk_}), k = qkv[1].view({rows, len, nk, dk_});
-    const at::Tensor v = qkv[2].view({rows, len, nv, dv_});
-    const at::Tensor beta = b_in.sigmoid();
+    // Context parallelism (Ulysses): the whole stream of this cp rank's share of the key heads.
+    if (c.cp != nullptr) heads = cp_tokens_to_heads(heads, *c.cp).narrow(0, 0, tokens);  // (T, nk/cp, W)
+    // Each row of the batch, zeros at its padding (packed sequences each in its own row): (B, S, nkc, W).
+    const auto parts = pk.unpack(heads).split_with_sizes({dk, dk, r * dv, r, r}, -1);
+    const at::Tensor mixed = at::cat({parts[0].reshape({batch, len, nkc * dk}), parts[1].reshape({batch, len, nkc * dk}),
+                                      parts[2].reshape({batch, len, nvc * dv})}, -1);  // the conv's channels [q | k | v]
+    // The conv's rows here are [q_r | k_r | v_r] (shard_kind::column_slots); of each, this cp rank's heads'.
+    at::Tensor w = c.w(conv_);  // (2 nk dk + nv dv, K) of this tp rank
+    if (cp > 1)
+      w = at::cat({w.narrow(0, cp_rank * nkc * dk, nkc * dk), w.narrow(0, nk * dk + cp_rank * nkc * dk, nkc * dk),
+                   w.narrow(0, 2 * nk * dk + cp_rank * nvc * dv, nvc * dv)});
+    const auto qkv = causal_conv1d_silu(mixed, w).split_with_sizes({nkc * dk, nkc * dk, nvc * dv}, -1);
+    const at::Tensor q = qkv[0].view({batch, len, nkc, dk}), k = qkv[1].view({batch, len, nkc, dk});
+    const at::Tensor v = qkv[2].view({batch, len, nvc, dv});
+    const at::Tensor beta = parts[3].reshape({batch, len, nvc}).sigmoid();
     // g = -exp(A_log) * softplus(a + dt_bias), in fp32 (the master values of A_log and dt_bias).
-    const at::Tensor g = -a_log_.to(at::kFloat).exp() * at::softplus(a_in.to(at::kFloat) +
-                                                                     dt_bias_.to(at::kFloat));
-    const at::Tensor core = chunk_gated_delta_rule(q, k, v, g, beta);  // (B, S, nv, dv)
+    const auto share = [&](const at::Tensor& p) { return cp > 1 ? p.narrow(0, cp_rank * nvc, nvc) : p; };
+    const at::Tensor g = -share(a_log_).to(at::kFloat).exp() *
+                         at::softplus(parts[4].reshape({batch, len, nvc}).to(at::kFloat) + share(dt_bias_).to(at::kFloat));
+    // Under selective recompute only the rule's inputs are kept: its chunks' intermediates are
+    // computed again in the backward.
+    at::Tensor core = selective_ ? recompute_in_backward(core_region([](const std::vector<at::Tensor>& x) {
+                                     return chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4]);
+                                   }), {q, k, v, g, beta})
+                                 : chunk_gated_delta_rule(q, k, v, g, beta);
+    core = core.reshape({batch * len, nvc * dv});  // (B S, nvc*dv)
+    if (pk.rmpad) core = core.index_select(0, pk.index);                                    // (T, nvc*dv) the packed stream
+    if (stream > tokens) core = at::constant_pad_nd(core, {0, 0, 0, stream - tokens});      // (T', nvc*dv)
+    if (c.cp != nullptr) core = cp_heads_to_tokens(core, *c.cp);                            // (T'/cp, nv*dv)
+    else if (stream > tokens) z = at::constant_pad_nd(z, {0, 0, 0, 0, 0, stream - tokens});  // (T', nv, dv)
     // Qwen3NextRMSNormGated: w * rms_normed(x).to(dtype), times silu(z) in fp32, cast back.
-    const at::Tensor cf = core.to(at::kFloat);
+    const at::Tensor cf = core.view({-1, nv, dv}).to(at::kFloat);
     const at::Tensor normed = c.w(norm_) * (cf * at::rsqrt(cf.pow(2).mean(-1, true) + eps_)).to(core.scalar_type());
-    at::Tensor a = (normed * at::silu(z.to(at::kFloat))).to(core.scalar_type()).reshape({rows * len, nv * dv_});
-    if (pk.rmpad) a = a.index_select(0, pk.index);                                 // (T, nv*dv) the packed stream
-    if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', nv*dv)
-    return c.row(a, out_);  // (T'/tp or T', H)
+    const at::Tensor a = (normed * at::silu(z.to(at::kFloat))).to(core.scalar_type()).reshape({-1, nv * dv});
+    return c.row(a, out_);  // (T'/cp/tp or T'/cp, H)
   }
 
  private:
-  bool split_ = false;        // Qwen3.5's projections (the block's setting 1)
-  at::Tensor qkvz_, ba_;      // (nk/tp * (2 dk + 2 r dv), H), (nk/tp * 2 r, H): this rank's key heads
+  bool split_ = false;          // Qwen3.5's projections (the block's setting 1)
+  bool selective_ = false;      // selective recompute: the rule runs again in the backward
+  at::Tensor qkvz_, ba_;        // (nk/tp * (2 dk + 2 r dv), H), (nk/tp * 2 r, H): this rank's key heads
   at::Tensor qkv_, z_, b_, a_;  // ([q_r | k_r | v_r], H), (nv/tp * dv, H), (nv/tp, H) x2: Qwen3.5's
-  at::Tensor conv_;           // (2 nk dk + nv dv, K) every channel, replicated
+  at::Tensor conv_;             // ([q_r | k_r | v_r], K): this rank's heads' channels
   at::Tensor dt_bias_, a_log_;  // (nv/tp) this rank's value heads
-  at::Tensor norm_;           // (dv) replicated
-  at::Tensor out_;            // (H, nv/tp * dv)
+  at::Tensor norm_;             // (dv) replicated
+  at::Tensor out_;              // (H, nv/tp * dv)
   std::int64_t key_heads_ = 0, per_key_ = 0, dk_ = 0, dv_ = 0;
   double eps_ = 1e-6;
-  std::array<std::int64_t, 3> channels_{}, widths_{};  // this rank's q, k, v conv channels: first and count
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Multi-head latent attention (DeepSeek-V3's DeepseekV3Attention; Kimi K2, Moonlight) on this tp
 // rank's heads: the replicated down projections and their norms on the whole stream, the heads'
 // up projections (column-parallel), RoPE on the decoupled part of q and on the one shared key,
-// causal attention over padded rows or packed sequences, the row-parallel o_proj.
+// causal attention over padded rows or packed sequences, the row-parallel o_proj. Under context
+// parallelism (Ulysses) q, k_nope and v go by one all-to-all to whole sequences of this cp rank's
+// share of the heads, the shared rotary key by an all-gather, and the output comes back.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -9,6 +11,7 @@
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
@@ -50,18 +53,31 @@ class mla final : public layer_module {
   }
 
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
-    const packed_tokens& pk = c.sequences();
-    const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), n = heads_, dqk = nope_ + rope_;
-    at::Tensor x = c.to_tp(h);                                                  // (T', H) on every tp rank
-    if (x.size(0) != tokens) x = x.narrow(0, 0, tokens);                       // SP padding rows: (T, H)
-    const at::Tensor q = q_proj_.defined() ? at::linear(x, c.w(q_proj_))       // (T, n*dqk) this rank's heads
+    const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
+    const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), dqk = nope_ + rope_;
+    at::Tensor x = c.to_tp(h);                                        // (T'/cp, H) on every tp rank
+    const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
+    if (x.size(0) != rows) x = x.narrow(0, 0, rows);                 // SP padding rows: (T, H)
+    const at::Tensor q = q_proj_.defined() ? at::linear(x, c.w(q_proj_))  // (rows, n*dqk) this rank's heads
                                            : at::linear(latent_norm(at::linear(x, c.w(q_down_)), c.w(q_norm_)), c.w(q_up_));
-    const auto latent = at::linear(x, c.w(kv_down_)).split_with_sizes({rank_, rope_}, -1);  // (T, r), (T, dr)
-    const at::Tensor kv = at::linear(latent_norm(latent[0], c.w(kv_norm_)), c.w(kv_up_)).view({tokens, n, nope_ + v_});
-    const auto q_parts = q.view({tokens, n, dqk}).split_with_sizes({nope_, rope_}, -1);  // (T, n, dn), (T, n, dr)
-    const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);                        // (T, n, dn), (T, n, dv)
-    at::Tensor q_rot = q_parts[1], k_rot = latent[1].unsqueeze(1);                   // (T, n, dr), (T, 1, dr)
-    const rope_tables& rope = c.rope;  // interleaved: DeepSeek's pairs, held as halves after
+    const auto latent = at::linear(x, c.w(kv_down_)).split_with_sizes({rank_, rope_}, -1);  // (rows, r), (rows, dr)
+    at::Tensor qs = q.view({rows, heads_, dqk});                                                              // (rows, n, dqk)
+    at::Tensor kv = at::linear(latent_norm(latent[0], c.w(kv_norm_)), c.w(kv_up_)).view({rows, heads_, nope_ + v_});  // (rows, n, dn+dv)
+    at::Tensor k_shared = latent[1];                                                                          // (rows, dr)
+    std::int64_t n = heads_;
+    if (c.cp != nullptr) {
+      // Context parallelism (Ulysses): whole sequences of this cp rank's share of the heads, the
+      // shared rotary key gathered whole (its gradient summed back over cp by the reduce-scatter).
+      const auto parts = cp_tokens_to_heads(at::cat({qs, kv}, -1), *c.cp).narrow(0, 0, tokens).split_with_sizes({dqk, nope_ + v_}, -1);
+      qs = parts[0];  // (T, n/cp, dqk)
+      kv = parts[1];  // (T, n/cp, dn+dv)
+      k_shared = gather_from_sp(k_shared.contiguous(), *c.cp).narrow(0, 0, tokens);  // (T, dr)
+      n /= c.cp->size();
+    }
+    const auto q_parts = qs.split_with_sizes({nope_, rope_}, -1);   // (T, n, dn), (T, n, dr)
+    const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);     // (T, n, dn), (T, n, dv)
+    at::Tensor q_rot = q_parts[1], k_rot = k_shared.unsqueeze(1);   // (T, n, dr), (T, 1, dr)
+    const rope_tables& rope = c.rope;  // the whole stream's positions; interleaved: DeepSeek's pairs, held as halves after
     q_rot = apply_rope(q_rot, rope, interleave_);
     k_rot = apply_rope(k_rot, rope, interleave_);
     // Each head is its own kv group (G = n, one query head each); v padded to q/k's width, since
@@ -78,7 +94,8 @@ class mla final : public layer_module {
     at::Tensor a = selective_recompute_ ? recompute_in_backward(std::move(core), qh, kh, vh) : core(qh, kh, vh);
     a = a.view({tokens, n, dqk}).narrow(-1, 0, v_).reshape({tokens, n * v_});  // (T, n*dv)
     if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', n*dv)
-    return c.row(a, o_);  // (T'/tp or T', H)
+    if (c.cp != nullptr) a = cp_heads_to_tokens(a, *c.cp);                         // (T'/cp, heads*dv)
+    return c.row(a, o_);  // (T'/cp/tp or T'/cp, H)
   }
 
  private:

@@ -524,9 +524,23 @@ constexpr config_key_rule common_keys[] = {
     {"begin_suppress_tokens", key_use::no_effect},
 };
 
+// The gated DeltaNet's keys, read by read_linear_attention for every family that has the layers.
+constexpr config_key_rule linear_attention_keys[] = {
+    {"layer_types", key_use::read},
+    {"full_attention_interval", key_use::read},
+    {"linear_num_key_heads", key_use::read},
+    {"linear_num_value_heads", key_use::read},
+    {"linear_key_head_dim", key_use::read},
+    {"linear_value_head_dim", key_use::read},
+    {"linear_conv_kernel_dim", key_use::read},
+};
+
 const config_key_rule* find_key(const family_config& family, std::string_view key) {
   for (const config_key_rule& k : family.keys)
     if (k.key == key) return &k;
+  if (family.linear_attention)
+    for (const config_key_rule& k : linear_attention_keys)
+      if (k.key == key) return &k;
   for (const config_key_rule& k : common_keys)
     if (k.key == key) return &k;
   return nullptr;

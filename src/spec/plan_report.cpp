@@ -234,7 +234,8 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
         "  theoretical_memory_usage.py. Activations: Korthikanti et al. 2022, Table 2; first stage =\n"
         "  its layers x per layer x micro-batches in flight (1F1B: pp; interleaved: x (1 + (p-1)/(pv))).\n"
         "  FLOPs: Megatron num_floating_point_operations, torchtitan get_num_flop_per_token, verl\n"
-        "  _estimate_qwen2_flops (megadsl::training_flops_per_token).\n";
+        "  _estimate_qwen2_flops, or _estimate_qwen3_5_flops where a layer runs a gated DeltaNet\n"
+        "  (megadsl::training_flops_per_token).\n";
 }
 
 }  // namespace megadsl

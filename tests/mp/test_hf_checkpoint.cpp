@@ -366,6 +366,38 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
         CHECK(at::equal(t, want));
       }
   }
+
+  // Qwen3.5's DeltaNet: in_proj_qkv and the conv hold [all q | all k | all v]; a rollout rank gets
+  // [q_r ; k_r ; v_r] (a merged column-parallel layer's shard), in_proj_z / dt_bias by rows,
+  // out_proj by columns.
+  const fs::path q35 = fixtures / "qwen3-5-tf5";
+  const shape qs = read_hf_config(q35).s;
+  constexpr layout lq{.tp = 2, .sp = true};
+  auto qgroups = parallel_groups::build(dist(), lq);
+  parallel_model<causal_lm<any_llama, lq>> mq(qgroups, options_for(q35), qs);
+  load_hf(mq, qgroups, q35);
+  const hf_checkpoint qck = hf_checkpoint::open(q35);
+  const std::int64_t keys = qs.linear_key_heads.get() * qs.linear_key_dim.get();
+  const std::int64_t values = qs.linear_value_heads.get() * qs.linear_value_dim.get();
+  for (std::int64_t r = 0; r < 2; ++r) {
+    weight_stream stream(mq.parameters(), mq.config(), qgroups, {.dtype = at::kFloat, .shard_tp = 2, .shard_rank = r});
+    std::int64_t slotted = 0;
+    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
+      for (const auto& [n, t] : bucket) {
+        INFO(n << " rollout rank " << r);
+        const at::Tensor full = qck.read(n, at::kFloat);
+        if (n.ends_with("in_proj_qkv.weight") || n.ends_with("conv1d.weight")) {
+          const auto slots = full.split_with_sizes({keys, keys, values}, 0);
+          CHECK(at::equal(t, at::cat({slots[0].chunk(2, 0)[r], slots[1].chunk(2, 0)[r], slots[2].chunk(2, 0)[r]})));
+          ++slotted;
+        } else if (n.ends_with("in_proj_z.weight") || n.ends_with("dt_bias")) {
+          CHECK(at::equal(t, full.chunk(2, 0)[r]));
+        } else if (n.ends_with("out_proj.weight")) {
+          CHECK(at::equal(t, full.chunk(2, 1)[r]));
+        }
+      }
+    CHECK(slotted == 2 * 2);  // the two linear layers' in_proj_qkv and conv
+  }
 }
 
 TEST_CASE("a critic loads from an actor checkpoint and reports its new value head", "[world4][hf]") {

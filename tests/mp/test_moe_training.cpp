@@ -252,6 +252,9 @@ TEST_CASE("Qwen3-Next: rows longer than the delta rule's chunk, padded either si
   check_long_qwen3_next<layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(right, left, log_probs, entropy);
   check_long_qwen3_next<layout{.pp = 2, .rmpad = true}>(right, left, log_probs, entropy);
   check_long_qwen3_next<layout{.tp = 2, .pp = 2}>(right, left, log_probs, entropy);
+  // Context parallelism: each cp rank runs the rule over whole sequences for its key heads.
+  check_long_qwen3_next<layout{.rmpad = true, .cp = 4}>(right, left, log_probs, entropy);
+  check_long_qwen3_next<layout{.tp = 2, .sp = true, .cp = 2}>(right, left, log_probs, entropy);
 }
 
 TEST_CASE("mixtures of experts under context parallelism: routing, replay, the auxiliary losses over the whole "
@@ -267,6 +270,20 @@ TEST_CASE("mixtures of experts under context parallelism: routing, replay, the a
   check_moe_training<tiny8_gpt_oss, layout{.rmpad = true, .cp = 2}>(1, false);  // the sinks' gradients over cp
   check_moe_training<tiny8_llama4, layout{.cp = 2}>(1, true);
   check_moe_training<tiny8_qwen2_moe, layout{.pp = 2, .rmpad = true, .cp = 2}>(2, true, nullptr, aux_losses::token);
+  // Qwen3-Next: the gated DeltaNet and the gated attention under Ulysses (an all-to-all to whole
+  // sequences of a share of the heads); at tp 2 x cp 2 one key head and one query head per rank,
+  // the kv head gathered over cp.
+  check_moe_inference<tiny8_qwen3_next, layout{.rmpad = true, .cp = 2, .ep = 2}>();
+  check_moe_inference<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .cp = 2}>();
+  check_moe_inference<tiny8_qwen3_5_moe, layout{.cp = 2}>();  // in_proj_qkv's and the conv's slots, each cp rank's share
+  check_moe_training<tiny8_qwen3_next, layout{.rmpad = true, .cp = 2, .ep = 2}>(2, true);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2}>(2, false);
+  check_moe_training<tiny8_qwen3_5_moe, layout{.rmpad = true, .cp = 2}>(2, false);
+  // Multi-head latent attention: q, k_nope and v by heads over cp, the shared rotary key gathered.
+  check_moe_inference<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .ep = 2}>();
+  check_moe_inference<tiny8_moonlight, layout{.tp = 2, .sp = true, .cp = 2}>();
+  check_moe_training<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 4}>(1, true);
+  check_moe_training<tiny8_moonlight, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .recompute = recompute_kind::selective}>(2, false);
 }
 
 TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and without router replay",

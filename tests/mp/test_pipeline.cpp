@@ -58,6 +58,17 @@ TEST_CASE("recompute runs each layer's region again in the backward, and full re
   CHECK(selective_calls == none_calls);  // the attention core has no collective
   // Each layer's forward all-reduces (after the attention and after the MLP) run again.
   CHECK(full_calls == none_calls + 2 * layers);
+  // Qwen3-Next: the gated attention's core and the gated DeltaNet's chunked rule, one region a layer.
+  {
+    using M = tiny8_qwen3_next;
+    constexpr layout L{.tp = 2, .recompute = recompute_kind::selective};
+    const padded_batch qb = make_batch(M::shape.vocab, true);
+    auto groups = parallel_groups::build(dist(), L);
+    parallel_model<causal_lm<M, L>> model(groups, test_options<M>());
+    const std::int64_t before = recompute_reruns();
+    probe_loss(model.forward(batch{.input_ids = qb.ids, .attention_mask = qb.mask}), true).backward();
+    CHECK(recompute_reruns() - before == M::shape.layers.get());
+  }
   // Inference keeps nothing and reruns nothing.
   {
     auto groups = parallel_groups::build(dist(), layout{.tp = 2, .recompute = recompute_kind::full});

@@ -98,7 +98,8 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
         if (has("layers.{layer}.in_proj_qkvz.weight")) {
           // Qwen3-Next's hybrid: 6 per element of each layer's matrices (the full layers' q_proj twice
           // as wide for its gate; the DeltaNet's projections, its depthwise conv's taps and out_proj),
-          // the scores on the full-attention layers only (the delta rule's own cost left out).
+          // the scores on the full-attention layers only, and the delta rule's own 6 x 4 nv dv^2 per
+          // token (Megatron-LM's linear_self_attn_term for experimental_attention_variant "gated_delta_net").
           double linear = 0;
           for (std::int64_t i = 0; i < s.layers.get(); ++i) linear += megadsl::linear_layer(s, i) ? 1 : 0;
           const double full = L - linear;
@@ -106,7 +107,8 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
           const double dk = static_cast<double>(s.linear_key_dim.get()), dv = static_cast<double>(s.linear_value_dim.get());
           const double taps = static_cast<double>(s.linear_conv_kernel.get());
           const double attention = (3 * n * d + 2 * g * d) * h;
-          const double deltanet = (2 * nk * dk + 2 * nv * dv) * h + 2 * nv * h + (2 * nk * dk + nv * dv) * taps + h * nv * dv;
+          const double deltanet = (2 * nk * dk + 2 * nv * dv) * h + 2 * nv * h + (2 * nk * dk + nv * dv) * taps + h * nv * dv +
+                                  4 * nv * dv * dv;
           const double mlp_head = 12 * L * h * h * (ffn / h * m + vp / (2 * L * h));
           nc = 6 * (full * attention + linear * deltanet) + 12 * full * sq * n * d + mlp_head;
           c = 6 * (full * attention + linear * deltanet) + 6 * full * sq * n * d + mlp_head;
@@ -130,6 +132,24 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
       }
     }
   });
+}
+
+TEST_CASE("verl's FLOPs reproduce verl's Qwen3.5 estimator for the gated DeltaNet hybrids", "[formulas][flops][verl]") {
+  // verl 0.9.1's _estimate_qwen3_5_flops (dt = 1 s, times 1e12) on Qwen3-Next-80B-A3B's config
+  // (every layer a mixture, 3 of 4 layers linear) and on the same sizes dense (intermediate_size
+  // 5120): the full layers' q_proj counted twice as wide, the DeltaNet's projections and conv taps,
+  // 15 dk dv nv per token and linear layer for the rule, the shared expert's gate.
+  const std::array<std::int64_t, 3> lens{4096, 1024, 100};
+  const std::array<std::int64_t, 1> one{4096};
+  const auto moe = megadsl::qwen3_next_80b_a3b::shape;
+  CHECK(megadsl::verl_flops(moe, lens) == Approx(128094010343424.0).epsilon(1e-13));
+  CHECK(megadsl::verl_flops(moe, one) == Approx(101332505591808.0).epsilon(1e-13));
+  constexpr megadsl::shape dense_shape{.hidden = 2048, .layers = 48, .heads = 16, .kv_heads = 2, .ffn = 5120, .vocab = 151936,
+                              .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
+                              .rotary_fraction = 0.25, .linear_layers = megadsl::linear_every_but(48, 4),
+                              .linear_key_heads = 16, .linear_value_heads = 32, .linear_key_dim = 128,
+                              .linear_value_dim = 128, .linear_conv_kernel = 4};
+  CHECK(megadsl::verl_flops(megadsl::qwen3_5<dense_shape>::shape, lens) == Approx(121785382600704.0).epsilon(1e-13));
 }
 
 TEST_CASE("verl's FLOPs reproduce the verl oracle for Llama-2-7B", "[formulas][flops][verl]") {
@@ -239,15 +259,14 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           // Multi-head latent attention's down projections and their norms are replicated.
           const std::int64_t rq = s.q_lora_rank.get(), rkv = s.kv_lora_rank.get();
           const std::int64_t latents = row("layers.{layer}.kv_up.weight") ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
-          // Qwen3-Next: the q/k norms on its full-attention layers only; each DeltaNet layer's conv
-          // (channels, taps) and gated norm (dv) are replicated.
+          // Qwen3-Next: the q/k norms on its full-attention layers only; each DeltaNet layer's gated
+          // norm (dv) is replicated (its conv's channels split with the heads).
           std::int64_t attention_layers = L, deltanet = 0;
           if (row("layers.{layer}.conv1d.weight") != nullptr)
             for (std::int64_t i = 0; i < L; ++i)
               if (megadsl::linear_layer(s, i)) {
                 --attention_layers;
-                deltanet += (2 * s.linear_key_heads.get() * s.linear_key_dim.get() + s.linear_value_heads.get() * s.linear_value_dim.get()) *
-                                s.linear_conv_kernel.get() + s.linear_value_dim.get();
+                deltanet += s.linear_value_dim.get();
               }
           const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + attention_layers * qk_norms + routers +
                                           expert_biases + latents + deltanet + (actor ? 0 : h + 1);

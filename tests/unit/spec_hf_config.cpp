@@ -594,7 +594,8 @@ TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lor
              Catch::Contains("original_max_position_embeddings: missing"));
   CHECK_THAT(error_of(edited(ds, "\"v_head_dim\": 12", "\"v_head_dim\": 12, \"attention_bias\": true")),
              Catch::Contains("attention_bias"));
-  CHECK_THAT(std::string(megadsl::check(s, layout{.cp = 2}).joined().view()), Catch::Contains("multi-head latent attention"));
+  // Context parallelism splits the heads over cp (Ulysses), the shared rotary key gathered.
+  CHECK_FALSE(megadsl::check(s, layout{.cp = 2}).has("cp_splits_heads"));
 }
 
 TEST_CASE("Gemma 3 and OLMo 3: RoPE per layer type, their sliding patterns, Gemma 3's null soft-caps", "[spec][hf_config]") {
@@ -989,7 +990,8 @@ TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNe
              Catch::Contains("one entry per layer"));
   CHECK_THAT(error_of(edited(q, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3")),
              Catch::Contains("linear_num_value_heads") && Catch::Contains("multiple"));
-  // Its layouts: whole key heads per tp rank (kv heads may be fewer than ranks: replicated), no cp.
+  // Its layouts: whole key heads per tp rank (kv heads may be fewer than ranks: replicated), and of
+  // those an equal share per cp rank (Ulysses).
   megadsl::shape s = c.s;
   CHECK(megadsl::check(s, megadsl::layout{.tp = 2}).ok());
   const auto tp4 = megadsl::check(s, megadsl::layout{.tp = 4});
@@ -997,7 +999,9 @@ TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNe
   s.linear_key_heads = 4;
   s.linear_value_heads = 8;
   CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).ok());  // 2 kv heads over 4 ranks
-  CHECK(megadsl::check(s, megadsl::layout{.cp = 2}).has("cp_splits_heads"));
+  CHECK(megadsl::check(s, megadsl::layout{.tp = 2, .cp = 2}).ok());
+  const auto cp8 = megadsl::check(s, megadsl::layout{.cp = 8});
+  CHECK((cp8.has("cp_splits_heads") && std::string(cp8.joined().view()).find("linear_num_key_heads = 4 is not divisible by tp x cp = 8") != std::string::npos));
 }
 
 TEST_CASE("Qwen3.5: its text models' configs, the DeltaNet's projections stored apart, mixtures in every layer",

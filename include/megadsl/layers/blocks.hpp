@@ -243,6 +243,12 @@ class arch_builder {
     nodes[static_cast<std::size_t>(node)].score_units = score_units;
     return node;
   }
+  // Its per-token FLOPs beyond its matrices and scores, and the weights verl counts for it
+  // (architecture.hpp's token_flops).
+  constexpr int per_token(int node, token_flops (*f)(const shape&)) {
+    nodes[static_cast<std::size_t>(node)].per_token = f;
+    return node;
+  }
   // Not a line of its own in `describe` (a norm its residual's line names).
   constexpr void hide(int node) { labels[static_cast<std::size_t>(node)] = {}; }
   [[nodiscard]] constexpr std::string_view label(int node) const { return labels[static_cast<std::size_t>(node)].view(); }
@@ -544,9 +550,11 @@ enum class delta_net_storage : std::int8_t { grouped, split };
 // the channels [q | k | v]; q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated
 // delta rule with decay g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value
 // head reading its key head; the output RMS-normed per head (weight per dim) times SiLU(z), then
-// out_proj (row-parallel). The conv's weight and the norm's are replicated, each rank applying its
-// heads' share (their gradients partial over tp). The state starts at zero in each sequence: padded
-// rows as transformers masks them, packed sequences each from its own start.
+// out_proj (row-parallel). The conv's channels split as in_proj_qkv's slots (each rank its heads' q,
+// k and v taps); the norm's weight is replicated (its gradient partial over tp). The state starts
+// at zero in each sequence: padded rows as transformers masks them, packed sequences each from its
+// own start. Under context parallelism (Ulysses) an all-to-all gives each cp rank whole sequences
+// of a share of its tp rank's key heads for the conv and the rule, and one brings the output back.
 template <delta_net_storage S = delta_net_storage::grouped>
 struct gated_delta_net {
   static constexpr std::int64_t key_width(const shape& s) { return s.linear_key_heads.get() * s.linear_key_dim.get(); }
@@ -583,8 +591,9 @@ struct gated_delta_net {
       matrix("in_proj_b.weight", shard_kind::column, &gate);
       matrix("in_proj_a.weight", shard_kind::column, &gate);
     }
-    b.param(at, {"conv1d.weight", shard_kind::replicated, {"conv1d.weight"}, 1, extent::none, presence::always, false, true,
-                 param_init::normal, false, &conv, 0, false, hf_stacking::none, /*hf_conv=*/true});
+    // The conv's channels are in_proj_qkv's three slots: each rank holds its heads' q, k and v taps.
+    b.param(at, {"conv1d.weight", shard_kind::column_slots, {"conv1d.weight"}, 1, extent::none, presence::always, false, false,
+                 param_init::normal, false, &conv, 0, false, hf_stacking::none, /*hf_conv=*/true, &qkv_slots});
     b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
                  param_init::ones, false, &per_value_head});
     // A = exp(A_log); HF draws A uniformly from [0.01, 16] where no checkpoint gives it: e^2 here.
@@ -596,13 +605,20 @@ struct gated_delta_net {
     b.rule(&gated_delta_net_rule);
     // Keeps its input (2, whole without SP) and, split over tp, the projections, the conv's output,
     // the chunked rule's intermediates and the gated norm's input (about 12).
-    return b.costs(b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
-                          "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0),
-                   {.whole = 3, .split = 12});
+    const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
+                            "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0);
+    return b.per_token(b.costs(node, {.whole = 3, .split = 12}), &rule_flops);
+  }
+  // The delta rule's own FLOPs per token: Megatron's 6 x 4 nv dv^2 (its formula writes dv^2 for
+  // dk dv), verl's 15 dk dv nv; verl counts the projections' and out_proj's weights and the conv's taps.
+  static constexpr token_flops rule_flops(const shape& s) {
+    const std::int64_t nv = s.linear_value_heads.get(), dk = s.linear_key_dim.get(), dv = s.linear_value_dim.get();
+    return {.megatron = 6 * 4 * nv * dv * dv,
+            .verl = 15 * dk * dv * nv,
+            .verl_weights = s.hidden.get() * (2 * key_width(s) + 3 * value_width(s) + 2 * nv) +
+                            s.linear_conv_kernel.get() * (2 * key_width(s) + value_width(s))};
   }
 };
-
-constexpr void gated_attention_rule(const shape& s, const layout& l, violations& out);
 
 // Qwen3-Next's full-attention layers (Qwen3NextAttention): q_proj gives each head [q | gate] (2 x
 // head_dim rows per head, so a tp rank's heads are one contiguous block, column-parallel); k_proj
@@ -643,9 +659,12 @@ struct gated_attention {
     const int qk = lower_block<QkNorm>(b, at);
     b.param(at.sub("o_proj", "o_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", "o_proj"), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
-    b.rule(&gated_attention_rule);
-    return b.costs(b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details),
-                   {.whole = 3, .split = 10, .scores = 5}, &score_units);
+    const int node = b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details);
+    return b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights);
+  }
+  // verl counts q_proj twice as wide (the gate), k_proj, v_proj and o_proj: h (3 n d + 2 g d).
+  static constexpr token_flops verl_weights(const shape& s) {
+    return {.verl_weights = s.hidden.get() * (3 * s.heads.get() + 2 * s.kv_heads.get()) * d(s)};
   }
 };
 
@@ -1185,10 +1204,6 @@ constexpr void qk_norm_after_rope_rule(const shape& s, const layout& l, violatio
         .add("rope_interleave: q/k norms after RoPE on interleaved pairs are not supported; rotate halves");
 }
 constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations& out) {
-  if (l.cp.is_static() && l.cp.get() > 1)
-    out.add("cp_splits_heads", {l.cp.get()})
-        .add("cp = ", l.cp.get(), ": the gated DeltaNet layers carry their state along the whole sequence and have no "
-             "context-parallel path yet; use cp = 1");
   if (!megadsl::detail::known(s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim,
                               s.linear_conv_kernel))
     return;
@@ -1207,20 +1222,17 @@ constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations&
     out.add("linear_heads_divisible_by_tp", {nk, l.tp.get()})
         .add("linear_num_key_heads = ", nk, " is not divisible by tp = ", l.tp.get(),
              ": each tp rank takes whole key heads of the gated DeltaNet with their value heads");
-}
-constexpr void gated_attention_rule(const shape& s, const layout& l, violations& out) {
-  if (l.cp.is_static() && l.cp.get() > 1)
-    out.add("cp_splits_heads", {l.cp.get()})
-        .add("cp = ", l.cp.get(), ": the gated attention has no context-parallel path yet; use cp = 1");
+  else if (l.tp.is_static() && l.cp.is_static() && l.tp.get() > 0 && l.cp.get() > 1 && nk % (l.tp.get() * l.cp.get()) != 0)
+    out.add("cp_splits_heads", {nk, l.tp.get(), l.cp.get()})
+        .add("linear_num_key_heads = ", nk, " is not divisible by tp x cp = ", l.tp.get() * l.cp.get(),
+             ": under context parallelism each cp rank runs the gated delta rule over whole sequences for an equal "
+             "share of its tp rank's key heads (Ulysses)");
 }
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
   if (s.attention_multiplier.is_static() && s.attention_multiplier.get() != 0)
     out.add("mla_has_its_own_scale")
         .add("attention_multiplier is set: multi-head latent attention scales its scores by its own YaRN-adjusted "
              "softmax scale; leave attention_multiplier at 0");
-  if (l.cp.is_static() && l.cp.get() > 1)
-    out.add("cp_splits_heads", {l.cp.get()})
-        .add("cp = ", l.cp.get(), ": multi-head latent attention has no context-parallel path yet; use cp = 1");
   if (megadsl::detail::known(s.kv_lora_rank, s.qk_nope_dim, s.v_head_dim) &&
       (s.kv_lora_rank.get() < 1 || s.qk_nope_dim.get() < 0 || s.v_head_dim.get() < 1))
     out.add("positive_sizes", {s.kv_lora_rank.get(), s.v_head_dim.get()})

@@ -1,8 +1,8 @@
 // Activation recompute (Megatron's recompute_granularity): a region runs under no-grad in the
 // forward, keeping only its inputs; the backward runs it again with autograd on and differentiates
 // through that second run. The region must compute the same numbers twice (no dropout here).
-//   selective: the attention core (RoPE and the attention kernel), free of parameters and
-//              collectives: differentiated in its inputs only;
+//   selective: the token mixer's core (RoPE and the attention kernel; the gated DeltaNet's chunked
+//              rule), free of parameters and collectives: differentiated in its inputs only;
 //   full:      a whole decoder layer, with its parameters and collectives (every rank of a group
 //              recomputes the same layer at the same point of the backward, so the collectives
 //              meet): the rerun is back-propagated, which also accumulates the parameters' .grad.
@@ -12,14 +12,20 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace megadsl {
 
 // The attention core: (q, k, v) -> the heads' output, shapes as attention_varlen/padded take them.
 using attention_core = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
-// f(q, k, v) with its intermediates dropped: the result is differentiable in q, k and v, and the
-// backward calls f once more. Without grad mode it is simply f(q, k, v).
+// A core of any inputs (the gated delta rule's q, k, v, g, beta) -> its output.
+using core_region = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
+
+// f(inputs) with its intermediates dropped: the result is differentiable in every input (each a
+// floating tensor), and the backward calls f once more. Without grad mode it is simply f(inputs).
+at::Tensor recompute_in_backward(core_region f, const std::vector<at::Tensor>& inputs);
+// The attention core's form: f(q, k, v).
 at::Tensor recompute_in_backward(attention_core f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // A decoder layer: (x) -> the layer's output. Called with grad mode off for the forward and on for

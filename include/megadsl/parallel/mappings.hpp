@@ -13,6 +13,7 @@
 //   all_to_all_rows         rows to each rank (uneven)  the same with the counts swapped
 //   cp_tokens_to_heads      all-to-all (Ulysses)        the inverse all-to-all
 //   cp_heads_to_tokens      all-to-all (Ulysses)        the inverse all-to-all
+//   cp_whole_stream_heads   q, k, v: the two above, or an all-gather of k and v
 //   gather_from_cp          all-gather dim 0            this rank's rows
 #pragma once
 
@@ -40,6 +41,14 @@ at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<std::int64_t>&
 at::Tensor cp_tokens_to_heads(const at::Tensor& x, const comm_group& cp);
 // The inverse: (cp L, n) of this rank's groups -> (L, cp n), groups in rank order.
 at::Tensor cp_heads_to_tokens(const at::Tensor& y, const comm_group& cp);
+// An attention's q (L, G, Q, d), k and v (L, G, d) on this cp rank's L rows of its tp rank's G kv
+// groups -> the whole stream's first `tokens` tokens of this cp rank's share of the query heads
+// (rule cp_splits_heads). Whole groups travel in one all-to-all of [q | k | v] (`grouped`, the
+// (L, G, Q + 2, d) tensor they are views of, when it still holds them; else concatenated); a share
+// of one group's query heads travels alone, and that group's k and v are gathered whole over cp
+// (their gradients summed back by the gather's reduce-scatter): q (tokens, 1, Q / cp, d).
+void cp_whole_stream_heads(const at::Tensor& grouped, at::Tensor& q, at::Tensor& k, at::Tensor& v,
+                           std::int64_t tokens, const comm_group& cp);
 // Per-token values of a cp rank's real tokens (its first mine.size(0) <= `rows` rows) -> the whole
 // stream's first `tokens` rows, on every cp rank; the backward keeps this rank's rows (every cp
 // rank computes the same loss from the whole).

@@ -12,8 +12,11 @@
 // holds one bucket (a parameter larger than a bucket makes its own) and, while one parameter is
 // gathered, that parameter's shards and HF tensors. With `shard_tp` > 1 each rank gets,
 // instead of the full tensor, the slice a rollout engine's tp rank `shard_rank` loads (vLLM's
-// column / row split; kv heads replicated when fewer than shard_tp; refused for an HF tensor that
-// holds several projections, as Phi-3's qkv_proj and gate_up_proj and GPT-NeoX's query_key_value do).
+// column / row split; kv heads replicated when fewer than shard_tp; a tensor of slots, Qwen3.5's
+// in_proj_qkv and the DeltaNet's conv, each slot's chunk side by side as a merged column-parallel
+// layer holds it; refused for an HF tensor that interleaves or concatenates several projections
+// whose split vLLM derives itself, as Phi-3's qkv_proj and gate_up_proj and GPT-NeoX's
+// query_key_value).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -169,17 +169,20 @@ megadsl(describe ${FIXTURES}/qwen3-next-tf5 --tp 2)
 expect_exit(0)
 expect_out("gated_delta_net \\(linear attention\\)  q/k 4 heads of 16, v 8 heads of 12, conv 4  \\[linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj\\]")
 expect_out("attention \\(output gate\\)  q/k/v, rope on part of each head, q/k rms_norm per head, output times sigmoid\\(gate\\)")
-expect_out("model\\.layers\\.{layer}\\.linear_attn\\.conv1d\\.weight +replicated +\\(224, 1, 4\\) +\\(224, 4\\)")
+expect_out("model\\.layers\\.{layer}\\.linear_attn\\.conv1d\\.weight +column slots +\\(224, 1, 4\\) +\\(224, 4\\) +dim 0 +\\(112, 4\\)")
 expect_out("parameters: 272,952 ")
 megadsl(describe qwen3-next-80b-a3b --tp 2 --ep 8)
 expect_exit(0)
 expect_out("parameters: 79,674,391,296 \\(79.7B, HF count: true vocab, tied counted once\\); published: 79,674,391,296")
-# Its 2 kv heads over 8 ranks (k_proj / v_proj replicated), 16 key heads of the DeltaNet over 8; no cp.
+# Its 2 kv heads over 8 ranks (k_proj / v_proj replicated), 16 key heads of the DeltaNet over 8;
+# context parallelism (Ulysses) splits each tp rank's key heads further, whole ones.
 megadsl(check qwen3-next-80b-a3b --tp 8 --ep 8)
 expect_exit(0)
-megadsl(check qwen3-next-80b-a3b --cp 2)
+megadsl(check qwen3-next-80b-a3b --tp 4 --cp 2 --ep 8)
+expect_exit(0)
+megadsl(check qwen3-next-80b-a3b --tp 8 --cp 4)
 expect_exit(1)
-expect_err("cp_splits_heads: cp = 2: the gated DeltaNet layers carry their state along the whole sequence")
+expect_err("cp_splits_heads: linear_num_key_heads = 16 is not divisible by tp x cp = 32")
 
 # Qwen3.5: the DeltaNet's in_proj_qkv holds all q, all k, all v: each slot split over tp.
 megadsl(describe ${FIXTURES}/qwen3-5-tf5 --tp 2)
