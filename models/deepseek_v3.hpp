@@ -100,6 +100,24 @@ struct deepseek_v3_671b
 
 // Moonlight-16B-A3B: the query directly (no q rank), 64 experts of 1408, top 6 x 2.446, two shared
 // experts, one dense layer.
+// moonshotai/Kimi-K2-Instruct-0905 (model_type kimi_k2): DeepSeek-V3's blocks with 384 experts,
+// 64 heads, one expert group, routed_scaling_factor 2.827, YaRN factor 64 over 4096 positions. Its
+// count is the published safetensors': transformers' DeepseekV3ForCausalLM of that config
+// (1,026,408,209,408 parameters) and the 60 routed layers' e_score_correction_bias of 384 (23,040),
+// as for DeepSeek-V3.
+struct kimi_k2
+    : deepseek_v3<shape{.hidden = 7168, .layers = 61, .heads = 64, .kv_heads = 64, .ffn = 18432, .vocab = 163840,
+                        .head_dim = 64, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 50000.0,
+                        .rope = {.type = rope_type::yarn, .factor = 64.0, .original_max_positions = 4096, .beta_fast = 1.0,
+                                 .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
+                        .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .v_head_dim = 128,
+                        .rope_interleave = true, .experts = 384, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
+                        .norm_topk = true, .routed_scale = 2.827, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1}> {
+  static constexpr std::string_view name = "kimi-k2";
+  static constexpr std::string_view hf_repo = "moonshotai/Kimi-K2-Instruct-0905";
+  static constexpr std::int64_t published_params = 1'026'408'232'448;
+};
+
 struct moonlight_16b_a3b
     : deepseek_v3<shape{.hidden = 2048, .layers = 27, .heads = 16, .kv_heads = 16, .ffn = 11264, .vocab = 163840,
                         .head_dim = 64, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0, .q_lora_rank = 0,

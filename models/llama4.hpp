@@ -114,4 +114,14 @@ struct llama4_scout : llama4<llama4_with(16, 1, true,
   static constexpr std::int64_t published_params = 107'769'861'120;
 };
 
+// Llama-4-Maverick-17B-128E (its text model): 128 experts on every other layer (1, 3, ..., 47),
+// dense layers of 16384 between, no q/k norm, no RoPE scaling, 1,048,576 positions: the text config
+// TensorRT-LLM's tests carry as Maverick's; transformers' Llama4ForCausalLM of it counts 400.7B,
+// the "400B total" Meta publishes (the vision tower of the multimodal checkpoint not counted).
+struct llama4_maverick : llama4<llama4_with(128, 2, false, rope_scaling{}, 1048576)> {
+  static constexpr std::string_view name = "llama4-maverick";
+  static constexpr std::string_view hf_repo = "meta-llama/Llama-4-Maverick-17B-128E";
+  static constexpr std::int64_t published_params = 400'711'848'960;
+};
+
 }  // namespace megadsl

@@ -84,4 +84,22 @@ struct qwen3_5_moe : decoder_family<qwen3_5_moe_blocks, S> {
   static constexpr std::string_view name = "qwen3_5_moe";
 };
 
+// ---- presets ----
+
+// Qwen/Qwen3.5-35B-A3B's text model (the published checkpoint is multimodal: its vision tower and
+// MTP layer are not counted): the sizes slime's Megatron recipe for it states
+// (THUDM/slime scripts/models/qwen3.5-35B-A3B.sh) and Qwen3_5MoeTextConfig's defaults, which
+// transformers documents as that model's, agree on; rope_theta 1e7 as the recipe has it.
+struct qwen3_5_35b_a3b
+    : qwen3_5_moe<shape{.hidden = 2048, .layers = 40, .heads = 16, .kv_heads = 2, .ffn = 512, .vocab = 248320,
+                        .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
+                        .rotary_fraction = 0.25, .experts = 256, .top_k = 8, .expert_ffn = 512, .shared_expert_ffn = 512,
+                        .norm_topk = true, .linear_layers = linear_every_but(40, 4), .linear_key_heads = 16,
+                        .linear_value_heads = 32, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+  static constexpr std::string_view name = "qwen3.5-35b-a3b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-35B-A3B";
+  // transformers' Qwen3_5MoeForCausalLM of that config, built on the meta device.
+  static constexpr std::int64_t published_params = 34'660'610'688;
+};
+
 }  // namespace megadsl

@@ -7,6 +7,7 @@
 // their heads: this rank's share over tp, and of that the cp rank's share.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "megadsl/layers/block_modules.hpp"
@@ -56,6 +57,14 @@ struct attention_settings {
   }
 };
 
+// RoPE tables (T, r) of the real tokens -> those of stream rows [first, first + rows), the rows
+// past the real tokens zero (padding, which reaches no result).
+rope_tables rows_of(const rope_tables& t, std::int64_t first, std::int64_t rows) {
+  const std::int64_t start = std::min(first, t.cos.size(0)), real = std::min(rows, t.cos.size(0) - start);
+  const auto cut = [&](const at::Tensor& x) { return at::constant_pad_nd(x.narrow(0, start, real), {0, 0, 0, rows - real}); };
+  return {cut(t.cos), cut(t.sin)};
+}
+
 class attention final : public layer_module {
  public:
   explicit attention(const block_build& b)
@@ -80,8 +89,10 @@ class attention final : public layer_module {
     if (s_.qk_norm && !s_.norm_after_rope) s_.qk_norm->apply(q, k, c);  // this rank's tokens of all its heads (a full-width norm spans them)
     if (s_.norm_after_rope) {  // HunYuan: RoPE, then the norm; the core rotates nothing more
       if (s_.rope) {
-        q = apply_rope(q, c.rope, s_.interleaved);
-        k = apply_rope(k, c.rope, s_.interleaved);
+        // At cp > 1 this rank holds rows [rank rows, (rank + 1) rows) of the stream: their tables.
+        const rope_tables mine = c.cp != nullptr ? rows_of(c.rope, c.cp->rank() * rows, rows) : c.rope;
+        q = apply_rope(q, mine, s_.interleaved);
+        k = apply_rope(k, mine, s_.interleaved);
       }
       s_.qk_norm->apply(q, k, c);
     }

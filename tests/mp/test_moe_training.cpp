@@ -279,6 +279,9 @@ TEST_CASE("mixtures of experts under context parallelism: routing, replay, the a
   check_moe_training<tiny8_qwen3_next, layout{.rmpad = true, .cp = 2, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2}>(2, false);
   check_moe_training<tiny8_qwen3_5_moe, layout{.rmpad = true, .cp = 2}>(2, false);
+  // HunYuan's q/k norms after RoPE: each cp rank rotates and norms its own rows before the all-to-all.
+  check_moe_inference<tiny8_hunyuan_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>();
+  check_moe_training<tiny8_hunyuan_moe, layout{.tp = 2, .sp = true, .cp = 2}>(2, false);
   // Multi-head latent attention: q, k_nope and v by heads over cp, the shared rotary key gathered.
   check_moe_inference<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .ep = 2}>();
   check_moe_inference<tiny8_moonlight, layout{.tp = 2, .sp = true, .cp = 2}>();

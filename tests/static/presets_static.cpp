@@ -226,11 +226,12 @@ struct olmo2_gqa : megadsl::olmo2<megadsl::shape{.hidden = 512, .layers = 4, .he
                                                  .vocab = 1000, .max_positions = 128}> {};
 static_assert(violates<olmo2_gqa, layout{.tp = 4}>("full_width_qk_norm_needs_kv_heads_per_rank"));
 static_assert(valid_layout<olmo2_gqa, layout{.tp = 2}>);
-// HunYuan: q/k norms after RoPE, named query_layernorm / key_layernorm; cp 1 and RoPE on halves.
+// HunYuan: q/k norms after RoPE, named query_layernorm / key_layernorm; RoPE on halves; under cp
+// each rank rotates and norms its own rows before the all-to-all.
 struct hunyuan_small : megadsl::hunyuan_dense<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2,
                                                              .ffn = 1024, .vocab = 1000, .max_positions = 128}> {};
 static_assert(valid_layout<hunyuan_small, layout{.tp = 2}>);
-static_assert(violates<hunyuan_small, layout{.cp = 2}>("cp_splits_heads"));
+static_assert(valid_layout<hunyuan_small, layout{.cp = 2}>);
 struct hunyuan_pairs : megadsl::hunyuan_dense<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2,
                                                              .ffn = 1024, .vocab = 1000, .max_positions = 128,
                                                              .rope_interleave = true}> {};

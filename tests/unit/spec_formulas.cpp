@@ -95,8 +95,8 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
         const double sq = static_cast<double>(seq);
         double nc = 12 * L * h * h * ((1 + g / n + sq / h) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
         double c = 12 * L * h * h * ((1 + g / n + sq / h / 2) * (n * d / h) + ffn / h * m + vp / (2 * L * h));
-        if (has("layers.{layer}.in_proj_qkvz.weight")) {
-          // Qwen3-Next's hybrid: 6 per element of each layer's matrices (the full layers' q_proj twice
+        if (has("layers.{layer}.conv1d.weight")) {
+          // Qwen3-Next's and Qwen3.5's hybrid (the DeltaNet's projections grouped or apart, the same sizes): 6 per element of each layer's matrices (the full layers' q_proj twice
           // as wide for its gate; the DeltaNet's projections, its depthwise conv's taps and out_proj),
           // the scores on the full-attention layers only, and the delta rule's own 6 x 4 nv dv^2 per
           // token (Megatron-LM's linear_self_attn_term for experimental_attention_variant "gated_delta_net").
@@ -144,6 +144,8 @@ TEST_CASE("verl's FLOPs reproduce verl's Qwen3.5 estimator for the gated DeltaNe
   const auto moe = megadsl::qwen3_next_80b_a3b::shape;
   CHECK(megadsl::verl_flops(moe, lens) == Approx(128094010343424.0).epsilon(1e-13));
   CHECK(megadsl::verl_flops(moe, one) == Approx(101332505591808.0).epsilon(1e-13));
+  // Qwen3.5-35B-A3B's text model (model_type qwen3_5_moe, which verl maps to this estimator).
+  CHECK(megadsl::verl_flops(megadsl::qwen3_5_35b_a3b::shape, lens) == Approx(113819593605120.0).epsilon(1e-13));
   constexpr megadsl::shape dense_shape{.hidden = 2048, .layers = 48, .heads = 16, .kv_heads = 2, .ffn = 5120, .vocab = 151936,
                               .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
                               .rotary_fraction = 0.25, .linear_layers = megadsl::linear_every_but(48, 4),

@@ -1193,10 +1193,7 @@ constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& o
         .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
              ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
 }
-constexpr void qk_norm_after_rope_rule(const shape& s, const layout& l, violations& out) {
-  if (l.cp.is_static() && l.cp.get() > 1)
-    out.add("cp_splits_heads", {l.cp.get()})
-        .add("cp = ", l.cp.get(), ": q/k norms after RoPE (HunYuan) have no context-parallel path yet; use cp = 1");
+constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations& out) {
   // RoPE on pairs leaves each head's dims as halves (apply_rope): a norm's per-dim weights after it
   // would meet other dims than HF's.
   if (s.rope_interleave.is_static() && s.rope_interleave.get())

@@ -98,6 +98,12 @@ expect_out("mla \\(multi-head latent attention\\)  q via rank 1536, kv via rank 
 expect_out("\n  layers\\.{layer}\\.q_up\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_b_proj\\.weight +column +\\(24576, 1536\\) +\\(24576, 1536\\) +dim 0 +\\(3072, 1536\\) ")
 expect_out("\n  layers\\.{layer}\\.kv_down\\.weight +model\\.layers\\.{layer}\\.self_attn\\.kv_a_proj_with_mqa\\.weight +replicated +\\(576, 7168\\) ")
 expect_out("parameters: 671,026,419,200 ")
+# Kimi K2: 384 experts, 64 heads; its heads split over tp 8 x cp 2 (Ulysses).
+megadsl(describe kimi-k2 --tp 8 --ep 64)
+expect_exit(0)
+expect_out("parameters: 1,026,408,232,448 ")
+megadsl(check kimi-k2 --tp 8 --cp 2 --ep 64)
+expect_exit(0)
 
 # ERNIE 4.5: the Llama blocks with RoPE on interleaved pairs.
 megadsl(describe ernie-4.5-0.3b --tp 2)
@@ -162,6 +168,9 @@ expect_out("parameters: 218,432 ")
 megadsl(describe llama4-scout --tp 8 --ep 8)
 expect_exit(0)
 expect_out("parameters: 107,769,861,120 \\(108B, HF count: true vocab, tied counted once\\); published: 107,769,861,120")
+megadsl(describe llama4-maverick --tp 8 --ep 64)
+expect_exit(0)
+expect_out("parameters: 400,711,848,960 ")
 
 # Qwen3-Next: gated DeltaNet layers (the conv's weight shown in HF's (channels, 1, taps)) beside
 # output-gated attention, four kinds of layer; the published 80B's count as transformers gives it.
@@ -189,3 +198,9 @@ megadsl(describe ${FIXTURES}/qwen3-5-tf5 --tp 2)
 expect_exit(0)
 expect_out("model\\.layers\\.{layer}\\.linear_attn\\.in_proj_qkv\\.weight +column slots +\\(224, 64\\) +\\(224, 64\\) +dim 0 +\\(112, 64\\)")
 expect_out("\\[linear_attn: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj\\]")
+# Qwen3.5-35B-A3B's text model: transformers' count of its config; 16 key heads over tp 4 x cp 2.
+megadsl(describe qwen3.5-35b-a3b --tp 4 --ep 8)
+expect_exit(0)
+expect_out("parameters: 34,660,610,688 \\(34.7B, HF count: true vocab, tied counted once\\); published: 34,660,610,688")
+megadsl(check qwen3.5-35b-a3b --tp 4 --cp 2 --ep 8)
+expect_exit(0)
