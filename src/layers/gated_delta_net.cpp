@@ -54,8 +54,7 @@ class gated_delta_net final : public layer_module {
     at::Tensor x = c.to_tp(h);                        // (T'/cp, H) on every tp rank
     const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
     if (x.size(0) != rows) x = x.narrow(0, 0, rows);  // SP padding rows: (T, H)
-    // Per key head [q | k | v | b | a] of its value heads: (rows, nk, W), and z (rows, nv, dv).
-    const std::int64_t width = 2 * dk + r * dv + 2 * r;
+    // Per key head [q | k | v | b | a] of its value heads: (rows, nk, 2 dk + r dv + 2 r), and z (rows, nv, dv).
     at::Tensor heads, z;
     if (split_) {  // Qwen3.5: in_proj_qkv's rows here are [q_r | k_r | v_r], z / b / a per value head
       const auto qkv = at::linear(x, c.w(qkv_)).split_with_sizes({nk * dk, nk * dk, nv * dv}, -1);
