@@ -8,7 +8,13 @@
 #include <numbers>
 #include <optional>
 
+#include "megadsl/runtime/packing.hpp"
+
 namespace megadsl {
+
+attention_kernel attention_kernel::over(const packed_tokens& pk, const attention_math& m) {
+  return {m, pk.rmpad, pk.cu_seqlens, pk.no_padding ? at::Tensor() : pk.attention_mask, pk.batch, pk.seq};
+}
 
 at::Tensor rope_inv_freq(const shape& s, std::int64_t seq_len) {
   // Partial rotary (GPT-NeoX): the frequencies of the rotated dimensions only.

@@ -115,12 +115,12 @@ class attention final : public layer_module {
                     .view({tokens, 1, 1, 1});
     // The attention core, RoPE then the kernel: (T, G, Q, d), (T, G, d) x2 -> (T, G*Q*d). Under
     // selective recompute only q, k, v are kept and the core runs again in the backward.
-    attention_core core = [rope = c.rope, rotate = s_.rope && !s_.norm_after_rope, pairs = s_.interleaved, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
-                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask, q_scale](
+    attention_core core = [rope = c.rope, rotate = s_.rope && !s_.norm_after_rope, pairs = s_.interleaved,
+                           kernel = attention_kernel::over(pk, math), q_scale](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
       const at::Tensor qt = q_scale.defined() ? (q_in.to(at::kFloat) * q_scale).to(q_in.scalar_type()) : q_in;
       const at::Tensor qr = rotate ? apply_rope(qt, rope, pairs) : qt, kr = rotate ? apply_rope(k_in, rope, pairs) : k_in;
-      return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
+      return kernel(qr, kr, v_in);
     };
     at::Tensor a = s_.selective_recompute ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);
     if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', G*Q*d)

@@ -53,11 +53,9 @@ class gated_attention final : public layer_module {
     // The attention core, RoPE then the kernel; under selective recompute only q, k, v are kept
     // and the core runs again in the backward.
     const attention_math math{0.0, 0.0, window_};
-    attention_core core = [rope = c.rope, math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
-                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
+    attention_core core = [rope = c.rope, kernel = attention_kernel::over(pk, math)](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-      const at::Tensor qr = apply_rope(q_in, rope), kr = apply_rope(k_in, rope);
-      return rmpad ? attention_varlen(qr, kr, v_in, cu, math) : attention_padded(qr, kr, v_in, mask, batch, seq, math);
+      return kernel(apply_rope(q_in, rope), apply_rope(k_in, rope), v_in);
     };
     at::Tensor a = selective_ ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);
     const at::Tensor gate = at::sigmoid(q_gate[1].reshape({rows, n * d}));       // (rows, n*d)

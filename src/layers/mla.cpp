@@ -86,11 +86,7 @@ class mla final : public layer_module {
     const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({tokens, n, rope_})}, -1);           // (T, n, dqk)
     const at::Tensor vh = dqk > v_ ? at::constant_pad_nd(kv_parts[1], {0, dqk - v_}) : kv_parts[1];  // (T, n, dqk)
     const attention_math math{scale_, 0.0, window_};
-    attention_core core = [math, rmpad = pk.rmpad, cu = pk.cu_seqlens, batch = pk.batch, seq = pk.seq,
-                           mask = pk.no_padding ? at::Tensor() : pk.attention_mask](
-                              const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& vi) {
-      return rmpad ? attention_varlen(qi, ki, vi, cu, math) : attention_padded(qi, ki, vi, mask, batch, seq, math);
-    };
+    attention_core core = attention_kernel::over(pk, math);
     at::Tensor a = selective_recompute_ ? recompute_in_backward(std::move(core), qh, kh, vh) : core(qh, kh, vh);
     a = a.view({tokens, n, dqk}).narrow(-1, 0, v_).reshape({tokens, n * v_});  // (T, n*dv)
     if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', n*dv)

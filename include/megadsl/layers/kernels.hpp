@@ -53,4 +53,20 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<std::int64_t>& cu_seqlens, const attention_math& m = {});
 
+struct packed_tokens;
+// One of the two kernels over a batch's packing, as the attention blocks' cores call it: varlen
+// over its sequences (remove-padding) or padded over its rows, keys masked where the batch pads.
+// It holds what it needs of the packing (copied), so a core may capture it for a rerun.
+struct attention_kernel {
+  attention_math math;
+  bool rmpad = false;
+  std::vector<std::int64_t> cu_seqlens;  // (rmpad)
+  at::Tensor key_mask;                   // (b, s) (padded; undefined: no padding)
+  std::int64_t batch = 0, seq = 0;
+  static attention_kernel over(const packed_tokens& pk, const attention_math& m);
+  at::Tensor operator()(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+    return rmpad ? attention_varlen(q, k, v, cu_seqlens, math) : attention_padded(q, k, v, key_mask, batch, seq, math);
+  }
+};
+
 }  // namespace megadsl
