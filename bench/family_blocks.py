@@ -16,7 +16,8 @@ sinks with its biased experts and clamped SwiGLU (gpt_oss; transformers runs it 
 attention, as it has no sdpa path for the sinks), Llama 4's chunked and temperature-tuned attention
 with its router on the experts' input (llama4), Qwen3-Next's gated DeltaNet beside its output-gated
 attention (qwen3_next; transformers' torch fallbacks of the chunked delta rule and the conv, as it
-runs without flash-linear-attention and causal-conv1d). One table: tokens/s of the forward (log-probs + entropy) and of
+runs without flash-linear-attention and causal-conv1d), and ERNIE 4.5's biased softmax router beside
+its shared experts (ernie4_5_moe). One table: tokens/s of the forward (log-probs + entropy) and of
 forward + backward (a PPO-style loss), megadsl at tp 1 in this process and transformers (sdpa
 attention, its default experts implementation), the median over the repeats, and the ratio. The
 cases alternate repeat by repeat so that a slow phase of the machine hits both sides alike.
@@ -93,6 +94,11 @@ FAMILIES = {
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
                    dict(BASE, head_dim=64, num_experts=16, shared_expert_intermediate_size=512, linear_num_key_heads=4,
                         linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64, **MOE)),
+    # ERNIE's router (softmax in fp32, an expert bias that selects) over 16 experts, top 4, beside a
+    # shared expert; layer 0 dense; RoPE on interleaved pairs
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                     dict(BASE, head_dim=64, moe_num_experts=16, moe_k=4, moe_intermediate_size=256,
+                          moe_num_shared_experts=1, moe_layer_start_index=1)),
 }
 # transformers' attention for each family: sdpa, but gpt-oss has none (its sinks: eager or flash only).
 HF_ATTENTION = {"gpt_oss": "eager"}
@@ -110,6 +116,10 @@ def checkpoint(family, root):
         for name, buf in model.named_buffers():  # an expert bias that matters
             if name.endswith("e_score_correction_bias"):
                 buf.normal_(0, 0.1)
+        with torch.no_grad():  # (ERNIE's is a parameter, on its probabilities' scale)
+            for name, p in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    p.normal_(0, 0.05)
         model.save_pretrained(path)
     return path
 

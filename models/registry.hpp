@@ -21,7 +21,7 @@ inline constexpr auto families = std::to_array<const family_config*>(
      &phi3_config, &starcoder2_config, &gpt_neox_config, &mixtral_config, &qwen2_moe_config, &qwen3_moe_config,
      &seed_oss_config, &smollm3_config, &olmoe_config, &glm4_moe_config,
      &deepseek_v3_config, &gemma3_config, &olmo3_config,
-     &exaone4_config, &ernie4_5_config, &glm4_config, &kimi_k2_config,
+     &exaone4_config, &ernie4_5_config, &ernie4_5_moe_config, &glm4_config, &kimi_k2_config,
      &hunyuan_dense_config, &granite_config, &cohere2_config,
      &hunyuan_moe_config, &cohere_config, &apertus_config, &gpt_oss_config, &llama4_config, &qwen3_next_config,
      &qwen3_5_config, &qwen3_5_moe_config});

@@ -79,7 +79,8 @@ void fill_fields_added_later(json& shape) {
                              {"swiglu_alpha", 0.0}, {"swiglu_limit", 0.0},
                              {"attention_chunk", 0}, {"qk_l2_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
                              {"linear_layers", 0}, {"linear_key_heads", 0}, {"linear_value_heads", 0},
-                             {"linear_key_dim", 0}, {"linear_value_dim", 0}, {"linear_conv_kernel", 0}};
+                             {"linear_key_dim", 0}, {"linear_value_dim", 0}, {"linear_conv_kernel", 0},
+                             {"topk_sum_floor", 0.0}};
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
   static const json rope_added = {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 0.0}, {"mscale_all_dim", 0.0},

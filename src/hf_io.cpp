@@ -240,7 +240,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
   std::int64_t mtp_tensors = 0;
   for (const std::string& n : ck.names()) {
     if (expected.count(n) != 0) continue;
-    if (mtp_layer(n)) {
+    if (mtp_layer(n) || (!cfg.ignored_tensors.empty() && n.find(cfg.ignored_tensors) != std::string::npos)) {
       report.ignored.push_back(n);
       ++mtp_tensors;
       continue;
@@ -252,8 +252,9 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
     else unexpected.push_back(n);
   }
   if (mtp_tensors > 0)
-    report.notes.push_back(std::to_string(mtp_tensors) + " tensor(s) of the multi-token-prediction layer(s) " + layers_prefix +
-                           std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? " on" : "") +
+    report.notes.push_back(std::to_string(mtp_tensors) + " tensor(s) of the multi-token-prediction layer(s) " +
+                           (cfg.mtp_layers > 0 ? layers_prefix + std::to_string(c.s.layers.get()) + (cfg.mtp_layers > 1 ? " on" : "")
+                                               : "(names with \"" + std::string(cfg.ignored_tensors) + "\")") +
                            " not loaded: megadsl trains the decoder's layers only, as transformers loads them");
   for (const std::string& n : unexpected)
     if (n.ends_with("_blocks") || n.ends_with("_scales"))
@@ -315,8 +316,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
       if (v.sizes().vec() != want)
         throw checkpoint_error(fail_prefix(ck) + "tensor " + n + " has shape " + c10::str(v.sizes()) + ", but config.json implies " +
                                shape_text(want) + (want.empty() ? " (a scalar)" : ""));
-      if (p.plan->row->hf_scalar) v = v.reshape({1});  // HF's 0-dim buffer (xIELU's beta), held as (1)
-      if (p.plan->row->hf_conv) v = v.squeeze(1);       // nn.Conv1d's (channels, 1, taps), held as (channels, taps)
+      v = held_form(*p.plan->row, v);  // HF's 0-dim buffer, conv weight or one row, as megadsl holds it
       // gpt-oss's experts: one tensor per layer holds them all; this one's slice, as nn.Linear holds it.
       if (p.plan->row->stacking != hf_stacking::none) v = expert_from_stack(v, *p.plan->row, p.at.expert);
       if (!at::isFloatingType(v.scalar_type()))

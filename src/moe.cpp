@@ -14,13 +14,34 @@
 
 namespace megadsl {
 
-routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise) {
+namespace {
+// The k weights divided by max(their sum, floor) (floor 0: by the sum).
+at::Tensor renormalised(const at::Tensor& w, double floor) {
+  const at::Tensor sum = w.sum(-1, /*keepdim=*/true);
+  return w / (floor > 0 ? sum.clamp_min(floor) : sum);
+}
+}  // namespace
+
+routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise, double floor) {
   TORCH_CHECK(top_k >= 1 && top_k <= logits.size(-1), "megadsl: route: top_k = ", top_k, " of ", logits.size(-1),
               " experts");
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // (T, E) fp32
   auto [weights, indices] = at::topk(probs, top_k, -1);          // (T, k) each, largest first
-  if (renormalise) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  if (renormalise) weights = renormalised(weights, floor);
   return {indices, weights};
+}
+
+at::Tensor softmax_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double floor) {
+  const at::Tensor w = at::softmax(logits, -1, at::kFloat).gather(1, indices);  // (T, k)
+  return renormalise ? renormalised(w, floor) : w;
+}
+
+routing route_softmax_biased(const at::Tensor& logits, const at::Tensor& bias, std::int64_t top_k, double floor) {
+  TORCH_CHECK(top_k >= 1 && top_k <= logits.size(-1), "megadsl: route_softmax_biased: top_k = ", top_k, " of ",
+              logits.size(-1), " experts");
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);                              // (T, E) fp32
+  const at::Tensor indices = std::get<1>((probs + bias.to(at::kFloat)).topk(top_k, -1));     // (T, k)
+  return {indices, renormalised(probs.gather(1, indices), floor)};
 }
 
 routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, std::int64_t top_k, std::int64_t groups,

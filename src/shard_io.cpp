@@ -54,6 +54,27 @@ at::Tensor stack_slice_of(const at::Tensor& linear, const param_row& row) {
   return t.contiguous();
 }
 
+at::Tensor held_form(const param_row& row, const at::Tensor& stored) {
+  switch (row.form) {
+    case hf_form::scalar: return stored.reshape({1});
+    case hf_form::conv: return stored.squeeze(1);
+    case hf_form::one_row: return stored.squeeze(0);
+    case hf_form::as_held: break;
+  }
+  return stored;
+}
+
+at::Tensor hf_stored_form(const param_row& row, const at::Tensor& held) {
+  if (row.stacking != hf_stacking::none) return stack_slice_of(held, row);
+  switch (row.form) {
+    case hf_form::scalar: return held.reshape({});
+    case hf_form::conv: return held.unsqueeze(1);
+    case hf_form::one_row: return held.unsqueeze(0);
+    case hf_form::as_held: break;
+  }
+  return held;
+}
+
 void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   // "name[e]" -> (base, e); any other name -> nullopt.
   const auto split = [](const std::string& n) -> std::optional<std::pair<std::string, std::int64_t>> {

@@ -22,13 +22,6 @@ std::vector<std::string> names_of(const param_plan& p, param_instance at) {
   return out;
 }
 
-// An HF tensor as it is stored: the slice of a stack in HF's layout, a 0-dim scalar, or as is.
-at::Tensor stored_form(const param_row& row, const at::Tensor& t) {
-  if (row.stacking != hf_stacking::none) return stack_slice_of(t, row);
-  if (row.hf_scalar) return t.reshape({});  // HF's 0-dim buffer (xIELU's beta), held as (1)
-  if (row.hf_conv) return t.unsqueeze(1);    // nn.Conv1d's (channels, 1, taps)
-  return t;
-}
 
 // One entry of a bucket's header: how a receiver rebuilds the tensor from the bytes, and how it
 // is split for a rollout tp rank (the dim, and the head size for a k or v with fewer heads than
@@ -134,13 +127,13 @@ hf_tensor_list gather_parameter(const named_parameter& p, const runtime_config& 
       const at::Tensor all = g.ep->all_gather(hf[i].contiguous().unsqueeze(0), 0);  // (ep, ...)
       for (std::int64_t r = 0; r < g.ep->size(); ++r)
         out.emplace_back(names_of(*p.plan, {p.at.layer, r * per + slot})[i],
-                         stored_form(*p.plan->row, all[r]).to(at::kCPU).contiguous());
+                         hf_stored_form(*p.plan->row, all[r]).to(at::kCPU).contiguous());
     }
     return out;
   }
   const auto names = names_of(*p.plan, p.at);
   for (std::size_t i = 0; i < names.size(); ++i)
-    out.emplace_back(names[i], stored_form(*p.plan->row, hf[i]).to(at::kCPU).contiguous());
+    out.emplace_back(names[i], hf_stored_form(*p.plan->row, hf[i]).to(at::kCPU).contiguous());
   return out;
 }
 

@@ -59,13 +59,14 @@ std::string hf_names_of(const param_plan& p) {
 
 std::string hf_shapes_of(const param_plan& p, const shape& s) {
   std::string shapes;
-  if (p.row->hf_scalar) return "()";  // a 0-dim buffer in HF's file (held as (1))
-  // Every expert of the layer in one tensor, each (in, out); a depthwise conv's (channels, 1, taps).
-  if (p.row->stacking != hf_stacking::none || p.row->hf_conv) {
+  if (p.row->form == hf_form::scalar) return "()";  // a 0-dim buffer in HF's file (held as (1))
+  // Every expert of the layer in one tensor, each (in, out); a depthwise conv's (channels, 1, taps);
+  // a vector stored as one row (1, n).
+  if (p.row->stacking != hf_stacking::none || p.row->form != hf_form::as_held) {
     const stored_dims d = hf_stored_shape(p, 0, s);
     std::string text = "(";
     for (int i = 0; i < d.rank; ++i) text += (i ? ", " : "") + std::to_string(d.size[static_cast<std::size_t>(i)]);
-    return text + (p.row->hf_conv ? ")" : ") stacked");
+    return text + (p.row->stacking == hf_stacking::none ? ")" : ") stacked");
   }
   for (int i = 0; i < p.row->hf_count; ++i) shapes += (i ? "\n" : "") + to_string(p.hf_shapes[static_cast<std::size_t>(i)]);
   return shapes;

@@ -114,6 +114,13 @@ enum class param_init : std::int8_t {
 // gate_up_proj: gate = [..., 0::2], up = [..., 1::2]) or not.
 enum class hf_stacking : std::int8_t { none, experts, experts_interleaved };
 
+// How HF's file holds a tensor megadsl holds in another form (reshaped where HF tensors are read
+// and written: load_hf, save_hf, the export): as megadsl does; a 0-dim buffer megadsl holds as (1)
+// (xIELU's beta and eps: fixed, not among HF's parameters, so parameter_count leaves it out); a
+// depthwise nn.Conv1d's weight (rows, 1, cols) held as (rows, cols) (Qwen3-Next's conv1d); a
+// vector stored as one row (1, n), held as (n) (ERNIE 4.5's moe_statics.e_score_correction_bias).
+enum class hf_form : std::int8_t { as_held, scalar, conv, one_row };
+
 // A parameter as a block declares it, relative to the block's slot: its name under the block's
 // megadsl prefix, its HF sources under the block's HF module (in fused-slot order).
 struct block_param {
@@ -131,14 +138,8 @@ struct block_param {
   bool per_expert = false;  // one copy per expert of its layer (placement::expert)
   row_dims_fn dims_of = nullptr;  // the HF shape from the model's shape (size is then extent::none)
   double init_value = 0;    // param_init::constant's value
-  // HF stores it as a 0-dim buffer (xIELU's beta and eps: fixed, kept out of the gradient by its
-  // block), megadsl as a vector of 1 (dims_of {1}): reshaped where HF tensors are read and written
-  // (load_hf, save_hf, the export); not one of HF's parameters (parameter_count leaves it out).
-  bool hf_scalar = false;
+  hf_form form = hf_form::as_held;           // how HF's file holds it (a scalar, a conv, one row)
   hf_stacking stacking = hf_stacking::none;  // (per_expert rows) how HF stores the layer's experts
-  // HF stores it as a depthwise nn.Conv1d's weight, (rows, 1, cols), megadsl as (rows, cols)
-  // (Qwen3-Next's conv1d: one filter of cols taps per channel).
-  bool hf_conv = false;
   row_slots_fn slots_of = nullptr;  // (shard_kind::column_slots) its slots' rows
 };
 
@@ -158,9 +159,8 @@ struct param_row {
   std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
   row_dims_fn dims_of = nullptr;  // (block_param::dims_of)
   double init_value = 0;          // (block_param::init_value)
-  bool hf_scalar = false;         // (block_param::hf_scalar)
+  hf_form form = hf_form::as_held;           // (block_param::form)
   hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
-  bool hf_conv = false;                      // (block_param::hf_conv)
   row_slots_fn slots_of = nullptr;           // (block_param::slots_of)
 };
 

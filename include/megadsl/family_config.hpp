@@ -83,6 +83,16 @@ struct moe_config {
   // The grouped sigmoid router's defaults (routed_scaling_factor, n_group, topk_group).
   double routed_scale = 1.0;
   std::int64_t groups = 1, group_top_k = 1;
+  // ERNIE 4.5's keys: the sparse layers those in [start, end] (end -1: the last) with (i + 1) %
+  // sparse_step_key == 0; the renormalising sum's floor (topk_sum_floor); and the names its config
+  // class maps onto count_key and top_k_key (attribute_map: num_experts, num_experts_per_tok).
+  std::string_view sparse_first_key = {};
+  std::int64_t sparse_first = 0;
+  std::string_view sparse_last_key = {};
+  std::string_view sum_floor_key = {};
+  double sum_floor = 0;
+  std::string_view count_alias = {};
+  std::string_view top_k_alias = {};
 };
 
 // Multi-head latent attention's keys and their defaults (DeepseekV3Config's). config.json's
@@ -172,6 +182,9 @@ struct family_config {
   // (model.layers.<num_hidden_layers + i>.*; DeepSeek-V3, GLM-4.5), counted by this key (1 when
   // absent): transformers does not load them and megadsl does not run them (hf_config::mtp_layers).
   std::string_view mtp_key = {};
+  // A part of a tensor name transformers' class ignores on load (_keys_to_ignore_on_load_unexpected:
+  // ERNIE 4.5's "mtp" modules, stored beside the decoder's): such tensors are reported, not loaded.
+  std::string_view ignored_tensors = {};
   // rope "dynamic" with an `alpha` is a fixed NTK-alpha stretch of the base (HunYuan's ntk_alpha):
   // read as plain RoPE on theta * alpha^(d / (d - 2)).
   bool ntk_alpha_rope = false;

@@ -38,7 +38,7 @@ constexpr std::int64_t hf_elements(const param_plan& p) {
 constexpr std::int64_t layer_parameter_count(const shape& s, std::int64_t layer = 0) {
   std::int64_t n = 0;
   for (const param_row& row : arch_of(s).rows) {
-    if (!present(row, s, head_info{}) || !in_layer(row, s, layer) || row.hf_scalar) continue;  // (HF's buffers)
+    if (!present(row, s, head_info{}) || !in_layer(row, s, layer) || row.form == hf_form::scalar) continue;  // (HF's buffers)
     if (row.where == placement::layer) n += hf_elements(plan_of(row, s, layout{}));
     if (row.where == placement::expert) n += hf_elements(plan_of(row, s, layout{})) * s.experts.get();
   }
@@ -47,12 +47,12 @@ constexpr std::int64_t layer_parameter_count(const shape& s, std::int64_t layer 
 
 // The HF parameter count, summed over the composition's rows: embedding (true vocab), layers,
 // final norm, and the head: lm_head unless tied for the actor, the value head `h -> 1` (+ bias)
-// for the critic. HF's 0-dim buffers (param_row::hf_scalar: xIELU's beta, eps) are not among its
+// for the critic. HF's 0-dim buffers (hf_form::scalar: xIELU's beta, eps) are not among its
 // parameters and not counted.
 constexpr std::int64_t parameter_count(const shape& s, head_info head = {}) {
   std::int64_t n = 0;
   for_each_param(s, layout{}, head, [&](const param_plan& p) {
-    if (!p.tied && !p.row->hf_scalar) n += hf_elements(p) * existing_instances(*p.row, s);  // tied: counted once
+    if (!p.tied && p.row->form != hf_form::scalar) n += hf_elements(p) * existing_instances(*p.row, s);  // tied: counted once
   });
   return n;
 }

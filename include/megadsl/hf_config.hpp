@@ -37,6 +37,9 @@ struct hf_config {
   // The multi-token-prediction layers the checkpoint stores after the decoder's (family_config::
   // mtp_key): their tensors are not loaded (load_hf reports them as ignored).
   std::int64_t mtp_layers = 0;
+  // Tensors whose names hold this are not loaded (family_config::ignored_tensors: ERNIE 4.5's
+  // "mtp" modules, which its class ignores on load); empty: none.
+  std::string_view ignored_tensors;
 };
 
 // HF's config key for a shape field ("hidden" -> "hidden_size"); the field name itself if none.

@@ -55,6 +55,7 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(expert_ffn),
         MEGADSL_SHAPE_FIELD(shared_expert_ffn),
         MEGADSL_SHAPE_FIELD(norm_topk),
+        MEGADSL_SHAPE_FIELD(topk_sum_floor),
         MEGADSL_SHAPE_FIELD(routed_scale),
         MEGADSL_SHAPE_FIELD(expert_groups),
         MEGADSL_SHAPE_FIELD(group_top_k),

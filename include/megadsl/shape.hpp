@@ -107,6 +107,9 @@ struct shape {
   dim expert_ffn = 0;         // each expert's intermediate size (moe_intermediate_size; 0: ffn, Mixtral's)
   dim shared_expert_ffn = 0;  // the shared expert's (shared_expert_intermediate_size)
   flag norm_topk = false;     // the top-k weights renormalised to sum 1 (Mixtral always; norm_topk_prob)
+  // The softmax routers' renormalisation divides by max(sum, this) (ERNIE 4.5's moe_norm_min; 0:
+  // by the sum, as every other family does).
+  real topk_sum_floor = 0.0;
   // The sigmoid router with an expert bias (DeepSeek-V3, GLM-4.5): the experts in expert_groups
   // groups (n_group), a token's experts from its group_top_k best groups (topk_group), its weights
   // multiplied by routed_scale (routed_scaling_factor).
@@ -175,7 +178,7 @@ inline constexpr shape dynamic_shape = {
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
     .rotary_fraction = dynamic, .q_lora_rank = dynamic, .kv_lora_rank = dynamic, .qk_nope_dim = dynamic,
     .v_head_dim = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
-    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
+    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .topk_sum_floor = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
     .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic,

@@ -96,7 +96,7 @@ struct param_plan {
   std::string_view tied_source;     // then: the embedding's HF name, its source
 };
 
-// The shape HF's file stores HF source `i` of a row in: () for a 0-dim buffer (hf_scalar), (E, in,
+// The shape HF's file stores HF source `i` of a row in: () for a 0-dim buffer (hf_form::scalar), (E, in,
 // out) or (E, out) for a layer's experts stacked in one tensor (hf_stacking), else the source's own
 // (out, in) or (out). `rank` of `size` is used.
 struct stored_dims {
@@ -105,8 +105,9 @@ struct stored_dims {
 };
 constexpr stored_dims hf_stored_shape(const param_plan& p, int i, const shape& s) {
   const dims& d = p.hf_shapes[static_cast<std::size_t>(i)];
-  if (p.row->hf_scalar) return {};
-  if (p.row->hf_conv) return {{d.rows, 1, d.cols}, 3};
+  if (p.row->form == hf_form::scalar) return {};
+  if (p.row->form == hf_form::conv) return {{d.rows, 1, d.cols}, 3};
+  if (p.row->form == hf_form::one_row) return {{1, d.rows, 0}, 2};
   if (p.row->stacking != hf_stacking::none)
     return d.rank == 1 ? stored_dims{{s.experts.get(), d.rows, 0}, 2} : stored_dims{{s.experts.get(), d.cols, d.rows}, 3};
   return d.rank == 1 ? stored_dims{{d.rows, 0, 0}, 1} : stored_dims{{d.rows, d.cols, 0}, 2};

@@ -5,7 +5,8 @@
 // mixture: the router with a bias (its logits' top k, weighed by a softmax over the k: the
 // renormalised top k of the softmax over all), experts with biases and the clamped SwiGLU. Llama
 // 4's: the top k of the logits, each chosen expert fed the token times sigmoid(logit), and its
-// ungated shared expert on the token as it is.
+// ungated shared expert on the token as it is. ERNIE 4.5's: softmax scores in fp32, chosen with an
+// expert bias (balanced like DeepSeek's), the unbiased scores renormalised with a floor.
 // The whole stream on every tp rank (gathered under SP), its real tokens routed by the replicated
 // router (the same routing on every tp rank), sent to their experts over the ep group, each
 // expert this tp rank's shard of it; partial sums over tp until the reduction.
@@ -27,6 +28,7 @@ namespace {
 struct moe_settings {
   std::int64_t experts = 0, top_k = 0;
   bool norm_topk = false;
+  double sum_floor = 0;  // the softmax routers' renormalisation: divided by max(sum, this)
   std::int64_t first_expert = 0, experts_per_rank = 0;  // this ep rank's experts
   std::int64_t groups = 1, group_top_k = 1;              // the sigmoid router's
   double scale = 1.0;
@@ -39,12 +41,13 @@ class moe_mlp final : public layer_module {
         shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
         act_(activation_fn_of(b.setting() & ~(modules::moe_fp32_router_bit | modules::moe_clamped_swiglu_bit |
-                                              modules::moe_input_router_bit))),
+                                              modules::moe_input_router_bit | modules::moe_biased_softmax_bit))),
         input_router_((b.setting() & modules::moe_input_router_bit) != 0),
         fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
+        biased_softmax_((b.setting() & modules::moe_biased_softmax_bit) != 0),
         clamped_((b.setting() & modules::moe_clamped_swiglu_bit) != 0), alpha_(b.s().swiglu_alpha.get()),
         limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
-        s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.args.first_expert, b.args.experts_per_rank,
+        s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.s().topk_sum_floor.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
     if (const at::Tensor bias = b.find("router.expert_bias"); bias.defined()) {
       load_.bias = bias;
@@ -65,15 +68,16 @@ class moe_mlp final : public layer_module {
     const at::Tensor full = c.to_tp(h2);                                        // (T', h)
     const std::int64_t stream = full.size(0);
     const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
-    const bool sigmoid = load_.bias.defined();
+    const bool sigmoid = load_.bias.defined() && !biased_softmax_;
     // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype
-    // (in fp32 where the block says so: HunYuan's wg).
+    // (in fp32 where the block says so: HunYuan's wg, ERNIE's gate).
     const at::Tensor logits = sigmoid || fp32_router_ ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
                                                       : at::linear(x, c.w(router_), router_bias_.defined() ? c.w(router_bias_) : at::Tensor());
     routing r = sigmoid        ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
                                                        s_.norm_topk, s_.scale)
                 : input_router_ ? route_sigmoid_on_input(logits, s_.top_k)
-                               : route(logits, s_.top_k, s_.norm_topk);  // (T, k) each
+                : biased_softmax_ ? route_softmax_biased(logits, load_.bias.detach(), s_.top_k, s_.sum_floor)
+                               : route(logits, s_.top_k, s_.norm_topk, s_.sum_floor);  // (T, k) each
     if (c.replay.defined()) {
       // Router replay: the given experts (the live ones where a position holds -1), weighted by
       // the live router's probabilities for them, renormalised (and scaled) as the live top-k would be.
@@ -85,13 +89,12 @@ class moe_mlp final : public layer_module {
       } else if (input_router_) {
         r.weights = sigmoid_weights(logits, r.indices, false, 1.0);
       } else {
-        r.weights = at::softmax(logits, -1, at::kFloat).gather(1, r.indices);
-        if (s_.norm_topk) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+        r.weights = softmax_weights(logits, r.indices, s_.norm_topk, s_.sum_floor);
       }
     }
     c.routed.select(1, c.layer).copy_(r.indices);
     // The balancing counts: this rank's real tokens per expert, in training forwards, once.
-    if (sigmoid && c.run.training && !c.run.rerun) {
+    if (load_.bias.defined() && c.run.training && !c.run.rerun) {
       const at::Tensor valid = c.pk.token_valid.narrow(0, 0, tokens).to(at::kDouble).unsqueeze(1).expand_as(r.indices);
       load_.tokens.index_add_(0, r.indices.reshape({-1}), valid.reshape({-1}).to(load_.tokens.device()));
     }
@@ -154,11 +157,12 @@ class moe_mlp final : public layer_module {
   activation_fn act_;
   bool input_router_ = false;  // Llama 4's router: top-k of the logits, sigmoid(logit) scaling the experts' input
   bool fp32_router_ = false;  // the softmax router's logits in fp32 (the block's setting)
+  bool biased_softmax_ = false;  // ERNIE's router: softmax scores, the expert bias selecting
   bool clamped_ = false;      // gpt-oss's clamped SwiGLU, not act(gate) * up
   double alpha_ = 0, limit_ = 0;
   std::int64_t tp_rank_ = 0;
   moe_settings s_;
-  expert_load load_;  // the sigmoid router's expert bias (E) fp32 and its counts (undefined: a softmax router)
+  expert_load load_;  // the router's expert bias (E) fp32 and its counts (undefined: a router without one)
 };
 
 }  // namespace

@@ -87,6 +87,7 @@ constexpr key_name key_names[] = {
     {"expert_ffn", "moe_intermediate_size"},
     {"shared_expert_ffn", "shared_expert_intermediate_size"},
     {"norm_topk", "norm_topk_prob"},
+    {"topk_sum_floor", "moe_norm_min"},
     {"nope_layers", "no_rope_layers"},
     {"routed_scale", "routed_scaling_factor"},
     {"q_lora_rank", "q_lora_rank"},
@@ -573,7 +574,7 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
     }
     if (key == "pruned_heads" && value.is_object() && value.empty()) continue;
     if (value.is_boolean() && !value.get<bool>()) continue;  // a switch left off
-    r.fail(key, "is " + describe_json(value) + ", which megadsl does not implement",
+    r.fail(key, "is " + describe_json(value) + ", which megadsl does not implement" + (k->note.empty() ? "" : " (" + std::string(k->note) + ")"),
            key == "quantization_config" ? "dequantize the checkpoint to bf16/fp32 first"
                                         : "this checkpoint is not supported");
   }
@@ -806,10 +807,25 @@ void read_linear_attention(const reader& r, shape& s) {
 void read_experts(const reader& r, const family_config& family, shape& s) {
   const json& root = r.root();
   const moe_config& m = *family.moe;
+  // A name the config class maps onto a key (attribute_map): read as that key, unless both disagree.
+  const auto alias = [&](std::string_view key, std::string_view other) {
+    const json* a = other.empty() ? nullptr : r.find(root, other);
+    if (a == nullptr) return;
+    const json* k = r.find(root, key);
+    if (k != nullptr && *k != *a)
+      r.fail(other, "is " + describe_json(*a) + " but " + std::string(key) + " is " + describe_json(*k),
+             "keep one of them (transformers maps " + std::string(other) + " onto " + std::string(key) + ")");
+  };
+  alias(m.count_key, m.count_alias);
+  alias(m.top_k_key, m.top_k_alias);
+  const auto found = [&](std::string_view key, std::string_view other) {
+    const json* k = r.find(root, key);
+    return k != nullptr || other.empty() ? k : r.find(root, other);
+  };
   const bool both = m.reads_both_counts;
   const json* local = both || m.count_key == "num_local_experts" ? r.find(root, "num_local_experts") : nullptr;
   const json* named = both || m.count_key == "num_experts" ? r.find(root, "num_experts")
-                      : m.count_key != "num_local_experts" ? r.find(root, m.count_key) : nullptr;
+                      : m.count_key != "num_local_experts" ? found(m.count_key, m.count_alias) : nullptr;
   if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
     r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
            "keep one of them (transformers reads " + std::string(m.count_key) + " for " + std::string(family.model_type) + ")");
@@ -817,7 +833,11 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
     r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
   s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, both ? "num_experts" : m.count_key, 1);
   // HunYuan's moe_topk may list one per layer: megadsl's mixture has one top-k for every layer.
-  s.top_k = r.optional<std::int64_t>(m.top_k_key, m.top_k, [&](const json& v, std::string_view k) {
+  const std::string_view top_k_key = r.find(root, m.top_k_key) == nullptr && !m.top_k_alias.empty() &&
+                                             r.find(root, m.top_k_alias) != nullptr
+                                         ? m.top_k_alias
+                                         : m.top_k_key;
+  s.top_k = r.optional<std::int64_t>(top_k_key, m.top_k, [&](const json& v, std::string_view k) {
     if (!v.is_array()) return r.integer(v, k, 1);
     if (v.empty() || static_cast<std::int64_t>(v.size()) != s.layers.get())
       r.fail(k, "is " + describe_json(v) + ", expected one number or one per layer (" + std::to_string(s.layers.get()) + ")",
@@ -849,11 +869,19 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   else if (has_extent(s, extent::shared_ffn))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  // DeepSeek's grouped sigmoid router (the composition's expert bias).
-  if (has_extent(s, extent::expert_vector)) {
+  // DeepSeek's grouped sigmoid router (the composition's expert bias; ERNIE's biased softmax router,
+  // whose keys have the floor, has none of these).
+  if (has_extent(s, extent::expert_vector) && m.sum_floor_key.empty()) {
     s.routed_scale = r.optional<double>("routed_scaling_factor", m.routed_scale, [&](const json& v, std::string_view k) { return r.number(v, k); });
     s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
     s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+  }
+  s.topk_sum_floor = 0.0;
+  if (!m.sum_floor_key.empty()) {  // ERNIE's moe_norm_min: the renormalising sum's floor
+    s.topk_sum_floor = r.optional<double>(m.sum_floor_key, m.sum_floor, [&](const json& v, std::string_view k) { return r.number(v, k); });
+    if (!(s.topk_sum_floor.get() >= 0))
+      r.fail(m.sum_floor_key, "is " + show(s.topk_sum_floor) + ": the top-k weights are divided by max(sum, it)",
+             "give a small positive floor (ERNIE 4.5's is 1e-12)");
   }
   if (m.every_layer) {  // no dense layer (Qwen3.5-MoE's config class has no key for one)
     s.sparse_step = 1;
@@ -876,6 +904,24 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   s.sparse_step = r.optional<std::int64_t>(m.sparse_step_key, 1,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
   std::int64_t dense = 0;
+  if (!m.sparse_first_key.empty()) {  // ERNIE: the layers outside [start, end] dense
+    const std::int64_t first = r.optional<std::int64_t>(m.sparse_first_key, m.sparse_first,
+        [&](const json& v, std::string_view k) { return r.integer(v, k, 0); });
+    std::int64_t last = r.optional<std::int64_t>(m.sparse_last_key, -1,
+        [&](const json& v, std::string_view k) { return r.integer(v, k, -1); });
+    if (last == -1) last = s.layers.get() - 1;  // (the config class's __post_init__)
+    // (Bits only where the step alone would route: one model, one shape, whatever range says it.)
+    for (std::int64_t i = 0; i < s.layers.get(); ++i) {
+      if ((i >= first && i <= last) || (i + 1) % s.sparse_step.get() != 0) continue;
+      if (i >= 63)
+        r.fail(i > last ? m.sparse_last_key : m.sparse_first_key,
+               "leaves layer " + std::to_string(i) + " dense; megadsl marks dense layers among the first 63 only",
+               "this checkpoint is not supported yet");
+      dense |= std::int64_t{1} << i;
+    }
+    s.dense_layers = dense;
+    return;
+  }
   if (!m.sparse_layers_key.empty()) {  // Llama 4: moe_layers lists the sparse layers, overriding the step
     const json* listed = r.find(root, m.sparse_layers_key);
     if (listed == nullptr || listed->is_null()) {
@@ -998,6 +1044,7 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
       r.fail(k.key, "is false; the " + std::string(fam->model_type) + " composition has " + std::string(k.what),
              "this checkpoint is not supported yet; " + std::string(fam->display) + " checkpoints have it true");
 
+  out.ignored_tensors = fam->ignored_tensors;
   if (!fam->mtp_key.empty())
     out.mtp_layers = r.optional<std::int64_t>(fam->mtp_key, 1, [&](const json& v, std::string_view k) { return r.integer(v, k, 0); });
 
@@ -1323,6 +1370,16 @@ std::string describe(const sliding_window& w) {
 namespace {
 
 // How many layers from the first are dense (the dense_layers bits set from bit 0 on).
+// ERNIE's range of sparse layers: the first and the last that route (none: layers, layers - 1).
+std::pair<std::int64_t, std::int64_t> sparse_range(const shape& s) {
+  std::int64_t first = s.layers.get(), last = s.layers.get() - 1;
+  for (std::int64_t i = s.layers.get() - 1; i >= 0; --i)
+    if (layer_routes(s, i)) first = i;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    if (layer_routes(s, i)) last = i;
+  return {first, last};
+}
+
 std::int64_t dense_prefix(const shape& s) {
   std::int64_t k = 0;
   while (k < 63 && k < s.layers.get() && ((s.dense_layers.get() >> k) & 1) != 0) ++k;
@@ -1429,6 +1486,18 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
              " layers dense and the rest sparse; this model has sparse_step " + show(s.sparse_step) + " and dense_layers " +
              show(s.dense_layers);
   }
+  if (family.moe != nullptr && !family.moe->sparse_first_key.empty()) {
+    const auto [first, last] = sparse_range(s);
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      if (layer_routes(s, i) != (i >= first && i <= last && (i + 1) % s.sparse_step.get() == 0))
+        return "a " + f + " config makes every " + std::string(family.moe->sparse_step_key) + "-th layer from " +
+               std::string(family.moe->sparse_first_key) + " to " + std::string(family.moe->sparse_last_key) +
+               " sparse; this model's sparse layers (sparse_step " + show(s.sparse_step) + ", dense_layers " +
+               show(s.dense_layers) + ") are not such a range";
+  }
+  if (family.moe != nullptr && family.moe->sum_floor_key.empty() && s.topk_sum_floor.get() != 0)
+    return "a " + f + " config renormalises the top-k weights by their sum, and this model floors it at " +
+           show(s.topk_sum_floor) + " (ERNIE 4.5's moe_norm_min)";
   if (family.moe != nullptr && !family.moe->shared_count_key.empty() &&
       (expert_ffn_of(s).get() < 1 || s.shared_expert_ffn.get() % expert_ffn_of(s).get() != 0))
     return "a " + f + " config sizes the shared experts as " + std::string(family.moe->shared_count_key) +
@@ -1582,6 +1651,11 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
         // (no key: every layer routes)
       } else if (!m.dense_first_key.empty()) {
         j[std::string(m.dense_first_key)] = dense_prefix(s);
+      } else if (!m.sparse_first_key.empty()) {  // ERNIE: the step, and the range of sparse layers
+        const auto [first, last] = sparse_range(s);
+        j[std::string(m.sparse_step_key)] = s.sparse_step.get();
+        j[std::string(m.sparse_first_key)] = first;
+        j[std::string(m.sparse_last_key)] = last;
       } else if (!m.sparse_layers_key.empty()) {  // Llama 4: the step, and the sparse layers listed
         j[std::string(m.sparse_step_key)] = s.sparse_step.get();
         json sparse = json::array();
@@ -1597,7 +1671,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       }
       if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
       else if (m.shared_expert_ffn != 0 && !m.shared_as_wide_as_experts) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
-      if (has_extent(s, extent::expert_vector)) {
+      if (!m.sum_floor_key.empty()) j[std::string(m.sum_floor_key)] = s.topk_sum_floor.get();
+      if (has_extent(s, extent::expert_vector) && m.sum_floor_key.empty()) {  // (DeepSeek's router)
         j["routed_scaling_factor"] = s.routed_scale.get();
         j["n_group"] = s.expert_groups.get();
         j["topk_group"] = s.group_top_k.get();

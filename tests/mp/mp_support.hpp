@@ -258,6 +258,17 @@ struct tiny8_qwen3_5_moe
   static constexpr std::string_view name = "tiny8-qwen3.5-moe";
 };
 
+// ERNIE 4.5 MoE's composition: layers 1-6 sparse (0 and 7 dense, as moe_layer_start_index 1 and
+// moe_layer_end_index 6 say), ERNIE's router (softmax in fp32, an expert bias that selects, the top
+// 2 of 8 renormalised) beside one ungated shared expert; RoPE on interleaved pairs; tied.
+struct tiny8_ernie4_5_moe
+    : ernie4_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                         .max_positions = 256, .rope_theta = 500000.0, .tie_embeddings = true, .rope_interleave = true,
+                         .experts = 8, .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
+                         .topk_sum_floor = 1e-12, .dense_layers = 0b10000001}> {
+  static constexpr std::string_view name = "tiny8-ernie4.5-moe";
+};
+
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
                                      .embedding_multiplier = 4.0, .residual_multiplier = 0.4,

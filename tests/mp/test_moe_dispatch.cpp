@@ -156,4 +156,24 @@ TEST_CASE("the router: softmax in fp32, top-k, renormalised or not (HF's order)"
   CHECK_THROWS_WITH(moe_experts(at::zeros({1, hidden}), bad, all, silu_activation, nullptr), Catch::Contains("names expert 9"));
 }
 
+TEST_CASE("ERNIE's router: the bias selects, the unbiased probabilities weigh, their sum floored", "[world4][moe]") {
+  const at::Tensor logits = at::tensor({2.0, 1.0, 0.0, -1.0}, at::kFloat).view({1, 4});
+  const at::Tensor p = at::softmax(logits, -1);
+  // A bias that lifts experts 2 and 3 over 0 and 1 picks them; their weights are p[2], p[3] renormalised.
+  const at::Tensor bias = at::tensor({0.0, 0.0, 0.7, 0.8}, at::kFloat);  // scores p + bias: 0.64, 0.24, 0.79, 0.83
+  const routing r = route_softmax_biased(logits, bias, 2, 1e-12);
+  CHECK(at::equal(r.indices, at::tensor({3, 2}, at::kLong).view({1, 2})));
+  const at::Tensor chosen = at::stack({p[0][3], p[0][2]}).view({1, 2});
+  CHECK(at::allclose(r.weights, chosen / chosen.sum()));
+  // Where the chosen probabilities sum below the floor, they are divided by the floor
+  // (Ernie4_5_MoeTopKRouter's clamp(min=moe_norm_min)); so are the replayed weights.
+  const double floor = 0.5;
+  const routing f = route_softmax_biased(logits, bias, 2, floor);
+  CHECK(chosen.sum().item<double>() < floor);
+  CHECK(at::allclose(f.weights, chosen / floor));
+  CHECK(at::allclose(softmax_weights(logits, f.indices, true, floor), f.weights));
+  // Without a floor above the sum, the plain softmax router is unchanged by one.
+  CHECK(at::allclose(route(logits, 2, true, 1e-12).weights, route(logits, 2, true).weights));
+}
+
 }  // namespace megadsl::test

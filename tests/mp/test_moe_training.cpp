@@ -161,6 +161,10 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true}>();
   check_moe_inference<tiny8_qwen3_next, layout{.tp = 4, .sp = true}>();  // 2 kv heads over 4 ranks
   check_moe_inference<tiny8_qwen3_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  // ERNIE 4.5 MoE: the biased softmax router, dense layers at both ends.
+  check_moe_inference<tiny8_ernie4_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_ernie4_5_moe, layout{.tp = 2, .pp = 2}>();
+  check_moe_inference<tiny8_ernie4_5_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",
@@ -195,6 +199,9 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_qwen3_next, layout{.pp = 2, .rmpad = true, .ep = 2, .recompute = recompute_kind::selective}>(2, true);
   check_moe_training<tiny8_qwen3_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_qwen3_5_moe, layout{.tp = 2, .pp = 2}>(2, false);
+  // ERNIE's expert biases balanced by load like DeepSeek's, its softmax scores weighing.
+  check_moe_training<tiny8_ernie4_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
+  check_moe_training<tiny8_ernie4_5_moe, layout{.ep = 4}>(1, false, nullptr, aux_losses::token);
   check_moe_training<tiny8_qwen3_next, layout{.tp = 4, .sp = true}>(2, false);  // k_proj / v_proj's gradients summed over tp
   // The load-balancing and z losses through the backward: per micro-batch and per sequence.
   check_moe_training<tiny8_qwen2_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
@@ -308,9 +315,13 @@ TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and with
   check_moe_training<tiny8_moonlight, layout{.tp = 2, .pp = 2, .ep = 2}>(2, false);
 }
 
-TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(mean load - load), and nothing else "
-          "moves it", "[world4][moe][training]") {
-  using M = tiny8_glm4_moe;
+// The expert biases of M's sparse layers after one training step, against the balancing rule.
+template <class M>
+void check_balancing() {
+  INFO(M::name);
+  std::vector<std::int64_t> sparse;  // the layers with a router (and its bias)
+  for (std::int64_t i = 0; i < M::shape.layers.get(); ++i)
+    if (layer_routes(M::shape, i)) sparse.push_back(i);
   const optimizer_config opt{.lr = 1e-3, .eps = 1e-6, .weight_decay = 0.1, .clip_grad = 1.0};
   const rollout_batch rb = make_rollout(M::shape.vocab);
   auto single = parallel_groups::single();
@@ -329,12 +340,12 @@ TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(me
     const at::Tensor routed = model.forward({.input_ids = rb.input_ids, .attention_mask = rb.attention_mask}, recording)
                                   .routed_experts;  // (b, s, layers, k), -1 at padding
     const std::vector<at::Tensor> before = biases(model);
-    REQUIRE(before.size() == 7);  // layers 1-7 (layer 0 is dense)
+    REQUIRE(before.size() == sparse.size());
     trainer t = make_trainer(model, single, opt, actor_loss_config{});
     t.step(rb, 1);
     const std::vector<at::Tensor> after = biases(model);
     for (std::size_t i = 0; i < after.size(); ++i) {
-      const std::int64_t layer = static_cast<std::int64_t>(i) + 1;
+      const std::int64_t layer = sparse[i];
       const at::Tensor chosen = routed.select(2, layer).reshape({-1});
       const at::Tensor load = at::bincount(chosen.masked_select(chosen >= 0), {}, M::shape.experts.get()).to(at::kDouble);
       const at::Tensor want = before[i] + (at::sign(load.mean() - load) * rate).to(at::kFloat);
@@ -344,6 +355,12 @@ TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(me
       CHECK(at::equal(after[i], want));
     }
   }
+}
+
+TEST_CASE("the aux-loss-free balancing: each expert bias moves by rate * sign(mean load - load), and nothing else "
+          "moves it", "[world4][moe][training]") {
+  check_balancing<tiny8_glm4_moe>();      // DeepSeek's sigmoid router: layers 1-7
+  check_balancing<tiny8_ernie4_5_moe>();  // ERNIE's softmax router: layers 1-6
 }
 
 TEST_CASE("the auxiliary losses: a balanced router costs 1, the z-loss log(E)^2, and they move the router",

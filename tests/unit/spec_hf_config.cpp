@@ -171,11 +171,11 @@ TEST_CASE("a malformed config.json is refused naming the file, the field and the
   CHECK(error_of(R"({"hidden_size": 4096})") ==
         "megadsl: models/x/config.json: model_type: missing; megadsl reads model_type \"llama\", \"mistral\", "
         "\"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", "
-            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\": add the model's");
+            "\"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"ernie4_5_moe\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\": add the model's");
   CHECK(error_of(R"({"model_type": "gpt2"})")
             .starts_with("megadsl: models/x/config.json: model_type: \"gpt2\" is not a family megadsl composes; "
                          "megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", "
-                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\""));
+                  "\"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"ernie4_5_moe\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\""));
 
   CHECK(error_of(edited(minimal, "\"num_attention_heads\": 8", "\"num_attention_heads\": \"8\"")) ==
         "megadsl: models/x/config.json: num_attention_heads: expected an integer, got \"8\" (a string); write "
@@ -251,7 +251,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
         ".attention_chunk = 0, .qk_l2_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
         ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
@@ -521,6 +521,54 @@ TEST_CASE("the 2026 families' config.json: Seed-OSS's two bias keys and dropouts
   CHECK_THAT(olmoe_written, Catch::Contains("\"norm_topk_prob\": false") && !Catch::Contains("moe_intermediate_size"));
   CHECK(megadsl::mismatches(parse_hf_config(olmoe_written, "w").s, o).empty());
   CHECK(megadsl::model_type_for(o, {}) == "olmoe");
+}
+
+TEST_CASE("ERNIE 4.5 MoE's config.json: a range of sparse layers, its router's floor, shared experts as a count",
+          "[spec][hf_config]") {
+  const std::string ernie = R"({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 6,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
+    "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": 48, "moe_num_shared_experts": 2,
+    "moe_layer_start_index": 1, "moe_layer_end_index": 4, "moe_layer_interval": 2, "moe_norm_min": 1e-9,
+    "use_bias": false, "tie_word_embeddings": true, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})";
+  const auto c = parse_hf_config(ernie, "x/config.json");
+  const shape& s = c.s;
+  CHECK((s.experts.get() == 8 && s.top_k.get() == 2 && s.expert_ffn.get() == 48 && s.shared_expert_ffn.get() == 96));
+  CHECK((s.norm_topk.get() && s.topk_sum_floor.get() == 1e-9 && s.rope_interleave.get() && s.tie_embeddings.get()));
+  // transformers: layer i is sparse when (i + 1) % 2 == 0 and 1 <= i <= 4: layers 1 and 3.
+  for (std::int64_t i = 0; i < 6; ++i) CHECK(megadsl::layer_routes(s, i) == (i == 1 || i == 3));
+  // Defaults: the experts from layer 1 to the last (end -1), the floor 1e-12; num_experts and
+  // num_experts_per_tok are read as the class maps them (onto moe_num_experts, moe_k).
+  const shape d = parse_hf_config(R"({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 3})", "x").s;
+  CHECK((d.experts.get() == 8 && d.top_k.get() == 3 && d.topk_sum_floor.get() == 1e-12 && d.shared_expert_ffn.get() == 3072));
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(megadsl::layer_routes(d, i) == (i >= 1));
+  CHECK_THAT(error_of(edited(ernie, "\"moe_k\": 2", "\"moe_k\": 2, \"num_experts_per_tok\": 4")),
+             Catch::Contains("num_experts_per_tok: is 4 (an integer) but moe_k is 2"));
+  // Written back: the range and the interval, the floor; read again, the same model.
+  const std::string written = megadsl::hf_config_json(s, "ernie4_5_moe", false, "float32", {});
+  CHECK_THAT(written, Catch::Contains("\"moe_layer_start_index\": 1") && Catch::Contains("\"moe_layer_end_index\": 3") &&
+                          Catch::Contains("\"moe_layer_interval\": 2") && Catch::Contains("\"moe_num_shared_experts\": 2") &&
+                          Catch::Contains("\"moe_norm_min\": 1e-09") && !Catch::Contains("mlp_only_layers") &&
+                          !Catch::Contains("routed_scaling_factor"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, s).empty());
+  CHECK(megadsl::model_type_for(s, {}) == "ernie4_5_moe");
+  // A pattern no range says (layers 1 and 4 sparse, 3 dense between them) is refused at save.
+  shape gap = s;
+  gap.sparse_step = 1;
+  gap.dense_layers = 0b101101;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(gap, "ernie4_5_moe", false, "float32", {}), Catch::Contains("are not such a range"));
+  // Another family's softmax router has no floor to write.
+  shape floored = parse_hf_config(R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "num_experts": 8})", "x").s;
+  floored.topk_sum_floor = 1e-12;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(floored, "qwen3_moe", false, "float32", {}), Catch::Contains("moe_norm_min"));
+  // Refused: biases (the shared experts' and lm_head's are not in the composition).
+  CHECK_THAT(error_of(edited(ernie, "\"use_bias\": false", "\"use_bias\": true")),
+             Catch::Contains("use_bias: is true (a boolean), which megadsl does not implement (biases on every projection"));
+  // The expert bias: (experts) here, one row (1, experts) in HF's file.
+  const auto* bias = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.router.expert_bias");
+  REQUIRE(bias != nullptr);
+  CHECK((bias->hf[0] == "model.layers.{layer}.mlp.moe_statics.e_score_correction_bias" && bias->form == megadsl::hf_form::one_row));
 }
 
 TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a count, the first layers dense", "[spec][hf_config]") {

@@ -52,6 +52,8 @@ inline constexpr std::int64_t moe_fp32_router_bit = 0x100;
 inline constexpr std::int64_t moe_clamped_swiglu_bit = 0x200;
 // ... and this bit for Llama 4's router: top-k of the logits, the experts' input scaled by sigmoid(logit)
 inline constexpr std::int64_t moe_input_router_bit = 0x400;
+// ... and this bit for ERNIE 4.5's router: softmax scores, the expert bias added to select only
+inline constexpr std::int64_t moe_biased_softmax_bit = 0x800;
 
 // the embedding (src/layers/embedding.cpp); setting 1: scaled by sqrt(hidden)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);

@@ -92,14 +92,17 @@ enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
 // gpt-oss's: mlp.router (with a bias) and mlp.experts.{gate_up_proj, down_proj}(_bias), every expert
 // of a layer in one tensor (hf_stacking), with biases and the clamped SwiGLU. Llama 4's:
 // feed_forward.router, feed_forward.experts.{gate_up_proj, down_proj} stacked (gate_up's columns
-// [gate | up]) and the ungated feed_forward.shared_expert.
-enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss, llama4 };
+// [gate | up]) and the ungated feed_forward.shared_expert. ERNIE 4.5's: Qwen's, the expert bias
+// stored as one row (1, E) at mlp.moe_statics.e_score_correction_bias.
+enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss, llama4, ernie };
 // How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
 // (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
 // experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2), or
 // Llama 4's: the top-k of the raw logits, each chosen expert fed the token times sigmoid(logit)
-// (the weight scales the expert's input, not its output).
-enum class moe_router : std::int8_t { softmax, sigmoid_grouped, sigmoid_on_input };
+// (the weight scales the expert's input, not its output); or ERNIE 4.5's: softmax scores in fp32,
+// the experts chosen by scores + an expert bias (selecting only, balanced by load like DeepSeek's),
+// their unbiased scores renormalised (divided by max(sum, topk_sum_floor)).
+enum class moe_router : std::int8_t { softmax, sigmoid_grouped, sigmoid_on_input, softmax_biased };
 // The HF tensor names of a family's checkpoints outside its blocks: Llama's (model.embed_tokens,
 // model.layers.N., model.norm, lm_head, score) or GPT-NeoX's (gpt_neox.embed_in, embed_out, ...).
 enum class name_scheme : std::int8_t { llama, gpt_neox };
@@ -207,8 +210,8 @@ class arch_builder {
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
     rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
-                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.hf_scalar,
-                        p.stacking, p.hf_conv, p.slots_of};
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.form,
+                        p.stacking, p.slots_of};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
@@ -586,14 +589,14 @@ struct gated_delta_net {
       matrix("in_proj_ba.weight", shard_kind::column, &ba);
     } else {
       b.param(at, {"in_proj_qkv.weight", shard_kind::column_slots, {"in_proj_qkv.weight"}, 1, extent::none, presence::always,
-                   false, false, param_init::normal, false, &qkv, 0, false, hf_stacking::none, false, &qkv_slots});
+                   false, false, param_init::normal, false, &qkv, 0, hf_form::as_held, hf_stacking::none, &qkv_slots});
       matrix("in_proj_z.weight", shard_kind::column, &z);
       matrix("in_proj_b.weight", shard_kind::column, &gate);
       matrix("in_proj_a.weight", shard_kind::column, &gate);
     }
     // The conv's channels are in_proj_qkv's three slots: each rank holds its heads' q, k and v taps.
     b.param(at, {"conv1d.weight", shard_kind::column_slots, {"conv1d.weight"}, 1, extent::none, presence::always, false, false,
-                 param_init::normal, false, &conv, 0, false, hf_stacking::none, /*hf_conv=*/true, &qkv_slots});
+                 param_init::normal, false, &conv, 0, hf_form::conv, hf_stacking::none, &qkv_slots});
     b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
                  param_init::ones, false, &per_value_head});
     // A = exp(A_log); HF draws A uniformly from [0.01, 16] where no checkpoint gives it: e^2 here.
@@ -760,9 +763,9 @@ struct xielu_mlp {
     b.param(act, {"alpha_n", shard_kind::replicated, {"alpha_n"}, 1, extent::none, presence::always, false, true,
                   param_init::constant, false, &one_value, -1.0502256155014038});
     b.param(act, {"beta", shard_kind::replicated, {"beta"}, 1, extent::none, presence::always, false, false,
-                  param_init::constant, false, &one_value, 0.5, /*hf_scalar=*/true});
+                  param_init::constant, false, &one_value, 0.5, hf_form::scalar});
     b.param(act, {"eps", shard_kind::replicated, {"eps"}, 1, extent::none, presence::always, false, false,
-                  param_init::constant, false, &one_value, -1e-6, /*hf_scalar=*/true});
+                  param_init::constant, false, &one_value, -1e-6, hf_form::scalar});
     b.uses(activation::xielu);
     return b.costs(b.node(at, &modules::xielu_mlp, {}, "xielu_mlp", "xielu_mlp", &details), mlp_keeps);
   }
@@ -800,6 +803,9 @@ struct moe_mlp {
             known(s.group_top_k), " of ", known(s.expert_groups), " groups",
             s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "", ", x ", s.routed_scale.is_static() ? s.routed_scale.get() : -1.0,
             "  [mlp: gate (+ e_score_correction_bias), experts.E.gate/up/down_proj]");
+    else if constexpr (K.router == moe_router::softmax_biased)
+      t.add("  router softmax (fp32) + expert bias -> top ", known(s.top_k), " of ", known(s.experts),
+            ", unbiased scores renormalised  [mlp: gate, moe_statics.e_score_correction_bias, experts.E.gate/up/down_proj]");
     else
       t.add("  router softmax -> top ", known(s.top_k), " of ", known(s.experts),
             s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "",
@@ -820,6 +826,9 @@ struct moe_mlp {
                   "megadsl: HunYuan's names include its ungated shared MLP (mlp.shared_mlp); set no other shared expert");
     static_assert(!gpt_oss || (!K.shared_expert && !K.shared_experts && K.router == moe_router::softmax && !K.fp32_router),
                   "megadsl: gpt-oss's mixture is its softmax router with a bias and no shared expert");
+    static_assert((K.names == moe_names::ernie) == (K.router == moe_router::softmax_biased) &&
+                      (K.router != moe_router::softmax_biased || K.fp32_router),
+                  "megadsl: ERNIE 4.5's names hold its biased softmax router, whose logits are in fp32");
     b.param(at, {"router.weight", shard_kind::replicated,
                  {K.names == moe_names::hunyuan ? "gate.wg.weight" : gpt_oss || llama4 ? "router.weight" : "gate.weight"}, 1,
                  extent::experts, presence::always, false, true});
@@ -831,29 +840,33 @@ struct moe_mlp {
     if constexpr (K.router == moe_router::sigmoid_grouped)
       b.param(at, {"router.expert_bias", shard_kind::replicated, {"gate.e_score_correction_bias"}, 1, extent::expert_vector,
                    presence::always, false, false, param_init::zeros});
+    if constexpr (K.router == moe_router::softmax_biased)  // (1, E) in HF's file
+      b.param(at, {"router.expert_bias", shard_kind::replicated, {"moe_statics.e_score_correction_bias"}, 1,
+                   extent::expert_vector, presence::always, false, false, param_init::zeros, false, nullptr, 0,
+                   hf_form::one_row});
     if constexpr (gpt_oss) {
       // One tensor per layer and projection holds every expert (HF's stored layout, no converter):
       // gate_up_proj (E, h, 2 f) with gate and up columns interleaved, down_proj (E, f, h), and
       // their biases (E, 2 f) interleaved alike and (E, h). The down bias is added once (tp rank 0:
       // the experts' outputs are partial sums over tp), its gradient summed over tp.
       b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, false,
+                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, hf_form::as_held,
                    hf_stacking::experts_interleaved});
       b.param(at, {"experts.{expert}.gate_up.bias", shard_kind::fused_gate_up, {"experts.gate_up_proj_bias"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::zeros, true, nullptr, 0, false,
+                   extent::expert_ffn, presence::always, true, false, param_init::zeros, true, nullptr, 0, hf_form::as_held,
                    hf_stacking::experts_interleaved});
       b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
-                   presence::always, false, false, param_init::normal, true, nullptr, 0, false, hf_stacking::experts});
+                   presence::always, false, false, param_init::normal, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
       b.param(at, {"experts.{expert}.down.bias", shard_kind::replicated, {"experts.down_proj_bias"}, 1, extent::hidden,
-                   presence::always, false, true, param_init::zeros, true, nullptr, 0, false, hf_stacking::experts});
+                   presence::always, false, true, param_init::zeros, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
     } else if constexpr (llama4) {
       // Stacked like gpt-oss's, without biases: gate_up_proj (E, h, 2 f) with the gate's columns
       // first, then the up's; down_proj (E, f, h).
       b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, false,
+                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, hf_form::as_held,
                    hf_stacking::experts});
       b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
-                   presence::always, false, false, param_init::normal, true, nullptr, 0, false, hf_stacking::experts});
+                   presence::always, false, false, param_init::normal, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
       b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
                    {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2, extent::shared_ffn});
       b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_expert.down_proj.weight"}, 1, extent::shared_ffn});
@@ -892,8 +905,13 @@ struct moe_mlp {
     if constexpr (!gpt_oss) b.uses(A);  // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says
     b.routes = true;
     basic_text<64> name("moe_mlp<");
-    name.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : gpt_oss ? ", gpt_oss" : llama4 ? ", llama4" : ", qwen", K.shared_expert ? ", shared" : "",
-             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : K.router == moe_router::sigmoid_on_input ? ", sigmoid_on_input" : "", K.shared_experts ? ", shared_experts" : "",
+    // (ERNIE's names say its router: the two go together.)
+    name.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A),
+             mixtral ? ", mixtral" : K.names == moe_names::hunyuan ? ", hunyuan" : gpt_oss ? ", gpt_oss" : llama4 ? ", llama4"
+             : K.names == moe_names::ernie ? ", ernie" : ", qwen",
+             K.shared_expert ? ", shared" : "",
+             K.router == moe_router::sigmoid_grouped ? ", sigmoid_grouped" : K.router == moe_router::sigmoid_on_input ? ", sigmoid_on_input" : "",
+             K.shared_experts ? ", shared_experts" : "",
              K.fp32_router ? ", fp32_router" : "", ">");
     basic_text<64> label("moe_mlp<");
     label.add(gpt_oss ? std::string_view("clamped_swiglu") : name_of(A), ">");
@@ -901,7 +919,8 @@ struct moe_mlp {
     // top_k of them, each narrower.
     return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details,
                           static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0) |
-                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0) | (llama4 ? modules::moe_input_router_bit : 0)),
+                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0) | (llama4 ? modules::moe_input_router_bit : 0) |
+                              (K.router == moe_router::softmax_biased ? modules::moe_biased_softmax_bit : 0)),
                    mlp_keeps);
   }
 };

@@ -31,8 +31,15 @@ struct routing {
 
 // HF's router (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock): softmax
 // over every expert in fp32, the top k, and with `renormalise` (Mixtral always; Qwen's
-// norm_topk_prob) the k weights divided by their sum. logits: (T, E).
-routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise);
+// norm_topk_prob) the k weights divided by max(their sum, floor). logits: (T, E).
+routing route(const at::Tensor& logits, std::int64_t top_k, bool renormalise, double floor = 0);
+// That router's weights for given experts (router replay): the softmax's, renormalised alike.
+at::Tensor softmax_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double floor = 0);
+
+// ERNIE 4.5's router (Ernie4_5_MoeTopKRouter): softmax over every expert in fp32, the experts
+// chosen by probabilities + bias (the bias selects, never weighs), their probabilities divided by
+// max(sum, floor) (moe_norm_min). logits: (T, E) fp32; bias: (E) fp32.
+routing route_softmax_biased(const at::Tensor& logits, const at::Tensor& bias, std::int64_t top_k, double floor);
 
 // DeepSeek-V3's router (DeepseekV3TopkRouter; GLM-4.5's Glm4MoeTopkRouter): scores sigmoid(logits)
 // in fp32; the experts chosen by scores + bias (the bias selects, never weighs) among the

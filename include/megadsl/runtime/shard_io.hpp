@@ -76,4 +76,11 @@ at::Tensor expert_from_stack(const at::Tensor& stack, const param_row& row, std:
 at::Tensor stack_slice_of(const at::Tensor& linear, const param_row& row);
 void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
+// A tensor as HF's file holds it and as megadsl does (param_row::form):
+//   held_form       HF's 0-dim buffer -> (1), a conv's (rows, 1, cols) -> (rows, cols), one row
+//                   (1, n) -> (n); anything else as is
+//   hf_stored_form  the inverse, and an expert's tensor of a stacked row as its slice of the stack
+at::Tensor held_form(const param_row& row, const at::Tensor& stored);
+at::Tensor hf_stored_form(const param_row& row, const at::Tensor& held);
+
 }  // namespace megadsl

@@ -27,7 +27,7 @@ string(REPLACE "\"model_type\": \"llama\"" "\"model_type\": \"gpt2\"" text "${go
 write_config(gpt2 "${text}")
 megadsl(check ${WORK}/gpt2)
 expect_exit(2)
-expect_err("model_type: \"gpt2\" is not a family megadsl composes; megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\"")
+expect_err("model_type: \"gpt2\" is not a family megadsl composes; megadsl reads model_type \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"gemma\", \"gemma2\", \"olmo2\", \"phi3\", \"starcoder2\", \"gpt_neox\", \"mixtral\", \"qwen2_moe\", \"qwen3_moe\", \"seed_oss\", \"smollm3\", \"olmoe\", \"glm4_moe\", \"deepseek_v3\", \"gemma3_text\", \"olmo3\", \"exaone4\", \"ernie4_5\", \"ernie4_5_moe\", \"glm4\", \"kimi_k2\", \"hunyuan_v1_dense\", \"granite\", \"cohere2\", \"hunyuan_v1_moe\", \"cohere\", \"apertus\", \"gpt_oss\", \"llama4_text\", \"qwen3_next\", \"qwen3_5_text\" or \"qwen3_5_moe_text\"")
 
 # A rope scaling megadsl does not implement.
 string(REPLACE "\"rope_scaling\": null" "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}" text "${good}")

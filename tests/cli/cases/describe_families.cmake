@@ -110,6 +110,18 @@ megadsl(describe ernie-4.5-0.3b --tp 2)
 expect_exit(0)
 expect_out("attention  q/k/v, rope on pairs  \\[self_attn\\]")
 expect_out("parameters: 360,748,032 ")
+# ERNIE 4.5 MoE: its router (softmax, an expert bias that selects, stored as one row) and shared
+# experts in layers 1-27; the hub's count of ERNIE-4.5-21B-A3B's tensors.
+megadsl(describe ernie-4.5-21b-a3b --tp 2 --ep 8)
+expect_exit(0)
+expect_out("router softmax \\(fp32\\) \\+ expert bias -> top 6 of 64, unbiased scores renormalised")
+expect_out("model\\.layers\\.{layer}\\.mlp\\.moe_statics\\.e_score_correction_bias +replicated +\\(1, 64\\)")
+expect_out("parameters: 21,825,437,888 ")
+# The fixture transformers wrote reads as that composition: layers 1-2 sparse, 0 and 3 dense.
+megadsl(describe ${FIXTURES}/ernie4-5-moe-tf5 --ep 2)
+expect_exit(0)
+expect_out("kind 1:  block x 2 \\(layers 1, 2\\)")
+expect_out("moe_mlp<silu>  router softmax \\(fp32\\) \\+ expert bias -> top 2 of 8")
 
 # GLM-4: a sandwich of norms under GLM's names, gate/up fused, RoPE on pairs of half of each head.
 megadsl(describe glm-4-9b-0414 --tp 2)
