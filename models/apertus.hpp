@@ -4,6 +4,7 @@
 // activation, whose learned scalars each layer holds (blocks::xielu_mlp).
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "megadsl/family_config.hpp"
@@ -40,6 +41,20 @@ template <shape S>
 struct apertus : decoder_family<apertus_blocks, S> {
   static constexpr std::string_view family = apertus_config.model_type;
   static constexpr std::string_view name = "apertus";
+};
+
+// Apertus-8B-2509: 32 layers, 32 query heads of 128 over 8 kv heads with q/k norms, the xIELU MLP of
+// 21504, Llama 3's scaling x 8 on theta 1.2e7, untied. Its sizes as a vLLM audit of the checkpoint
+// (ProjectDMX/DMI-vLLM-Integration) and a config-parsing test of the 8B agree. The count is
+// transformers' parameters, published in two places; the checkpoint also holds each layer's xIELU
+// beta and eps (0-dim buffers, 64 values, not parameters): 8,053,338,240 in its safetensors.
+struct apertus_8b : apertus<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 21504, .vocab = 131072,
+                                  .max_positions = 65536, .rms_eps = 1e-5, .rope_theta = 12000000.0,
+                                  .rope = {.type = rope_type::llama3, .factor = 8.0, .low_freq_factor = 1.0,
+                                           .high_freq_factor = 4.0, .original_max_positions = 8192}}> {
+  static constexpr std::string_view name = "apertus-8b";
+  static constexpr std::string_view hf_repo = "swiss-ai/Apertus-8B-2509";
+  static constexpr std::int64_t published_params = 8'053'338'176;
 };
 
 }  // namespace megadsl

@@ -4,7 +4,8 @@
 // experts chosen by scores + an expert bias (mlp.moe_statics.e_score_correction_bias, stored
 // (1, E); selecting only, balanced by load in training like DeepSeek-V3's), their unbiased scores
 // renormalised with the floor moe_norm_min; beside ungated shared experts (mlp.shared_experts.*,
-// moe_num_shared_experts x moe_intermediate_size wide). The other layers have a dense SwiGLU.
+// moe_num_shared_experts x moe_intermediate_size wide; none at 0, as ERNIE-4.5-300B-A47B has). The
+// other layers have a dense SwiGLU.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,7 @@ using ernie4_5_moe_blocks = blocks::decoder<
 inline constexpr moe_config ernie4_5_moe_moe{
     .count_key = "moe_num_experts", .top_k = 6, .top_k_key = "moe_k", .reads_norm_topk = false, .expert_ffn = 1536,
     .sparse_step_key = "moe_layer_interval", .norm_topk = true, .shared_count_key = "moe_num_shared_experts",
-    .shared_count = 2, .sparse_first_key = "moe_layer_start_index", .sparse_first = 1,
+    .shared_count = 2, .shared_count_least = 0, .sparse_first_key = "moe_layer_start_index", .sparse_first = 1,
     .sparse_last_key = "moe_layer_end_index", .sum_floor_key = "moe_norm_min", .sum_floor = 1e-12,
     .count_alias = "num_experts", .top_k_alias = "num_experts_per_tok"};
 inline constexpr config_key_rule ernie4_5_moe_keys[] = {

@@ -58,4 +58,19 @@ struct exaone4_1_2b : exaone4<shape{.hidden = 2048, .layers = 30, .heads = 32, .
   static constexpr std::int64_t published_params = 1'279'391'488;
 };
 
+// EXAONE-4.0-32B: 64 layers (three sliding of 4096 then one global, the window a model option),
+// 40 query heads of 128 over 8 kv heads, Llama 3's scaling x 16 on theta 1e6, untied. The config
+// as a verbatim copy of the hub's (rengzhengcodes/SmolBench scripts/arch/arch_configs_raw.json) and
+// TensorRT-LLM's test config agree; the count is the hub's safetensors total_size / 2 (SmolBench's
+// exaone.md), also transformers' count of the config.
+struct exaone4_32b : exaone4<shape{.hidden = 5120, .layers = 64, .heads = 40, .kv_heads = 8, .ffn = 27392,
+                                   .vocab = 102400, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
+                                   .rope_theta = 1000000.0,
+                                   .rope = {.type = rope_type::llama3, .factor = 16.0, .low_freq_factor = 1.0,
+                                            .high_freq_factor = 4.0, .original_max_positions = 8192}}> {
+  static constexpr std::string_view name = "exaone-4.0-32b";
+  static constexpr std::string_view hf_repo = "LGAI-EXAONE/EXAONE-4.0-32B";
+  static constexpr std::int64_t published_params = 32'003'216'384;
+};
+
 }  // namespace megadsl

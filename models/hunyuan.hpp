@@ -76,4 +76,19 @@ struct hunyuan_moe : decoder_family<hunyuan_moe_blocks, S> {
   static constexpr std::string_view name = "hunyuan_v1_moe";
 };
 
+// Hunyuan-A13B: 32 layers, 32 query heads of 128 over 8 kv heads (q/k norms after RoPE), every
+// layer 64 experts of 3072, top 8 renormalised, beside the shared MLP of 3072; tied; its NTK-alpha
+// RoPE (alpha 1000 on theta 10000) as the plain RoPE it is, theta 10000 x 1000^(128/126) as Python
+// computes it. Its sizes as the GitHub release's config.json (tianyu1412/Hunyuan-A13B) and test
+// fixtures naming A13B agree; the count, 80,393,183,232, is the safetensors headers' total as an
+// article's ledger and a hub measurement (80.39B) give it, and transformers' count of the config.
+struct hunyuan_a13b
+    : hunyuan_moe<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 3072, .vocab = 128167,
+                        .head_dim = 128, .max_positions = 32768, .rms_eps = 1e-5, .rope_theta = 11158839.92507748,
+                        .tie_embeddings = true, .experts = 64, .top_k = 8, .shared_expert_ffn = 3072, .norm_topk = true}> {
+  static constexpr std::string_view name = "hunyuan-a13b";
+  static constexpr std::string_view hf_repo = "tencent/Hunyuan-A13B-Instruct";
+  static constexpr std::int64_t published_params = 80'393'183'232;
+};
+
 }  // namespace megadsl

@@ -90,6 +90,34 @@ struct qwen3_5_moe : decoder_family<qwen3_5_moe_blocks, S> {
 // MTP layer are not counted): the sizes slime's Megatron recipe for it states
 // (THUDM/slime scripts/models/qwen3.5-35B-A3B.sh) and Qwen3_5MoeTextConfig's defaults, which
 // transformers documents as that model's, agree on; rope_theta 1e7 as the recipe has it.
+// The dense Qwen3.5 text models: the hub's totals include the vision tower and the MTP layer, and
+// each reconciles exactly as text + vision + MTP (transformers' counts on the meta device); the
+// text model's count is the one here. Every size: heads of 256 (RoPE on a quarter, theta 1e7),
+// three DeltaNet layers then a full one, 16 key heads of 128, value heads of 128.
+// Qwen3.5-9B: 32 layers, 16 query heads over 4 kv heads, 32 value heads, SwiGLU of 12288, untied;
+// its text model's 8,953,803,264 also written out by a second source beside its config.
+struct qwen3_5_9b
+    : qwen3_5<shape{.hidden = 4096, .layers = 32, .heads = 16, .kv_heads = 4, .ffn = 12288, .vocab = 248320,
+                    .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
+                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(32, 4), .linear_key_heads = 16,
+                    .linear_value_heads = 32, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+  static constexpr std::string_view name = "qwen3.5-9b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-9B";
+  static constexpr std::int64_t published_params = 8'953'803'264;
+};
+// Qwen3.5-27B: 64 layers, 24 query heads over 4 kv heads, 48 value heads, SwiGLU of 17408, untied
+// (the config slime's recipe THUDM/slime scripts/models/qwen3.5-27B.sh states; the hub's total
+// 27,781,427,952 split as text 26,895,998,464 + vision + MTP by a second source).
+struct qwen3_5_27b
+    : qwen3_5<shape{.hidden = 5120, .layers = 64, .heads = 24, .kv_heads = 4, .ffn = 17408, .vocab = 248320,
+                    .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
+                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(64, 4), .linear_key_heads = 16,
+                    .linear_value_heads = 48, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+  static constexpr std::string_view name = "qwen3.5-27b";
+  static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-27B";
+  static constexpr std::int64_t published_params = 26'895'998'464;
+};
+
 struct qwen3_5_35b_a3b
     : qwen3_5_moe<shape{.hidden = 2048, .layers = 40, .heads = 16, .kv_heads = 2, .ffn = 512, .vocab = 248320,
                         .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,

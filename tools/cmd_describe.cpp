@@ -98,7 +98,7 @@ void describe_experts(const shape& s, const layout& l, head_info head, std::ostr
   const std::int64_t ep = l.ep, experts = s.experts, per = experts / ep, etp = expert_tp(l);
   const std::int64_t f = expert_ffn_of(s).get(), h = s.hidden;
   out << "\nexperts (" << experts << " per layer, top " << s.top_k.get() << (s.norm_topk.get() ? " renormalised" : "")
-      << ", each a gated MLP of " << f << (has_extent(s, extent::shared_ffn) ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
+      << ", each a gated MLP of " << f << (has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() > 0 ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
       << ")\n";
   table t({"ep rank", "experts held", "gate_up per expert", "down per expert", "parameters per rank (pp 0)"});
   for (std::int64_t r = 0; r < ep; ++r) {

@@ -65,6 +65,7 @@ enum class presence : std::int8_t {
   qkv_bias,     // the q/k/v biases (qkv_bias)
   out_bias,     // o_proj's and a plain MLP's biases (out_bias)
   mlp_bias,     // a gated MLP's gate/up/down biases (mlp_bias)
+  shared_experts,  // DeepSeek's ungated shared experts, when shared_expert_ffn > 0 (ERNIE 4.5's may be none)
   actor, critic, critic_bias,
 };
 
@@ -216,6 +217,11 @@ struct module_node {
   // recurrent rule's: the gated DeltaNet's), per layer, and the weights verl's estimator counts for
   // it in place of an attention's (token_flops). Null: none, and verl counts an attention's.
   token_flops (*per_token)(const shape&) = nullptr;
+  // What one rank sends over its cp group per token of its own in one forward under context
+  // parallelism (Ulysses: the all-to-alls to whole sequences of a share of the heads and back, and
+  // any all-gather), in elements, at the layout's tp and cp; the backward sends as much. Null:
+  // nothing (a block that mixes no tokens).
+  double (*cp_sent)(const shape&, std::int64_t tp, std::int64_t cp) = nullptr;
   activation_terms keeps{};  // what it keeps for the backward
 };
 
@@ -314,6 +320,17 @@ constexpr std::pair<token_flops, bool> layer_token_flops(const shape& s, std::in
   return {t, any};
 }
 
+// The elements one rank sends over cp per token of its own in one forward of layer `layer`
+// (module_node::cp_sent, summed over its blocks).
+constexpr double layer_cp_sent(const shape& s, std::int64_t layer, std::int64_t tp, std::int64_t cp) {
+  const architecture& a = arch_of(s);
+  const layer_kind& k = a.kinds[static_cast<std::size_t>(kind_of_layer(s, layer))];
+  double sent = 0;
+  for (int n = k.first_node; n < k.first_node + k.nodes; ++n)
+    if (const auto f = a.nodes[static_cast<std::size_t>(n)].cp_sent; f != nullptr) sent += f(s, tp, cp);
+  return sent;
+}
+
 // The activations layer `layer` keeps: its blocks' terms summed.
 constexpr activation_terms layer_activation_terms(const shape& s, std::int64_t layer) {
   const architecture& a = arch_of(s);
@@ -332,6 +349,13 @@ constexpr activation_terms layer_activation_terms(const shape& s, std::int64_t l
 constexpr bool has_extent(const shape& s, extent e) {
   for (const param_row& r : arch_of(s).rows)
     if (r.size == e) return true;
+  return false;
+}
+// Whether the composition's shared expert is always there (Qwen's, HunYuan's, Llama 4's), not only
+// when shared_expert_ffn > 0 (DeepSeek's ungated shared experts: presence::shared_experts).
+constexpr bool shared_ffn_required(const shape& s) {
+  for (const param_row& r : arch_of(s).rows)
+    if (r.size == extent::shared_ffn && r.when == presence::always) return true;
   return false;
 }
 // The row named `name`, or nullptr.

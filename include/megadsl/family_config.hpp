@@ -78,6 +78,7 @@ struct moe_config {
   // (first_k_dense_replace: dense_layers = the first k).
   std::string_view shared_count_key = {};
   std::int64_t shared_count = 1;
+  std::int64_t shared_count_least = 1;  // (ERNIE 4.5: 0, no shared experts)
   std::string_view dense_first_key = {};
   std::int64_t dense_first = 0;
   // The grouped sigmoid router's defaults (routed_scaling_factor, n_group, topk_group).

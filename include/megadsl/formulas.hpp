@@ -351,4 +351,14 @@ constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int6
   return 4.0 * static_cast<double>(sparse) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
 }
 
+// Bytes one rank sends over its cp group in one forward + backward under context parallelism
+// (Ulysses), for its own `tokens` rows: each layer's token mixer's all-to-alls and all-gathers
+// (module_node::cp_sent), the backward's moving as much as the forward's. cp = 1 sends nothing.
+constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
+  if (l.cp.get() <= 1) return 0;
+  double per_token = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i) per_token += layer_cp_sent(s, i, l.tp.get(), l.cp.get());
+  return 2.0 * per_token * static_cast<double>(tokens) * element;
+}
+
 }  // namespace megadsl

@@ -246,7 +246,7 @@ constexpr void check_shape(const shape& s, violations& out) {
     else if (known(s.experts, s.top_k) && (s.top_k.get() < 1 || s.top_k.get() > s.experts.get()))
       out.add("moe_routing_valid", {s.top_k.get(), s.experts.get()})
           .add("top_k = ", s.top_k.get(), " experts per token of ", s.experts.get(), "; use 1 <= top_k <= ", s.experts.get());
-    if (known(s.shared_expert_ffn) && has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() < 1)
+    if (known(s.shared_expert_ffn) && shared_ffn_required(s) && s.shared_expert_ffn.get() < 1)
       out.add("moe_routing_valid", {s.shared_expert_ffn.get()})
           .add("shared_expert_ffn = ", s.shared_expert_ffn.get(),
                ": the composition has a shared expert; give its width (shared_expert_intermediate_size)");

@@ -79,6 +79,7 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::q_lora: return s.q_lora_rank.get() > 0;
     case presence::q_direct: return s.q_lora_rank.get() == 0;
     case presence::mlp_bias: return s.mlp_bias.get();
+    case presence::shared_experts: return s.shared_expert_ffn.get() > 0;
     case presence::actor: return h.actor;
     case presence::critic: return !h.actor;
     case presence::critic_bias: return !h.actor && h.value_bias;

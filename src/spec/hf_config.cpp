@@ -863,7 +863,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
                                   : m.norm_topk;
   if (has_extent(s, extent::shared_ffn) && !m.shared_count_key.empty())
     s.shared_expert_ffn = s.expert_ffn.get() * r.optional<std::int64_t>(m.shared_count_key, m.shared_count,
-        [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
+        [&](const json& v, std::string_view k) { return r.integer(v, k, m.shared_count_least); });
   else if (m.shared_as_wide_as_experts)
     s.shared_expert_ffn = s.expert_ffn;  // Llama 4's shared expert: intermediate_size, as each expert
   else if (has_extent(s, extent::shared_ffn))
@@ -1498,6 +1498,10 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
   if (family.moe != nullptr && family.moe->sum_floor_key.empty() && s.topk_sum_floor.get() != 0)
     return "a " + f + " config renormalises the top-k weights by their sum, and this model floors it at " +
            show(s.topk_sum_floor) + " (ERNIE 4.5's moe_norm_min)";
+  if (family.moe != nullptr && !family.moe->shared_count_key.empty() && s.shared_expert_ffn.get() == 0 &&
+      family.moe->shared_count_least > 0)
+    return "a " + f + " config has at least one shared expert (" + std::string(family.moe->shared_count_key) +
+           "), and this model has none";
   if (family.moe != nullptr && !family.moe->shared_count_key.empty() &&
       (expert_ffn_of(s).get() < 1 || s.shared_expert_ffn.get() % expert_ffn_of(s).get() != 0))
     return "a " + f + " config sizes the shared experts as " + std::string(family.moe->shared_count_key) +

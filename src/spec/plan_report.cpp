@@ -133,16 +133,27 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
              "head_dim " + std::to_string(effective_head_dim(s).get()) +
                  (s.kv_heads.get() < tp ? ", kv heads replicated over tp" : "") +
                  (s.qkv_bias.get() ? ", q/k/v bias" : "")});
+  // Each rank's own tokens of a micro-batch: its cp share of the sequences.
+  const std::int64_t own_tokens = o.seq * o.micro_batch / l.cp.get();
   if (routes_any(s)) {
     const std::int64_t ep = l.ep;
     char bytes[48];
-    std::snprintf(bytes, sizeof bytes, "%.2f GB", moe_all_to_all_bytes(s, l, o.seq * o.micro_batch, 2) / 1e9);
+    std::snprintf(bytes, sizeof bytes, "%.2f GB", moe_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);
     model.row({"experts", std::to_string(s.experts.get()) + " x " + grouped(expert_ffn_of(s).get()) + ", top " +
                               std::to_string(s.top_k.get()),
                std::to_string(s.experts.get() / ep) + " per rank of an ep group of " + std::to_string(ep) +
-                   (has_extent(s, extent::shared_ffn) ? ", shared expert " + grouped(s.shared_expert_ffn.get()) : std::string())});
+                   (has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() > 0
+                        ? ", shared expert " + grouped(s.shared_expert_ffn.get())
+                        : std::string())});
     model.row({"all-to-all per micro-batch", bytes,
                "sent per rank over ep, forward + backward, bf16, uniform routing (formulas.hpp moe_all_to_all_bytes)"});
+  }
+  if (l.cp.get() > 1) {
+    char bytes[48];
+    std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);
+    model.row({"cp all-to-all per micro-batch", bytes,
+               "sent per rank over cp (Ulysses), forward + backward, bf16, its " + grouped(own_tokens) +
+                   " tokens (formulas.hpp cp_all_to_all_bytes)"});
   }
   model.print(os);
   os << "\n";

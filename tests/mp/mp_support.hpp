@@ -268,6 +268,13 @@ struct tiny8_ernie4_5_moe
                          .topk_sum_floor = 1e-12, .dense_layers = 0b10000001}> {
   static constexpr std::string_view name = "tiny8-ernie4.5-moe";
 };
+// ... and without shared experts (moe_num_shared_experts 0, as ERNIE-4.5-300B-A47B): no such rows.
+struct tiny8_ernie4_5_moe_unshared
+    : ernie4_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                         .max_positions = 256, .rope_theta = 500000.0, .rope_interleave = true, .experts = 8, .top_k = 2,
+                         .expert_ffn = 64, .norm_topk = true, .topk_sum_floor = 1e-12, .dense_layers = 0b111}> {
+  static constexpr std::string_view name = "tiny8-ernie4.5-moe-unshared";
+};
 
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,

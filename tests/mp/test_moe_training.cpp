@@ -165,6 +165,9 @@ TEST_CASE("mixtures of experts: every layout routes and computes like one proces
   check_moe_inference<tiny8_ernie4_5_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
   check_moe_inference<tiny8_ernie4_5_moe, layout{.tp = 2, .pp = 2}>();
   check_moe_inference<tiny8_ernie4_5_moe, layout{.pp = 2, .rmpad = true, .ep = 2}>();
+  check_moe_inference<tiny8_ernie4_5_moe_unshared, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>();
+  static_assert(!present(*find_row(arch_of(tiny8_ernie4_5_moe_unshared::shape), "layers.{layer}.shared_expert.down.weight"),
+                         tiny8_ernie4_5_moe_unshared::shape, head_info{}));
 }
 
 TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equal one process, with and without router replay",

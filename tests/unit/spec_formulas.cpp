@@ -89,7 +89,8 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
                                 (static_cast<double>(s.layers.get()) - sparse) * static_cast<double>(s.ffn.get())) /
                                    static_cast<double>(s.layers.get())
                              : static_cast<double>(s.ffn.get());
-      const double m = has("layers.{layer}.fc.weight") ? 1.0 : 1.5;  // a plain MLP's two matrices
+      // A plain MLP's two matrices (fc / proj, or Apertus's xIELU up / down): 1; a gated one's three: 3/2.
+      const double m = has("layers.{layer}.fc.weight") || has("layers.{layer}.act.alpha_p") ? 1.0 : 1.5;
       const double vp = static_cast<double>(megadsl::padded_vocab(s, l));
       for (const std::int64_t seq : {2048, 4096, 8192}) {
         const double sq = static_cast<double>(seq);
@@ -273,6 +274,9 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + attention_layers * qk_norms + routers +
                                           expert_biases + latents + deltanet + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
+          // xIELU's four scalars per layer (Apertus) on every tp rank; beta and eps, HF's buffers, are
+          // not among the HF count's parameters at all.
+          if (row("layers.{layer}.act.alpha_p") != nullptr) expected += L * (4 * tp - 2);
           // Fused q/k/v: kv heads replicated where fewer than tp. Qwen3-Next's gated attention keeps
           // k_proj and v_proj whole on every rank (with their biases), on its full-attention layers.
           if (kv < tp && row("layers.{layer}.qkv.weight") != nullptr) expected += L * (tp - kv) * 2 * d * (h + (s.qkv_bias.get() ? 1 : 0));
@@ -342,6 +346,34 @@ TEST_CASE("the preset registry", "[presets]") {
                            "llama3.2-1b", "llama3.1-405b", "tiny"})
     CHECK(megadsl::find_preset(name) != nullptr);
   CHECK(megadsl::find_preset("Llama3-8B") == nullptr);  // exact names only
+}
+
+TEST_CASE("context parallelism's all-to-all bytes: each token mixer's Ulysses traffic, by hand", "[formulas][cp]") {
+  using megadsl::cp_all_to_all_bytes;
+  const std::int64_t tokens = 4096;  // a rank's own, bf16 below: forward + backward = 2 x 2 bytes per element
+  const auto bytes = [&](double per_token_per_layer, std::int64_t layers) { return 4.0 * per_token_per_layer * layers * tokens; };
+  const auto llama = megadsl::llama3_8b::shape;  // 32 heads of 128, 8 kv heads, 32 layers
+  CHECK(cp_all_to_all_bytes(llama, layout{.cp = 1}, tokens, 2) == 0);
+  // tp 1, cp 2: 4 whole kv groups per cp rank; [q | k | v] (32 + 16 heads) there, the output (32) back, half of each sent.
+  CHECK(cp_all_to_all_bytes(llama, layout{.cp = 2}, tokens, 2) == bytes((32 + 16 + 32) * 128 * 0.5, 32));
+  // tp 8, cp 2: one kv group per tp rank splits over cp: q (4 heads) and the output by all-to-all,
+  // k and v (1 head each) gathered whole (sent once to the other rank).
+  CHECK(cp_all_to_all_bytes(llama, layout{.tp = 8, .cp = 2}, tokens, 2) == bytes((4 + 4) * 128 * 0.5 + 2 * 128, 32));
+  // DeepSeek-V3 at tp 8, cp 2: 16 heads' [q 192 | k_nope 128 | v 128] there and v back, the
+  // rotary key (64) gathered; 61 layers.
+  CHECK(cp_all_to_all_bytes(megadsl::deepseek_v3_671b::shape, layout{.tp = 8, .cp = 2}, tokens, 2) ==
+        bytes(16 * (192 + 128 + 2 * 128) * 0.5 + 64, 61));
+  // Qwen3-Next-80B at tp 4, cp 2: 36 DeltaNet layers (4 key heads' q, k of 128, their 8 value
+  // heads' v of 128, b and a; the 8 heads' output back) and 12 gated-attention layers (4 query
+  // heads of 256 and the output by all-to-all; the one kv head a rank holds, gathered).
+  CHECK(cp_all_to_all_bytes(megadsl::qwen3_next_80b_a3b::shape, layout{.tp = 4, .cp = 2}, tokens, 2) ==
+        bytes((2 * 4 * 128 + 2 * 8 * 128 + 2 * 8) * 0.5, 36) + bytes((4 + 4) * 256 * 0.5 + 2 * 256, 12));
+  // plan prints it where cp > 1, for the rank's own tokens.
+  const auto e = *megadsl::find_preset("llama3-8b");
+  std::ostringstream out;
+  megadsl::print_plan(out, e.name, e.s, layout{.tp = 8, .cp = 2}, {.seq = 8192, .world = 16});
+  CHECK_THAT(out.str(), Catch::Contains("cp all-to-all per micro-batch") && Catch::Contains("0.40 GB") &&
+                            Catch::Contains("its 4,096 tokens"));
 }
 
 TEST_CASE("print_plan prints the figures of formulas.hpp", "[plan]") {

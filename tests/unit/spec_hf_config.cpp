@@ -565,6 +565,22 @@ TEST_CASE("ERNIE 4.5 MoE's config.json: a range of sparse layers, its router's f
   // Refused: biases (the shared experts' and lm_head's are not in the composition).
   CHECK_THAT(error_of(edited(ernie, "\"use_bias\": false", "\"use_bias\": true")),
              Catch::Contains("use_bias: is true (a boolean), which megadsl does not implement (biases on every projection"));
+  // ERNIE-4.5-300B-A47B's sizes (its configs as summarised from the hub: no shared experts, layers
+  // 3-53 sparse, untied): no shared-expert rows, and transformers' count of Ernie4_5_MoeForCausalLM
+  // built from them on the meta device, 299,484,163,264.
+  const shape big = parse_hf_config(R"({"model_type": "ernie4_5_moe", "hidden_size": 8192, "num_hidden_layers": 54,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 103424,
+    "moe_num_experts": 64, "moe_k": 8, "moe_intermediate_size": 3584, "moe_num_shared_experts": 0,
+    "moe_layer_start_index": 3, "moe_layer_end_index": 53, "moe_layer_interval": 1, "tie_word_embeddings": false,
+    "use_bias": false, "rope_theta": 500000.0, "max_position_embeddings": 131072})", "x").s;
+  CHECK((big.shared_expert_ffn.get() == 0 && big.dense_layers.get() == 0b111 && megadsl::check(big, layout{}).ok()));
+  CHECK(megadsl::parameter_count(big) == 299'484'163'264);
+  CHECK_THAT(megadsl::hf_config_json(big, "ernie4_5_moe", false, "float32", {}), Catch::Contains("\"moe_num_shared_experts\": 0"));
+  // DeepSeek's keys say at least one shared expert: a GLM-4.5 model without one is refused at save.
+  shape unshared = parse_hf_config(R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "n_routed_experts": 8})", "x").s;
+  unshared.shared_expert_ffn = 0;
+  CHECK_THROWS_WITH(megadsl::hf_config_json(unshared, "glm4_moe", false, "float32", {}), Catch::Contains("has none"));
   // The expert bias: (experts) here, one row (1, experts) in HF's file.
   const auto* bias = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.router.expert_bias");
   REQUIRE(bias != nullptr);

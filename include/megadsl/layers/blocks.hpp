@@ -252,6 +252,11 @@ class arch_builder {
     nodes[static_cast<std::size_t>(node)].per_token = f;
     return node;
   }
+  // What it sends over cp per token of its own in a forward (architecture.hpp's module_node::cp_sent).
+  constexpr int cp_traffic(int node, double (*f)(const shape&, std::int64_t tp, std::int64_t cp)) {
+    nodes[static_cast<std::size_t>(node)].cp_sent = f;
+    return node;
+  }
   // Not a line of its own in `describe` (a norm its residual's line names).
   constexpr void hide(int node) { labels[static_cast<std::size_t>(node)] = {}; }
   [[nodiscard]] constexpr std::string_view label(int node) const { return labels[static_cast<std::size_t>(node)].view(); }
@@ -415,6 +420,19 @@ struct attention_knobs {
 };
 
 constexpr void concatenated_qkv_rule(const shape& s, const layout& l, violations& out);
+
+// Ulysses' traffic per token of a rank's own (elements, one forward): an all-to-all keeps 1/cp of
+// what it moves and sends the rest; an all-gather sends the rank's rows to each of the cp - 1 others.
+constexpr double all_to_all_share(std::int64_t cp) { return static_cast<double>(cp - 1) / static_cast<double>(cp); }
+// Grouped-query attention's (cp_whole_stream_heads): the tp rank's [q | k | v] of whole kv groups
+// there and the output back; where its kv groups do not split over cp, q alone there and k and v
+// gathered whole. Fewer kv heads than tp ranks: each rank holds one.
+constexpr double gqa_cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
+  const std::int64_t d = effective_head_dim(s).get(), n = s.heads.get() / tp;
+  const std::int64_t g = s.kv_heads.get() >= tp ? s.kv_heads.get() / tp : 1;
+  if (g % cp == 0) return static_cast<double>((2 * n + 2 * g) * d) * all_to_all_share(cp);
+  return static_cast<double>(2 * n * d) * all_to_all_share(cp) + static_cast<double>(2 * g * d * (cp - 1));
+}
 constexpr void interleaved_qkv_rule(const shape& s, const layout& l, violations& out);
 
 // Grouped-query self-attention with RoPE: q/k/v (fused per rank, column-parallel; bias per the
@@ -478,10 +496,11 @@ struct attention {
              K.temperature ? ", temperature>" : ">");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
-    return b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
-                          (K.rope ? 0 : modules::attention_nope_bit) | (K.chunked ? modules::attention_chunked_bit : 0) |
-                              (K.temperature ? modules::attention_temperature_bit : 0)),
-                   {.whole = 3, .split = 8, .scores = 5}, &score_units);
+    return b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
+                                       (K.rope ? 0 : modules::attention_nope_bit) | (K.chunked ? modules::attention_chunked_bit : 0) |
+                                           (K.temperature ? modules::attention_temperature_bit : 0)),
+                                {.whole = 3, .split = 8, .scores = 5}, &score_units),
+                        &gqa_cp_sent);
   }
 };
 
@@ -534,8 +553,16 @@ struct mla {
     param("kv_up", "kv_b_proj", shard_kind::column, presence::always, &kv_up, false);
     param("o_proj", "o_proj", shard_kind::row, presence::always, &out, false);
     b.rule(&mla_rule);
-    return b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
-                   {.whole = 3, .split = 8, .scores = 5}, &score_units);
+    return b.cp_traffic(b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
+                                {.whole = 3, .split = 8, .scores = 5}, &score_units),
+                        &cp_sent);
+  }
+  // Under cp: each tp rank's heads' [q | k_nope | v] there and the output back by all-to-all, the
+  // shared rotary key (head_dim wide) gathered whole.
+  static constexpr double cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
+    const std::int64_t n = s.heads.get() / tp, nope = s.qk_nope_dim.get(), v = s.v_head_dim.get();
+    return static_cast<double>(n * (qk_dim(s) + nope + 2 * v)) * all_to_all_share(cp) +
+           static_cast<double>(effective_head_dim(s).get() * (cp - 1));
   }
 };
 
@@ -610,7 +637,13 @@ struct gated_delta_net {
     // the chunked rule's intermediates and the gated norm's input (about 12).
     const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
                             "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0);
-    return b.per_token(b.costs(node, {.whole = 3, .split = 12}), &rule_flops);
+    return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 12}), &rule_flops), &cp_sent);
+  }
+  // Under cp: each of the tp rank's key heads' [q | k | v | b | a] there, the output back.
+  static constexpr double cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
+    const std::int64_t nk = s.linear_key_heads.get() / tp, nv = s.linear_value_heads.get() / tp;
+    return static_cast<double>(2 * nk * s.linear_key_dim.get() + 2 * nv * s.linear_value_dim.get() + 2 * nv) *
+           all_to_all_share(cp);
   }
   // The delta rule's own FLOPs per token: Megatron's 6 x 4 nv dv^2 (its formula writes dv^2 for
   // dk dv), verl's 15 dk dv nv; verl counts the projections' and out_proj's weights and the conv's taps.
@@ -663,7 +696,8 @@ struct gated_attention {
     b.param(at.sub("o_proj", "o_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
     b.param(at.sub("o_proj", "o_proj"), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
     const int node = b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details);
-    return b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights);
+    return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights),
+                        &gqa_cp_sent);
   }
   // verl counts q_proj twice as wide (the gate), k_proj, v_proj and o_proj: h (3 n d + 2 g d).
   static constexpr token_flops verl_weights(const shape& s) {
@@ -814,7 +848,8 @@ struct moe_mlp {
                                                              : "  [mlp: gate.wg, experts.E.gate/up/down_proj]")
                                             : "  [mlp: gate, experts.E.gate/up/down_proj]");
     if (K.shared_expert) t.add("; + sigmoid(gate(x)) * shared gated_mlp  [mlp: shared_expert, shared_expert_gate]");
-    if (K.shared_experts) t.add("; + shared experts' gated_mlp  [mlp: shared_experts]");
+    if (K.shared_experts && !(s.shared_expert_ffn.is_static() && s.shared_expert_ffn.get() == 0))
+      t.add("; + shared experts' gated_mlp  [mlp: shared_experts]");
     if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: shared_mlp]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
@@ -897,10 +932,12 @@ struct moe_mlp {
                    {"shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"}, 2, extent::shared_ffn});
       b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_mlp.down_proj.weight"}, 1, extent::shared_ffn});
     }
-    if constexpr (K.shared_experts) {  // the same rows under DeepSeek's names, without a gate
+    if constexpr (K.shared_experts) {  // the same rows under DeepSeek's names, without a gate; none at width 0
       b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
-                   {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn});
-      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_experts.down_proj.weight"}, 1, extent::shared_ffn});
+                   {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn,
+                   presence::shared_experts});
+      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_experts.down_proj.weight"}, 1, extent::shared_ffn,
+                   presence::shared_experts});
     }
     if constexpr (!gpt_oss) b.uses(A);  // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says
     b.routes = true;

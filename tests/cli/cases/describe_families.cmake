@@ -216,3 +216,26 @@ expect_exit(0)
 expect_out("parameters: 34,660,610,688 \\(34.7B, HF count: true vocab, tied counted once\\); published: 34,660,610,688")
 megadsl(check qwen3.5-35b-a3b --tp 4 --cp 2 --ep 8)
 expect_exit(0)
+
+# Presets whose counts equal the published checkpoints' (each checked at compile time against its
+# composition): EXAONE 4.0 32B, Apertus 8B (its parameters; the xIELU buffers apart), Hunyuan-A13B,
+# and the dense Qwen3.5 text models.
+megadsl(describe exaone-4.0-32b --tp 8)
+expect_exit(0)
+expect_out("parameters: 32,003,216,384 ")
+megadsl(describe apertus-8b --tp 4)
+expect_exit(0)
+expect_out("parameters: 8,053,338,176 ")
+megadsl(describe hunyuan-a13b --tp 4 --ep 8)
+expect_exit(0)
+expect_out("parameters: 80,393,183,232 ")
+megadsl(describe qwen3.5-9b --tp 4)
+expect_exit(0)
+expect_out("parameters: 8,953,803,264 ")
+megadsl(describe qwen3.5-27b --tp 4)
+expect_exit(0)
+expect_out("parameters: 26,895,998,464 ")
+# plan: the bytes a rank sends over cp (Ulysses) beside ep's.
+megadsl(plan ernie-4.5-21b-a3b --tp 2 --ep 8 --cp 2 --world 16)
+expect_exit(0)
+expect_out("cp all-to-all per micro-batch +[0-9.]+ GB +sent per rank over cp \\(Ulysses\\)")
