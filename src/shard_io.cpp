@@ -54,6 +54,16 @@ at::Tensor stack_slice_of(const at::Tensor& linear, const param_row& row) {
   return t.contiguous();
 }
 
+std::vector<slot_share> slot_shares(const std::vector<std::int64_t>& slots, std::int64_t tp, std::int64_t rank) {
+  std::vector<slot_share> out;
+  std::int64_t global = 0;
+  for (const std::int64_t rows : slots) {
+    if (rows != 0) out.push_back({global + rank * (rows / tp), rows / tp});
+    global += rows;
+  }
+  return out;
+}
+
 at::Tensor held_form(const param_row& row, const at::Tensor& stored) {
   switch (row.form) {
     case hf_form::scalar: return stored.reshape({1});
@@ -163,13 +173,11 @@ std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const
       break;
     }
     case shard_kind::column_slots: {  // each slot's share, side by side: [slot0_r ; slot1_r ; slot2_r]
-      std::int64_t global = 0, local = 0;
-      for (const std::int64_t rows : row.slots_of(s)) {
-        if (rows == 0) continue;
-        const std::int64_t share = rows / tp;
-        out.push_back({0, 0, local, global + tp_rank * share, share});
-        global += rows;
-        local += share;
+      const auto slots = row.slots_of(s);
+      std::int64_t local = 0;
+      for (const slot_share& x : slot_shares({slots.begin(), slots.end()}, tp, tp_rank)) {
+        out.push_back({0, 0, local, x.first, x.rows});
+        local += x.rows;
       }
       break;
     }

@@ -82,15 +82,12 @@ std::vector<entry> parse_header(const std::string& text, bool& stage_done) {
 at::Tensor rollout_slice(const at::Tensor& t, const entry& e, std::int64_t tp, std::int64_t rank) {
   if (tp == 1 || e.split_dim < 0) return t;
   if (!e.slots.empty()) {
-    std::vector<at::Tensor> pieces;
-    std::int64_t at = 0;
-    for (const std::int64_t rows : e.slots) {
+    for (const std::int64_t rows : e.slots)
       if (rows % tp != 0)
         throw std::invalid_argument("megadsl: weight export: " + e.name + " has a slot of " + std::to_string(rows) +
                                     " rows, which a rollout tp of " + std::to_string(tp) + " does not divide");
-      pieces.push_back(t.narrow(e.split_dim, at + rank * (rows / tp), rows / tp));
-      at += rows;
-    }
+    std::vector<at::Tensor> pieces;
+    for (const slot_share& x : slot_shares(e.slots, tp, rank)) pieces.push_back(t.narrow(e.split_dim, x.first, x.rows));
     return at::cat(pieces, e.split_dim);
   }
   if (e.head < 0)

@@ -81,6 +81,15 @@ void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors);
 //                   (1, n) -> (n); anything else as is
 //   hf_stored_form  the inverse, and an expert's tensor of a stacked row as its slice of the stack
 at::Tensor held_form(const param_row& row, const at::Tensor& stored);
+
+// The share of tp rank `rank` of `tp` in a tensor of slots (shard_kind::column_slots: Qwen3.5's
+// in_proj_qkv, the DeltaNet's conv; rows of each slot, 0 for none): each slot's first row in the
+// whole tensor and its rows here, in slot order; side by side they are [slot0_r ; slot1_r ; ...].
+// Every slot's rows must split over tp (the caller checks).
+struct slot_share {
+  std::int64_t first = 0, rows = 0;
+};
+std::vector<slot_share> slot_shares(const std::vector<std::int64_t>& slots, std::int64_t tp, std::int64_t rank);
 at::Tensor hf_stored_form(const param_row& row, const at::Tensor& held);
 
 }  // namespace megadsl
