@@ -818,14 +818,14 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   };
   alias(m.count_key, m.count_alias);
   alias(m.top_k_key, m.top_k_alias);
-  const auto found = [&](std::string_view key, std::string_view other) {
-    const json* k = r.find(root, key);
-    return k != nullptr || other.empty() ? k : r.find(root, other);
+  // The name config.json gives it: the key, or where only the alias is there, the alias.
+  const auto stated = [&](std::string_view key, std::string_view other) {
+    return r.find(root, key) == nullptr && !other.empty() && r.find(root, other) != nullptr ? other : key;
   };
   const bool both = m.reads_both_counts;
   const json* local = both || m.count_key == "num_local_experts" ? r.find(root, "num_local_experts") : nullptr;
   const json* named = both || m.count_key == "num_experts" ? r.find(root, "num_experts")
-                      : m.count_key != "num_local_experts" ? found(m.count_key, m.count_alias) : nullptr;
+                      : m.count_key != "num_local_experts" ? r.find(root, stated(m.count_key, m.count_alias)) : nullptr;
   if (local && named && r.integer(*local, "num_local_experts", 1) != r.integer(*named, "num_experts", 1))
     r.fail("num_experts", "is " + describe_json(*named) + " but num_local_experts is " + describe_json(*local),
            "keep one of them (transformers reads " + std::string(m.count_key) + " for " + std::string(family.model_type) + ")");
@@ -833,11 +833,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
     r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
   s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, both ? "num_experts" : m.count_key, 1);
   // HunYuan's moe_topk may list one per layer: megadsl's mixture has one top-k for every layer.
-  const std::string_view top_k_key = r.find(root, m.top_k_key) == nullptr && !m.top_k_alias.empty() &&
-                                             r.find(root, m.top_k_alias) != nullptr
-                                         ? m.top_k_alias
-                                         : m.top_k_key;
-  s.top_k = r.optional<std::int64_t>(top_k_key, m.top_k, [&](const json& v, std::string_view k) {
+  s.top_k = r.optional<std::int64_t>(stated(m.top_k_key, m.top_k_alias), m.top_k, [&](const json& v, std::string_view k) {
     if (!v.is_array()) return r.integer(v, k, 1);
     if (v.empty() || static_cast<std::int64_t>(v.size()) != s.layers.get())
       r.fail(k, "is " + describe_json(v) + ", expected one number or one per layer (" + std::to_string(s.layers.get()) + ")",
@@ -1369,7 +1365,6 @@ std::string describe(const sliding_window& w) {
 
 namespace {
 
-// How many layers from the first are dense (the dense_layers bits set from bit 0 on).
 // ERNIE's range of sparse layers: the first and the last that route (none: layers, layers - 1).
 std::pair<std::int64_t, std::int64_t> sparse_range(const shape& s) {
   std::int64_t first = s.layers.get(), last = s.layers.get() - 1;
@@ -1380,6 +1375,7 @@ std::pair<std::int64_t, std::int64_t> sparse_range(const shape& s) {
   return {first, last};
 }
 
+// How many layers from the first are dense (the dense_layers bits set from bit 0 on).
 std::int64_t dense_prefix(const shape& s) {
   std::int64_t k = 0;
   while (k < 63 && k < s.layers.get() && ((s.dense_layers.get() >> k) & 1) != 0) ++k;
