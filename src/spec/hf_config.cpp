@@ -1551,6 +1551,14 @@ std::string_view model_type_for(const shape& s, const sliding_window& window) {
   return {};
 }
 
+namespace {
+// A whole number as a JSON integer: transformers 5's config classes check their fields' types
+// strictly, and an int field (Gemma's query_pre_attn_scalar, Llama 4's floor_scale) refuses 24.0.
+json int_if_whole(double v) {
+  return v == std::trunc(v) && std::abs(v) < 9e15 ? json(static_cast<std::int64_t>(v)) : json(v);
+}
+}  // namespace
+
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
                            std::string_view torch_dtype, const sliding_window& window) {
   const family_config* fam = family_named(model_type);
@@ -1603,8 +1611,10 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j[std::string(fam->partial_rotary_key)] = s.rotary_fraction.get();
   }
   if (fam->score_caps) {
-    j["query_pre_attn_scalar"] = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
-                                                                      : static_cast<double>(effective_head_dim(s).get());
+    // An int in transformers 5's Gemma2Config / Gemma3TextConfig (its strict check refuses 24.0).
+    const double scalar = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
+                                                             : static_cast<double>(effective_head_dim(s).get());
+    j["query_pre_attn_scalar"] = int_if_whole(scalar);
     j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
   }
@@ -1712,7 +1722,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["attention_chunk_size"] = s.attention_chunk.get();
     j["use_qk_norm"] = s.qk_l2_norm.get();
     j["attn_temperature_tuning"] = s.attn_floor_scale.get() != 0;
-    j["floor_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_floor_scale.get() : 8192.0;
+    j["floor_scale"] = int_if_whole(s.attn_floor_scale.get() != 0 ? s.attn_floor_scale.get() : 8192.0);  // an int in Llama4TextConfig
     j["attn_scale"] = s.attn_floor_scale.get() != 0 ? s.attn_scale.get() : 0.1;
   }
   if (fam->linear_attention) {
