@@ -153,9 +153,37 @@ hf_checkpoint hf_checkpoint::open(const fs::path& dir) {
   return c;
 }
 
+std::string hf_checkpoint::stored_name(std::string_view name) const {
+  const auto it = stored_.find(name);
+  return it == stored_.end() ? std::string(name) : it->second;
+}
+
+void hf_checkpoint::as_text_model(const hf_name_map& m) {
+  if (m.identity()) return;
+  std::map<std::string, std::size_t, std::less<>> text;
+  std::map<std::string, std::string, std::less<>> stored;
+  std::vector<std::string> outside;
+  for (const auto& [name, i] : where_) {
+    const std::string full = stored_name(name);
+    if (const std::optional<std::string> t = m.text_name(full)) {
+      text.emplace(*t, i);
+      if (*t != full) stored.emplace(*t, full);
+    } else {
+      outside.push_back(full);
+    }
+  }
+  if (text.empty())
+    fail(dir_, "no tensor is stored under " + quote(m.prefixes.front().second) +
+                   "*, where this multimodal checkpoint's config.json puts its text model; is config.json the "
+                   "checkpoint's own?");
+  where_ = std::move(text);
+  stored_ = std::move(stored);
+  outside_ = std::move(outside);
+}
+
 const tensor_info* hf_checkpoint::find(std::string_view name) const {
   auto it = where_.find(name);
-  return it == where_.end() ? nullptr : files_[it->second].find(name);
+  return it == where_.end() ? nullptr : files_[it->second].find(stored_name(name));
 }
 
 const safetensors_file& hf_checkpoint::file_of(std::string_view name) const {
@@ -165,15 +193,15 @@ const safetensors_file& hf_checkpoint::file_of(std::string_view name) const {
   return files_[it->second];
 }
 
-const tensor_info& hf_checkpoint::at(std::string_view name) const { return file_of(name).at(name); }
-at::Tensor hf_checkpoint::view(std::string_view name) const { return file_of(name).view(name); }
+const tensor_info& hf_checkpoint::at(std::string_view name) const { return file_of(name).at(stored_name(name)); }
+at::Tensor hf_checkpoint::view(std::string_view name) const { return file_of(name).view(stored_name(name)); }
 at::Tensor hf_checkpoint::read(std::string_view name, at::ScalarType to) const {
-  return file_of(name).read(name, to);
+  return file_of(name).read(stored_name(name), to);
 }
 
 at::Tensor hf_checkpoint::read_slice(std::string_view name, std::int64_t dim, std::int64_t start, std::int64_t length,
                                      at::ScalarType to) const {
-  return file_of(name).read_slice(name, dim, start, length, to);
+  return file_of(name).read_slice(stored_name(name), dim, start, length, to);
 }
 
 std::vector<std::string> hf_checkpoint::names() const {

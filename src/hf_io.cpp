@@ -52,6 +52,41 @@ std::set<std::string> expected_names(const runtime_config& c) {
 
 std::string fail_prefix(const hf_checkpoint& ck) { return "megadsl: " + ck.dir().string() + ": "; }
 
+// Which of the two multimodal forms (io/hf_name_map.hpp) `ck` stores its text model in: the one
+// whose prefix holds tensors (transformers 5's when neither does: as_text_model then says so).
+hf_name_map multimodal_names_in(const hf_checkpoint& ck) {
+  for (const hf_name_map& m : {multimodal_names_v5(), multimodal_names_legacy()}) {
+    const std::string& prefix = m.prefixes.front().second;
+    for (const std::string& n : ck.names())
+      if (n.rfind(prefix, 0) == 0) return m;
+  }
+  return multimodal_names_v5();
+}
+
+// The checkpoint in `dir` under its text model's names; `names` gets where they are stored.
+hf_checkpoint open_as_text_model(const std::filesystem::path& dir, const hf_config& cfg, hf_name_map* names = nullptr) {
+  hf_checkpoint ck = hf_checkpoint::open(dir);
+  if (cfg.wrapper.empty()) return ck;
+  const hf_name_map m = multimodal_names_in(ck);
+  ck.as_text_model(m);
+  if (names != nullptr) *names = m;
+  return ck;
+}
+
+// "model.visual.*, mtp.*": the top-level groups of tensors outside the text model, for notes.
+std::string groups_of(const std::vector<std::string>& names) {
+  std::set<std::string> groups;
+  for (const std::string& n : names) {
+    const std::size_t dot = n.find('.');
+    const std::size_t second = dot == std::string::npos ? dot : n.find('.', dot + 1);
+    const std::string_view first = std::string_view(n).substr(0, dot);
+    groups.insert((first == "model" && second != std::string::npos ? n.substr(0, second) : std::string(first)) + ".*");
+  }
+  std::string out;
+  for (const std::string& g : groups) out += (out.empty() ? "" : ", ") + printable(g);
+  return out;
+}
+
 void copy_into(named_parameter& p, const at::Tensor& local) {
   c10::NoGradGuard no_grad;
   if (local.sizes() != p.tensor.sizes())
@@ -95,7 +130,8 @@ std::vector<std::int64_t> stored_shape(const param_plan& p, int i, const shape& 
 void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
                        double bytes_per_parameter, std::int64_t local_ranks) {
   const std::string config = (dir / "config.json").string();
-  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  const hf_config cfg = read_hf_config(dir);
+  const hf_checkpoint ck = open_as_text_model(dir, cfg);
   // Sizes in double: a hostile config.json's products must not wrap around.
   const double h = static_cast<double>(s.hidden.get()), v = static_cast<double>(s.vocab.get());
   const double hd = static_cast<double>(effective_head_dim(s).get());
@@ -122,7 +158,7 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
   }
   std::int64_t last = -1;
   const std::string layers_prefix(arch_of(s).hf_layers);
-  const std::int64_t mtp = read_hf_config(dir).mtp_layers;  // stored after the decoder's, not loaded
+  const std::int64_t mtp = cfg.mtp_layers;  // stored after the decoder's, not loaded
   for (const std::string& n : ck.names())
     if (n.rfind(layers_prefix, 0) == 0) last = std::max<std::int64_t>(last, std::atoll(n.c_str() + layers_prefix.size()));
   if (last >= s.layers.get() && last - s.layers.get() < mtp) last = s.layers.get() - 1;  // (no overflow for a hostile count)
@@ -221,8 +257,14 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
                            " (sliding_window, layer_types) but the model was built with " +
                            describe(c.options.attention_window) +
                            "; build it with model_options::attention_window = hf_config::attention_window");
-  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  const hf_checkpoint ck = open_as_text_model(dir, cfg);
   const std::int64_t tp_rank = g.tp->rank();
+  // (Not in report.ignored: an HF checkpoint saved from this directory carries them.)
+  if (!ck.outside().empty())
+    report.notes.push_back(std::to_string(ck.outside().size()) + " tensor(s) outside the text model (" + groups_of(ck.outside()) +
+                           ") not loaded: megadsl trains the text model of this " + cfg.wrapper +
+                           " checkpoint; an HF checkpoint saved with this directory as carry_from copies them, "
+                           "a distributed checkpoint does not hold them");
 
   // Unexpected tensors: not this model's, not another head's, not a stale buffer.
   const std::set<std::string> expected = expected_names(c);
@@ -353,20 +395,36 @@ bool carried(const std::string& name) {
 }
 
 // config.json: megadsl's keys over the source's, so the fields megadsl does not model (token ids,
-// architectures' extras) survive a conversion; the dtype keys follow the saved dtype.
-std::string merged_config(const std::string& ours, const std::filesystem::path& carry_from) {
+// architectures' extras) survive a conversion; the dtype keys follow the saved dtype. A multimodal
+// source (its text_config the model's): with `wrapped` the source's config with megadsl's keys
+// over its text_config and its tie, else the text model's own config.
+std::string merged_config(const std::string& ours, const std::filesystem::path& carry_from, bool wrapped) {
   const std::filesystem::path src = carry_from / "config.json";
   std::error_code ec;
   if (carry_from.empty() || !std::filesystem::is_regular_file(src, ec)) return ours;
   std::ifstream in(src);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  nlohmann::json base = parse_json_bounded(text, 16 << 20, [&](const std::string& problem) {
+  nlohmann::json root = parse_json_bounded(text, 16 << 20, [&](const std::string& problem) {
     throw checkpoint_error("megadsl: " + src.string() + ": " + problem);
   });
-  if (!base.is_object()) return ours;
+  if (!root.is_object()) return ours;
   const nlohmann::json mine = nlohmann::json::parse(ours);
-  for (auto it = mine.begin(); it != mine.end(); ++it) base[it.key()] = it.value();
-  if (base.contains("dtype")) base["dtype"] = mine.at("torch_dtype");
+  const auto inner = root.find("text_config");
+  const bool multimodal = inner != root.end() && inner->is_object() && root.value("model_type", "") != mine.at("model_type") &&
+                          inner->value("model_type", "") == mine.at("model_type");
+  if (multimodal && !wrapped) root = nlohmann::json(*inner);
+  nlohmann::json& base = multimodal && wrapped ? root["text_config"] : root;
+  for (auto it = mine.begin(); it != mine.end(); ++it)
+    if (!(multimodal && wrapped && (it.key() == "architectures" || it.key() == "torch_dtype"))) base[it.key()] = it.value();
+  if (multimodal && wrapped) {
+    root["tie_word_embeddings"] = mine.at("tie_word_embeddings");
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (root.contains(key)) root[key] = mine.at("torch_dtype");
+      if (base.contains(key)) base[key] = mine.at("torch_dtype");
+    }
+  } else if (base.contains("dtype")) {
+    base["dtype"] = mine.at("torch_dtype");
+  }
   // transformers 5's form of RoPE, when the source had it, must say what megadsl wrote.
   if (mine.contains("rope_parameters")) {
     base["rope_parameters"] = mine.at("rope_parameters");  // the family writes its own (GPT-NeoX)
@@ -375,10 +433,42 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
     rp["rope_theta"] = mine.at("rope_theta");
     base["rope_parameters"] = rp;
   }
-  return base.dump(2) + "\n";
+  return root.dump(2) + "\n";
+}
+
+// The multimodal checkpoint an actor is written as (save_hf): `carry_from` when it is one whose
+// text model is this model's and holds its weights.
+struct multimodal_source {
+  hf_name_map names;                  // where the text model's tensors go
+  std::vector<std::string> outside;   // the source's other tensors, copied
+};
+std::optional<multimodal_source> multimodal_source_of(const std::filesystem::path& carry_from, const std::string& model_type) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (carry_from.empty() || !fs::is_regular_file(carry_from / "config.json", ec)) return std::nullopt;
+  if (!fs::exists(carry_from / "model.safetensors", ec) && !fs::exists(carry_from / "model.safetensors.index.json", ec))
+    return std::nullopt;  // a distributed checkpoint's hf/: the text model alone
+  hf_config cfg;
+  try {
+    cfg = read_hf_config(carry_from);
+  } catch (const config_error&) {
+    return std::nullopt;  // not a config megadsl reads: its files are carried, not its form
+  }
+  if (cfg.wrapper.empty() || cfg.model_type != model_type) return std::nullopt;
+  multimodal_source out;
+  const hf_checkpoint ck = open_as_text_model(carry_from, cfg, &out.names);
+  out.outside = ck.outside();
+  return out;
 }
 
 }  // namespace
+
+hf_name_map hf_names_of(const std::filesystem::path& dir) {
+  hf_name_map names;
+  const hf_config cfg = read_hf_config(dir);
+  if (!cfg.wrapper.empty()) (void)open_as_text_model(dir, cfg, &names);
+  return names;
+}
 
 std::filesystem::path hf_files_of(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
@@ -433,6 +523,10 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   }
   if (!writer) return;
   merge_stacked(tensors);  // gpt-oss's experts: each layer's slices into HF's one tensor per projection
+  // A multimodal source: the text model under its names, its other tensors (in the first stage's file).
+  const std::optional<multimodal_source> mm = c.head.actor ? multimodal_source_of(carry_from, model_type) : std::nullopt;
+  const hf_name_map names = mm ? mm->names : hf_name_map{};
+  for (auto& [n, t] : tensors) n = names.stored(n);
   // The writers (one per stage: the pp group of tp, dp and cp rank 0) fill one staging directory,
   // which replaces `dir` in one rename: a reader sees the old checkpoint or the new one.
   const comm_group& stages = *g.pp;
@@ -470,6 +564,13 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
     return std::string(buf);
   };
   std::int64_t bytes = 0;
+  if (mm && pp_rank == 0) {
+    const hf_checkpoint source = hf_checkpoint::open(carry_from);
+    for (const std::string& n : mm->outside) {
+      const at::Tensor t = source.view(n);
+      tensors.emplace_back(n, at::isFloatingType(t.scalar_type()) ? t.to(dtype).contiguous() : t.clone());
+    }
+  }
   step([&] {
     if (pp == 1) write_hf_checkpoint(staging, tensors);
     else write_safetensors(staging / file_of(pp_rank), tensors, {{"format", "pt"}});
@@ -491,9 +592,11 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
           const std::int64_t owner = p.row->where == placement::first_stage ? 0
                                      : p.row->where == placement::last_stage ? pp - 1
                                                                              : place_of_layer(c.s, c.l, at.layer).pp_rank;
-          for (auto& n : hf_names(p, at)) map.emplace_back(n, file_of(owner));
+          for (auto& n : hf_names(p, at)) map.emplace_back(names.stored(n), file_of(owner));
         }
       }
+      if (mm)
+        for (const std::string& n : mm->outside) map.emplace_back(n, file_of(0));
       std::sort(map.begin(), map.end());
       map.erase(std::unique(map.begin(), map.end()), map.end());  // a stack of experts is one tensor
       for (std::size_t i = 0; i < map.size(); ++i)
@@ -502,7 +605,8 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       write_file_atomically(staging / "model.safetensors.index.json", os.str());
     }
     write_file_atomically(staging / "config.json",
-                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window), carry_from));
+                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window), carry_from,
+                                        mm.has_value()));
     copy_hf_files(carry_from, staging, /*with_config=*/false);
     fsync_dir(staging);
     move_into_place(staging, target);

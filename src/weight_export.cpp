@@ -258,7 +258,7 @@ hf_tensor_list weight_stream::next() {
     const at::Tensor t = flat.narrow(0, at, bytes).view(e.dtype).view(e.shape);
     at += bytes;
     s.sent += bytes;
-    out.emplace_back(e.name, rollout_slice(t, e, s.o.shard_tp, s.o.shard_rank));
+    out.emplace_back(s.o.names.stored(e.name), rollout_slice(t, e, s.o.shard_tp, s.o.shard_rank));
   }
   return out;
 }

@@ -28,7 +28,11 @@ struct config_error : std::invalid_argument {
 
 struct hf_config {
   std::filesystem::path file;       // the config.json that was read
-  std::string model_type;           // one of models/registry.hpp's `families`
+  std::string model_type;           // one of models/registry.hpp's `families` (a multimodal checkpoint's: its text model's)
+  // A multimodal checkpoint's own model_type ("qwen3_5", "qwen3_5_moe", "gemma3", "llama4"): its
+  // text model (text_config) is what was read, with the LM head tied as the multimodal class ties
+  // it; the checkpoint stores it under a prefix (io/hf_name_map.hpp). Empty for a text checkpoint.
+  std::string wrapper;
   shape s;                          // every field static; HF's defaults where config.json is silent
   std::vector<std::string> notes;   // what was defaulted or is worth knowing (e.g. sliding windows)
   // The sliding-window attention HF applies and on which layers (sliding_window.hpp); a model

@@ -505,7 +505,8 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
         const export_options o{.dtype = dtype_of(dtype, "dtype"),
                                .bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20)),
                                .shard_tp = shard_tp,
-                               .shard_rank = shard_rank};
+                               .shard_rank = shard_rank,
+                               .names = self->hf_names()};
         return std::make_unique<py_weight_stream>(
             py_weight_stream{self, weight_stream(self->parameters(), self->config(), self->groups(), o)});
       },

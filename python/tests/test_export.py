@@ -69,3 +69,39 @@ def test_rollout_tp_slices_of_fused_hf_tensors_are_refused(fixtures):
     with pytest.raises(ValueError, match="qkv_proj.weight holds several projections in one HF tensor"):
         list(model.export_weights(dtype="fp32", shard_tp=2))
     assert len(dict(model.export_weights(dtype="fp32"))) > 0  # full tensors are fine
+
+
+def test_a_multimodal_checkpoint_trains_and_saves_as_published(fixtures, tmp_path):
+    """Gemma 3 as published (Gemma3ForConditionalGeneration, the older names): megadsl trains its text
+    model; save_hf writes the multimodal checkpoint back, which transformers loads and runs with
+    megadsl's log-probs; the export sends the checkpoint's own names."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    src = fixtures / "gemma3-vl-tf5"
+    reference = load_file(str(src / "reference.safetensors"))
+    model = megadsl.Model.from_hf(src)
+    model.trainer(lr=1e-2).step(rollout(reference, model))
+    ids, mask = reference["right.input_ids"], reference["right.attention_mask"]
+    with torch.no_grad():
+        ours = model.forward(ids, mask)
+    model.save_hf(tmp_path / "saved")
+    saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    source = load_file(str(src / "model.safetensors"))
+    assert saved.keys() == source.keys()
+    for k in source:
+        if not k.startswith("language_model."):
+            assert torch.equal(saved[k], source[k]), k  # the vision tower, carried
+    exported = dict(model.export_weights(dtype="fp32"))
+    assert exported.keys() == {k for k in saved if k.startswith("language_model.")}
+    for k, v in exported.items():
+        assert torch.equal(v, saved[k]), k
+
+    hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path / "saved"), dtype=torch.float32,
+                                                                     attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask).logits.float()
+    theirs = torch.zeros_like(ours["log_probs"])
+    theirs[:, :-1] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert max_diff(theirs, ours["log_probs"], lp_valid(mask)) < 1e-4
+    assert max_diff(theirs, reference["right.log_probs"], lp_valid(mask)) > 1e-3  # the update did move them

@@ -172,12 +172,14 @@ std::string describe_json(const json& v) {
 
 class reader {
  public:
-  reader(const json& root, std::string file, std::vector<std::string>& notes)
-      : root_(root), file_(std::move(file)), notes_(notes) {}
+  // `key_prefix`: where `root` sits in the file ("text_config." for a multimodal checkpoint's text
+  // model), for the messages.
+  reader(const json& root, std::string file, std::vector<std::string>& notes, std::string key_prefix = "")
+      : root_(root), file_(std::move(file)), prefix_(std::move(key_prefix)), notes_(notes) {}
 
   [[noreturn]] void fail(std::string_view key, const std::string& what, std::string_view fix) const {
     std::string m = "megadsl: " + file_ + ": ";
-    if (!key.empty()) m += std::string(key) + ": ";
+    if (!key.empty()) m += prefix_ + std::string(key) + ": ";
     m += what;
     if (!fix.empty()) m += "; " + std::string(fix);
     throw config_error(m);
@@ -230,7 +232,7 @@ class reader {
     const json* v = find(root_, key);
     if (!v) {
       if (note)
-        notes_.push_back(std::string(key) + " not in config.json: using " + show(fallback) +
+        notes_.push_back(prefix_ + std::string(key) + " not in config.json: using " + show(fallback) +
                          " (transformers' default)");
       return fallback;
     }
@@ -242,6 +244,7 @@ class reader {
  private:
   const json& root_;
   std::string file_;
+  std::string prefix_;
   std::vector<std::string>& notes_;
 };
 
@@ -973,14 +976,59 @@ std::string_view hf_key_of(std::string_view field) {
   return field;
 }
 
+namespace {
+
+// The multimodal checkpoints whose text model megadsl reads (hf_config::wrapper): their classes
+// tie the LM head to the embedding by their own (top-level) tie_word_embeddings, with this default.
+struct multimodal_class {
+  std::string_view model_type, hf_class;
+  bool tie_default;
+};
+constexpr multimodal_class multimodal_classes[] = {
+    {"qwen3_5", "Qwen3_5ForConditionalGeneration", false},
+    {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", false},
+    {"gemma3", "Gemma3ForConditionalGeneration", true},
+    {"llama4", "Llama4ForConditionalGeneration", false},
+};
+
+hf_config parse_config_object(const json& root, const std::filesystem::path& file, const std::string& key_prefix);
+
+// `root` is a multimodal checkpoint's config (model_type `mm`) with a family's text_config: the
+// text model's config, its LM head tied as the multimodal class ties it.
+hf_config parse_multimodal(const json& root, const json& text, const multimodal_class& mm,
+                           const std::filesystem::path& file) {
+  hf_config out = parse_config_object(text, file, "text_config.");
+  out.wrapper = std::string(mm.model_type);
+  std::vector<std::string> notes;
+  reader r(root, file.string(), notes);
+  const json* tie = r.find(root, "tie_word_embeddings");
+  const bool tied = tie != nullptr ? r.boolean(*tie, "tie_word_embeddings") : mm.tie_default;
+  if (tied != out.s.tie_embeddings.get())
+    out.notes.push_back(std::string("text_config.tie_word_embeddings is ") + (out.s.tie_embeddings.get() ? "true" : "false") +
+                        ", but " + std::string(mm.hf_class) + " ties its LM head by the top level's (" +
+                        (tied ? "true" : "false") + "): using that");
+  out.s.tie_embeddings = tied;
+  out.notes.push_back("a multimodal checkpoint (" + std::string(mm.hf_class) + "): megadsl reads and trains its text model (" +
+                      out.model_type + ", text_config); the vision tower is carried, not run");
+  return out;
+}
+
+}  // namespace
+
 hf_config parse_hf_config(std::string_view json_text, const std::filesystem::path& file) {
-  hf_config out;
-  out.file = file;
   const json root = parse_json_bounded(json_text, 16 << 20, [&](const std::string& problem) {
     throw config_error("megadsl: " + file.string() + ": " + problem + "; fix the file (an HF config.json is one JSON object)");
   });
+  return parse_config_object(root, file, "");
+}
+
+namespace {
+
+hf_config parse_config_object(const json& root, const std::filesystem::path& file, const std::string& key_prefix) {
+  hf_config out;
+  out.file = file;
   const std::string fname = file.string();
-  reader r(root, fname, out.notes);
+  reader r(root, fname, out.notes, key_prefix);
   if (!root.is_object())
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
@@ -997,15 +1045,19 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
   const family_config* fam = family_named(out.model_type);
-  // A multimodal checkpoint whose text model is a family (Llama 4's and Gemma 3's as published):
-  // megadsl trains the text model, stored on its own.
+  // A multimodal checkpoint whose text model is a family (Qwen3.5's, Llama 4's and Gemma 3's as
+  // published): megadsl reads and trains the text model.
   if (const json* text = r.find(root, "text_config"); fam == nullptr && text != nullptr && text->is_object()) {
     const auto it = text->find("model_type");
-    if (it != text->end() && it->is_string() && family_named(it->get<std::string>()) != nullptr)
+    const bool family = it != text->end() && it->is_string() && family_named(it->get<std::string>()) != nullptr;
+    for (const multimodal_class& mm : multimodal_classes)
+      if (family && key_prefix.empty() && out.model_type == mm.model_type) return parse_multimodal(root, *text, mm, file);
+    if (family)
       r.fail("model_type", "\"" + printable(out.model_type) + "\" is a multimodal checkpoint, its text model (text_config) a \"" +
-                               printable(it->get<std::string>()) + "\" under language_model.*, which megadsl reads on its own",
-             "save the text model alone with transformers (e.g. Llama 4: "
-             "Llama4ForConditionalGeneration.from_pretrained(dir).language_model.save_pretrained(out)) and give megadsl that");
+                               printable(it->get<std::string>()) + "\", but megadsl reads the text models of \"qwen3_5\", \"qwen3_5_moe\", "
+                               "\"gemma3\" and \"llama4\" checkpoints only (whose classes it knows run the text model as it is)",
+             "save the text model alone with transformers (<Class>.from_pretrained(dir).language_model, or "
+             ".model.language_model, .save_pretrained(out)) and give megadsl that");
   }
   if (fam == nullptr)
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",
@@ -1228,6 +1280,8 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
   check_keys(r, *fam, out.notes);
   return out;
 }
+
+}  // namespace
 
 hf_config read_hf_config(const std::filesystem::path& path) {
   namespace fs = std::filesystem;

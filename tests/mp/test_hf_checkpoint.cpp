@@ -207,6 +207,7 @@ void require_identical(const fs::path& a, const fs::path& b) {
   const hf_config cx = read_hf_config(a), cy = read_hf_config(b);
   CHECK(mismatches(cx.s, cy.s).empty());
   CHECK(cx.model_type == cy.model_type);
+  CHECK(cx.wrapper == cy.wrapper);
   CHECK(cx.attention_window == cy.attention_window);
 }
 
@@ -322,6 +323,81 @@ void check_export(const std::string& name, std::int64_t bucket_bytes) {
     if (n != "lm_head.weight" || !s.tie_embeddings.get()) want.insert(n);
   CHECK(seen == want);
   if (bucket_bytes < 100000) CHECK(buckets > 4);
+}
+
+// The published multimodal checkpoints' form (tests/fixtures/generate_fixtures.py's MULTIMODAL): a
+// text fixture's model inside its <Family>ForConditionalGeneration beside a small vision tower,
+// Qwen3.5's under transformers 5's names with mtp.* tensors, Gemma 3's (tied) and Llama 4's under
+// the older ones. The text model read from them matches the multimodal class's outputs; written
+// back with the source as carry_from it is the very checkpoint, vision tower included (pp 2: in the
+// first stage's file); the export sends the source's names; a critic reads it and is saved as the
+// text model.
+template <layout L>
+void check_multimodal(const std::string& name) {
+  INFO(name << " tp " << L.tp.get() << " pp " << L.pp.get() << " ep " << L.ep.get() << " rmpad " << L.rmpad.get());
+  const fs::path dir = fixtures / name;
+  const hf_config cfg = read_hf_config(dir);
+  REQUIRE(!cfg.wrapper.empty());
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<any_llama, L>> actor(groups, options_for(dir), cfg.s);
+  const hf_load_report r = load_hf(actor, groups, dir);
+  const hf_checkpoint raw = hf_checkpoint::open(dir);
+  std::int64_t outside = 0;
+  for (const std::string& n : raw.names()) outside += n.find("language_model.") == std::string::npos && n != "lm_head.weight";
+  CHECK(outside > 10);  // the vision tower (and Qwen3.5's mtp.*)
+  CHECK_THAT(r.notes.front(), Catch::Contains(std::to_string(outside) + " tensor(s) outside the text model"));
+  CHECK(r.ignored.empty());  // the tensors outside it are carried, not ignored
+  const safetensors_file ref = safetensors_file::open(dir / "reference.safetensors");
+  for (std::string side : {"left", "right"}) {
+    const at::Tensor mask = ref.read(side + ".attention_mask");
+    const model_output a = actor.forward({.input_ids = ref.read(side + ".input_ids"), .attention_mask = mask},
+                                         {.return_logits = side == "left"});
+    INFO(side << "-padded");
+    CHECK(masked_diff(a.log_probs, ref.read(side + ".log_probs"), a.valid) <= 1e-4);
+    CHECK(masked_diff(a.entropy, ref.read(side + ".entropy"), mask) <= 1e-4);
+    if (side == "left") CHECK(masked_diff(a.logits, ref.read("left.logits"), mask.unsqueeze(2)) <= 1e-4);
+  }
+  const std::string tag = name + "-" + std::to_string(L.tp.get()) + std::to_string(L.pp.get()) + std::to_string(L.ep.get());
+  const fs::path saved = shared_scratch("mm-" + tag);
+  save_hf(actor, groups, saved, at::kFloat, cfg.model_type, dir);
+  // The export: the source's names, its tensors bit for bit (the tied head not sent).
+  weight_stream stream(actor.parameters(), actor.config(), groups, {.dtype = at::kFloat, .names = hf_names_of(dir)});
+  std::set<std::string> seen;
+  for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
+    for (const auto& [n, t] : bucket) {
+      INFO(n);
+      seen.insert(n);
+      REQUIRE(raw.find(n) != nullptr);
+      CHECK(at::equal(t, raw.read(n, at::kFloat)));
+    }
+  CHECK(static_cast<std::int64_t>(seen.size()) == static_cast<std::int64_t>(raw.size()) - outside -
+                                                     (cfg.s.tie_embeddings.get() && raw.find("lm_head.weight") ? 1 : 0));
+  groups.world->barrier();
+  if (dist().rank() == 0) {
+    require_identical(dir, saved);
+    CHECK(read_hf_config(saved).wrapper == cfg.wrapper);
+  }
+  // A critic of it: the value head initialised, saved as the text model alone.
+  parallel_model<value_model<any_llama, L>> critic(groups, options_for(dir), cfg.s);
+  const hf_load_report cr = load_hf(critic, groups, dir);
+  CHECK_THAT(cr.notes.back(), Catch::Contains("value head initialised"));
+  const fs::path critic_dir = shared_scratch("mm-critic-" + tag);
+  save_hf(critic, groups, critic_dir, at::kFloat, cfg.model_type, dir);
+  groups.world->barrier();
+  if (dist().rank() == 0) {
+    const hf_config back = read_hf_config(critic_dir);
+    CHECK((back.wrapper.empty() && back.model_type == cfg.model_type));
+    CHECK(mismatches(back.s, cfg.s).empty());
+    CHECK(hf_checkpoint::open(critic_dir).find("score.weight") != nullptr);
+  }
+}
+
+TEST_CASE("multimodal checkpoints as published: the text model matches transformers and is written back whole", "[world4][hf]") {
+  for (const char* name : {"qwen3-5-vl-tf5", "gemma3-vl-tf5", "llama4-vl-tf5"}) {
+    check_multimodal<layout{.tp = 2, .sp = true, .rmpad = true}>(name);
+    check_multimodal<layout{.tp = 2, .pp = 2}>(name);
+  }
+  check_multimodal<layout{.tp = 2, .ep = 2}>("llama4-vl-tf5");
 }
 
 TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every rank of any layout", "[world4][hf][export]") {

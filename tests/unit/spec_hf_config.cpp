@@ -997,10 +997,21 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
                                 "\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"full_attention\"]")),
              Catch::Contains("layer_types") && Catch::Contains("layer 3"));
   CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"no_rope_layers\"")), Catch::Contains("floor_scale"));
-  // Llama 4 as published: the multimodal wrapper, its text model named, the way to save it alone.
+  // Llama 4 as published: the multimodal class's config, its text model read from text_config (a
+  // key's error names where it is), the LM head tied by the top level (Llama4Config's default: not).
   CHECK_THAT(error_of(R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_size": 64}})"),
-             Catch::Contains("\"llama4\" is a multimodal checkpoint") && Catch::Contains("\"llama4_text\" under language_model") &&
-                 Catch::Contains("language_model.save_pretrained(out)"));
+             Catch::Contains("text_config.num_hidden_layers: missing"));
+  const auto wrapped = parse_hf_config(R"({"model_type": "llama4", "text_config": )" + l + "}", "mm");
+  CHECK((wrapped.wrapper == "llama4" && wrapped.model_type == "llama4_text"));
+  for (const std::string& x : megadsl::mismatches(wrapped.s, parse_hf_config(l, "x").s)) FAIL_CHECK(x);
+  const auto tied = parse_hf_config(R"({"model_type": "llama4", "tie_word_embeddings": true, "text_config": )" + l + "}", "mm");
+  CHECK(tied.s.tie_embeddings.get());
+  CHECK_THAT(tied.notes, Catch::VectorContains(std::string("text_config.tie_word_embeddings is false, but "
+                                                           "Llama4ForConditionalGeneration ties its LM head by the top level's (true): using that")));
+  // A multimodal class megadsl does not know to run the text model as it is: refused, with the way out.
+  CHECK_THAT(error_of(R"({"model_type": "llava", "text_config": )" + l + "}"),
+             Catch::Contains("\"llava\" is a multimodal checkpoint") && Catch::Contains("\"llama4_text\"") &&
+                 Catch::Contains("save_pretrained(out)"));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {
@@ -1092,7 +1103,8 @@ TEST_CASE("Qwen3.5: its text models' configs, the DeltaNet's projections stored 
                           !Catch::Contains("decoder_sparse_step") && !Catch::Contains("norm_topk_prob"));
   const auto eback = parse_hf_config(written, "w");
   for (const std::string& x : megadsl::mismatches(eback.s, e.s)) FAIL_CHECK(x);
-  // The published multimodal checkpoints: the text model named, and how to save it alone.
+  // The published multimodal checkpoints: their text model read, untied unless the top level says
+  // so (Qwen3_5Config's default); an error names the key inside text_config.
   CHECK_THAT(error_of(R"({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64}})"),
-             Catch::Contains("\"qwen3_5\" is a multimodal checkpoint") && Catch::Contains("\"qwen3_5_text\""));
+             Catch::Contains("text_config.num_hidden_layers: missing"));
 }

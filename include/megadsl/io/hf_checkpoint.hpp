@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/io/safetensors.hpp"
 
 namespace megadsl {
@@ -41,6 +42,16 @@ class hf_checkpoint {
   const safetensors_file& file_of(std::string_view name) const;
 
   std::vector<std::string> names() const;  // sorted
+
+  // A multimodal checkpoint seen as its text model: the tensors `m` maps are found under the text
+  // model's names (the checkpoint's own names no longer find them); the others (its vision
+  // tower's, ...) leave names() for outside(). Throws checkpoint_error when no tensor is under
+  // the map's stored prefixes.
+  void as_text_model(const hf_name_map& m);
+  // The stored names of the tensors outside the text model (sorted); empty for a text checkpoint.
+  const std::vector<std::string>& outside() const { return outside_; }
+  // The name `name` (a text model's name after as_text_model) is stored under.
+  std::string stored_name(std::string_view name) const;
   std::size_t size() const { return where_.size(); }
   // Bytes of tensor data (the index's metadata.total_size), not file sizes.
   std::uint64_t total_bytes() const { return total_bytes_; }
@@ -55,6 +66,8 @@ class hf_checkpoint {
   bool sharded_ = false;
   std::vector<safetensors_file> files_;
   std::map<std::string, std::size_t, std::less<>> where_;  // tensor -> index into files_
+  std::map<std::string, std::string, std::less<>> stored_;  // a text model's name -> its stored name (as_text_model)
+  std::vector<std::string> outside_;
   std::uint64_t total_bytes_ = 0;
 };
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
@@ -35,13 +36,22 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
 void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
                        double bytes_per_parameter = 4, std::int64_t local_ranks = 1);
 
+// Where the checkpoint in `dir` stores its text model (a multimodal checkpoint, hf_config::wrapper:
+// under its own prefix); identity for a text checkpoint. Give it to weight export
+// (export_options::names) so the rollout engine gets the names it loads from `dir`.
+hf_name_map hf_names_of(const std::filesystem::path& dir);
+
 // `model_type`: one of models/registry.hpp's families; empty: the one model_type_for picks.
 // Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a
 // reader sees the old checkpoint or the new one, a second writer gets a clear error, no file of
 // an earlier layout survives. `carry_from` (an HF directory, usually the source of a conversion,
 // or hf_files_of(a distributed checkpoint)): its tokenizer files and generation_config.json are
 // copied, and its config.json's other fields (token ids, ...) kept under megadsl's; `dir` may not
-// be `carry_from` itself (refused: saving would replace the source).
+// be `carry_from` itself (refused: saving would replace the source). An actor whose `carry_from`
+// is a multimodal checkpoint of its text model (hf_config::wrapper: Qwen3.5's, Gemma 3's, Llama
+// 4's) is written as that checkpoint: its tensors under the source's names, the source's other
+// tensors (vision tower, ...) copied in `dtype`, config.json's text_config updated. A critic, or a
+// source without its weights (a distributed checkpoint's hf/), is written as the text model alone.
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "",
              const std::filesystem::path& carry_from = {});

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl {
@@ -37,6 +38,9 @@ struct export_options {
   std::int64_t bucket_bytes = std::int64_t{512} << 20;
   std::int64_t shard_tp = 1;                      // > 1: the slice of a rollout tp rank
   std::int64_t shard_rank = 0;                    // which rollout tp rank's slice
+  // The names the engine loads: the checkpoint's the model came from (hf_names_of(dir): a
+  // multimodal checkpoint keeps its text model under a prefix of its own); identity by default.
+  hf_name_map names;
 };
 
 using hf_tensor_list = std::vector<std::pair<std::string, at::Tensor>>;
