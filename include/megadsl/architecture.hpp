@@ -180,8 +180,11 @@ constexpr bool is_lm_head_row(const param_row& r) { return r.when == presence::a
 // s x b x h x (heads x s / h) (an attention's softmax and its dropout mask), split over tp and not
 // kept under selective recompute. A norm keeps its input (2), attention 3 + 8 + 5 scores, an MLP
 // 3 + 16: a pre-norm layer's 10 + 24 / t + 5as / (ht), the paper's.
+// core: a recurrent rule's intermediates (the gated DeltaNet's chunked rule, in fp32 whatever the
+// activations' dtype), per token like `split` and split over tp, and not kept under selective
+// recompute, which runs the rule again in the backward.
 struct activation_terms {
-  double whole = 0, split = 0, scores = 0;
+  double whole = 0, split = 0, scores = 0, core = 0;
 };
 
 // A token mixer's cost beyond its matrices that grows with the tokens, not with the sequence's
@@ -223,6 +226,9 @@ struct module_node {
   // nothing (a block that mixes no tokens).
   double (*cp_sent)(const shape&, std::int64_t tp, std::int64_t cp) = nullptr;
   activation_terms keeps{};  // what it keeps for the backward
+  // What it keeps when its own sizes decide it (the gated DeltaNet's heads and widths): replaces
+  // `keeps`. Null: `keeps`.
+  activation_terms (*keeps_of)(const shape&) = nullptr;
 };
 
 // One kind of decoder layer: the root of its module tree, its nodes (`first_node` and the
@@ -337,10 +343,12 @@ constexpr activation_terms layer_activation_terms(const shape& s, std::int64_t l
   const layer_kind& k = a.kinds[static_cast<std::size_t>(kind_of_layer(s, layer))];
   activation_terms t;
   for (int n = k.first_node; n < k.first_node + k.nodes; ++n) {
-    const activation_terms& b = a.nodes[static_cast<std::size_t>(n)].keeps;
+    const module_node& node = a.nodes[static_cast<std::size_t>(n)];
+    const activation_terms b = node.keeps_of != nullptr ? node.keeps_of(s) : node.keeps;
     t.whole += b.whole;
     t.split += b.split;
     t.scores += b.scores;
+    t.core += b.core;
   }
   return t;
 }

@@ -106,8 +106,9 @@ using recompute = recompute_kind;
 // cp rank, from Table 2 of the paper (16-bit activations, 1-byte dropout masks; s = seq,
 // b = micro_batch, h = hidden, a = heads, t = tp), summed from its blocks' terms (W whole, S split,
 // C scores: architecture.hpp's activation_terms):
-//   no recompute       TP: sbh(W + S/t + C as/(ht))      TP+SP: sbh(W + S + C as/h) / t
-//   selective          TP: sbh(W + S/t)                  TP+SP: (W + S) sbh / t
+//   no recompute       TP: sbh(W + (S + R)/t + C as/(ht))  TP+SP: sbh(W + S + R + C as/h) / t
+//   selective          TP: sbh(W + S/t)                    TP+SP: (W + S) sbh / t
+// (R: a recurrent rule's intermediates, activation_terms::core: the gated DeltaNet's.)
 //   full               2sbh (the layer input; / t with SP, where the input is a sequence shard)
 // A pre-norm layer (W 10, S 24, C 5) gives the paper's sbh(10 + 24/t + 5as/(ht)) and
 // sbh(34 + 5as/h) / t; Gemma2's four norms add 4 sbh. The paper's layer is GPT's (MLP 4h, with
@@ -129,8 +130,8 @@ constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std
     case recompute::selective: return sequence_parallel ? (k.whole + k.split) * sbh / t : sbh * (k.whole + k.split / t);
     case recompute::none: break;
   }
-  return sequence_parallel ? sbh * (k.whole + k.split + k.scores * as_over_h) / t
-                           : sbh * (k.whole + k.split / t + k.scores * as_over_h / t);
+  return sequence_parallel ? sbh * (k.whole + k.split + k.core + k.scores * as_over_h) / t
+                           : sbh * (k.whole + k.split / t + k.core / t + k.scores * as_over_h / t);
 }
 
 // Megatron's interleaved-schedule memory factor 1 + (p - 1) / (p v); 1 without interleaving.

@@ -219,6 +219,12 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   os << "  (The paper's no-recompute row keeps the s x s attention scores; megadsl's fused attention\n"
         "  keeps none, so without recompute it is near the selective row, and selective recompute\n"
         "  saves the attention core's own outputs: RoPE'd q and k and the heads' output.)\n";
+  bool recurrent = false;
+  for (std::int64_t i = 0; i < s.layers.get() && !recurrent; ++i) recurrent = layer_activation_terms(s, i).core > 0;
+  if (recurrent)
+    os << "  (A gated DeltaNet layer also keeps its chunked rule's fp32 intermediates, which selective\n"
+          "  recompute runs again in the backward instead: the per-layer rows are layer 0's, the stage's\n"
+          "  every layer's; bench/delta_net_activations.py measures them.)\n";
   os << "\n";
 
   // ---- FLOPs ----

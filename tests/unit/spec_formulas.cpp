@@ -215,6 +215,31 @@ TEST_CASE("activation bytes follow Korthikanti et al. Table 2", "[formulas][acti
         Approx((1 + 7.0 / 16) * 96 * megadsl::activation_bytes_per_layer(gpt3, pipe, 2048, 1, true)));
 }
 
+TEST_CASE("the gated DeltaNet keeps its chunked rule's intermediates, which selective recompute drops",
+          "[formulas][activations]") {
+  // Qwen3-Next-80B's layer 0 (a DeltaNet layer: 16 key heads, 32 value heads, dk = dv = 128,
+  // h 2048) at tp 4, 4096 tokens: blocks.hpp gated_delta_net::keeps, bytes per token.
+  const auto s = megadsl::qwen3_next_80b_a3b::shape;
+  REQUIRE(megadsl::kind_of_layer(s, 0) != megadsl::kind_of_layer(s, 3));  // 3: full attention
+  const layout tp4{.tp = 4};
+  const double tokens = 4096, rule = 32 * (1040 + 16 * 128 + 9.5 * 128 + 3.5 * 128 * 128 / 64) + 16 * (522.4 + 28 * 128);
+  CHECK(rule == Approx(232102.4));
+  const double none = megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::none, 0);
+  const double selective = megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::selective, 0);
+  CHECK(none - selective == Approx(tokens * rule / 4));
+  // With SP the same bytes, over the tp ranks; full recompute keeps the layer's input alone.
+  CHECK(megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, true, megadsl::recompute::none, 0) -
+            megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, true, megadsl::recompute::selective, 0) ==
+        Approx(tokens * rule / 4));
+  CHECK(megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::full, 0) == Approx(2 * tokens * 2048));
+  // The block's other tensors (10.5 per key channel, 26.5 per value channel, its input's 2 per h)
+  // stay under selective: the DeltaNet layer keeps more than the attention layer beside it.
+  CHECK(selective > megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::selective, 3));
+  // cp 2 halves every term (each rank: half the tokens before the all-to-all, half the heads after).
+  const layout cp2{.tp = 4, .cp = 2};
+  CHECK(megadsl::activation_bytes_per_layer(s, cp2, 4096, 1, false, megadsl::recompute::none, 0) == Approx(none / 2));
+}
+
 TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas", "[formulas][memory]") {
   // An accounting independent of the shard plan: summing every (tp, pp) rank's elements gives the HF
   // count, plus padded vocab rows, plus the replicated norms, output biases (and value head) on every tp rank,

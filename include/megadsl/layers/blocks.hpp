@@ -246,6 +246,11 @@ class arch_builder {
     nodes[static_cast<std::size_t>(node)].score_units = score_units;
     return node;
   }
+  // The activations it keeps, as its sizes decide (architecture.hpp's module_node::keeps_of).
+  constexpr int costs(int node, activation_terms (*keeps_of)(const shape&)) {
+    nodes[static_cast<std::size_t>(node)].keeps_of = keeps_of;
+    return node;
+  }
   // Its per-token FLOPs beyond its matrices and scores, and the weights verl counts for it
   // (architecture.hpp's token_flops).
   constexpr int per_token(int node, token_flops (*f)(const shape&)) {
@@ -633,11 +638,27 @@ struct gated_delta_net {
                  param_init::ones, false, &norm});
     matrix("out_proj.weight", shard_kind::row, &out);
     b.rule(&gated_delta_net_rule);
-    // Keeps its input (2, whole without SP) and, split over tp, the projections, the conv's output,
-    // the chunked rule's intermediates and the gated norm's input (about 12).
     const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
                             "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0);
-    return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 12}), &rule_flops), &cp_sent);
+    return b.cp_traffic(b.per_token(b.costs(node, &keeps), &rule_flops), &cp_sent);
+  }
+  // What it keeps for the backward, per token in bytes over h (16-bit activations), as measured:
+  // torch's saved-tensor hooks over a training step of models of DeltaNet layers only, 3 layers
+  // less 1, 12 shapes, bf16 (bench/delta_net_activations.py prints the figures beside these).
+  //   whole  its input (2).
+  //   split  the conv's input and output, the rule's inputs q, k, v and the gated norm's fp32
+  //          tensors and out_proj's input: 10.5 per key channel, 26.5 per value channel.
+  //   core   the chunked rule's intermediates (chunks of 64; fp32 decay, k k^T, q k^T, the UT
+  //          solve's system and solution, each chunk's state and outputs): per value head
+  //          1040 + 16 dk + 9.5 dv + 3.5 dk dv / 64, per key head 522.4 + 28 dk. Within 3% of
+  //          the measurement on every shape; selective recompute keeps none of it.
+  static constexpr activation_terms keeps(const shape& s) {
+    const double h = static_cast<double>(s.hidden.get()), nk = static_cast<double>(s.linear_key_heads.get());
+    const double nv = static_cast<double>(s.linear_value_heads.get()), dk = static_cast<double>(s.linear_key_dim.get());
+    const double dv = static_cast<double>(s.linear_value_dim.get());
+    return {.whole = 2,
+            .split = (10.5 * nk * dk + 26.5 * nv * dv) / h,
+            .core = (nv * (1040 + 16 * dk + 9.5 * dv + 3.5 * dk * dv / 64) + nk * (522.4 + 28 * dk)) / h};
   }
   // Under cp: each of the tp rank's key heads' [q | k | v | b | a] there, the output back.
   static constexpr double cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
