@@ -61,7 +61,7 @@ inline constexpr config_key_rule deepseek_v3_keys[] = {
     {"moe_layer_freq", key_use::no_effect},        // 1 in every published config; the class ignores it
 };
 inline constexpr family_config deepseek_v3_config{
-    .model_type = "deepseek_v3", .hf_class = "DeepseekV3", .display = "DeepSeek-V3/R1, Kimi K2, Moonlight",
+    .model_type = "deepseek_v3", .hf_class = "DeepseekV3", .display = "DeepSeek-V3/R1, Moonlight",
     .arch = &architecture_of<deepseek_v3_blocks>, .max_positions = 4096, .rms_eps = 1e-6,
     .mtp_key = "num_nextn_predict_layers", .moe = &deepseek_v3_moe, .mla = &deepseek_v3_mla, .keys = deepseek_v3_keys};
 // Kimi K2's checkpoints say model_type "kimi_k2" (their config.json names DeepseekV3ForCausalLM and

@@ -1104,7 +1104,24 @@ TEST_CASE("Qwen3.5: its text models' configs, the DeltaNet's projections stored 
   const auto eback = parse_hf_config(written, "w");
   for (const std::string& x : megadsl::mismatches(eback.s, e.s)) FAIL_CHECK(x);
   // The published multimodal checkpoints: their text model read, untied unless the top level says
-  // so (Qwen3_5Config's default); an error names the key inside text_config.
+  // so (Qwen3_5Config's default); an error names the key inside text_config. Qwen3.5-9B's config
+  // as the hub has it (its vision_config abridged): the preset's shape and count, its MTP and
+  // gate keys reported as transformers ignores them.
+  const std::string q9 = R"({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "image_token_id": 248056, "tie_word_embeddings": false, "vision_config": {"depth": 27, "hidden_size": 1152,
+    "model_type": "qwen3_5", "out_hidden_size": 4096, "patch_size": 16}, "text_config": {"attn_output_gate": true,
+    "dtype": "bfloat16", "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 12288, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": false,
+    "num_attention_heads": 16, "num_hidden_layers": 32, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "vocab_size": 248320, "mamba_ssm_dtype": "float32", "attention_bias": false, "attention_dropout": 0.0,
+    "tie_word_embeddings": false, "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+    "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}})";
+  const auto nine = parse_hf_config(q9, "Qwen3.5-9B/config.json");
+  CHECK((nine.wrapper == "qwen3_5" && nine.model_type == "qwen3_5_text"));
+  for (const std::string& x : megadsl::mismatches(megadsl::qwen3_5_9b::shape, nine.s)) FAIL_CHECK(x);
+  CHECK(megadsl::parameter_count(nine.s) == megadsl::qwen3_5_9b::published_params);
   CHECK_THAT(error_of(R"({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64}})"),
              Catch::Contains("text_config.num_hidden_layers: missing"));
 }
