@@ -257,7 +257,7 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
                            " (sliding_window, layer_types) but the model was built with " +
                            describe(c.options.attention_window) +
                            "; build it with model_options::attention_window = hf_config::attention_window");
-  const hf_checkpoint ck = open_as_text_model(dir, cfg);
+  const hf_checkpoint ck = open_as_text_model(dir, cfg, &report.names);
   const std::int64_t tp_rank = g.tp->rank();
   // (Not in report.ignored: an HF checkpoint saved from this directory carries them.)
   if (!ck.outside().empty())
@@ -439,6 +439,7 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
 // The multimodal checkpoint an actor is written as (save_hf): `carry_from` when it is one whose
 // text model is this model's and holds its weights.
 struct multimodal_source {
+  hf_checkpoint checkpoint;           // the source, under its own names
   hf_name_map names;                  // where the text model's tensors go
   std::vector<std::string> outside;   // the source's other tensors, copied
 };
@@ -455,20 +456,15 @@ std::optional<multimodal_source> multimodal_source_of(const std::filesystem::pat
     return std::nullopt;  // not a config megadsl reads: its files are carried, not its form
   }
   if (cfg.wrapper.empty() || cfg.model_type != model_type) return std::nullopt;
-  multimodal_source out;
-  const hf_checkpoint ck = open_as_text_model(carry_from, cfg, &out.names);
-  out.outside = ck.outside();
-  return out;
+  hf_checkpoint ck = hf_checkpoint::open(carry_from);
+  hf_name_map names = multimodal_names_in(ck);
+  std::vector<std::string> outside;
+  for (const std::string& n : ck.names())
+    if (!names.text_name(n)) outside.push_back(n);  // what as_text_model leaves out
+  return multimodal_source{std::move(ck), std::move(names), std::move(outside)};
 }
 
 }  // namespace
-
-hf_name_map hf_names_of(const std::filesystem::path& dir) {
-  hf_name_map names;
-  const hf_config cfg = read_hf_config(dir);
-  if (!cfg.wrapper.empty()) (void)open_as_text_model(dir, cfg, &names);
-  return names;
-}
 
 std::filesystem::path hf_files_of(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
@@ -565,9 +561,8 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   };
   std::int64_t bytes = 0;
   if (mm && pp_rank == 0) {
-    const hf_checkpoint source = hf_checkpoint::open(carry_from);
     for (const std::string& n : mm->outside) {
-      const at::Tensor t = source.view(n);
+      const at::Tensor t = mm->checkpoint.view(n);
       tensors.emplace_back(n, at::isFloatingType(t.scalar_type()) ? t.to(dtype).contiguous() : t.clone());
     }
   }

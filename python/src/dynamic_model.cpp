@@ -113,7 +113,6 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   m->model_type_ = cfg.model_type;
   m->source_ = dir;
   m->carry_ = dir;
-  m->names_ = hf_names_of(dir);
   m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
   std::lock_guard lock(registry_mutex);
   std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });

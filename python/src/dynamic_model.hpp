@@ -70,7 +70,7 @@ class dynamic_model {
   [[nodiscard]] const std::string& model_type() const { return model_type_; }
   [[nodiscard]] const std::filesystem::path& source() const { return source_; }
   // The names the checkpoint it came from stores its tensors under (weight export sends those).
-  [[nodiscard]] const hf_name_map& hf_names() const { return names_; }
+  [[nodiscard]] const hf_name_map& hf_names() const { return report_.names; }
 
  protected:
   dynamic_model(std::shared_ptr<distributed> world, const layout& l);
@@ -86,7 +86,6 @@ class dynamic_model {
   std::string model_type_;
   std::filesystem::path source_;  // the HF directory from_hf loaded: save_hf never writes there
   std::filesystem::path carry_;   // the HF files (config.json, tokenizer) save_hf and save_distributed carry
-  hf_name_map names_;             // hf_names_of(the HF directory loaded)
 };
 
 // Closes every model from_hf built that is still alive (megadsl.shutdown() and exit). Call it

@@ -10,6 +10,15 @@ from helpers import lp_valid, max_diff
 from test_train import rollout
 
 
+def hf_log_probs(hf, ids, mask):
+    """A transformers model's log-probs of each next token (0 in the last column), as megadsl's."""
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask).logits.float()
+    out = torch.zeros(ids.shape, dtype=torch.float32)
+    out[:, :-1] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    return out
+
+
 def test_exported_weights_reproduce_the_updated_model_in_transformers(gqa, reference, tmp_path):
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
@@ -25,10 +34,7 @@ def test_exported_weights_reproduce_the_updated_model_in_transformers(gqa, refer
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(gqa), dtype=torch.float32)
     missing, unexpected = hf.load_state_dict(weights, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    with torch.no_grad():
-        logits = hf(input_ids=ids, attention_mask=mask).logits.float()
-    theirs = torch.zeros_like(ours["log_probs"])
-    theirs[:, :-1] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    theirs = hf_log_probs(hf, ids, mask)
     assert max_diff(theirs, ours["log_probs"], lp_valid(mask)) < 1e-4
     assert max_diff(theirs, reference["left.log_probs"], lp_valid(mask)) > 1e-3  # the update did move them
 
@@ -99,9 +105,6 @@ def test_a_multimodal_checkpoint_trains_and_saves_as_published(fixtures, tmp_pat
 
     hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path / "saved"), dtype=torch.float32,
                                                                      attn_implementation="eager").eval()
-    with torch.no_grad():
-        logits = hf(input_ids=ids, attention_mask=mask).logits.float()
-    theirs = torch.zeros_like(ours["log_probs"])
-    theirs[:, :-1] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    theirs = hf_log_probs(hf, ids, mask)
     assert max_diff(theirs, ours["log_probs"], lp_valid(mask)) < 1e-4
     assert max_diff(theirs, reference["right.log_probs"], lp_valid(mask)) > 1e-3  # the update did move them

@@ -361,7 +361,7 @@ void check_multimodal(const std::string& name) {
   const fs::path saved = shared_scratch("mm-" + tag);
   save_hf(actor, groups, saved, at::kFloat, cfg.model_type, dir);
   // The export: the source's names, its tensors bit for bit (the tied head not sent).
-  weight_stream stream(actor.parameters(), actor.config(), groups, {.dtype = at::kFloat, .names = hf_names_of(dir)});
+  weight_stream stream(actor.parameters(), actor.config(), groups, {.dtype = at::kFloat, .names = r.names});
   std::set<std::string> seen;
   for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
     for (const auto& [n, t] : bucket) {

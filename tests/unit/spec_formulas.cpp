@@ -223,7 +223,6 @@ TEST_CASE("the gated DeltaNet keeps its chunked rule's intermediates, which sele
   REQUIRE(megadsl::kind_of_layer(s, 0) != megadsl::kind_of_layer(s, 3));  // 3: full attention
   const layout tp4{.tp = 4};
   const double tokens = 4096, rule = 32 * (1040 + 16 * 128 + 9.5 * 128 + 3.5 * 128 * 128 / 64) + 16 * (522.4 + 28 * 128);
-  CHECK(rule == Approx(232102.4));
   const double none = megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::none, 0);
   const double selective = megadsl::activation_bytes_per_layer(s, tp4, 4096, 1, false, megadsl::recompute::selective, 0);
   CHECK(none - selective == Approx(tokens * rule / 4));

@@ -23,6 +23,10 @@ namespace megadsl {
 struct hf_load_report {
   std::vector<std::string> notes;    // e.g. "value head initialised: ..."
   std::vector<std::string> ignored;  // checkpoint tensors this model does not use (another head's, stale buffers)
+  // Where the checkpoint stores the model's tensors (a multimodal checkpoint, hf_config::wrapper:
+  // under its own prefix; identity for a text checkpoint). Give it to weight export
+  // (export_options::names) so the rollout engine gets the names it loads from the checkpoint.
+  hf_name_map names;
 };
 
 hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_config& c,
@@ -35,11 +39,6 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
 // its available memory. Throws checkpoint_error naming config.json, the sizes and the fix.
 void check_before_load(const std::filesystem::path& dir, const shape& s, const layout& l, head_info head,
                        double bytes_per_parameter = 4, std::int64_t local_ranks = 1);
-
-// Where the checkpoint in `dir` stores its text model (a multimodal checkpoint, hf_config::wrapper:
-// under its own prefix); identity for a text checkpoint. Give it to weight export
-// (export_options::names) so the rollout engine gets the names it loads from `dir`.
-hf_name_map hf_names_of(const std::filesystem::path& dir);
 
 // `model_type`: one of models/registry.hpp's families; empty: the one model_type_for picks.
 // Written into a staging directory beside `dir` under a lock (`<dir>.lock`), then swapped in: a

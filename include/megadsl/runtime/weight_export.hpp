@@ -38,7 +38,7 @@ struct export_options {
   std::int64_t bucket_bytes = std::int64_t{512} << 20;
   std::int64_t shard_tp = 1;                      // > 1: the slice of a rollout tp rank
   std::int64_t shard_rank = 0;                    // which rollout tp rank's slice
-  // The names the engine loads: the checkpoint's the model came from (hf_names_of(dir): a
+  // The names the engine loads: the checkpoint's the model came from (hf_load_report::names: a
   // multimodal checkpoint keeps its text model under a prefix of its own); identity by default.
   hf_name_map names;
 };
