@@ -168,16 +168,18 @@ at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const 
   const at::Tensor k = per_group == 1 ? kb : kb.repeat_interleave(per_group, 1);
   const at::Tensor v = per_group == 1 ? vb : vb.repeat_interleave(per_group, 1);
   const double scale = m.scale != 0 ? m.scale : 1.0 / std::sqrt(static_cast<double>(qb.size(-1)));
-  at::Tensor scores = at::matmul(qb, k.transpose(-1, -2)) * scale;  // (b, H, s, s)
+  // The scores in fp32 whatever the compute dtype: the soft-cap's tanh, the mask's fill value
+  // (float's lowest, which bf16 cannot hold) and the softmax over them.
+  at::Tensor scores = at::matmul(qb, k.transpose(-1, -2)).to(at::kFloat) * scale;  // (b, H, s, s) fp32
   if (m.softcap != 0) scores = at::tanh(scores / m.softcap) * m.softcap;
   scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
   if (m.sinks.defined()) {
     const std::int64_t b = scores.size(0), heads = scores.size(1), s = scores.size(2);
-    const at::Tensor sink = m.sinks.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({b, heads, s, 1});
-    const at::Tensor probs = at::softmax(at::cat({scores, sink}, -1), -1, at::kFloat).narrow(-1, 0, scores.size(3));
+    const at::Tensor sink = m.sinks.to(at::kFloat).view({1, heads, 1, 1}).expand({b, heads, s, 1});
+    const at::Tensor probs = at::softmax(at::cat({scores, sink}, -1), -1).narrow(-1, 0, scores.size(3));
     return at::matmul(probs.to(qb.scalar_type()), v);  // (b, H, s, d)
   }
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(qb.scalar_type());
+  const at::Tensor probs = at::softmax(scores, -1).to(qb.scalar_type());
   return at::matmul(probs, v);  // (b, H, s, d)
 }
 

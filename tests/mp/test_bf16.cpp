@@ -20,13 +20,14 @@ double masked(const at::Tensor& a, const at::Tensor& b, const at::Tensor& valid)
 }
 
 template <class M, layout L, bool Actor>
-void check_bf16(bool left_padding) {
+void check_bf16(bool left_padding, double layout_tol = kLayoutTol, double fp32_tol = kFp32Tol) {
   using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
   using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
   INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get()
                << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get() << (left_padding ? " left" : " right"));
-  const model_options fp32{.test_init = true};
-  const model_options bf16{.test_init = true, .compute_dtype = at::kBFloat16};
+  const model_options fp32 = test_options<M>();
+  model_options bf16 = fp32;
+  bf16.compute_dtype = at::kBFloat16;
   auto single = parallel_groups::single();
   parallel_model<ref_spec> ref32(single, fp32), ref16(single, bf16);
   auto groups = parallel_groups::build(dist(), L);
@@ -40,14 +41,14 @@ void check_bf16(bool left_padding) {
     const double layout_diff = std::max(masked(r16.log_probs, o.log_probs, o.valid), masked(r16.entropy, o.entropy, o.valid));
     const double fp32_diff = std::max(masked(r32.log_probs, o.log_probs, o.valid), masked(r32.entropy, o.entropy, o.valid));
     INFO("bf16 layout vs bf16 one process " << layout_diff << ", vs fp32 " << fp32_diff);
-    CHECK(layout_diff <= kLayoutTol);
-    CHECK(fp32_diff <= kFp32Tol);
+    CHECK(layout_diff <= layout_tol);
+    CHECK(fp32_diff <= fp32_tol);
     CHECK(fp32_diff > 0);  // it really computed in bf16
   } else {
     const double layout_diff = masked(r16.values, o.values, o.valid), fp32_diff = masked(r32.values, o.values, o.valid);
     INFO("bf16 layout vs bf16 one process " << layout_diff << ", vs fp32 " << fp32_diff);
-    CHECK(layout_diff <= kLayoutTol);
-    CHECK(fp32_diff <= kFp32Tol);
+    CHECK(layout_diff <= layout_tol);
+    CHECK(fp32_diff <= fp32_tol);
   }
   if constexpr (L.pp.get() == 1) {
     // Gradients land on the fp32 parameters, in fp32.
@@ -72,6 +73,17 @@ TEST_CASE("bf16 over fp32 parameters: every layout within bf16 tolerance of one 
   check_bf16<tiny_llama, layout{.tp = 2, .sp = true, .rmpad = true}, false>(true);
   check_bf16<tiny8_tied, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(true);
   check_bf16<tiny8, layout{.pp = 2, .vpp = 2}, false>(false);
+}
+
+// The attention that keeps its scores (Gemma 2's soft-cap, gpt-oss's sinks: float's lowest as the
+// mask's fill, which bf16 cannot hold) and the sigmoid-routed experts, in bf16 runs. gpt-oss's
+// tolerance is wider (measured 0.068): it is the family bf16 moves most, transformers' own bf16
+// log-probs too (0.24 from fp32 on the gpt-oss fixture, 0.02-0.05 on the dense ones).
+TEST_CASE("bf16: soft-capped and sink attention, and the sigmoid-routed experts", "[world4][bf16]") {
+  check_bf16<tiny8_gemma2, layout{.tp = 2, .sp = true, .rmpad = true}, true>(false);
+  check_bf16<tiny8_gemma2, layout{.tp = 2}, true>(true);
+  check_bf16<tiny8_gpt_oss, layout{.tp = 2}, true>(true, 0.15, 0.15);
+  check_bf16<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}, true>(true);
 }
 
 TEST_CASE("bf16 PPO steps: the parameters stay fp32 and train", "[world4][bf16][training]") {
