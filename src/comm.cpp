@@ -5,9 +5,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include "megadsl/parallel/liveness.hpp"
 #include "nccl_backend.hpp"
@@ -85,6 +87,17 @@ c10d::Backend& comm_group::backend_for(const at::Tensor& t) const {
 
 namespace {
 thread_local bool counting_checks = false;
+
+// MEGADSL_CUDA_COMM=gloo: CUDA tensors are staged through host memory and carried by Gloo. NCCL
+// wants one GPU per rank; this runs more local ranks than GPUs (every layout on one GPU, as the
+// CUDA tier's multi-rank tests do). Slow: for tests, never for training.
+bool staged(const at::Tensor& t) {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGADSL_CUDA_COMM");
+    return v != nullptr && std::string_view(v) == "gloo";
+  }();
+  return on && t.is_cuda();
+}
 }  // namespace
 
 counted_as_checks::counted_as_checks() : previous_(counting_checks) { counting_checks = true; }
@@ -109,6 +122,12 @@ void comm_group::run(const char* op, const at::Tensor& on, std::int64_t bytes, O
 
 void comm_group::all_reduce(at::Tensor& t, reduce_op op) const {
   if (size() == 1) return;
+  if (staged(t)) {
+    at::Tensor host = t.cpu();
+    all_reduce(host, op);
+    t.copy_(host);
+    return;
+  }
   TORCH_CHECK(t.is_contiguous(), "megadsl: all_reduce needs a contiguous tensor");
   std::vector<at::Tensor> ts{t};
   c10d::AllreduceOptions o;
@@ -122,6 +141,7 @@ void comm_group::all_reduce(at::Tensor& t, reduce_op op) const {
 // per-rank copies); another `dim` is moved there and back.
 at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
+  if (staged(t)) return all_gather(t.cpu(), dim).to(t.device());
   dim = dim < 0 ? dim + t.dim() : dim;
   if (t.scalar_type() == at::kBFloat16 && t.is_cpu() && t.dim() > 0) {
     // Gloo has no bf16 all-gather; gathering moves bits, so gather the bytes (each element's two
@@ -144,6 +164,7 @@ at::Tensor comm_group::all_gather(const at::Tensor& t, int64_t dim) const {
 
 at::Tensor comm_group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
+  if (staged(t)) return reduce_scatter(t.cpu(), dim).to(t.device());
   dim = dim < 0 ? dim + t.dim() : dim;
   TORCH_CHECK(t.size(dim) % size() == 0, "megadsl: reduce_scatter over ", name_, " needs dim ", dim,
               " (", t.size(dim), ") divisible by the group size ", size());
@@ -178,6 +199,7 @@ at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::in
                 received);
     return t;
   }
+  if (staged(t)) return all_to_all(t.cpu(), send_rows, recv_rows).to(t.device());
   at::Tensor in = t.contiguous();
   std::vector<std::int64_t> shape = in.sizes().vec();
   shape[0] = received;
@@ -199,6 +221,12 @@ at::Tensor comm_group::all_to_all(const at::Tensor& t, const std::vector<std::in
 
 void comm_group::broadcast(at::Tensor& t, int root_index) const {
   if (size() == 1) return;
+  if (staged(t)) {
+    at::Tensor host = t.cpu();
+    broadcast(host, root_index);
+    t.copy_(host);
+    return;
+  }
   std::vector<at::Tensor> ts{t};
   c10d::BroadcastOptions o;
   o.rootRank = root_index;
@@ -209,7 +237,7 @@ void comm_group::broadcast(at::Tensor& t, int root_index) const {
 comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, int tag) const {
   pending_send p;
   p.group_ = this;
-  p.tensor_ = t.contiguous();
+  p.tensor_ = staged(t) ? t.cpu().contiguous() : t.contiguous();
   global_comm_stats().calls += 1;
   global_comm_stats().bytes += p.tensor_.numel() * p.tensor_.element_size();
   std::vector<at::Tensor> ts{p.tensor_};
@@ -236,6 +264,12 @@ void comm_group::pending_send::wait() {
 
 void comm_group::recv(at::Tensor& into, int src_index, int tag) const {
   TORCH_CHECK(into.is_contiguous(), "megadsl: recv needs a contiguous buffer");
+  if (staged(into)) {
+    at::Tensor host = at::empty(into.sizes(), into.options().device(at::kCPU));
+    recv(host, src_index, tag);
+    into.copy_(host);
+    return;
+  }
   std::vector<at::Tensor> ts{into};
   const auto start = std::chrono::steady_clock::now();
   run("recv", into, 0, [&](auto& g) { return g.recv(ts, src_index, tag); });

@@ -5,6 +5,8 @@
 
 #include <c10/core/GradMode.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 
 #include "megadsl/hf_config.hpp"
@@ -16,6 +18,13 @@
 
 namespace megadsl::test {
 namespace {
+
+// The fixtures: where this build's tree has them, or $MEGADSL_FIXTURES (a prebuilt binary run from
+// another checkout, as on the lent GPU machine).
+std::filesystem::path fixtures_dir() {
+  if (const char* dir = std::getenv("MEGADSL_FIXTURES"); dir != nullptr && *dir != '\0') return dir;
+  return MEGADSL_FIXTURES;
+}
 
 double masked(const at::Tensor& a, const at::Tensor& b, const at::Tensor& valid) {
   return ((a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)) * valid.cpu().to(at::kDouble)).abs().max().item<double>();
@@ -193,7 +202,7 @@ struct any_llama : any_decoder<dynamic_shape> {
 };
 
 TEST_CASE("an HF checkpoint on CUDA matches transformers", "[cuda]") {
-  const std::filesystem::path dir = std::filesystem::path(MEGADSL_FIXTURES) / "llama-gqa";
+  const std::filesystem::path dir = fixtures_dir() / "llama-gqa";
   const shape s = read_hf_config(dir).s;
   auto single = parallel_groups::single();
   parallel_model<causal_lm<any_llama, dynamic_layout>> model(single, {.device = local_device(true)}, s, layout{.rmpad = true});
@@ -220,7 +229,8 @@ TEST_CASE("a PPO step on CUDA (rollout on the CPU) equals one on the CPU", "[cud
   }
 }
 
-TEST_CASE("tp 2 over NCCL equals one GPU", "[nccl]") {
+// Over NCCL with a GPU per rank; on one GPU with MEGADSL_CUDA_COMM=gloo (host memory, Gloo).
+TEST_CASE("tp 2 with SP and remove-padding equals one GPU", "[nccl]") {
   constexpr layout L{.tp = 2, .sp = true, .rmpad = true};
   const at::Device device = local_device(true);
   auto single = parallel_groups::single();
@@ -231,8 +241,25 @@ TEST_CASE("tp 2 over NCCL equals one GPU", "[nccl]") {
   const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
   const model_output r = ref.forward(b), o = model.forward(b);
   CHECK(masked(r.log_probs, o.log_probs, r.valid) <= 1e-4);
+  CHECK(masked(r.entropy, o.entropy, r.valid) <= 1e-4);
   probe_loss(o, true).backward();
   model.finalize_grads();
+
+  // bf16 with the fused kernels over tp: the log-probs and entropy of vocabulary shards (their max
+  // and sums all-reduced), SwiGLU and RMSNorm on each rank's part, the varlen flash kernel; within
+  // bf16's tolerance of one GPU (a layout changes only the order of bf16 sums), gradients finite.
+  parallel_model<causal_lm<tiny_llama>> ref16(single, on(device, at::kBFloat16));
+  parallel_model<causal_lm<tiny_llama, L>> model16(groups, on(device, at::kBFloat16));
+  const model_output r16 = ref16.forward(b), o16 = model16.forward(b);
+  CHECK(masked(r16.log_probs, o16.log_probs, r16.valid) <= 0.02);
+  CHECK(masked(r16.entropy, o16.entropy, r16.valid) <= 0.02);
+  CHECK(masked(r.log_probs, r16.log_probs, r.valid) > 0);  // bf16 really: not the fp32 path
+  probe_loss(o16, true).backward();
+  model16.finalize_grads();
+  for (auto& prm : model16.parameters()) {
+    INFO(prm.name);
+    CHECK(prm.tensor.grad().isfinite().all().template item<bool>());
+  }
 }
 
 }  // namespace megadsl::test
