@@ -284,22 +284,41 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
 
 namespace {
 
-// The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream.
+// The variable-length flash kernel (CUDA, bf16/fp16): one call for the whole packed stream, a
+// window as the kernel's own left window, chunks as sequences of their own.
 bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
   return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
-         q.size(-1) % 8 == 0 && m.softcap == 0 && m.window == 0 && m.chunk == 0 && !m.sinks.defined();
+         q.size(-1) % 8 == 0 && m.softcap == 0 && !m.sinks.defined();
 }
 
 at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const std::vector<std::int64_t>& cu_seqlens, const attention_math& m) {
   const std::int64_t tokens = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
+  // Llama 4's chunks: each sequence cut every `chunk` tokens from its first (its positions count
+  // from 0 there), each piece a sequence of its own: the block-diagonal mask, without a mask.
+  std::vector<std::int64_t> bounds;
+  if (m.chunk > 0) {
+    bounds.push_back(cu_seqlens.front());
+    for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
+      for (std::int64_t cut = cu_seqlens[i] + m.chunk; cut < cu_seqlens[i + 1]; cut += m.chunk) bounds.push_back(cut);
+      bounds.push_back(cu_seqlens[i + 1]);
+    }
+  }
+  const std::vector<std::int64_t>& cu_rows = m.chunk > 0 ? bounds : cu_seqlens;
   std::int64_t longest = 0;
-  for (std::size_t i = 0; i + 1 < cu_seqlens.size(); ++i) longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
-  const at::Tensor cu = at::tensor(std::vector<std::int32_t>(cu_seqlens.begin(), cu_seqlens.end()),
+  for (std::size_t i = 0; i + 1 < cu_rows.size(); ++i) longest = std::max(longest, cu_rows[i + 1] - cu_rows[i]);
+  const at::Tensor cu = at::tensor(std::vector<std::int32_t>(cu_rows.begin(), cu_rows.end()),
                                    at::TensorOptions().dtype(at::kInt)).to(q.device());
+  // The window: query i sees key j when i - j < window, the kernel's left window of window - 1 (its
+  // backward keeps it); none where no sequence is longer than the window.
+  std::optional<std::int64_t> left, right;
+  if (m.window > 0 && m.window < longest) {
+    left = m.window - 1;
+    right = 0;
+  }
   const auto out = at::_flash_attention_forward(
       q.reshape({tokens, groups * per_group, d}), k, v, cu, cu, longest, longest, 0.0, /*is_causal=*/true,
-      /*return_debug_mask=*/false, scale_of(m));
+      /*return_debug_mask=*/false, scale_of(m), left, right);
   return std::get<0>(out).reshape({tokens, groups * per_group * d});
 }
 

@@ -13,6 +13,7 @@
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/layers/fused_ops.hpp"
+#include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "../mp/mp_support.hpp"
 
@@ -98,6 +99,46 @@ TEST_CASE("a batch already on the GPU gives what the same batch from the CPU giv
   CHECK(masked(a.log_probs, b.log_probs, a.valid) == 0);
   CHECK(masked(c.log_probs, d.log_probs, c.valid) == 0);
   CHECK(masked(c.entropy, d.entropy, c.valid) == 0);
+}
+
+// The variable-length flash kernel with a window (its left window) and with chunks (sequences cut
+// into pieces) against the masked fp32 path on the CPU, on the same bf16 inputs: outputs and the
+// gradients of q, k and v. Each must be nearer the masked result of its own size than of one more,
+// so an off-by-one in the window or in the cuts cannot pass for bf16 rounding.
+TEST_CASE("varlen flash: windows and chunks equal the masked attention, forward and backward", "[cuda]") {
+  const at::Device device = local_device(true);
+  const std::vector<std::int64_t> cu{0, 37, 200, 300};
+  const std::int64_t tokens = 300, groups = 2, per_group = 2, d = 64;
+  at::manual_seed(5);
+  const at::Tensor q0 = at::randn({tokens, groups, per_group, d}).to(at::kBFloat16);
+  const at::Tensor k0 = at::randn({tokens, groups, d}).to(at::kBFloat16);
+  const at::Tensor v0 = at::randn({tokens, groups, d}).to(at::kBFloat16);
+  const at::Tensor g0 = at::randn({tokens, groups * per_group * d});
+  struct result {
+    at::Tensor out, dq, dk, dv;
+  };
+  auto run = [&](const attention_math& m, at::Device on, at::ScalarType type) {
+    at::Tensor q = q0.to(on, type).requires_grad_(), k = k0.to(on, type).requires_grad_(),
+               v = v0.to(on, type).requires_grad_();
+    const at::Tensor out = attention_varlen(q, k, v, cu, m);
+    (out.to(at::kFloat) * g0.to(on)).sum().backward();
+    return result{out.detach().cpu().to(at::kFloat), q.grad().cpu().to(at::kFloat), k.grad().cpu().to(at::kFloat),
+                  v.grad().cpu().to(at::kFloat)};
+  };
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>() / b.abs().max().item<double>(); };
+  for (const auto& [window, chunk] : {std::pair<std::int64_t, std::int64_t>{16, 0}, {0, 48}, {24, 48}}) {
+    INFO("window " << window << ", chunk " << chunk);
+    const result flash = run({.window = window, .chunk = chunk}, device, at::kBFloat16);
+    const result exact = run({.window = window, .chunk = chunk}, at::kCPU, at::kFloat);
+    const result wider = run({.window = window ? window + 1 : 0, .chunk = chunk ? chunk + 1 : 0}, at::kCPU, at::kFloat);
+    for (const auto& [name, f, e, w] : {std::tuple<const char*, at::Tensor, at::Tensor, at::Tensor>{"out", flash.out, exact.out, wider.out},
+                                        {"dq", flash.dq, exact.dq, wider.dq}, {"dk", flash.dk, exact.dk, wider.dk},
+                                        {"dv", flash.dv, exact.dv, wider.dv}}) {
+      INFO(name << ": flash vs masked " << rel(f, e) << ", vs one wider " << rel(f, w));
+      CHECK(rel(f, e) <= 0.03);
+      CHECK(rel(f, e) < 0.25 * rel(f, w));
+    }
+  }
 }
 
 // The fused kernels (fused_ops.hpp) against the composed ops on the same 16-bit inputs: each side
