@@ -9,6 +9,7 @@
 #include <string>
 
 #include "layout_checks.hpp"
+#include "megadsl/formulas.hpp"
 
 namespace megadsl::test {
 namespace {
@@ -61,6 +62,31 @@ void check_gradients(const padded_batch& pb) {
   }
 }
 
+// What the all-to-alls send in one forward + backward, against plan's count (formulas.hpp
+// cp_all_to_all_bytes, each block's module_node::cp_sent) for the rank's own tokens: rows of 16, 8
+// and 24 tokens packed, which split into 2 cp chunks without padding, in fp32. The models here move
+// everything by all-to-all (kv groups that split over cp, DeltaNet layers): no all-gathers.
+template <class M, layout L>
+void check_cp_bytes() {
+  INFO(M::name << " tp=" << L.tp.get() << " cp=" << L.cp.get() << " sp=" << L.sp.get());
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<M, L>> model(groups, test_options<M>());
+  const std::int64_t lengths[] = {16, 8, 24}, b = 3, s = 24;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor ids = at::randint(0, M::shape.vocab.get(), {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, 0, lengths[r]).fill_(1);
+  const std::int64_t own = (16 + 8 + 24) / L.cp.get();
+  global_comm_stats().reset();
+  const model_output o = model.forward({.input_ids = ids, .attention_mask = mask});
+  probe_loss(o, true).backward();
+  const double sent = static_cast<double>(global_comm_stats().all_to_all_bytes.load());
+  const double planned = cp_all_to_all_bytes(M::shape, L, own, 4);
+  INFO("sent by all-to-all " << sent << " B, planned " << planned << " B");
+  CHECK(planned > 0);
+  CHECK(sent == planned);
+}
+
 template <class M, layout L>
 void check_both_heads() {
   for (bool left : {true, false}) {
@@ -83,6 +109,13 @@ TEST_CASE("context parallelism: cp 2 and cp 4, alone, with tp 2 and sp, with dp,
   check_both_heads<tiny8_gemma2, layout{.rmpad = true, .cp = 2}>();  // a window of 5 across the cp shares
   check_both_heads<tiny8_qwen3, layout{.cp = 2}>();                  // per-head q/k norms
   check_both_heads<tiny8_neox, layout{.rmpad = true, .cp = 4}>();    // interleaved q/k/v, parallel residual
+}
+
+TEST_CASE("context parallelism: what the all-to-alls send is what plan counts", "[world4][cp]") {
+  check_cp_bytes<tiny8, layout{.rmpad = true, .cp = 2}>();
+  check_cp_bytes<tiny8_olmo2, layout{.rmpad = true, .cp = 4}>();
+  check_cp_bytes<tiny8_olmo2, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2}>();
+  check_cp_bytes<tiny8_qwen3_next, layout{.rmpad = true, .cp = 2}>();  // gated DeltaNet layers, gated attention
 }
 
 TEST_CASE("context parallelism with fewer kv groups than cp ranks: shares of one group's query heads, its k and v "
