@@ -28,6 +28,7 @@
 #include <set>
 #include <sstream>
 
+#include "megadsl/hf_config.hpp"
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/printable.hpp"
 #include "checkpoint_dir.hpp"
@@ -546,6 +547,8 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
   step([&] {
     if (!first) return;
     copy_hf_files(extras.hf_files, staging / "hf", /*with_config=*/true);
+    carry_multimodal_part(extras.hf_files, staging / "hf",
+                          std::string(model_type_for(config.s, config.options.attention_window)));
     const json m = build_manifest(staging, config, groups, params, extras);
     write_file_atomically(staging / manifest_name, m.dump(1) + "\n");
     fsync_dir(staging);

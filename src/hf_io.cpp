@@ -436,19 +436,27 @@ std::string merged_config(const std::string& ours, const std::filesystem::path& 
   return root.dump(2) + "\n";
 }
 
+// The multimodal part a distributed checkpoint's hf/ carries (carry_multimodal_part).
+constexpr const char* multimodal_part_file = "multimodal.safetensors";
+constexpr const char* text_prefix_key = "megadsl.text_model_prefix";
+
 // The multimodal checkpoint an actor is written as (save_hf): `carry_from` when it is one whose
-// text model is this model's and holds its weights.
+// text model is this model's and holds its other tensors: an HF checkpoint with its weights, or a
+// distributed checkpoint's hf/ with the part it carries.
 struct multimodal_source {
-  hf_checkpoint checkpoint;           // the source, under its own names
-  hf_name_map names;                  // where the text model's tensors go
-  std::vector<std::string> outside;   // the source's other tensors, copied
+  std::optional<hf_checkpoint> checkpoint;  // the source, under its own names
+  std::optional<safetensors_file> part;     // or the part a distributed checkpoint carries
+  hf_name_map names;                        // where the text model's tensors go
+  std::vector<std::string> outside;         // the source's other tensors, copied
+  at::Tensor view(const std::string& n) const { return checkpoint ? checkpoint->view(n) : part->view(n); }
 };
 std::optional<multimodal_source> multimodal_source_of(const std::filesystem::path& carry_from, const std::string& model_type) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (carry_from.empty() || !fs::is_regular_file(carry_from / "config.json", ec)) return std::nullopt;
-  if (!fs::exists(carry_from / "model.safetensors", ec) && !fs::exists(carry_from / "model.safetensors.index.json", ec))
-    return std::nullopt;  // a distributed checkpoint's hf/: the text model alone
+  const bool weights = fs::exists(carry_from / "model.safetensors", ec) || fs::exists(carry_from / "model.safetensors.index.json", ec);
+  const bool part = !weights && fs::is_regular_file(carry_from / multimodal_part_file, ec);
+  if (!weights && !part) return std::nullopt;  // a distributed checkpoint's hf/ of a text model
   hf_config cfg;
   try {
     cfg = read_hf_config(carry_from);
@@ -456,12 +464,26 @@ std::optional<multimodal_source> multimodal_source_of(const std::filesystem::pat
     return std::nullopt;  // not a config megadsl reads: its files are carried, not its form
   }
   if (cfg.wrapper.empty() || cfg.model_type != model_type) return std::nullopt;
+  if (part) {
+    safetensors_file f = safetensors_file::open(carry_from / multimodal_part_file);
+    const auto prefix = f.metadata().find(text_prefix_key);
+    std::optional<hf_name_map> names;
+    for (const hf_name_map& m : {multimodal_names_v5(), multimodal_names_legacy()})
+      if (prefix != f.metadata().end() && m.prefixes.front().second == prefix->second) names = m;
+    if (!names)
+      throw checkpoint_error("megadsl: " + f.path().string() + ": no known \"" + text_prefix_key +
+                             "\" in its metadata (where the text model's tensors are stored); it is not one megadsl "
+                             "wrote: remove it to save the text model alone");
+    std::vector<std::string> outside;
+    for (const auto& t : f.tensors()) outside.push_back(t.name);
+    return multimodal_source{std::nullopt, std::move(f), *names, std::move(outside)};
+  }
   hf_checkpoint ck = hf_checkpoint::open(carry_from);
   hf_name_map names = multimodal_names_in(ck);
   std::vector<std::string> outside;
   for (const std::string& n : ck.names())
     if (!names.text_name(n)) outside.push_back(n);  // what as_text_model leaves out
-  return multimodal_source{std::move(ck), std::move(names), std::move(outside)};
+  return multimodal_source{std::move(ck), std::nullopt, std::move(names), std::move(outside)};
 }
 
 }  // namespace
@@ -485,6 +507,24 @@ void copy_hf_files(const std::filesystem::path& from, const std::filesystem::pat
     if (!fs::copy_file(e.path(), to / name, fs::copy_options::overwrite_existing, ec))
       throw checkpoint_error("megadsl: cannot copy " + e.path().string() + " to " + to.string() + ": " + ec.message());
   }
+}
+
+void carry_multimodal_part(const std::filesystem::path& from, const std::filesystem::path& to,
+                           const std::string& model_type) {
+  namespace fs = std::filesystem;
+  const std::optional<multimodal_source> mm = multimodal_source_of(from, model_type);
+  if (!mm) return;
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  if (mm->part) {  // another distributed checkpoint's: the same file
+    if (!fs::copy_file(mm->part->path(), to / multimodal_part_file, fs::copy_options::overwrite_existing, ec))
+      throw checkpoint_error("megadsl: cannot copy " + mm->part->path().string() + " to " + to.string() + ": " + ec.message());
+    return;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& n : mm->outside) tensors.emplace_back(n, mm->view(n));  // as stored
+  write_safetensors(to / multimodal_part_file, tensors,
+                    {{"format", "pt"}, {text_prefix_key, mm->names.prefixes.front().second}});
 }
 
 // The model_type whose config class describes this model (hf_config_json refuses a mismatch).
@@ -562,7 +602,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   std::int64_t bytes = 0;
   if (mm && pp_rank == 0) {
     for (const std::string& n : mm->outside) {
-      const at::Tensor t = mm->checkpoint.view(n);
+      const at::Tensor t = mm->view(n);
       tensors.emplace_back(n, at::isFloatingType(t.scalar_type()) ? t.to(dtype).contiguous() : t.clone());
     }
   }

@@ -15,7 +15,9 @@
 //       __metadata__ maps each key to {"tensor", "global_shape", "global_offset", "dtype",
 //       "fnv1a64"} (the checksum: 64-bit FNV-1a of the piece's bytes as stored, 16 hex digits).
 //   hf/  config.json, the tokenizer files and generation_config.json of the HF model the weights
-//       came from, when the saver gave them (checkpoint_extras::hf_files): what save_hf writes back.
+//       came from, when the saver gave them (checkpoint_extras::hf_files): what save_hf writes back;
+//       for a multimodal source also multimodal.safetensors, its tensors outside the text model
+//       (vision tower, ...: hf_io.hpp carry_multimodal_part), which save_hf writes back beside it.
 //   metadata.json  written last by rank 0: format, version, the model (every shape field, the
 //       head, the dtype), the layout and grid that wrote it, the training counters (steps,
 //       samples, AdamW's step) when saved, and every file with its size and pieces (key, tensor,
@@ -60,7 +62,8 @@ struct checkpoint_extras {
   std::optional<training_state> training;
   // An HF model directory (or hf_files_of a distributed checkpoint) whose config.json, tokenizer
   // files and generation_config.json the checkpoint keeps in its `hf/` folder, so that converting
-  // it back to HF (hf_files_of(dir) as save_hf's carry_from) loses none of them. Saving only.
+  // it back to HF (hf_files_of(dir) as save_hf's carry_from) loses none of them, nor a multimodal
+  // source's vision tower (carried as hf/multimodal.safetensors). Saving only.
   std::filesystem::path hf_files;
 };
 

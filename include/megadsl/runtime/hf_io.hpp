@@ -49,8 +49,9 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
 // be `carry_from` itself (refused: saving would replace the source). An actor whose `carry_from`
 // is a multimodal checkpoint of its text model (hf_config::wrapper: Qwen3.5's, Gemma 3's, Llama
 // 4's) is written as that checkpoint: its tensors under the source's names, the source's other
-// tensors (vision tower, ...) copied in `dtype`, config.json's text_config updated. A critic, or a
-// source without its weights (a distributed checkpoint's hf/), is written as the text model alone.
+// tensors (vision tower, ...) copied in `dtype`, config.json's text_config updated; a distributed
+// checkpoint's hf/ serves as well when it carries that part (carry_multimodal_part). A critic, or a
+// source without those tensors, is written as the text model alone.
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "",
              const std::filesystem::path& carry_from = {});
@@ -62,6 +63,14 @@ std::filesystem::path hf_files_of(const std::filesystem::path& dir);
 // Copies those files (and config.json with `with_config`) from `from` into `to` (created); nothing
 // when `from` is empty. Throws checkpoint_error naming the file that cannot be copied.
 void copy_hf_files(const std::filesystem::path& from, const std::filesystem::path& to, bool with_config);
+// The part of a multimodal checkpoint outside its text model (vision tower, projector, Qwen3.5's
+// mtp.*), which the model does not hold, kept in a distributed checkpoint's hf/ as
+// `multimodal.safetensors` (the tensors as stored, under their names; the text model's prefix in
+// its metadata), so that converting the checkpoint back to HF writes the multimodal checkpoint
+// whole. `from`: an HF directory holding a multimodal checkpoint of `model_type`'s text model (the
+// part is read from it), or a distributed checkpoint's hf/ holding one (copied); else nothing.
+void carry_multimodal_part(const std::filesystem::path& from, const std::filesystem::path& to,
+                           const std::string& model_type);
 
 template <class Spec>
 hf_load_report load_hf(parallel_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir) {

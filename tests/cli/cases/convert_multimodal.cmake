@@ -1,7 +1,7 @@
 # A multimodal checkpoint as published (Qwen3.5's: text model under model.language_model.*, a
 # vision tower, mtp.* tensors): megadsl runs its text model, and HF -> (tp 2) -> HF writes the very
-# checkpoint back, vision tower included; through a distributed checkpoint (which holds the text
-# model's weights only) it comes back as the text model alone.
+# checkpoint back, vision tower included; so does a distributed checkpoint of it (its hf/ carries
+# the tensors outside the text model), through another one too.
 include(${CMAKE_CURRENT_LIST_DIR}/../cli_lib.cmake)
 set(F ${FIXTURES}/qwen3-5-vl-tf5)
 
@@ -20,9 +20,21 @@ expect_same(${F} ${WORK}/hf)
 
 megadsl(convert --from ${F} --to ${WORK}/dist --tp 2 --ranks 2)
 expect_exit(0)
-megadsl(convert --from ${WORK}/dist --to ${WORK}/text)
+if(NOT EXISTS ${WORK}/dist/hf/multimodal.safetensors)
+  message(FATAL_ERROR "the distributed checkpoint of a multimodal source carries no hf/multimodal.safetensors")
+endif()
+megadsl(convert --from ${WORK}/dist --to ${WORK}/dist2 --pp 2 --ranks 2)
 expect_exit(0)
-megadsl(describe ${WORK}/text)
+megadsl(convert --from ${WORK}/dist2 --to ${WORK}/back --to-format hf)
 expect_exit(0)
-expect_out("model_type qwen3_5_text")
-expect_no_out("multimodal checkpoint")
+expect_same(${F} ${WORK}/back)
+megadsl(describe ${WORK}/back)
+expect_exit(0)
+expect_err("note: a multimodal checkpoint \\(Qwen3_5ForConditionalGeneration\\)")
+
+# A text checkpoint's distributed checkpoint carries no such part.
+megadsl(convert --from ${FIXTURES}/qwen3-5-tf5 --to ${WORK}/textdist --ranks 1)
+expect_exit(0)
+if(EXISTS ${WORK}/textdist/hf/multimodal.safetensors)
+  message(FATAL_ERROR "a text model's distributed checkpoint carries hf/multimodal.safetensors")
+endif()
