@@ -3,10 +3,13 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "megadsl/runtime/packing.hpp"
 
@@ -291,6 +294,26 @@ bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
          q.size(-1) % 8 == 0 && m.softcap == 0 && !m.sinks.defined();
 }
 
+// The offsets as the kernel takes them (int32 on q's device), made once per packing: every layer of
+// a step passes the same ones (or one of two, where chunked layers alternate with others), and
+// each copy from pageable host memory waits for the GPU to reach it (a host synchronisation per
+// layer, which keeps the host from running ahead of the GPU). The last 4 are kept.
+at::Tensor device_offsets(const std::vector<std::int64_t>& offsets, const at::Device& device) {
+  thread_local std::vector<std::pair<std::vector<std::int64_t>, at::Tensor>> recent;  // newest first
+  for (std::size_t i = 0; i < recent.size(); ++i)
+    if (recent[i].second.device() == device && recent[i].first == offsets) {
+      std::rotate(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(i),
+                  recent.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return recent.front().second;
+    }
+  at::Tensor value = at::tensor(std::vector<std::int32_t>(offsets.begin(), offsets.end()),
+                                at::TensorOptions().dtype(at::kInt))
+                         .to(device);
+  recent.insert(recent.begin(), {offsets, value});
+  if (recent.size() > 4) recent.pop_back();
+  return value;
+}
+
 at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const std::vector<std::int64_t>& cu_seqlens, const attention_math& m) {
   const std::int64_t tokens = q.size(0), groups = q.size(1), per_group = q.size(2), d = q.size(3);
@@ -307,8 +330,7 @@ at::Tensor attention_varlen_flash(const at::Tensor& q, const at::Tensor& k, cons
   const std::vector<std::int64_t>& cu_rows = m.chunk > 0 ? bounds : cu_seqlens;
   std::int64_t longest = 0;
   for (std::size_t i = 0; i + 1 < cu_rows.size(); ++i) longest = std::max(longest, cu_rows[i + 1] - cu_rows[i]);
-  const at::Tensor cu = at::tensor(std::vector<std::int32_t>(cu_rows.begin(), cu_rows.end()),
-                                   at::TensorOptions().dtype(at::kInt)).to(q.device());
+  const at::Tensor cu = device_offsets(cu_rows, q.device());
   // The window: query i sees key j when i - j < window, the kernel's left window of window - 1 (its
   // backward keeps it); none where no sequence is longer than the window.
   std::optional<std::int64_t> left, right;
