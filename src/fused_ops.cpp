@@ -74,6 +74,36 @@ struct swiglu_fn : torch::autograd::Function<swiglu_fn> {
     return {d};
   }
 };
+
+// x viewed as (T, A, B, 2h) with its strides; the kernel writes a contiguous (T, A, B, 2h).
+at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  std::int64_t size[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 1};
+  const std::int64_t lead = x.dim() - 1;  // dims before the rotated one: T and up to two more
+  size[0] = x.size(0);
+  stride[0] = x.stride(0);
+  for (std::int64_t i = 1; i < lead; ++i) {
+    size[i] = x.size(i);
+    stride[i] = x.stride(i);
+  }
+  const std::int64_t half = x.size(-1) / 2;
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const c10::cuda::CUDAGuard guard(x.device());
+  cuda_kernels::rope(x.const_data_ptr(), half_of(x), size[0], size[1], size[2], stride[0], stride[1], stride[2], half,
+                     cos.const_data_ptr(), sin.const_data_ptr(), inverse, out.mutable_data_ptr(), stream_of(x));
+  return out;
+}
+
+struct rope_fn : torch::autograd::Function<rope_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rope_rows(x, cos, sin, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor g = grads[0].to(saved[0].scalar_type()).contiguous();
+    return {rope_rows(g, saved[0], saved[1], true), {}, {}};  // the transposed rotation
+  }
+};
 #endif
 
 [[noreturn]] void not_built() {
@@ -106,6 +136,24 @@ at::Tensor fused_swiglu(const at::Tensor& gate_up) {
   return swiglu_fn::apply(gate_up);
 #else
   (void)gate_up;
+  not_built();
+#endif
+}
+
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor& sin_in) {
+#ifdef MEGADSL_WITH_CUDA
+  TORCH_CHECK(x.dim() >= 2 && x.dim() <= 4 && x.stride(-1) == 1 && x.size(-1) % 2 == 0,
+              "megadsl: fused_rope takes x (T, ..., 2h) of 2 to 4 dims, its last one contiguous; got ", x.sizes(),
+              " with strides ", x.strides());
+  (void)half_of(x);  // bf16 or fp16 on CUDA
+  const at::Tensor cos = cos_in.to(x.scalar_type()).contiguous(), sin = sin_in.to(x.scalar_type()).contiguous();
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK(t->device() == x.device() && t->dim() == 2 && t->size(0) == x.size(0) && 2 * t->size(1) == x.size(-1),
+                "megadsl: fused_rope's tables are (T, h) = (", x.size(0), ", ", x.size(-1) / 2, ") on ", x.device(),
+                ", got ", t->sizes(), " on ", t->device());
+  return rope_fn::apply(x, cos, sin);
+#else
+  (void)x, (void)cos_in, (void)sin_in;
   not_built();
 #endif
 }

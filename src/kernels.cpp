@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "megadsl/layers/fused_ops.hpp"
 #include "megadsl/runtime/packing.hpp"
 
 namespace megadsl {
@@ -122,6 +123,9 @@ at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t, bool interleave
     return apply_rope(at::cat({x.slice(-1, 0, rotated_dims, 2), x.slice(-1, 1, rotated_dims, 2)}, -1), t);
   // The tables are cat(freqs, freqs): both halves of cos (of sin) are the same numbers.
   const std::int64_t half = rotated_dims / 2;
+  if (fused_kernels_take(x) && x.dim() >= 2 && x.dim() <= 4 && x.stride(-1) == 1)  // one kernel each way
+    return fused_rope(x, t.cos.narrow(-1, 0, half).reshape({x.size(0), half}),
+                      t.sin.narrow(-1, 0, half).reshape({x.size(0), half}));
   std::vector<std::int64_t> view(static_cast<std::size_t>(x.dim()), 1);
   view.front() = x.size(0);
   view.back() = half;

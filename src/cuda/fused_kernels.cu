@@ -8,6 +8,8 @@
 //                     columns at or past `valid` (vocabulary padding) get 0
 //   swiglu_forward    y = silu(g) u over [g | u] rows of width 2f
 //   swiglu_backward   dg = dy u silu'(g), du = dy silu(g)
+//   rope              o1 = x1 c - x2 s, o2 = x2 c + x1 s over each row's halves [x1 | x2] (s negated:
+//                     the backward), rows of a strided (T, A, B, d) view, per-token tables (T, d/2)
 #include "fused_kernels.hpp"
 
 #include <cuda_bf16.h>
@@ -267,6 +269,27 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
   }
 }
 
+// ---- RoPE ----------------------------------------------------------------------------------------
+
+// One thread per rotated pair: x a (T, A, B, 2 half) view with element strides (st, sa, sb, 1),
+// out contiguous, the tables (T, half) contiguous in x's type (HF's rounding of cos and sin).
+template <typename T>
+__global__ void rope_kernel(const T* __restrict__ x, std::int64_t a_size, std::int64_t b_size, std::int64_t st,
+                            std::int64_t sa, std::int64_t sb, std::int64_t half, const T* __restrict__ cos,
+                            const T* __restrict__ sin, float sign, std::int64_t total, T* __restrict__ out) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t j = i % half, row = i / half;
+    const std::int64_t b = row % b_size, a = (row / b_size) % a_size, t = row / (b_size * a_size);
+    const T* xr = x + t * st + a * sa + b * sb;
+    T* o = out + row * 2 * half;
+    const float x1 = to_float(xr[j]), x2 = to_float(xr[j + half]);
+    const float c = to_float(cos[t * half + j]), s = sign * to_float(sin[t * half + j]);
+    o[j] = from_float<T>(x1 * c - x2 * s);
+    o[j + half] = from_float<T>(x2 * c + x1 * s);
+  }
+}
+
 int elementwise_blocks(std::int64_t work) {
   const std::int64_t b = (work + 255) / 256;
   return static_cast<int>(b < 65536 ? (b > 0 ? b : 1) : 65536);
@@ -326,7 +349,27 @@ void swiglu_bwd(const void* gate_up, const void* grad_out, std::int64_t rows, st
   check(cudaGetLastError(), "swiglu_backward");
 }
 
+template <typename T>
+void rope_rows(const void* x, std::int64_t tokens, std::int64_t a, std::int64_t b, std::int64_t st, std::int64_t sa,
+               std::int64_t sb, std::int64_t half, const void* cos, const void* sin, bool inverse, void* out,
+               cudaStream_t stream) {
+  const std::int64_t total = tokens * a * b * half;
+  rope_kernel<T><<<elementwise_blocks(total), 256, 0, stream>>>(
+      static_cast<const T*>(x), a, b, st, sa, sb, half, static_cast<const T*>(cos), static_cast<const T*>(sin),
+      inverse ? -1.f : 1.f, total, static_cast<T*>(out));
+  check(cudaGetLastError(), "rope");
+}
+
 }  // namespace
+
+void rope(const void* x, half_type t, std::int64_t tokens, std::int64_t a, std::int64_t b, std::int64_t st,
+          std::int64_t sa, std::int64_t sb, std::int64_t half, const void* cos, const void* sin, bool inverse,
+          void* out, void* stream) {
+  if (tokens * a * b * half == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (t == half_type::bf16) rope_rows<__nv_bfloat16>(x, tokens, a, b, st, sa, sb, half, cos, sin, inverse, out, s);
+  else rope_rows<__half>(x, tokens, a, b, st, sa, sb, half, cos, sin, inverse, out, s);
+}
 
 void logits_row_stats(const void* logits, half_type t, std::int64_t rows, std::int64_t width, std::int64_t valid,
                       const std::int64_t* labels, std::int64_t start, float* m, float* s, float* a, float* zy,

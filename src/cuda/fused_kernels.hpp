@@ -23,4 +23,11 @@ void swiglu_forward(const void* gate_up, half_type t, std::int64_t rows, std::in
 void swiglu_backward(const void* gate_up, const void* grad_out, half_type t, std::int64_t rows, std::int64_t f,
                      void* grad_gate_up, void* stream);
 
+// x a (tokens, a, b, 2 half) view with element strides (st, sa, sb, 1); cos, sin (tokens, half)
+// contiguous in x's type; out (tokens, a, b, 2 half) contiguous: o1 = x1 c - x2 s, o2 = x2 c + x1 s
+// (s negated with `inverse`: the backward).
+void rope(const void* x, half_type t, std::int64_t tokens, std::int64_t a, std::int64_t b, std::int64_t st,
+          std::int64_t sa, std::int64_t sb, std::int64_t half, const void* cos, const void* sin, bool inverse,
+          void* out, void* stream);
+
 }  // namespace megadsl::cuda_kernels

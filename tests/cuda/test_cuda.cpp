@@ -201,6 +201,42 @@ TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their g
                  r[0].log_probs.index({at::tensor({0, 1, 3, 4}).to(device)})) <= 1e-5);
 }
 
+// RoPE's kernel against the composed ops on the same bf16 inputs, on a view of a fused projection
+// (q of [q | k | v] per kv group: rows with gaps), full and partial rotary, halves and interleaved
+// pairs: within one bf16 rounding of them, forward and backward, and no further from fp32.
+TEST_CASE("fused kernels: RoPE forward and backward on views of the projections", "[cuda]") {
+  const at::Device device = local_device(true);
+  const std::int64_t tokens = 300, groups = 2, per_group = 3, d = 64;
+  at::manual_seed(6);
+  const at::Tensor qkv0 = at::randn({tokens, groups, per_group + 2, d}).to(device, at::kBFloat16);
+  const at::Tensor grad = at::randn({tokens, groups, per_group, d}).to(device);
+  const at::Tensor positions = at::cat({at::arange(100), at::arange(200)}).to(device);  // two packed sequences
+  for (const std::int64_t rotated : {d, d / 2}) {
+    for (const bool interleaved : {false, true}) {
+      INFO("rotated " << rotated << " of " << d << (interleaved ? ", interleaved" : ""));
+      const at::Tensor inv = 1.0 / at::pow(10000.0, at::arange(0, rotated, 2, at::TensorOptions().dtype(at::kFloat)) / rotated);
+      const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(1) * inv.to(device).unsqueeze(0);
+      const rope_tables t{at::cat({freqs, freqs}, -1).cos(), at::cat({freqs, freqs}, -1).sin()};
+      std::array<at::Tensor, 2> out[3];  // composed bf16, fused bf16, composed fp32: (output, dx)
+      for (const int run : {0, 1, 2}) {
+        const fused_switch sw(run == 1);
+        at::Tensor qkv = (run == 2 ? qkv0.to(at::kFloat) : qkv0.clone()).requires_grad_(true);
+        const at::Tensor q = qkv.narrow(2, 0, per_group);  // (T, G, Q, d), rows with gaps
+        const at::Tensor o = apply_rope(q, t, interleaved);
+        (o.to(at::kFloat) * grad).sum().backward();
+        out[run] = {o.detach().to(at::kFloat), qkv.grad().narrow(2, 0, per_group).to(at::kFloat)};
+      }
+      for (int i = 0; i < 2; ++i) {
+        INFO((i == 0 ? "output" : "gradient") << ": fused vs composed " << rel_diff(out[1][i], out[0][i])
+                                              << ", fused vs fp32 " << rel_diff(out[1][i], out[2][i])
+                                              << ", composed vs fp32 " << rel_diff(out[0][i], out[2][i]));
+        CHECK(rel_diff(out[1][i], out[0][i]) <= 1e-2);
+        CHECK(rel_diff(out[1][i], out[2][i]) <= rel_diff(out[0][i], out[2][i]) * 1.01 + 1e-6);
+      }
+    }
+  }
+}
+
 TEST_CASE("fused kernels: SwiGLU forward and backward; a bf16 model with and without them", "[cuda]") {
   const at::Device device = local_device(true);
   for (const std::int64_t f : {96, 7}) {  // packs of 8, and the scalar path

@@ -23,6 +23,11 @@ bool set_fused_kernels(bool on);
 // backward keeps gate_up alone).
 at::Tensor fused_swiglu(const at::Tensor& gate_up);
 
+// Rotate-half RoPE of x (T, ..., 2h; at most 4 dims, its last one contiguous: a view of the
+// projections will do) by per-token tables cos, sin (T, h) in x's dtype, differentiable in x (one
+// kernel each way, out contiguous): o1 = x1 c - x2 s, o2 = x2 c + x1 s, rounded once.
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // Per row of 16-bit logits (T, width), over the first `valid` columns: (m, s, a, zy) fp32 (T) with
 // m = max z, s = sum exp(z - m), a = sum exp(z - m) z, zy = z[label - start] (0 when out of range).
 std::array<at::Tensor, 4> logits_row_stats(const at::Tensor& logits, const at::Tensor& labels, std::int64_t start,
