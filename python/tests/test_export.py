@@ -108,3 +108,15 @@ def test_a_multimodal_checkpoint_trains_and_saves_as_published(fixtures, tmp_pat
     theirs = hf_log_probs(hf, ids, mask)
     assert max_diff(theirs, ours["log_probs"], lp_valid(mask)) < 1e-4
     assert max_diff(theirs, reference["right.log_probs"], lp_valid(mask)) > 1e-3  # the update did move them
+
+    # Through a distributed checkpoint (as a verl run saves them), into a fresh model, back to HF:
+    # the same multimodal checkpoint, the vision tower carried by the checkpoint's hf/.
+    model.save_distributed(tmp_path / "dist")
+    assert (tmp_path / "dist" / "hf" / "multimodal.safetensors").exists()
+    again = megadsl.Model.from_hf(src)
+    again.load_distributed(tmp_path / "dist")
+    again.save_hf(tmp_path / "again")
+    resaved = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert resaved.keys() == saved.keys()
+    for k in saved:
+        assert torch.equal(resaved[k], saved[k]), k
