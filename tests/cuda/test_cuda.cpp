@@ -203,7 +203,9 @@ TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their g
 
 // RoPE's kernel against the composed ops on the same bf16 inputs, on a view of a fused projection
 // (q of [q | k | v] per kv group: rows with gaps), full and partial rotary, halves and interleaved
-// pairs: within one bf16 rounding of them, forward and backward, and no further from fp32.
+// pairs: within one bf16 rounding of them, forward and backward, and on average no further from
+// fp32 (it rounds once where they round up to three times; the mean, since the max is a handful
+// of elements in the top binade either way).
 TEST_CASE("fused kernels: RoPE forward and backward on views of the projections", "[cuda]") {
   const at::Device device = local_device(true);
   const std::int64_t tokens = 300, groups = 2, per_group = 3, d = 64;
@@ -226,12 +228,13 @@ TEST_CASE("fused kernels: RoPE forward and backward on views of the projections"
         (o.to(at::kFloat) * grad).sum().backward();
         out[run] = {o.detach().to(at::kFloat), qkv.grad().narrow(2, 0, per_group).to(at::kFloat)};
       }
+      auto mean_error = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().mean().item<double>(); };
       for (int i = 0; i < 2; ++i) {
         INFO((i == 0 ? "output" : "gradient") << ": fused vs composed " << rel_diff(out[1][i], out[0][i])
-                                              << ", fused vs fp32 " << rel_diff(out[1][i], out[2][i])
-                                              << ", composed vs fp32 " << rel_diff(out[0][i], out[2][i]));
+                                              << ", mean error from fp32: fused " << mean_error(out[1][i], out[2][i])
+                                              << ", composed " << mean_error(out[0][i], out[2][i]));
         CHECK(rel_diff(out[1][i], out[0][i]) <= 1e-2);
-        CHECK(rel_diff(out[1][i], out[2][i]) <= rel_diff(out[0][i], out[2][i]) * 1.01 + 1e-6);
+        CHECK(mean_error(out[1][i], out[2][i]) <= mean_error(out[0][i], out[2][i]));
       }
     }
   }
