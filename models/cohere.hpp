@@ -4,6 +4,7 @@
 // per-head q/k LayerNorms (use_qk_norm, Command R+) are refused: no block has them yet.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "megadsl/family_config.hpp"
@@ -37,6 +38,19 @@ template <shape S>
 struct cohere : decoder_family<cohere_blocks, S> {
   static constexpr std::string_view family = cohere_config.model_type;
   static constexpr std::string_view name = "cohere";
+};
+
+// Command R (c4ai-command-r-v01): transformers' CohereConfig defaults, which its docstring gives as
+// this model's configuration (64 heads without GQA, logit_scale 1/16, tied); rope_theta 8e6 is its
+// config.json's as recalled, not confirmed from a copy here (it changes no count or plan figure, and
+// a checkpoint's config.json sets it on load). The count is transformers' count of that config, the
+// card's "35 billion".
+struct command_r_v01 : cohere<shape{.hidden = 8192, .layers = 40, .heads = 64, .kv_heads = 64, .ffn = 22528,
+                                    .vocab = 256000, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 8000000.0,
+                                    .tie_embeddings = true, .logit_scale = 0.0625}> {
+  static constexpr std::string_view name = "command-r-v01";
+  static constexpr std::string_view hf_repo = "CohereForAI/c4ai-command-r-v01";
+  static constexpr std::int64_t published_params = 34'980'831'232;
 };
 
 }  // namespace megadsl

@@ -50,4 +50,18 @@ struct cohere2 : decoder_family<cohere2_blocks, S> {
   static constexpr std::string_view name = "cohere2";
 };
 
+// Command R7B: the shape as transformers prints the published model's modules (embed_tokens
+// 256000 x 4096, 32 layers, q 4096, k and v 1024, gate/up 14336; a 4-bit copy's model card), tied,
+// every fourth layer full and without RoPE. rope_theta 50000 and logit_scale 0.25 are its
+// config.json's as recalled, not confirmed from a copy here; neither changes the count or plan's
+// figures, and a checkpoint's own config.json sets both on load. The count is transformers' count
+// of that shape, the hub's 8.03B.
+struct command_r7b : cohere2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 14336,
+                                   .vocab = 256000, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0,
+                                   .tie_embeddings = true, .nope_layers = 0x88888888, .logit_scale = 0.25}> {
+  static constexpr std::string_view name = "command-r7b";
+  static constexpr std::string_view hf_repo = "CohereForAI/c4ai-command-r7b-12-2024";
+  static constexpr std::int64_t published_params = 8'028'033'024;
+};
+
 }  // namespace megadsl

@@ -265,11 +265,13 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const auto* q_norm = row("layers.{layer}.q_norm.weight");
           const std::int64_t qk_norms =
               q_norm != nullptr && q_norm->kind == megadsl::shard_kind::replicated ? 2 * d : 0;  // full width: split
-          // Norm weights (and LayerNorm biases): two per layer, four in sandwich form; o_proj's and
-          // a plain MLP's output biases are added after the reduction, so replicated too.
+          // Norm weights (and LayerNorm biases): two per layer, four in sandwich form, one where
+          // attention and MLP read one norm side by side (Cohere's); o_proj's and a plain MLP's
+          // output biases are added after the reduction, so replicated too.
           const std::int64_t per_norm = row("final_norm.bias") != nullptr ? 2 : 1;
           const bool sandwich = row("layers.{layer}.attn_norm.weight") && row("layers.{layer}.attn_post_norm.weight");
-          const std::int64_t norms = (sandwich ? 4 : 2) * per_norm;
+          const bool shared = row("layers.{layer}.attn_norm.weight") && !row("layers.{layer}.mlp_norm.weight");
+          const std::int64_t norms = (sandwich ? 4 : shared ? 1 : 2) * per_norm;
           const bool out_bias = s.out_bias.get(), plain = row("layers.{layer}.fc.weight") != nullptr;
           const std::int64_t biases = (out_bias ? 1 : 0) + (out_bias && plain ? 1 : 0);
           // A mixture's router (experts, h), Qwen2-MoE's shared-expert gate (1, h) and DeepSeek's expert
