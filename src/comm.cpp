@@ -111,6 +111,7 @@ void comm_group::run(const char* op, const at::Tensor& on, std::int64_t bytes, O
   } else {
     global_comm_stats().calls += 1;
     global_comm_stats().bytes += bytes;
+    if (name_ == "cp") global_comm_stats().cp_bytes += bytes;
   }
   try {
     auto work = issue(backend_for(on));

@@ -31,6 +31,7 @@ struct comm_stats {
   std::atomic<std::int64_t> bytes{0};
   std::atomic<std::int64_t> recv_wait_ns{0};  // time blocked in point-to-point receives (pipeline idle)
   std::atomic<std::int64_t> all_to_all_bytes{0};  // of `bytes`: rows sent to other ranks by all_to_all
+  std::atomic<std::int64_t> cp_bytes{0};          // of `bytes`: sent over the context-parallel group ("cp")
   // The ranks' agreement checks (parallel/agreement.hpp), counted apart: not the model's traffic.
   std::atomic<std::int64_t> check_calls{0};
   std::atomic<std::int64_t> check_bytes{0};
@@ -39,6 +40,7 @@ struct comm_stats {
     bytes = 0;
     recv_wait_ns = 0;
     all_to_all_bytes = 0;
+    cp_bytes = 0;
     check_calls = 0;
     check_bytes = 0;
   }
