@@ -66,6 +66,12 @@ class gated_delta_net final : public layer_module {
       heads = at::cat({qkvz[0], at::linear(x, c.w(ba_)).view({rows, nk, 2 * r})}, -1);
       z = qkvz[1].reshape({rows, nv, dv});
     }
+    // A padded batch: transformers zeroes the padding's input to the layer, so its output there is
+    // zero (silu(z) = 0); the rule's own inputs are zeroed at padding by `unpack` below.
+    if (!pk.rmpad && !pk.no_padding) {
+      const at::Tensor valid = c.pk.token_valid.to(z.scalar_type());  // this rank's real tokens, a prefix of its rows
+      z = z * at::constant_pad_nd(valid, {0, rows - valid.size(0)}).view({rows, 1, 1});
+    }
     // Context parallelism (Ulysses): the whole stream of this cp rank's share of the key heads.
     if (c.cp != nullptr) heads = cp_tokens_to_heads(heads, *c.cp).narrow(0, 0, tokens);  // (T, nk/cp, W)
     // Each row of the batch, zeros at its padding (packed sequences each in its own row): (B, S, nkc, W).
