@@ -3,7 +3,9 @@
 // ranks at cp 1 (dp 4), cp 2 (dp 2) and cp 4 (dp 1). Per rank: the peak of the tensor memory the
 // step adds above the model's parameters (LibTorch's CPU allocator, counted), next to what
 // `megadsl plan` predicts for the layout's activations (formulas.hpp, fp32 doubles its 16-bit
-// count), and the step's time.
+// count), the step's time, and the bytes the rank sent over cp (comm_stats::cp_bytes: the
+// attention's all-to-alls and the head's gathers of its per-token outputs) next to plan's count of
+// the attention's (formulas.hpp cp_all_to_all_bytes).
 //
 //   ./build/bench/bench_context_parallel_memory [--ranks 4] [--seq 8192]
 #include <ATen/ATen.h>
@@ -34,6 +36,7 @@ double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
 struct figures {
   std::int64_t cp = 1, tokens_per_rank = 0;
   double peak = 0, predicted = 0, seconds = 0;
+  double cp_sent = 0, cp_planned = 0;  // bytes over cp in the step, measured and plan's
 };
 
 template <md::layout L>
@@ -49,14 +52,17 @@ figures measure(md::distributed& dist, md::bench::counting_allocator& counting, 
   groups.world->barrier();
   const auto held = static_cast<double>(counting.current());
   counting.reset_peak();
+  md::global_comm_stats().reset();
   const auto start = std::chrono::steady_clock::now();
   model.forward_backward(mbs, loss);
   figures f;
   f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   f.peak = static_cast<double>(counting.peak()) - held;
+  f.cp_sent = static_cast<double>(md::global_comm_stats().cp_bytes.load());
   f.cp = L.cp.get();
   f.tokens_per_rank = seq / f.cp;
   f.predicted = 2.0 * md::activation_bytes_first_stage(model.config().s, model.config().l, seq, 1, false, 1);
+  f.cp_planned = md::cp_all_to_all_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4);
   groups.world->barrier();
   return f;
 }
@@ -78,12 +84,12 @@ int main(int argc, char** argv) {
       std::printf("context parallelism, %s (fp32, remove-padding), one sequence of %lld tokens per cp group, "
                   "forward + backward (rank 0)\n",
                   std::string(bench_llama::name).c_str(), static_cast<long long>(seq));
-      std::printf("  %3s %15s %20s %17s %10s %13s %10s\n", "cp", "tokens/rank", "peak activations GiB",
-                  "plan predicts GiB", "peak/plan", "vs cp 1", "step s");
+      std::printf("  %3s %15s %20s %17s %10s %13s %10s %16s %14s\n", "cp", "tokens/rank", "peak activations GiB",
+                  "plan predicts GiB", "peak/plan", "vs cp 1", "step s", "sent over cp MB", "plan's MB");
       for (const figures& x : f)
-        std::printf("  %3lld %15lld %20.3f %17.3f %10.3f %13.3f %10.3f\n", static_cast<long long>(x.cp),
+        std::printf("  %3lld %15lld %20.3f %17.3f %10.3f %13.3f %10.3f %16.3f %14.3f\n", static_cast<long long>(x.cp),
                     static_cast<long long>(x.tokens_per_rank), gib(x.peak), gib(x.predicted), x.peak / x.predicted,
-                    x.peak / f[0].peak, x.seconds);
+                    x.peak / f[0].peak, x.seconds, x.cp_sent / 1e6, x.cp_planned / 1e6);
     }
     return 0;
   });
