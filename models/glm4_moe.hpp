@@ -1,5 +1,6 @@
 // Zhipu's GLM-4.5 as strong preset types: Llama's pre-norms; grouped-query attention with q/k/v
-// biases (o_proj none) rotating half of each head (partial_rotary_factor 0.5); the first
+// biases (o_proj none) rotating half of each head (partial_rotary_factor 0.5), with per-head RMS
+// norms of q and k before RoPE where use_qk_norm says (GLM-4.5, 4.6, 4.7; not GLM-4.5-Air); the first
 // first_k_dense_replace layers a dense SwiGLU, the rest a mixture of experts behind DeepSeek-V3's
 // grouped sigmoid router, whose expert bias (gate.e_score_correction_bias) selects and is balanced
 // by load in training, beside ungated shared experts (mlp.shared_experts.*).
@@ -20,14 +21,26 @@ constexpr int dense_first_layer(const shape& s, std::int64_t layer) {
   return layer < 63 && ((s.dense_layers.get() >> layer) & 1) != 0 ? 0 : 1;
 }
 
-template <class Mlp>
-using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
+// Layer i's kind: dense_first_layer's (0 dense, 1 sparse), plus 2 where q and k are normed per
+// head (the shape's qk_rms_norm, use_qk_norm).
+constexpr int glm4_moe_layer(const shape& s, std::int64_t layer) {
+  return dense_first_layer(s, layer) + (s.qk_rms_norm.get() ? 2 : 0);
+}
+
+using glm4_moe_attention_qk_norm = blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>;
+using glm4_moe_dense = blocks::gated_mlp<activation::silu>;
+using glm4_moe_sparse =
+    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.router = moe_router::sigmoid_grouped, .shared_experts = true}>;
+
+template <class Attention, class Mlp>
+using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
 
 using glm4_moe_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::select<&dense_first_layer, glm4_moe_block<blocks::gated_mlp<activation::silu>>,
-                   glm4_moe_block<blocks::moe_mlp<activation::silu, blocks::moe_knobs{.router = moe_router::sigmoid_grouped,
-                                                                                        .shared_experts = true}>>>,
+    blocks::select<&glm4_moe_layer, glm4_moe_block<blocks::attention<>, glm4_moe_dense>,
+                   glm4_moe_block<blocks::attention<>, glm4_moe_sparse>,
+                   glm4_moe_block<glm4_moe_attention_qk_norm, glm4_moe_dense>,
+                   glm4_moe_block<glm4_moe_attention_qk_norm, glm4_moe_sparse>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
@@ -48,7 +61,7 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
     {"n_group", key_use::read},
     {"topk_group", key_use::read},
     {"first_k_dense_replace", key_use::read},
-    {"use_qk_norm", key_use::refused, "per-head q/k norms in GLM-4.5's attention: not in this composition yet"},
+    {"use_qk_norm", key_use::read},             // per-head q/k RMS norms before RoPE (qk_rms_norm)
     {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
     {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
     {"output_router_logits", key_use::no_effect},
@@ -58,7 +71,7 @@ inline constexpr family_config glm4_moe_config{
     .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
     .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
     .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
-    .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
+    .reads_qk_rms_norm = true, .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
 
 // GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.
 template <shape S>
@@ -79,6 +92,22 @@ struct glm4_5_air : glm4_moe<shape{.hidden = 4096, .layers = 46, .heads = 96, .k
   // The checkpoint's tensors as transformers loads them: 106,852,245,504 parameters and the 45 sparse
   // layers' expert biases (128 each, a buffer in HF); the multi-token-prediction layer is not counted.
   static constexpr std::int64_t published_params = 106'852'251'264;
+};
+
+// GLM-4.5 (355B-A32B; GLM-4.6 and 4.7 share its shape): 92 layers (the first 3 dense), 96 query heads
+// of 128 over 8 kv heads with q/k/v biases and per-head q/k norms; 160 experts of 1536, top 8
+// renormalised, x 2.5, one shared expert; untied; theta 1e6. Its sizes are where Megatron-Bridge's
+// GLM-4.5 page and slime's glm4.5-355B-A32B recipe agree. The count is transformers' count of that
+// config, 352,797,814,784 parameters, and the 89 sparse layers' expert biases (160 each, a buffer
+// in HF); the multi-token-prediction layer is not counted.
+struct glm4_5 : glm4_moe<shape{.hidden = 5120, .layers = 92, .heads = 96, .kv_heads = 8, .ffn = 12288,
+                               .vocab = 151552, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
+                               .rope_theta = 1000000.0, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 160,
+                               .top_k = 8, .expert_ffn = 1536, .shared_expert_ffn = 1536, .norm_topk = true,
+                               .routed_scale = 2.5, .dense_layers = 0b111, .qk_rms_norm = true}> {
+  static constexpr std::string_view name = "glm-4.5";
+  static constexpr std::string_view hf_repo = "zai-org/GLM-4.5";
+  static constexpr std::int64_t published_params = 352'797'829'024;
 };
 
 }  // namespace megadsl

@@ -77,7 +77,7 @@ void fill_fields_added_later(json& shape) {
                              {"embedding_multiplier", 1.0}, {"residual_multiplier", 1.0},
                              {"attention_multiplier", 0.0}, {"logits_scaling", 1.0}, {"logit_scale", 1.0},
                              {"swiglu_alpha", 0.0}, {"swiglu_limit", 0.0},
-                             {"attention_chunk", 0}, {"qk_l2_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
+                             {"attention_chunk", 0}, {"qk_l2_norm", false}, {"qk_rms_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
                              {"linear_layers", 0}, {"linear_key_heads", 0}, {"linear_value_heads", 0},
                              {"linear_key_dim", 0}, {"linear_value_dim", 0}, {"linear_conv_kernel", 0},
                              {"topk_sum_floor", 0.0}};

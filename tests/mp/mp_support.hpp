@@ -132,6 +132,13 @@ struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .
                                        .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1}> {
   static constexpr std::string_view name = "tiny8-glm4-moe";
 };
+// GLM-4.5 itself: the same with per-head q/k RMS norms before RoPE (use_qk_norm) and two dense layers.
+struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                     .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
+                                     .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
+                                     .routed_scale = 2.5, .dense_layers = 0b11, .qk_rms_norm = true}> {
+  static constexpr std::string_view name = "tiny8-glm4-5";
+};
 
 // DeepSeek-V3's composition: multi-head latent attention (the query through rank 48, the kv through
 // rank 64 and a shared 16-wide RoPE key on pairs, heads [nope 32 | rope 16], values 24), then

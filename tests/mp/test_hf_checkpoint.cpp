@@ -76,13 +76,13 @@ constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3
                                         "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
                                         "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
-                                        "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5",
+                                        "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5", "glm4-5-tf5",
                                         "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5", "gemma3-text-tf5", "olmo3-tf5",
                                         "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "apertus-tf5",
                                         "gpt-oss-tf5", "llama4-tf5", "qwen3-next-tf5", "qwen3-5-tf5",
                                         "qwen3-5-moe-tf5", "ernie4-5-moe-tf5"};
 constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5", "olmoe-tf5",
-                                             "glm4-moe-tf5", "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5",
+                                             "glm4-moe-tf5", "glm4-5-tf5", "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5",
                                              "qwen3-moe-mixed-tf5", "hunyuan-moe-tf5", "gpt-oss-tf5", "llama4-tf5",
                                              "qwen3-next-tf5", "qwen3-5-moe-tf5", "ernie4-5-moe-tf5"};
 

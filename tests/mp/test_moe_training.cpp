@@ -184,6 +184,7 @@ TEST_CASE("mixtures of experts: PPO steps over ep, tp, sp and remove-padding equ
   check_moe_training<tiny8_glm4_moe, layout{.ep = 4}>(1, true);
   check_moe_training<tiny8_hunyuan_moe, layout{.tp = 2, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_glm4_moe, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, false, nullptr, aux_losses::token);
+  check_moe_training<tiny8_glm4_5, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);  // + per-head q/k norms
   check_moe_training<tiny8_deepseek_v3, layout{.tp = 4, .sp = true, .rmpad = true}>(1, true);
   check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true);
   check_moe_training<tiny8_gpt_oss, layout{.ep = 4}>(1, false);

@@ -262,9 +262,13 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           expected += (vp - v) * h * vocab_tables;
           if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
           const auto row = [&](std::string_view n) { return megadsl::find_row(*s.arch, n); };
+          // Per-head q/k norms (full width: split, not replicated) on the layers whose kind has them
+          // (GLM-4.5's only where use_qk_norm says; none on Qwen3-Next's DeltaNet layers).
           const auto* q_norm = row("layers.{layer}.q_norm.weight");
-          const std::int64_t qk_norms =
-              q_norm != nullptr && q_norm->kind == megadsl::shard_kind::replicated ? 2 * d : 0;  // full width: split
+          std::int64_t qk_norms = 0;
+          if (q_norm != nullptr && q_norm->kind == megadsl::shard_kind::replicated)
+            for (std::int64_t i = 0; i < L; ++i)
+              if ((q_norm->layer_kinds >> megadsl::kind_of_layer(s, i)) & 1u) qk_norms += 2 * d;
           // Norm weights (and LayerNorm biases): two per layer, four in sandwich form, one where
           // attention and MLP read one norm side by side (Cohere's); o_proj's and a plain MLP's
           // output biases are added after the reduction, so replicated too.
@@ -297,7 +301,7 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
                 --attention_layers;
                 deltanet += s.linear_value_dim.get();
               }
-          const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + attention_layers * qk_norms + routers +
+          const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + qk_norms + routers +
                                           expert_biases + latents + deltanet + (actor ? 0 : h + 1);
           expected += replicated * (tp - 1);
           // xIELU's four scalars per layer (Apertus) on every tp rank; beta and eps, HF's buffers, are

@@ -253,7 +253,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
-        ".attention_chunk = 0, .qk_l2_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
+        ".attention_chunk = 0, .qk_l2_norm = false, .qk_rms_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
         ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
         ".linear_conv_kernel = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
@@ -610,9 +610,25 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
                           Catch::Contains("\"n_group\": 4") && Catch::Contains("\"routed_scaling_factor\": 2.5") &&
                           !Catch::Contains("mlp_only_layers"));
   CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, s).empty());
-  // Refused: per-head q/k norms (not in the composition); groups that do not split the experts.
-  CHECK_THAT(error_of(edited(glm, "\"attention_bias\": true", "\"attention_bias\": true, \"use_qk_norm\": true")),
-             Catch::Contains("use_qk_norm") && Catch::Contains("does not implement"));
+  // GLM-4.5-Air's layers have no q/k norms (use_qk_norm false by default); GLM-4.5's have them on
+  // every layer, dense and sparse, before RoPE, written back.
+  const auto* q_norm = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.q_norm.weight");
+  REQUIRE(q_norm != nullptr);
+  CHECK(q_norm->hf[0] == "model.layers.{layer}.self_attn.q_norm.weight");
+  const auto normed_layers = [&](const shape& x) {
+    int n = 0;
+    for (std::int64_t i = 0; i < x.layers.get(); ++i) n += (q_norm->layer_kinds >> megadsl::kind_of_layer(x, i)) & 1u;
+    return n;
+  };
+  CHECK((!s.qk_rms_norm.get() && normed_layers(s) == 0));
+  const shape normed = parse_hf_config(edited(glm, "\"attention_bias\": true", "\"attention_bias\": true, \"use_qk_norm\": true"), "x").s;
+  CHECK((normed.qk_rms_norm.get() && normed_layers(normed) == 4));
+  CHECK(megadsl::parameter_count(normed) == megadsl::parameter_count(s) + 4 * 2 * 32);  // 4 layers, q and k, head_dim 32
+  const std::string written_normed = megadsl::hf_config_json(normed, "glm4_moe", false, "float32", {});
+  CHECK_THAT(written_normed, Catch::Contains("\"use_qk_norm\": true"));
+  CHECK(megadsl::mismatches(parse_hf_config(written_normed, "w").s, normed).empty());
+  CHECK_FALSE(megadsl::mismatches(normed, s).empty());  // a model declared without them refuses such a checkpoint
+  // Refused: groups that do not split the experts.
   const shape bad = parse_hf_config(edited(glm, "\"n_group\": 4", "\"n_group\": 3"), "x").s;
   CHECK_THAT(std::string(megadsl::check(bad, layout{}).joined().view()),
              Catch::Contains("moe_routing_valid") && Catch::Contains("expert_groups = 3 (n_group) does not split 8 experts"));
