@@ -113,7 +113,8 @@ void describe_experts(const shape& s, const layout& l, head_info head, std::ostr
   char sent[32];
   std::snprintf(sent, sizeof sent, "%.2f GB", moe_all_to_all_bytes(s, l, tokens, 2) / 1e9);
   out << "  all-to-all per forward + backward over the ep group, uniform routing, " << tokens
-      << " tokens per rank, bf16: " << sent << " sent per rank" << (ep == 1 ? " (ep 1: none)" : "") << '\n';
+      << " tokens per rank, bf16: " << sent << " sent per rank" << (ep == 1 ? " (ep 1: none)" : "")
+      << (l.pp.get() > 1 ? " (the sparse layers of its pipeline stage)" : "") << '\n';
 }
 
 }  // namespace

@@ -339,26 +339,49 @@ constexpr double actor_step_comm_bytes(const shape& s, const layout& l, std::int
          ring_all_reduce_bytes((2 * layers + 1) * h * 4, n);
 }
 
+// Whether pipeline rank `pp_rank` holds `layer` (any of its virtual chunks).
+constexpr bool layer_on_pp_rank(const shape& s, const layout& l, std::int64_t layer, std::int64_t pp_rank) {
+  for (std::int64_t chunk = 0; chunk < l.vpp.get(); ++chunk) {
+    const stage_range c = chunk_layers(s, l, pp_rank, chunk);
+    if (layer >= c.first_layer && layer < c.first_layer + c.count) return true;
+  }
+  return false;
+}
+
+// The most any pipeline rank's layers add up to, of per_layer(i): per-rank traffic is its own
+// layers' (all of them at pp 1).
+template <class PerLayer>
+constexpr double busiest_pp_rank(const shape& s, const layout& l, PerLayer per_layer) {
+  double most = 0;
+  for (std::int64_t r = 0; r < l.pp.get(); ++r) {
+    double sum = 0;
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      if (l.pp.get() == 1 || layer_on_pp_rank(s, l, i, r)) sum += per_layer(i);
+    most = sum > most ? sum : most;
+  }
+  return most;
+}
+
 // Bytes one rank sends over its ep group by all-to-all in one forward + backward of a mixture of
 // experts, when its `tokens` rows are routed uniformly (the expected share (ep - 1) / ep of the
-// top_k copies leaves the rank): per layer the dispatch and the combine in the forward, and their
-// reverses in the backward, each of tokens * top_k rows of h elements of `element` bytes.
-// Dense models and ep = 1 send nothing.
+// top_k copies leaves the rank): per sparse layer of its pipeline stage (the busiest stage's at
+// pp > 1) the dispatch and the combine in the forward, and their reverses in the backward, each
+// of tokens * top_k rows of h elements of `element` bytes. Dense models and ep = 1 send nothing.
 constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
   if (!routes_any(s) || l.ep.get() <= 1) return 0;
   const double ep = static_cast<double>(l.ep.get());
   const double rows = static_cast<double>(tokens) * static_cast<double>(s.top_k.get());
-  const std::int64_t sparse = routed_layers(s);
-  return 4.0 * static_cast<double>(sparse) * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
+  const double sparse = busiest_pp_rank(s, l, [&](std::int64_t i) { return layer_routes(s, i) ? 1.0 : 0.0; });
+  return 4.0 * sparse * rows * static_cast<double>(s.hidden.get()) * element * (ep - 1) / ep;
 }
 
 // Bytes one rank sends over its cp group in one forward + backward under context parallelism
 // (Ulysses), for its own `tokens` rows: each layer's token mixer's all-to-alls and all-gathers
-// (module_node::cp_sent), the backward's moving as much as the forward's. cp = 1 sends nothing.
+// (module_node::cp_sent) on its pipeline stage (the busiest stage's at pp > 1), the backward's
+// moving as much as the forward's. cp = 1 sends nothing.
 constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
   if (l.cp.get() <= 1) return 0;
-  double per_token = 0;
-  for (std::int64_t i = 0; i < s.layers.get(); ++i) per_token += layer_cp_sent(s, i, l.tp.get(), l.cp.get());
+  const double per_token = busiest_pp_rank(s, l, [&](std::int64_t i) { return layer_cp_sent(s, i, l.tp.get(), l.cp.get()); });
   return 2.0 * per_token * static_cast<double>(tokens) * element;
 }
 

@@ -146,14 +146,14 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
                         ? ", shared expert " + grouped(s.shared_expert_ffn.get())
                         : std::string())});
     model.row({"all-to-all per micro-batch", bytes,
-               "sent per rank over ep, forward + backward, bf16, uniform routing (formulas.hpp moe_all_to_all_bytes)"});
+               "sent per rank over ep, forward + backward, bf16, uniform routing, its stage's layers (formulas.hpp moe_all_to_all_bytes)"});
   }
   if (l.cp.get() > 1) {
     char bytes[48];
     std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);
     model.row({"cp all-to-all per micro-batch", bytes,
                "sent per rank over cp (Ulysses), forward + backward, bf16, its " + grouped(own_tokens) +
-                   " tokens (formulas.hpp cp_all_to_all_bytes)"});
+                   " tokens, its stage's layers (formulas.hpp cp_all_to_all_bytes)"});
   }
   model.print(os);
   os << "\n";

@@ -378,6 +378,23 @@ TEST_CASE("the preset registry", "[presets]") {
   CHECK(megadsl::find_preset("Llama3-8B") == nullptr);  // exact names only
 }
 
+TEST_CASE("expert parallelism's all-to-all bytes: uniform routing, the rank's own stage's sparse layers", "[formulas][moe]") {
+  using megadsl::moe_all_to_all_bytes;
+  const std::int64_t tokens = 4096;  // bf16: 2 bytes; dispatch and combine, forward and backward
+  const auto bytes = [&](const megadsl::shape& s, double ep, double layers) {
+    return 4.0 * layers * static_cast<double>(tokens * s.top_k.get() * s.hidden.get()) * 2 * (ep - 1) / ep;
+  };
+  const auto qwen = megadsl::qwen3_30b_a3b::shape;  // 48 layers, every one sparse
+  CHECK(moe_all_to_all_bytes(qwen, layout{}, tokens, 2) == 0);
+  CHECK(moe_all_to_all_bytes(megadsl::llama3_8b::shape, layout{.ep = 8}, tokens, 2) == 0);
+  CHECK(moe_all_to_all_bytes(qwen, layout{.ep = 8}, tokens, 2) == bytes(qwen, 8, 48));
+  CHECK(moe_all_to_all_bytes(qwen, layout{.pp = 4, .ep = 8}, tokens, 2) == bytes(qwen, 8, 12));
+  // GLM-4.5 at pp 4: 23 layers a stage, the first 3 dense, so stage 0 has 20 sparse and the others 23.
+  const auto glm = megadsl::glm4_5::shape;
+  CHECK(moe_all_to_all_bytes(glm, layout{.pp = 4, .ep = 8}, tokens, 2) == bytes(glm, 8, 23));
+  CHECK(moe_all_to_all_bytes(glm, layout{.ep = 8}, tokens, 2) == bytes(glm, 8, 89));
+}
+
 TEST_CASE("context parallelism's all-to-all bytes: each token mixer's Ulysses traffic, by hand", "[formulas][cp]") {
   using megadsl::cp_all_to_all_bytes;
   const std::int64_t tokens = 4096;  // a rank's own, bf16 below: forward + backward = 2 x 2 bytes per element
@@ -389,6 +406,9 @@ TEST_CASE("context parallelism's all-to-all bytes: each token mixer's Ulysses tr
   // tp 8, cp 2: one kv group per tp rank splits over cp: q (4 heads) and the output by all-to-all,
   // k and v (1 head each) gathered whole (sent once to the other rank).
   CHECK(cp_all_to_all_bytes(llama, layout{.tp = 8, .cp = 2}, tokens, 2) == bytes((4 + 4) * 128 * 0.5 + 2 * 128, 32));
+  // A rank sends for its own pipeline stage's layers: 16 of 32 at pp 2, 8 at pp 2 x vpp 2 (two chunks of 4).
+  CHECK(cp_all_to_all_bytes(llama, layout{.pp = 2, .cp = 2}, tokens, 2) == bytes((32 + 16 + 32) * 128 * 0.5, 16));
+  CHECK(cp_all_to_all_bytes(llama, layout{.pp = 4, .vpp = 2, .cp = 2}, tokens, 2) == bytes((32 + 16 + 32) * 128 * 0.5, 8));
   // DeepSeek-V3 at tp 8, cp 2: 16 heads' [q 192 | k_nope 128 | v 128] there and v back, the
   // rotary key (64) gathered; 61 layers.
   CHECK(cp_all_to_all_bytes(megadsl::deepseek_v3_671b::shape, layout{.tp = 8, .cp = 2}, tokens, 2) ==
