@@ -339,15 +339,6 @@ constexpr double actor_step_comm_bytes(const shape& s, const layout& l, std::int
          ring_all_reduce_bytes((2 * layers + 1) * h * 4, n);
 }
 
-// Whether pipeline rank `pp_rank` holds `layer` (any of its virtual chunks).
-constexpr bool layer_on_pp_rank(const shape& s, const layout& l, std::int64_t layer, std::int64_t pp_rank) {
-  for (std::int64_t chunk = 0; chunk < l.vpp.get(); ++chunk) {
-    const stage_range c = chunk_layers(s, l, pp_rank, chunk);
-    if (layer >= c.first_layer && layer < c.first_layer + c.count) return true;
-  }
-  return false;
-}
-
 // The most any pipeline rank's layers add up to, of per_layer(i): per-rank traffic is its own
 // layers' (all of them at pp 1).
 template <class PerLayer>
@@ -356,7 +347,7 @@ constexpr double busiest_pp_rank(const shape& s, const layout& l, PerLayer per_l
   for (std::int64_t r = 0; r < l.pp.get(); ++r) {
     double sum = 0;
     for (std::int64_t i = 0; i < s.layers.get(); ++i)
-      if (l.pp.get() == 1 || layer_on_pp_rank(s, l, i, r)) sum += per_layer(i);
+      if (l.pp.get() == 1 || place_of_layer(s, l, i).pp_rank == r) sum += per_layer(i);
     most = sum > most ? sum : most;
   }
   return most;
