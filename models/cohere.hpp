@@ -1,7 +1,7 @@
 // Cohere's Command R (model_type cohere) as strong preset types: each layer's attention and MLP
 // read one bias-free LayerNorm of its input, side by side (x + attn(n(x)) + mlp(n(x))), RoPE on
-// interleaved pairs on every layer, the logits multiplied by logit_scale, tied embeddings. Its
-// per-head q/k LayerNorms (use_qk_norm, Command R+) are refused: no block has them yet.
+// interleaved pairs on every layer, the logits multiplied by logit_scale, tied embeddings; where
+// use_qk_norm says (Command R+), q and k LayerNorm-ed per head before RoPE, a weight for every head.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,17 @@
 
 namespace megadsl {
 
+// Every layer is of one kind: 1 where q and k are normed per head (the shape's use_qk_norm), else 0.
+constexpr int cohere_layer(const shape& s, std::int64_t) { return s.use_qk_norm.get() ? 1 : 0; }
+
+template <class Attention>
+using cohere_block = blocks::parallel_shared_norm<blocks::layer_norm_no_bias, Attention, blocks::gated_mlp<activation::silu>>;
+using cohere_attention_qk_norm =
+    blocks::attention<blocks::attention_knobs{}, blocks::headwise_qk_norm<blocks::layer_norm_no_bias>>;
+
 using cohere_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::parallel_shared_norm<blocks::layer_norm_no_bias, blocks::attention<>, blocks::gated_mlp<activation::silu>>,
+    blocks::select<&cohere_layer, cohere_block<blocks::attention<>>, cohere_block<cohere_attention_qk_norm>>,
     blocks::layer_norm_no_bias>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
@@ -24,16 +32,15 @@ inline constexpr config_key_rule cohere_keys[] = {
     {"layer_norm_eps", key_use::read},
     {"logit_scale", key_use::read},     // the logits multiplied by it
     {"attention_bias", key_use::read},  // q/k/v and o_proj biases
-    // LayerNorms over each head of q and k with a weight per head (Command R+): not a block yet.
-    {"use_qk_norm", key_use::refused},
+    {"use_qk_norm", key_use::read},     // q/k LayerNorms per head, a weight per head (Command R+)
 };
 inline constexpr family_config cohere_config{
     .model_type = "cohere", .hf_class = "Cohere", .display = "Command R",
     .arch = &architecture_of<cohere_blocks>, .max_positions = 8192, .rms_eps = 1e-5, .tie_embeddings = true,
-    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .reads_logit_scale = true, .interleaved_rope = true,
-    .keys = cohere_keys};
+    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .reads_logit_scale = true,
+    .reads_use_qk_norm = true, .interleaved_rope = true, .keys = cohere_keys};
 
-// Command R: one norm for the side-by-side sublayers; RoPE on pairs.
+// Command R: one norm for the side-by-side sublayers; RoPE on pairs; Command R+'s q/k norms.
 template <shape S>
 struct cohere : decoder_family<cohere_blocks, S> {
   static constexpr std::string_view family = cohere_config.model_type;
@@ -51,6 +58,19 @@ struct command_r_v01 : cohere<shape{.hidden = 8192, .layers = 40, .heads = 64, .
   static constexpr std::string_view name = "command-r-v01";
   static constexpr std::string_view hf_repo = "CohereForAI/c4ai-command-r-v01";
   static constexpr std::int64_t published_params = 34'980'831'232;
+};
+
+// Command R+ (c4ai-command-r-plus, 104B): 96 query heads of 128 over 8 kv heads, each q and k head
+// LayerNorm-ed with its own weight (use_qk_norm), 64 layers, ffn 33792, tied, logit_scale 1/1.2.
+// The sizes are its config.json's as recalled (not a copy here; rope_theta 7.5e7 and logit_scale
+// change no count or plan figure, and a checkpoint's config.json sets them on load); the count is
+// transformers 5.23's count of that config, the card's "104B".
+struct command_r_plus : cohere<shape{.hidden = 12288, .layers = 64, .heads = 96, .kv_heads = 8, .ffn = 33792,
+                                     .vocab = 256000, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 75000000.0,
+                                     .tie_embeddings = true, .logit_scale = 0.8333333333333334, .use_qk_norm = true}> {
+  static constexpr std::string_view name = "command-r-plus";
+  static constexpr std::string_view hf_repo = "CohereForAI/c4ai-command-r-plus";
+  static constexpr std::int64_t published_params = 103'810'674'688;
 };
 
 }  // namespace megadsl

@@ -22,9 +22,9 @@ constexpr int dense_first_layer(const shape& s, std::int64_t layer) {
 }
 
 // Layer i's kind: dense_first_layer's (0 dense, 1 sparse), plus 2 where q and k are normed per
-// head (the shape's qk_rms_norm, use_qk_norm).
+// head (the shape's use_qk_norm, config.json's key).
 constexpr int glm4_moe_layer(const shape& s, std::int64_t layer) {
-  return dense_first_layer(s, layer) + (s.qk_rms_norm.get() ? 2 : 0);
+  return dense_first_layer(s, layer) + (s.use_qk_norm.get() ? 2 : 0);
 }
 
 using glm4_moe_attention_qk_norm = blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>;
@@ -61,7 +61,7 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
     {"n_group", key_use::read},
     {"topk_group", key_use::read},
     {"first_k_dense_replace", key_use::read},
-    {"use_qk_norm", key_use::read},             // per-head q/k RMS norms before RoPE (qk_rms_norm)
+    {"use_qk_norm", key_use::read},             // per-head q/k RMS norms before RoPE (the shape's use_qk_norm)
     {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
     {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
     {"output_router_logits", key_use::no_effect},
@@ -71,7 +71,7 @@ inline constexpr family_config glm4_moe_config{
     .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
     .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
     .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
-    .reads_qk_rms_norm = true, .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
+    .reads_use_qk_norm = true, .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
 
 // GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.
 template <shape S>
@@ -104,7 +104,7 @@ struct glm4_5 : glm4_moe<shape{.hidden = 5120, .layers = 92, .heads = 96, .kv_he
                                .vocab = 151552, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
                                .rope_theta = 1000000.0, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 160,
                                .top_k = 8, .expert_ffn = 1536, .shared_expert_ffn = 1536, .norm_topk = true,
-                               .routed_scale = 2.5, .dense_layers = 0b111, .qk_rms_norm = true}> {
+                               .routed_scale = 2.5, .dense_layers = 0b111, .use_qk_norm = true}> {
   static constexpr std::string_view name = "glm-4.5";
   static constexpr std::string_view hf_repo = "zai-org/GLM-4.5";
   static constexpr std::int64_t published_params = 352'797'829'024;

@@ -60,7 +60,7 @@ using all_presets =
                 llama3_2_1b, llama3_2_3b, tinyllama_1_1b, mistral_7b, qwen2_5_0_5b, qwen2_5_7b,
                 qwen2_5_72b, qwen3_0_6b, qwen3_8b, gemma_2b, gemma_7b, gemma2_9b, olmo2_7b, phi3_mini, starcoder2_7b, pythia_1_4b, mixtral_8x7b,
                 qwen1_5_moe_a2_7b, qwen3_30b_a3b, seed_oss_36b, smollm3_3b, olmoe_1b_7b, glm4_5_air, glm4_5, deepseek_v3_671b, kimi_k2,
-                moonlight_16b_a3b, gemma3_27b, olmo3_7b, ernie4_5_0_3b, ernie4_5_21b_a3b, glm4_9b, granite3_3_8b, command_r_v01, command_r7b, exaone4_1_2b, exaone4_32b, apertus_8b, hunyuan_a13b, gpt_oss_20b, gpt_oss_120b,
+                moonlight_16b_a3b, gemma3_27b, olmo3_7b, ernie4_5_0_3b, ernie4_5_21b_a3b, glm4_9b, granite3_3_8b, command_r_v01, command_r_plus, command_r7b, exaone4_1_2b, exaone4_32b, apertus_8b, hunyuan_a13b, gpt_oss_20b, gpt_oss_120b,
                 llama4_scout, llama4_maverick, qwen3_next_80b_a3b, qwen3_5_9b, qwen3_5_27b, qwen3_5_35b_a3b,
                 tiny_llama, tiny_qwen, tiny_llama3>;
 

@@ -204,7 +204,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (over_dp) (expert && groups_->edp != nullptr ? *groups_->edp : groups_->gradient_dp()).all_reduce(g);
       if constexpr (Tp) {
         if (p.tp_partial_grad) tp_->all_reduce(g);
-        if (p.plan->row->kind == shard_kind::fused_qkv && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(g);
+        if (holds_kv_heads(*p.plan->row) && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(*p.plan->row, g);
       }
     }
     // Tied embeddings across stages: the first stage's embedding and the last stage's copy.
@@ -257,6 +257,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
         // kv rows that are another rank's replicas: only this rank's query rows count.
         const bool replica = cfg_.s.kv_heads.get() < tp_size_ && !owns_kv();
         out.push_back(replica ? qkv_.q_per_group * qkv_.head_dim * (n / p.tensor.size(0)) : n);
+      } else if (p.plan->row->size == extent::kv_head_weights) {
+        out.push_back(cfg_.s.kv_heads.get() < tp_size_ && !owns_kv() ? 0 : n);  // another rank's kv head
       } else {
         out.push_back(p.counted_in_norm ? n : 0);
       }
@@ -538,11 +540,13 @@ class decoder_stage final : public model_core, public pipeline_stage {
   bool owns_kv() const { return (tp_rank_ * cfg_.s.kv_heads.get()) % tp_size_ == 0; }
 
   // With kv_heads < tp a kv head lives on tp / kv_heads ranks, each of which sees only the
-  // gradient from its own query heads: the copies' k/v gradients are summed, so they stay equal.
-  void sum_kv_replicas(at::Tensor& grad) {
+  // gradient from its own query heads: the copies' k/v gradients (a fused q/k/v's k and v rows, a
+  // k norm's weight) are summed, so they stay equal.
+  void sum_kv_replicas(const param_row& row, at::Tensor& grad) {
     const std::int64_t d = qkv_.head_dim, kv_rows = qkv_.q_per_group * d;
-    at::Tensor mine = grad.narrow(0, kv_rows, 2 * d);                            // (2d[, h]) k and v rows
-    const at::Tensor all = tp_->all_gather(mine.contiguous().unsqueeze(0), 0);   // (tp, 2d[, h])
+    at::Tensor mine = row.kind == shard_kind::fused_qkv ? grad.narrow(0, kv_rows, 2 * d)  // (2d[, h]) k and v rows
+                                                         : grad;                          // (1, d) the k norm's weight
+    const at::Tensor all = tp_->all_gather(mine.contiguous().unsqueeze(0), 0);   // (tp, 2d[, h]) or (tp, 1, d)
     const std::int64_t kv = cfg_.s.kv_heads.get(), my_head = tp_rank_ * kv / tp_size_;
     at::Tensor sum = at::zeros_like(mine);
     for (std::int64_t r = 0; r < tp_size_; ++r)

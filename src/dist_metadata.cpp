@@ -77,10 +77,13 @@ void fill_fields_added_later(json& shape) {
                              {"embedding_multiplier", 1.0}, {"residual_multiplier", 1.0},
                              {"attention_multiplier", 0.0}, {"logits_scaling", 1.0}, {"logit_scale", 1.0},
                              {"swiglu_alpha", 0.0}, {"swiglu_limit", 0.0},
-                             {"attention_chunk", 0}, {"qk_l2_norm", false}, {"qk_rms_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
+                             {"attention_chunk", 0}, {"qk_l2_norm", false}, {"use_qk_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
                              {"linear_layers", 0}, {"linear_key_heads", 0}, {"linear_value_heads", 0},
                              {"linear_key_dim", 0}, {"linear_value_dim", 0}, {"linear_conv_kernel", 0},
                              {"topk_sum_floor", 0.0}};
+  // The flag's first name (written for a few days in 2026-11, by GLM-4.5's q/k norms only).
+  if (shape.contains("qk_rms_norm") && !shape.contains("use_qk_norm")) shape["use_qk_norm"] = shape["qk_rms_norm"];
+  shape.erase("qk_rms_norm");
   for (const auto& [key, value] : added.items())
     if (!shape.contains(key)) shape[key] = value;
   static const json rope_added = {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 0.0}, {"mscale_all_dim", 0.0},

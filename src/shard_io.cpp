@@ -163,6 +163,12 @@ std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const
     }
     case shard_kind::column: {
       const std::int64_t rows = p.local.rows;
+      if (row.size == extent::kv_head_weights && kv_replicated(s, l)) {
+        // One kv head's weight per rank, replicated over tp / kv_heads ranks; the first is main.
+        const std::int64_t kv = s.kv_heads.get();
+        if (!main || (tp_rank * kv) % tp == 0) out.push_back({0, 0, 0, tp_rank * kv / tp, 1});
+        break;
+      }
       out.push_back({0, 0, 0, tp_rank * rows, rows});
       break;
     }

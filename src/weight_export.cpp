@@ -212,11 +212,14 @@ hf_tensor_list weight_stream::next() {
       }
       for (auto& [name, t] : gathered) {
         // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
-        // ranks); one HF tensor holding several projections (Phi-3, GPT-NeoX) cannot be sliced evenly.
+        // ranks), a k norm's weight per kv head its one row; one HF tensor holding several projections
+        // (Phi-3, GPT-NeoX) cannot be sliced evenly.
         const shard_kind kind = p.plan->row->kind;
         const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
+        // A k norm's weight per kv head (kv_heads, d): one row per head.
         const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
                                   : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
+                                  : p.plan->row->size == extent::kv_head_weights                           ? 1
                                                                                                            : 0;
         // A stack of experts goes whole to every rollout rank (its engine splits its experts itself).
         const int split = p.plan->row->stacking != hf_stacking::none ? -1 : p.plan->split_dim;

@@ -79,6 +79,9 @@ enum class extent : std::int8_t {
   head_dim,    // (d) per-head q/k norm weights
   q_width,     // (heads * d) full-width q norm weight, split over tp like the q heads
   k_width,     // (kv_heads * d) full-width k norm weight, split over tp like the kv heads
+  q_head_weights,   // (heads, d) a weight per query head (Command R+'s q norm), split over tp with the heads
+  kv_head_weights,  // (kv_heads, d) a weight per kv head (its k norm), split with the kv heads: with
+                    // kv_heads < tp each rank holds its group's one, replicated like k_proj's rows
   attn_width,  // row-parallel input heads * head_dim (o_proj)
   ffn,         // row-parallel input intermediate_size (down)
   ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)

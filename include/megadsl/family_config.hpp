@@ -166,9 +166,9 @@ struct family_config {
   // q/k L2 norm), attn_temperature_tuning with floor_scale and attn_scale (the NoPE layers' q
   // scale); layer_types must say chunked_attention exactly on the RoPE layers.
   bool llama4_attention = false;
-  // `use_qk_norm` switches per-head RMS norms of q and k before RoPE (the shape's qk_rms_norm;
-  // GLM-4.5: its composition chooses the attention with or without them).
-  bool reads_qk_rms_norm = false;
+  // `use_qk_norm` switches weighted per-head norms of q and k before RoPE (the shape's use_qk_norm;
+  // GLM-4.5's RMS norms, Cohere's LayerNorms: each composition chooses its attention by it).
+  bool reads_use_qk_norm = false;
   // Qwen3-Next's gated DeltaNet keys: linear_num_key_heads, linear_num_value_heads,
   // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, and which layers are
   // linear: layer_types ("linear_attention" / "full_attention") or full_attention_interval.

@@ -195,11 +195,12 @@ struct flops_per_token {
 namespace detail {
 // The weights that multiply every token's activations: the composition's matrices but the
 // embedding lookup, the router and the shared expert's gate (left out by Megatron's formula), and
-// the value head; no vector (biases, norms).
+// the value head; no vector (biases, norms) and no norm's weight per head (Command R+'s (heads, d)).
 constexpr bool multiplies_tokens(const param_plan& p) {
   const param_row& r = *p.row;
   return p.global.rank == 2 && r.where != placement::first_stage && r.size != extent::experts &&
-         r.size != extent::one_row && r.when != presence::critic;
+         r.size != extent::one_row && r.size != extent::q_head_weights && r.size != extent::kv_head_weights &&
+         r.when != presence::critic;
 }
 // Megatron's per-token FLOPs without the attention-score term: 6 (forward 2, backward 4) per
 // element of those weights, so a gated MLP adds 18 h ffn per layer and a plain one 12 h ffn, and

@@ -71,7 +71,7 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(swiglu_limit),
         MEGADSL_SHAPE_FIELD(attention_chunk),
         MEGADSL_SHAPE_FIELD(qk_l2_norm),
-        MEGADSL_SHAPE_FIELD(qk_rms_norm),
+        MEGADSL_SHAPE_FIELD(use_qk_norm),
         MEGADSL_SHAPE_FIELD(attn_floor_scale),
         MEGADSL_SHAPE_FIELD(attn_scale),
         MEGADSL_SHAPE_FIELD(linear_layers),

@@ -146,9 +146,11 @@ struct shape {
   // temperature tuning; attn_floor_scale 0: off). Read by the blocks whose knobs say so.
   dim attention_chunk = 0;
   flag qk_l2_norm = false;
-  // GLM-4.5's use_qk_norm: per-head RMS norms of q and k, with weights, before RoPE (GLM-4.5,
-  // 4.6, 4.7: on; GLM-4.5-Air: off). Read by the compositions that choose their attention by it.
-  flag qk_rms_norm = false;
+  // config.json's use_qk_norm where it adds weighted per-head norms of q and k before RoPE, of the
+  // family's kind: GLM-4.5's RMS norms (GLM-4.5, 4.6, 4.7: on; GLM-4.5-Air: off), Cohere's
+  // LayerNorms with a weight for every head (Command R+: on; Command R: off). Read by the
+  // compositions that choose their attention by it.
+  flag use_qk_norm = false;
   real attn_floor_scale = 0.0;
   real attn_scale = 0.0;
   // Qwen3-Next's gated DeltaNet layers (0 elsewhere): bit i of linear_layers says layer i (< 63)
@@ -185,7 +187,7 @@ inline constexpr shape dynamic_shape = {
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
     .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic,
-    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .qk_rms_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic,
+    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .use_qk_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic,
     .linear_layers = dynamic, .linear_key_heads = dynamic, .linear_value_heads = dynamic, .linear_key_dim = dynamic,
     .linear_value_dim = dynamic, .linear_conv_kernel = dynamic};
 

@@ -70,6 +70,13 @@ constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64
   return q;
 }
 
+constexpr bool kv_replicated(const shape& s, const layout& l) { return s.kv_heads.get() < l.tp.get(); }
+// Whether a row holds kv heads, each replicated over tp / kv_heads ranks when kv_heads < tp: the
+// fused q/k/v (its k and v rows), a weight per kv head (Command R+'s k norm).
+constexpr bool holds_kv_heads(const param_row& row) {
+  return row.kind == shard_kind::fused_qkv || row.size == extent::kv_head_weights;
+}
+
 // Whether a row of the model's architecture exists under the shape's config switches and the head.
 constexpr bool present(const param_row& row, const shape& s, head_info h) {
   switch (row.when) {
@@ -245,6 +252,17 @@ constexpr param_plan plan_of(const param_row& row, const shape& s, const layout&
         const bool bias = is_bias(row);
         p.hf_shapes[0] = p.global = bias ? vec(rows) : mat(rows, h);
         p.local = bias ? vec(rows / tp) : mat(rows / tp, h);
+        p.split_dim = 0;
+        break;
+      }
+      // A weight per head (Command R+'s q/k norms): (heads, d) split with the query heads; (kv_heads, d)
+      // with the kv heads, each rank its group's one when kv_heads < tp (replicated like k_proj's rows).
+      if (row.size == extent::q_head_weights || row.size == extent::kv_head_weights) {
+        const bool q = row.size == extent::q_head_weights;
+        const std::int64_t local = q ? heads / tp : kv_replicated(s, l) ? 1 : kv / tp;
+        p.hf_shapes[0] = mat(q ? heads : kv, hd);
+        p.local = mat(local, hd);
+        p.global = mat(local * tp, hd);
         p.split_dim = 0;
         break;
       }

@@ -1,7 +1,9 @@
-// Q/K norms before RoPE: per head over head_dim (Qwen3) or over the full projection width
-// (OLMo2), each with the norm block it is given (its children: the q norm, the k norm); Llama 4's
-// per head without a weight.
+// Q/K norms before RoPE: per head over head_dim (Qwen3; Command R+ with a weight for every head) or
+// over the full projection width (OLMo2), each with the norm block it is given (its children: the
+// q norm, the k norm); Llama 4's per head without a weight.
 #include <ATen/ATen.h>
+
+#include <vector>
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -12,16 +14,25 @@ namespace {
 class per_head_qk_norm final : public qk_norm_module {
  public:
   explicit per_head_qk_norm(const block_build& b)
-      : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)), after_rope_(b.setting() == 1) {}
+      : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)),
+        after_rope_((b.setting() & modules::qk_norm_after_rope_bit) != 0),
+        weight_per_head_((b.setting() & modules::qk_norm_weight_per_head_bit) != 0) {}
   void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const override {
-    q = q_->forward(q, c);  // (T, G, Q, d), a (d) weight
-    k = k_->forward(k, c);  // (T, G, d)
+    if (weight_per_head_) {
+      // Weights (G*Q, d) for q, (G, d) for k: this rank's heads in HF's order (kv group, then query).
+      const std::vector<std::int64_t> grouped = q.sizes().vec();  // (T, G, Q, d)
+      q = q_->forward(q.reshape({grouped[0], grouped[1] * grouped[2], grouped[3]}), c).view(grouped);
+    } else {
+      q = q_->forward(q, c);  // (T, G, Q, d), a (d) weight
+    }
+    k = k_->forward(k, c);  // (T, G, d): a (d) or a (G, d) weight
   }
   [[nodiscard]] bool after_rope() const override { return after_rope_; }
 
  private:
   std::unique_ptr<norm_module> q_, k_;
-  bool after_rope_ = false;  // HunYuan's: on the rotated q and k (the block's setting 1)
+  bool after_rope_ = false;       // HunYuan's: on the rotated q and k
+  bool weight_per_head_ = false;  // Command R+'s: a weight for every head, held per tp rank
 };
 
 class full_width_qk_norm final : public qk_norm_module {

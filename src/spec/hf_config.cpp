@@ -106,7 +106,7 @@ constexpr key_name key_names[] = {
     {"swiglu_limit", "swiglu_limit"},
     {"attention_chunk", "attention_chunk_size"},
     {"qk_l2_norm", "use_qk_norm"},
-    {"qk_rms_norm", "use_qk_norm"},
+    {"use_qk_norm", "use_qk_norm"},
     {"attn_floor_scale", "floor_scale"},
     {"attn_scale", "attn_scale"},
     {"linear_layers", "layer_types (\"linear_attention\") / full_attention_interval"},
@@ -1259,7 +1259,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   s.attn_floor_scale = s.attn_scale = 0.0;
   if (fam->llama4_attention) read_llama4_attention(r, s);
   // GLM-4.5's per-head q/k RMS norms (off by default, as Glm4MoeConfig has them).
-  s.qk_rms_norm = fam->reads_qk_rms_norm &&
+  s.use_qk_norm = fam->reads_use_qk_norm &&
                   r.optional<bool>("use_qk_norm", false, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
   s.linear_layers = s.linear_key_heads = s.linear_value_heads = s.linear_key_dim = s.linear_value_dim = 0;
   s.linear_conv_kernel = 0;  // Qwen3-Next's, read by its blocks only
@@ -1705,7 +1705,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   }
   for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout
   if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
-  if (fam->reads_qk_rms_norm) j["use_qk_norm"] = s.qk_rms_norm.get();
+  if (fam->reads_use_qk_norm) j["use_qk_norm"] = s.use_qk_norm.get();
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
   if (fam->moe != nullptr) {

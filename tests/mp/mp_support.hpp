@@ -136,7 +136,7 @@ struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .
 struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
                                      .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                     .routed_scale = 2.5, .dense_layers = 0b11, .qk_rms_norm = true}> {
+                                     .routed_scale = 2.5, .dense_layers = 0b11, .use_qk_norm = true}> {
   static constexpr std::string_view name = "tiny8-glm4-5";
 };
 
@@ -312,6 +312,15 @@ struct tiny8_cohere : cohere<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_h
                                    .max_positions = 256, .rms_eps = 1e-5, .tie_embeddings = true, .rope_interleave = true,
                                    .logit_scale = 0.25}> {
   static constexpr std::string_view name = "tiny8-cohere";
+};
+
+// Command R+'s attention on Cohere's layer: q and k LayerNorm-ed per head with a weight for every
+// head (use_qk_norm), split over tp with the heads (at tp 4 each rank its kv group's k weight,
+// replicated over 2 ranks); q/k/v and o_proj biases.
+struct tiny8_cohere_plus : cohere<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_heads = 2, .ffn = 352, .vocab = 500,
+                                        .max_positions = 256, .rms_eps = 1e-5, .qkv_bias = true, .tie_embeddings = true,
+                                        .out_bias = true, .rope_interleave = true, .logit_scale = 0.25, .use_qk_norm = true}> {
+  static constexpr std::string_view name = "tiny8-cohere-plus";
 };
 
 // Seed-OSS's numbers: q/k/v biases without o_proj's, head_dim 48 != 128 / 4.

@@ -172,6 +172,8 @@ TEST_CASE("a distributed checkpoint saved at tp 2 x pp 2 loads at any layout: sa
   check_reshard<tiny8_tied, false, tp2_pp2, tp1_pp4, tp4_pp1, tp2_sp_rmpad, pp2_vpp2>(root);
   // Saved at tp 4: kv heads replicated over two ranks are written once, by their main replica.
   check_reshard<tiny8_tied, true, tp4_pp1, tp2_pp2, pp2_vpp2>(root);
+  // ... and Command R+'s k norm weight per kv head with them (and its q norm's split with the heads).
+  check_reshard<tiny8_cohere_plus, true, tp4_pp1, tp2_pp2>(root);
   // Saved at dp 2: only dp rank 0 writes.
   check_reshard<tiny8, false, tp2_sp_rmpad, tp1_pp4>(root);
   remove_root(*world.world, root);

@@ -61,7 +61,8 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // gate/up fused, RoPE on pairs of half of each head; HunYuan's q/k norms after RoPE and its fixed
 // NTK-alpha RoPE; Granite's four multipliers; Cohere2's one LayerNorm for attention and MLP side by
 // side, RoPE on pairs on its sliding layers only, its logit_scale; HunYuan MoE's softmax router under
-// mlp.gate.wg and its ungated shared MLP; Cohere's side-by-side layer with RoPE on pairs everywhere;
+// mlp.gate.wg and its ungated shared MLP; Cohere's side-by-side layer with RoPE on pairs everywhere,
+// and Command R+'s q/k LayerNorms with a weight for every head, split over tp with the heads;
 // Apertus's xIELU MLP with each layer's scalars (beta and eps 0-dim in the file); gpt-oss's learned
 // sinks, alternating windows, YaRN without truncation, biased router and experts with the clamped
 // SwiGLU, its experts stacked per layer as transformers stores them; Llama 4's chunked RoPE layers
@@ -78,7 +79,7 @@ constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3
                                         "mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5",
                                         "qwen3-moe-mixed-tf5", "seed-oss-tf5", "smollm3-tf5", "olmoe-tf5", "glm4-moe-tf5", "glm4-5-tf5",
                                         "deepseek-v3-tf5", "deepseek-v3-direct-q-tf5", "gemma3-text-tf5", "olmo3-tf5",
-                                        "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "apertus-tf5",
+                                        "exaone4-tf5", "ernie4-5-tf5", "glm4-tf5", "hunyuan-dense-tf5", "granite-tf5", "cohere2-tf5", "hunyuan-moe-tf5", "cohere-tf5", "cohere-qk-norm-tf5", "apertus-tf5",
                                         "gpt-oss-tf5", "llama4-tf5", "qwen3-next-tf5", "qwen3-5-tf5",
                                         "qwen3-5-moe-tf5", "ernie4-5-moe-tf5"};
 constexpr const char* moe_fixture_names[] = {"mixtral-tf5", "qwen2-moe-tf5", "qwen3-moe-tf5", "qwen2-moe-mixed-tf5", "olmoe-tf5",
@@ -473,6 +474,30 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
         }
       }
     CHECK(slotted == 2 * 2);  // the two linear layers' in_proj_qkv and conv
+  }
+
+  // Command R+'s q/k norms, a weight per head: a rollout rank gets its query heads' q weights and
+  // its kv group's k weight (2 kv heads over 4 rollout ranks: each replicated twice), from a model
+  // that holds them replicated too (tp 4).
+  const fs::path cr = fixtures / "cohere-qk-norm-tf5";
+  const shape cs = read_hf_config(cr).s;
+  constexpr layout lc{.tp = 4, .sp = true};
+  auto cgroups = parallel_groups::build(dist(), lc);
+  parallel_model<causal_lm<any_llama, lc>> mc(cgroups, options_for(cr), cs);
+  load_hf(mc, cgroups, cr);
+  const hf_checkpoint cck = hf_checkpoint::open(cr);
+  for (std::int64_t r = 0; r < 4; ++r) {
+    weight_stream stream(mc.parameters(), mc.config(), cgroups, {.dtype = at::kFloat, .shard_tp = 4, .shard_rank = r});
+    std::int64_t normed = 0;
+    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
+      for (const auto& [n, t] : bucket) {
+        INFO(n << " rollout rank " << r);
+        const at::Tensor full = cck.read(n, at::kFloat);  // (heads, d) or (kv_heads, d)
+        if (n.ends_with("q_norm.weight")) CHECK(at::equal(t, full.chunk(4, 0)[r]));
+        if (n.ends_with("k_norm.weight")) CHECK(at::equal(t, full.narrow(0, r * cs.kv_heads.get() / 4, 1)));
+        normed += n.ends_with("q_norm.weight") || n.ends_with("k_norm.weight");
+      }
+    CHECK(normed == 2 * cs.layers.get());
   }
 }
 

@@ -123,6 +123,8 @@ TEST_CASE("the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 and gpt_neox compos
   check_inference<tiny8_cohere2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(false);  // one norm, side by side
   check_inference<tiny8_cohere2, layout{.tp = 4, .sp = true}, false>(true);
   check_inference<tiny8_cohere, layout{.tp = 2, .rmpad = true, .cp = 2}, true>(true);  // context parallel
+  check_inference<tiny8_cohere_plus, layout{.tp = 4, .sp = true, .rmpad = true}, true>(true);  // a q/k norm weight per head
+  check_inference<tiny8_cohere_plus, layout{.tp = 2, .rmpad = true, .cp = 2}, false>(false);
   check_inference<tiny8_apertus, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, false>(true);  // xIELU
   check_inference<tiny8_apertus, layout{.tp = 4}, true>(false);
 }
@@ -154,13 +156,15 @@ TEST_CASE("five PPO steps of the qwen3, gemma, gemma2, olmo2, phi3, starcoder2 a
   check_training<tiny8_granite, layout{.tp = 2, .pp = 2, .sp = true}, true>(2);
   check_training<tiny8_cohere2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_cohere, layout{.tp = 2, .pp = 2, .rmpad = true}, false>(2);
+  check_training<tiny8_cohere_plus, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, true>(2);
   check_training<tiny8_apertus, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true}, false>(2);
   check_training<tiny8_apertus, layout{.tp = 2, .pp = 2}, true>(2);
 }
 
-TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 with its norms over 4 ranks, train like one process", "[world4][training][families]") {
+TEST_CASE("qwen3 at tp 4 with kv replication, olmo2 and Command R+ with their q/k norms over 4 ranks, train like one process", "[world4][training][families]") {
   check_training<tiny8_qwen3, layout{.tp = 4, .sp = true}, true>(2);
   check_training<tiny8_olmo2, layout{.tp = 4, .sp = true}, true>(2);  // q/k norms over 4 ranks
+  check_training<tiny8_cohere_plus, layout{.tp = 4, .sp = true, .rmpad = true}, false>(2);  // 2 kv heads' k weights over 4 ranks
 }
 
 TEST_CASE("dynamic batching (dp balanced by Karmarkar-Karp, a token budget) trains like one process", "[world4][pipeline][training]") {

@@ -226,6 +226,14 @@ struct olmo2_gqa : megadsl::olmo2<megadsl::shape{.hidden = 512, .layers = 4, .he
                                                  .vocab = 1000, .max_positions = 128}> {};
 static_assert(violates<olmo2_gqa, layout{.tp = 4}>("full_width_qk_norm_needs_kv_heads_per_rank"));
 static_assert(valid_layout<olmo2_gqa, layout{.tp = 2}>);
+// Command R+: q/k LayerNorms with a weight per head, split over tp with the heads.
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::command_r_plus, layout{.tp = 8}>>(
+                  "layers.{layer}.q_norm.weight") == megadsl::mat(96 / 8, 128));
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::command_r_plus, layout{.tp = 8}>>(
+                  "layers.{layer}.k_norm.weight") == megadsl::mat(1, 128));
+static_assert(valid_layout<megadsl::command_r_plus, layout{.tp = 16}>);  // the 8 kv heads' k weights replicated
+static_assert(megadsl::local_shape<megadsl::causal_lm<megadsl::command_r_plus, layout{.tp = 16}>>(
+                  "layers.{layer}.k_norm.weight") == megadsl::mat(1, 128));
 // HunYuan: q/k norms after RoPE, named query_layernorm / key_layernorm; RoPE on halves; under cp
 // each rank rotates and norms its own rows before the all-to-all.
 struct hunyuan_small : megadsl::hunyuan_dense<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2,

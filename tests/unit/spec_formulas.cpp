@@ -262,7 +262,7 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           expected += (vp - v) * h * vocab_tables;
           if (actor && tied && pp > 1) expected += vp * h;  // the last stage's copy
           const auto row = [&](std::string_view n) { return megadsl::find_row(*s.arch, n); };
-          // Per-head q/k norms (full width: split, not replicated) on the layers whose kind has them
+          // Per-head q/k norms (full width or a weight per head: split, not replicated) on the layers whose kind has them
           // (GLM-4.5's only where use_qk_norm says; none on Qwen3-Next's DeltaNet layers).
           const auto* q_norm = row("layers.{layer}.q_norm.weight");
           std::int64_t qk_norms = 0;

@@ -253,7 +253,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
-        ".attention_chunk = 0, .qk_l2_norm = false, .qk_rms_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
+        ".attention_chunk = 0, .qk_l2_norm = false, .use_qk_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
         ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
         ".linear_conv_kernel = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
@@ -620,9 +620,9 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
     for (std::int64_t i = 0; i < x.layers.get(); ++i) n += (q_norm->layer_kinds >> megadsl::kind_of_layer(x, i)) & 1u;
     return n;
   };
-  CHECK((!s.qk_rms_norm.get() && normed_layers(s) == 0));
+  CHECK((!s.use_qk_norm.get() && normed_layers(s) == 0));
   const shape normed = parse_hf_config(edited(glm, "\"attention_bias\": true", "\"attention_bias\": true, \"use_qk_norm\": true"), "x").s;
-  CHECK((normed.qk_rms_norm.get() && normed_layers(normed) == 4));
+  CHECK((normed.use_qk_norm.get() && normed_layers(normed) == 4));
   CHECK(megadsl::parameter_count(normed) == megadsl::parameter_count(s) + 4 * 2 * 32);  // 4 layers, q and k, head_dim 32
   const std::string written_normed = megadsl::hf_config_json(normed, "glm4_moe", false, "float32", {});
   CHECK_THAT(written_normed, Catch::Contains("\"use_qk_norm\": true"));
@@ -1030,7 +1030,7 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
                  Catch::Contains("save_pretrained(out)"));
 }
 
-TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", "[spec][hf_config]") {
+TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, Command R+'s q/k norms by use_qk_norm", "[spec][hf_config]") {
   const std::string c1 = R"({"model_type": "cohere", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "layer_norm_eps": 1e-05,
     "logit_scale": 0.0625, "use_qk_norm": false})";
@@ -1039,7 +1039,31 @@ TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, use_qk_norm refused", 
   CHECK((c.s.nope_layers.get() == 0 && !c.attention_window.any()));
   const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "cohere", false, "float32", c.attention_window), "w");
   CHECK(megadsl::mismatches(back.s, c.s).empty());
-  CHECK_THAT(error_of(edited(c1, "\"use_qk_norm\": false", "\"use_qk_norm\": true")), Catch::Contains("use_qk_norm"));
+  // use_qk_norm (Command R+): q_norm (heads, d) and k_norm (kv_heads, d) on every layer, each split
+  // over tp with its heads; written back; a model declared without them refuses such a checkpoint.
+  const shape normed = parse_hf_config(edited(c1, "\"use_qk_norm\": false", "\"use_qk_norm\": true"), "x").s;
+  CHECK((normed.use_qk_norm.get() && !c.s.use_qk_norm.get()));
+  const auto* k_norm = megadsl::find_row(megadsl::arch_of(normed), "layers.{layer}.k_norm.weight");
+  REQUIRE(k_norm != nullptr);
+  CHECK(k_norm->hf[0] == "model.layers.{layer}.self_attn.k_norm.weight");
+  CHECK((k_norm->layer_kinds >> megadsl::kind_of_layer(normed, 0) & 1u) == 1u);
+  CHECK((k_norm->layer_kinds >> megadsl::kind_of_layer(c.s, 0) & 1u) == 0u);
+  CHECK(megadsl::parameter_count(normed) == megadsl::parameter_count(c.s) + 2 * (4 + 4) * 16);  // 2 layers, 4 + 4 heads of 16
+  const megadsl::param_plan q_plan = megadsl::plan_of(*megadsl::find_row(megadsl::arch_of(normed), "layers.{layer}.q_norm.weight"),
+                                                      normed, layout{.tp = 2});
+  CHECK((q_plan.hf_shapes[0] == megadsl::mat(4, 16) && q_plan.local == megadsl::mat(2, 16) && q_plan.split_dim == 0));
+  const std::string written = megadsl::hf_config_json(normed, "cohere", false, "float32", c.attention_window);
+  CHECK_THAT(written, Catch::Contains("\"use_qk_norm\": true"));
+  CHECK(megadsl::mismatches(parse_hf_config(written, "w").s, normed).empty());
+  CHECK_FALSE(megadsl::mismatches(normed, c.s).empty());
+  // The k norm's weights follow the kv heads over tp: 2 kv heads over tp 4, each rank its group's.
+  const shape gqa = parse_hf_config(edited(edited(c1, "\"use_qk_norm\": false", "\"use_qk_norm\": true"),
+                                           "\"num_attention_heads\": 4", "\"num_attention_heads\": 4, \"num_key_value_heads\": 2"), "x").s;
+  CHECK(megadsl::check(gqa, layout{.tp = 4}).ok());
+  const megadsl::param_plan k_plan = megadsl::plan_of(*megadsl::find_row(megadsl::arch_of(gqa), "layers.{layer}.k_norm.weight"),
+                                                      gqa, layout{.tp = 4});
+  CHECK((k_plan.hf_shapes[0] == megadsl::mat(2, 16) && k_plan.local == megadsl::mat(1, 16) &&
+         k_plan.global == megadsl::mat(4, 16) && k_plan.split_dim == 0));
 }
 
 TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNet's heads, a quarter of each head rotated",

@@ -27,6 +27,8 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm_no_bias(const b
 
 // q/k norms before RoPE (src/layers/qk_norms.cpp); children: the q norm, the k norm
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
+// per_head_qk_norm's setting: these bits for norms after RoPE (HunYuan) and a weight per head (Command R+)
+inline constexpr std::int64_t qk_norm_after_rope_bit = 1, qk_norm_weight_per_head_bit = 2;
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const block_build& b);
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> l2_qk_norm(const block_build& b);
 

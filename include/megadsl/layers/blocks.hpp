@@ -31,6 +31,7 @@
 //   attention<attention_knobs{.rope = false}>  a NoPE layer: q and k are not rotated (SmolLM3)
 //   attention<{}, full_width_qk_norm<N>>  OLMo2: q and k normed over the whole projection, before RoPE
 //   attention<{}, per_head_qk_norm<N>>    Qwen3: q and k normed over head_dim, before RoPE
+//   attention<{}, headwise_qk_norm<N>>    Command R+: the same with a weight for every head
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
 //   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
@@ -379,7 +380,29 @@ struct per_head_qk_norm {
       nodes[i] = b.node(at.sub(ours[i], hf[i]), N::module, {}, N::label);
     }
     if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
-    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr, AfterRope ? 1 : 0);
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr,
+                  AfterRope ? modules::qk_norm_after_rope_bit : 0);
+  }
+};
+
+// Cohere (Command R+): q and k each normed over head_dim as per_head_qk_norm's, with a weight for
+// every head: q_norm.weight (heads, d), k_norm.weight (kv_heads, d), split over tp with the heads,
+// so each rank holds and steps its own heads' weights (with kv_heads < tp, its kv group's k weight,
+// replicated like its k rows, the replicas' gradients summed).
+template <norm_block N>
+struct headwise_qk_norm {
+  static constexpr std::string_view label = ", q/k norm per head, a weight per head";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    int nodes[2]{};
+    const std::string_view names[2] = {"q_norm", "k_norm"};
+    const extent sizes[2] = {extent::q_head_weights, extent::kv_head_weights};
+    for (int i = 0; i < 2; ++i) {
+      b.param(at.sub(names[i], names[i]), {.name = "weight", .kind = shard_kind::column, .hf = {"weight"}, .hf_count = 1,
+                                           .size = sizes[i], .init = N::init});
+      nodes[i] = b.node(at.sub(names[i], names[i]), N::module, {}, N::label);
+    }
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr,
+                  modules::qk_norm_weight_per_head_bit);
   }
 };
 
