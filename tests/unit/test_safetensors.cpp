@@ -16,6 +16,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "../../src/dist_metadata.hpp"
 
 namespace fs = std::filesystem;
 using namespace megadsl;
@@ -653,4 +654,21 @@ TEST_CASE("HF checkpoint: defects of a directory", "[io][hf][corrupt]") {
     write_text(dir / "file", "");
     CHECK_FAILS(write_hf_checkpoint(dir / "file" / "ckpt", {{"a", at::ones({1})}}), "cannot create the checkpoint directory");
   }
+}
+
+TEST_CASE("a distributed checkpoint's model reads the shape fields added since as the models written before them had them",
+          "[io][dist_checkpoint]") {
+  using megadsl::dist_metadata::fill_fields_added_later;
+  nlohmann::json before = {{"architecture", "llama"}};  // written before use_qk_norm existed: off
+  fill_fields_added_later(before);
+  CHECK(before.at("use_qk_norm") == false);
+  CHECK(before.at("logit_scale") == 1.0);
+  // The flag's first name (GLM-4.5's q/k norms, 2026-11): read under its name now, never lost.
+  nlohmann::json renamed = {{"architecture", "glm4_moe"}, {"qk_rms_norm", true}};
+  fill_fields_added_later(renamed);
+  CHECK(renamed.at("use_qk_norm") == true);
+  CHECK_FALSE(renamed.contains("qk_rms_norm"));
+  nlohmann::json both = {{"architecture", "cohere"}, {"qk_rms_norm", false}, {"use_qk_norm", true}};
+  fill_fields_added_later(both);
+  CHECK(both.at("use_qk_norm") == true);
 }
