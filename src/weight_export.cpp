@@ -216,7 +216,6 @@ hf_tensor_list weight_stream::next() {
         // (Phi-3, GPT-NeoX) cannot be sliced evenly.
         const shard_kind kind = p.plan->row->kind;
         const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
-        // A k norm's weight per kv head (kv_heads, d): one row per head.
         const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
                                   : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
                                   : p.plan->row->size == extent::kv_head_weights                           ? 1

@@ -1258,7 +1258,8 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   s.qk_l2_norm = false;
   s.attn_floor_scale = s.attn_scale = 0.0;
   if (fam->llama4_attention) read_llama4_attention(r, s);
-  // GLM-4.5's per-head q/k RMS norms (off by default, as Glm4MoeConfig has them).
+  // Weighted per-head q/k norms: GLM-4.5's RMS norms, Command R+'s LayerNorms (off by default, as
+  // Glm4MoeConfig and CohereConfig have them).
   s.use_qk_norm = fam->reads_use_qk_norm &&
                   r.optional<bool>("use_qk_norm", false, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
   s.linear_layers = s.linear_key_heads = s.linear_value_heads = s.linear_key_dim = s.linear_value_dim = 0;
