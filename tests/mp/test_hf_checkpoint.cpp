@@ -401,6 +401,25 @@ TEST_CASE("multimodal checkpoints as published: the text model matches transform
   check_multimodal<layout{.tp = 2, .ep = 2}>("llama4-vl-tf5");
 }
 
+// f(rollout rank, HF name, that rank's slice, the checkpoint's whole tensor) for every tensor each
+// rank of a rollout engine at tp `rollout_tp` gets from the fixture's model under layout L.
+template <layout L, class F>
+void for_each_rollout_slice(const std::string& name, std::int64_t rollout_tp, F&& f) {
+  const fs::path dir = fixtures / name;
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<any_llama, L>> m(groups, options_for(dir), read_hf_config(dir).s);
+  load_hf(m, groups, dir);
+  const hf_checkpoint ck = hf_checkpoint::open(dir);
+  for (std::int64_t r = 0; r < rollout_tp; ++r) {
+    weight_stream stream(m.parameters(), m.config(), groups, {.dtype = at::kFloat, .shard_tp = rollout_tp, .shard_rank = r});
+    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
+      for (const auto& [n, t] : bucket) {
+        INFO(name << ": " << n << " rollout rank " << r);
+        f(r, n, t, ck.read(n, at::kFloat));
+      }
+  }
+}
+
 TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every rank of any layout", "[world4][hf][export]") {
   for (const char* name : {"llama-gqa", "qwen2-tied-bias", "gpt-neox-tf5"}) {
     check_export<layout{.tp = 2, .pp = 2}>(name, 4096);
@@ -417,88 +436,55 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
 
   // A rollout engine's tp rank gets its slice: q/k/v and gate/up by rows, o/down by columns,
   // norms whole; with fewer kv heads than rollout ranks each gets its query group's kv head.
-  const fs::path dir = fixtures / "llama-gqa";
-  const shape s = read_hf_config(dir).s;
-  constexpr layout l{.tp = 2, .pp = 2};
-  auto groups = parallel_groups::build(dist(), l);
-  parallel_model<causal_lm<any_llama, l>> m(groups, options_for(dir), s);
-  load_hf(m, groups, dir);
-  const hf_checkpoint ck = hf_checkpoint::open(dir);
-  const std::int64_t rollout_tp = 4, kv = s.kv_heads.get(), hd = effective_head_dim(s).get();
-  for (std::int64_t r = 0; r < rollout_tp; ++r) {
-    weight_stream stream(m.parameters(), m.config(), groups, {.dtype = at::kFloat, .shard_tp = rollout_tp, .shard_rank = r});
-    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
-      for (const auto& [n, t] : bucket) {
-        INFO(n << " rollout rank " << r);
-        const at::Tensor full = ck.read(n, at::kFloat);
-        at::Tensor want = full;
-        if (n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos)
-          want = kv >= rollout_tp ? full.chunk(rollout_tp, 0)[r] : full.narrow(0, r * kv / rollout_tp * hd, hd);
-        else if (n.find("q_proj") != std::string::npos || n.find("gate_proj") != std::string::npos ||
-                 n.find("up_proj") != std::string::npos || n.find("embed_tokens") != std::string::npos ||
-                 n.find("lm_head") != std::string::npos)
-          want = full.chunk(rollout_tp, 0)[r];
-        else if (n.find("o_proj") != std::string::npos || n.find("down_proj") != std::string::npos)
-          want = full.chunk(rollout_tp, 1)[r];
-        CHECK(at::equal(t, want));
-      }
-  }
+  const shape gqa = read_hf_config(fixtures / "llama-gqa").s;
+  const std::int64_t kv = gqa.kv_heads.get(), hd = effective_head_dim(gqa).get();
+  for_each_rollout_slice<layout{.tp = 2, .pp = 2}>("llama-gqa", 4, [&](std::int64_t r, const std::string& n, const at::Tensor& t,
+                                                                        const at::Tensor& full) {
+    at::Tensor want = full;
+    if (n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos)
+      want = kv >= 4 ? full.chunk(4, 0)[r] : full.narrow(0, r * kv / 4 * hd, hd);
+    else if (n.find("q_proj") != std::string::npos || n.find("gate_proj") != std::string::npos ||
+             n.find("up_proj") != std::string::npos || n.find("embed_tokens") != std::string::npos ||
+             n.find("lm_head") != std::string::npos)
+      want = full.chunk(4, 0)[r];
+    else if (n.find("o_proj") != std::string::npos || n.find("down_proj") != std::string::npos)
+      want = full.chunk(4, 1)[r];
+    CHECK(at::equal(t, want));
+  });
 
   // Qwen3.5's DeltaNet: in_proj_qkv and the conv hold [all q | all k | all v]; a rollout rank gets
   // [q_r ; k_r ; v_r] (a merged column-parallel layer's shard), in_proj_z / dt_bias by rows,
   // out_proj by columns.
-  const fs::path q35 = fixtures / "qwen3-5-tf5";
-  const shape qs = read_hf_config(q35).s;
-  constexpr layout lq{.tp = 2, .sp = true};
-  auto qgroups = parallel_groups::build(dist(), lq);
-  parallel_model<causal_lm<any_llama, lq>> mq(qgroups, options_for(q35), qs);
-  load_hf(mq, qgroups, q35);
-  const hf_checkpoint qck = hf_checkpoint::open(q35);
+  const shape qs = read_hf_config(fixtures / "qwen3-5-tf5").s;
   const std::int64_t keys = qs.linear_key_heads.get() * qs.linear_key_dim.get();
   const std::int64_t values = qs.linear_value_heads.get() * qs.linear_value_dim.get();
-  for (std::int64_t r = 0; r < 2; ++r) {
-    weight_stream stream(mq.parameters(), mq.config(), qgroups, {.dtype = at::kFloat, .shard_tp = 2, .shard_rank = r});
-    std::int64_t slotted = 0;
-    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
-      for (const auto& [n, t] : bucket) {
-        INFO(n << " rollout rank " << r);
-        const at::Tensor full = qck.read(n, at::kFloat);
-        if (n.ends_with("in_proj_qkv.weight") || n.ends_with("conv1d.weight")) {
-          const auto slots = full.split_with_sizes({keys, keys, values}, 0);
-          CHECK(at::equal(t, at::cat({slots[0].chunk(2, 0)[r], slots[1].chunk(2, 0)[r], slots[2].chunk(2, 0)[r]})));
-          ++slotted;
-        } else if (n.ends_with("in_proj_z.weight") || n.ends_with("dt_bias")) {
-          CHECK(at::equal(t, full.chunk(2, 0)[r]));
-        } else if (n.ends_with("out_proj.weight")) {
-          CHECK(at::equal(t, full.chunk(2, 1)[r]));
-        }
-      }
-    CHECK(slotted == 2 * 2);  // the two linear layers' in_proj_qkv and conv
-  }
+  std::int64_t slotted = 0;
+  for_each_rollout_slice<layout{.tp = 2, .sp = true}>("qwen3-5-tf5", 2, [&](std::int64_t r, const std::string& n,
+                                                                            const at::Tensor& t, const at::Tensor& full) {
+    if (n.ends_with("in_proj_qkv.weight") || n.ends_with("conv1d.weight")) {
+      const auto slots = full.split_with_sizes({keys, keys, values}, 0);
+      CHECK(at::equal(t, at::cat({slots[0].chunk(2, 0)[r], slots[1].chunk(2, 0)[r], slots[2].chunk(2, 0)[r]})));
+      ++slotted;
+    } else if (n.ends_with("in_proj_z.weight") || n.ends_with("dt_bias")) {
+      CHECK(at::equal(t, full.chunk(2, 0)[r]));
+    } else if (n.ends_with("out_proj.weight")) {
+      CHECK(at::equal(t, full.chunk(2, 1)[r]));
+    }
+  });
+  CHECK(slotted == 2 * 2 * 2);  // each rollout rank: the two linear layers' in_proj_qkv and conv
 
   // Command R+'s q/k norms, a weight per head: a rollout rank gets its query heads' q weights and
   // its kv group's k weight (2 kv heads over 4 rollout ranks: each replicated twice), from a model
   // that holds them replicated too (tp 4).
-  const fs::path cr = fixtures / "cohere-qk-norm-tf5";
-  const shape cs = read_hf_config(cr).s;
-  constexpr layout lc{.tp = 4, .sp = true};
-  auto cgroups = parallel_groups::build(dist(), lc);
-  parallel_model<causal_lm<any_llama, lc>> mc(cgroups, options_for(cr), cs);
-  load_hf(mc, cgroups, cr);
-  const hf_checkpoint cck = hf_checkpoint::open(cr);
-  for (std::int64_t r = 0; r < 4; ++r) {
-    weight_stream stream(mc.parameters(), mc.config(), cgroups, {.dtype = at::kFloat, .shard_tp = 4, .shard_rank = r});
-    std::int64_t normed = 0;
-    for (hf_tensor_list bucket = stream.next(); !bucket.empty(); bucket = stream.next())
-      for (const auto& [n, t] : bucket) {
-        INFO(n << " rollout rank " << r);
-        const at::Tensor full = cck.read(n, at::kFloat);  // (heads, d) or (kv_heads, d)
-        if (n.ends_with("q_norm.weight")) CHECK(at::equal(t, full.chunk(4, 0)[r]));
-        if (n.ends_with("k_norm.weight")) CHECK(at::equal(t, full.narrow(0, r * cs.kv_heads.get() / 4, 1)));
-        normed += n.ends_with("q_norm.weight") || n.ends_with("k_norm.weight");
-      }
-    CHECK(normed == 2 * cs.layers.get());
-  }
+  const shape cs = read_hf_config(fixtures / "cohere-qk-norm-tf5").s;
+  std::int64_t normed = 0;
+  for_each_rollout_slice<layout{.tp = 4, .sp = true}>("cohere-qk-norm-tf5", 4, [&](std::int64_t r, const std::string& n,
+                                                                                   const at::Tensor& t, const at::Tensor& full) {
+    if (n.ends_with("q_norm.weight")) CHECK(at::equal(t, full.chunk(4, 0)[r]));  // (heads, d)
+    if (n.ends_with("k_norm.weight")) CHECK(at::equal(t, full.narrow(0, r * cs.kv_heads.get() / 4, 1)));  // (kv_heads, d)
+    normed += n.ends_with("q_norm.weight") || n.ends_with("k_norm.weight");
+  });
+  CHECK(normed == 4 * 2 * cs.layers.get());  // each rollout rank: both norms of every layer
 }
 
 TEST_CASE("a critic loads from an actor checkpoint and reports its new value head", "[world4][hf]") {
