@@ -299,18 +299,19 @@ trainer::trainer(model_hooks model, std::vector<named_parameter>& params, const 
   check(critic_cfg);
   s.actor_cfg = actor_cfg;
   s.critic_cfg = critic_cfg;
-  // Megatron's default: weight decay on matrices, none on biases and norm weights.
+  // Megatron's default: weight decay on matrices, none on biases and norm weights; or on all.
   std::vector<at::Tensor> decayed, plain;
   if (opt.distributed) s.slices = slices_of(params, groups);
   for (std::size_t i = 0; i < params.size(); ++i)
-    (params[i].tensor.dim() >= 2 ? decayed : plain).push_back(s.optimized(i));
+    (opt.decay_on == weight_decay_scope::all || params[i].tensor.dim() >= 2 ? decayed : plain)
+        .push_back(s.optimized(i));
   auto options = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(opt.lr).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(wd));
   };
   std::vector<torch::optim::OptimizerParamGroup> param_groups;
   param_groups.emplace_back(decayed, options(opt.weight_decay));
-  param_groups.emplace_back(plain, options(0.0));
+  if (!plain.empty()) param_groups.emplace_back(plain, options(0.0));
   s.adamw = std::make_unique<torch::optim::AdamW>(param_groups, torch::optim::AdamWOptions(opt.lr));
 }
 
@@ -328,6 +329,15 @@ void trainer::set_lr(double lr) {
   impl_->opt.lr_at = nullptr;
 }
 double trainer::lr() const { return impl_->opt.lr_at ? impl_->opt.lr_at(impl_->samples) : impl_->opt.lr; }
+void trainer::set_weight_decay(double wd) {
+  if (!(wd >= 0) || !std::isfinite(wd))
+    throw std::invalid_argument("megadsl: the weight decay must be a finite number >= 0, got " + std::to_string(wd));
+  impl_->opt.weight_decay = wd;
+  impl_->opt.weight_decay_at = nullptr;
+}
+double trainer::weight_decay() const {
+  return impl_->opt.weight_decay_at ? impl_->opt.weight_decay_at(impl_->samples) : impl_->opt.weight_decay;
+}
 
 namespace {
 std::vector<at::Tensor> moments_of(torch::optim::AdamW& adamw) {

@@ -15,6 +15,7 @@ void bind_distributed(pybind11::module_& m);  // distributed_bindings.cpp: init,
 void bind_model(pybind11::module_& m);        // model_bindings.cpp: Model, Trainer
 void bind_losses(pybind11::module_& m);       // loss_bindings.cpp: policy_loss, actor_loss, value_loss, kl_penalty
 void bind_kernels(pybind11::module_& m);      // kernel_bindings.cpp: kernels.chunk_gated_delta_rule, ...
+void bind_schedule(pybind11::module_& m);     // schedule_bindings.cpp: LrScheduler (Megatron's)
 
 // What Model.trainer() and the loss functions take as keywords (verl's names); an unknown keyword
 // or a bad value is one line (TypeError / ValueError) naming it. loss_bindings.cpp.

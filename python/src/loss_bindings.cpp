@@ -16,7 +16,7 @@ namespace megadsl::python {
 namespace {
 
 constexpr const char* optimizer_keys =
-    "lr, clip_grad, weight_decay, beta1, beta2, eps, lr_decay_style, min_lr, lr_warmup_init, lr_warmup_samples, "
+    "lr, clip_grad, weight_decay, weight_decay_on, beta1, beta2, eps, lr_decay_style, min_lr, lr_warmup_init, lr_warmup_samples, "
     "lr_decay_samples, lr_wsd_decay_samples, lr_wsd_decay_style, use_distributed_optimizer";
 constexpr const char* loss_keys =
     "policy_loss, clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_scale_factor, "
@@ -49,6 +49,14 @@ loss_options loss_options_of(const py::kwargs& kwargs, const char* where, bool w
     if (with_optimizer && key == "lr") o.opt.lr = number();
     else if (with_optimizer && key == "clip_grad") o.opt.clip_grad = number();
     else if (with_optimizer && key == "weight_decay") o.opt.weight_decay = number();
+    else if (with_optimizer && key == "weight_decay_on") {  // Megatron's "matrices" (default) or torch's "all"
+      const std::string n = name();
+      if (n != "matrices" && n != "all")
+        throw py::value_error(std::string("megadsl: ") + where + ": weight_decay_on is \"matrices\" (Megatron: no " +
+                              "decay on biases and norms) or \"all\" (every parameter, as torch's AdamW), got \"" +
+                              n + "\"");
+      o.opt.decay_on = n == "all" ? weight_decay_scope::all : weight_decay_scope::matrices;
+    }
     else if (with_optimizer && key == "beta1") o.opt.beta1 = number();
     else if (with_optimizer && key == "beta2") o.opt.beta2 = number();
     else if (with_optimizer && key == "eps") o.opt.eps = number();

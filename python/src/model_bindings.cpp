@@ -466,8 +466,9 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
         t->t = self->make_trainer(o.opt, o.actor, o.critic);
         return t;
       },
-      R"(A trainer of this model with verl's losses: AdamW (lr=1e-5, clip_grad=1.0, weight_decay=0.01, beta1,
-beta2, eps; use_distributed_optimizer=True: Megatron's distributed optimizer, the moments sharded
+      R"(A trainer of this model with verl's losses: AdamW (lr=1e-5, clip_grad=1.0, weight_decay=0.01,
+weight_decay_on="matrices" (Megatron's rule: no decay on biases and norms) or "all" (torch's AdamW over
+every parameter, as verl's FSDP engine), beta1, beta2, eps; use_distributed_optimizer=True: Megatron's distributed optimizer, the moments sharded
 over dp, the same numbers as the replicated one) and, for the actor, verl's policy loss (policy_loss="vanilla" | "gspo" | "gpg" |
 "clip_cov" | "kl_cov"; clip_ratio=0.2, clip_ratio_low, clip_ratio_high, clip_ratio_c=3.0 (dual-clip),
 loss_agg_mode="token-mean" | "token-sum" | "seq-mean-token-sum" | "seq-mean-token-mean" |
@@ -571,7 +572,7 @@ raise while offloaded.)");
       .def(
           "step",
           [](py_trainer& self, const py::dict& batch, std::int64_t microbatches, std::optional<std::int64_t> max_token_len,
-             const py::object& loss_fn, bool dp_local) {
+             const py::object& loss_fn, bool dp_local, std::optional<std::int64_t> min_microbatches) {
             if (self.model->closed())
               throw std::runtime_error("megadsl: this Trainer's Model is closed (Model.close(), megadsl.shutdown() or exit)");
             const bool custom = !loss_fn.is_none();
@@ -588,7 +589,9 @@ raise while offloaded.)");
               if (max_token_len) {
                 micro_batch_options o;
                 o.max_token_len = *max_token_len;
-                o.min_num_micro_batch = self.model->config().l.pp.get();
+                if (min_microbatches && *min_microbatches < 1)
+                  throw std::invalid_argument("megadsl: Trainer.step: min_microbatches must be positive");
+                o.min_num_micro_batch = min_microbatches.value_or(self.model->config().l.pp.get());
                 o.divisible_by = self.model->config().l.vpp.get() > 1 ? self.model->config().l.pp.get() : 1;
                 out = self.t->step(r, o, so);
               } else {
@@ -598,10 +601,11 @@ raise while offloaded.)");
             return metrics_of(out);
           },
           py::arg("batch"), py::arg("microbatches") = 1, py::kw_only(), py::arg("max_token_len") = py::none(),
-          py::arg("loss_fn") = py::none(), py::arg("dp_local") = false,
+          py::arg("loss_fn") = py::none(), py::arg("dp_local") = false, py::arg("min_microbatches") = py::none(),
           R"(One optimizer step on the global batch (the same tensors on every rank; each dp rank trains on
 its rows), split into `microbatches` per dp rank, or with max_token_len into micro-batches of at
-most that many real tokens (verl's dynamic batching). Batch fields: input_ids, attention_mask,
+most that many real tokens (verl's dynamic batching; at least min_microbatches of them, by default the
+pipeline's stages, 1 as verl's engines ask). Batch fields: input_ids, attention_mask,
 loss_mask, and old_log_probs, advantages (ref_log_probs with kl_coeff > 0) for the actor, or
 old_values, returns for the critic. With loss_fn(outputs, micro_batch, counts) -> loss or (loss,
 metrics), your loss runs per micro-batch on the last pipeline stage in place of the configured one
@@ -641,6 +645,17 @@ case the update was not applied (Megatron's rule; Trainer.skipped counts them).)
           },
           "The learning rate the next step uses; setting it replaces the schedule from then on (an engine "
           "that runs its own scheduler, as verl's do, sets it before each step).")
+      .def_property(
+          "weight_decay", [](const py_trainer& self) { return self.t->weight_decay(); },
+          [](py_trainer& self, double wd) {
+            try {
+              self.t->set_weight_decay(wd);
+            } catch (const std::invalid_argument& e) {
+              throw py::value_error(e.what());
+            }
+          },
+          "The weight decay the next step applies (to the parameters weight_decay_on names); setting it "
+          "replaces the schedule's from then on.")
       .def_property_readonly("steps", [](const py_trainer& self) { return self.t->steps_done(); })
       .def_property_readonly("samples", [](const py_trainer& self) { return self.t->samples_done(); })
       .def_property_readonly("skipped", [](const py_trainer& self) { return self.t->steps_skipped(); })

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   megadsl::python::bind_model(m);
   megadsl::python::bind_losses(m);
   megadsl::python::bind_kernels(m);
+  megadsl::python::bind_schedule(m);
 }

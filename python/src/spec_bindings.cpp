@@ -13,6 +13,7 @@
 #include "megadsl/hf_config.hpp"
 #include "megadsl/models/registry.hpp"
 #include "megadsl/plan_report.hpp"
+#include "megadsl/rank_grid.hpp"
 
 namespace py = pybind11;
 
@@ -201,6 +202,29 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
                     [](layout& l, std::int64_t v) { l.vocab_pad_multiple = v; })
       .def_property_readonly("model_parallel_size", [](const layout& l) { return l.tp.get() * l.pp.get(); },
                              "tp * pp: the ranks of one model replica")
+      .def(
+          "coords",
+          [](const layout& l, std::int64_t rank, std::int64_t world) {
+            rank_grid g;
+            try {
+              g = rank_grid::from(l, world);
+            } catch (const std::invalid_argument& e) {
+              throw py::value_error(e.what());
+            }
+            if (rank < 0 || rank >= world)
+              throw py::value_error("megadsl: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world) + ")");
+            const rank_coords c = g.coords(rank);
+            py::dict d;
+            d["tp"] = c.tp;
+            d["cp"] = c.cp;
+            d["dp"] = c.dp;
+            d["pp"] = c.pp;
+            d["dp_size"] = g.dp;
+            return d;
+          },
+          py::arg("rank"), py::arg("world"),
+          "This rank's place in Megatron's tp-cp-dp-pp grid of `world` ranks: tp, cp, dp, pp and dp_size "
+          "(a ValueError, rule world_fits_layout, when world is not a multiple of tp * pp * cp).")
       .def("__eq__", [](const layout& a, const layout& b) { return same_layout(a, b); }, py::is_operator())
       .def("__repr__", &layout_repr)
       .def(py::pickle([](const layout& l) {

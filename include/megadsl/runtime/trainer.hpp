@@ -23,10 +23,16 @@
 
 namespace megadsl {
 
+// The parameters weight decay applies to: Megatron's rule (matrices only; no decay on biases, norm
+// weights and other vectors), or every parameter (torch's AdamW over model.parameters(), as verl's
+// FSDP engine builds it).
+enum class weight_decay_scope : std::uint8_t { matrices, all };
+
 struct optimizer_config {
   double lr = 1e-5;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double weight_decay = 0.01;  // on matrices only (Megatron: no decay for biases and norms)
+  double weight_decay = 0.01;
+  weight_decay_scope decay_on = weight_decay_scope::matrices;
   double clip_grad = 1.0;      // global gradient norm; <= 0 disables clipping
   // Megatron's distributed optimizer (verl's default, use_distributed_optimizer): each dp rank
   // keeps the AdamW moments of 1/dp of every parameter (of an expert's over the expert-data-
@@ -156,6 +162,9 @@ class trainer {
   // for a caller that runs its own scheduler (verl's engines step theirs once per batch).
   void set_lr(double lr);
   [[nodiscard]] double lr() const;  // the rate the next step uses
+  // The weight decay of the following steps, in place of optimizer_config's (and its schedule).
+  void set_weight_decay(double wd);
+  [[nodiscard]] double weight_decay() const;
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t samples_done() const;
   // Steps whose gradient norm or loss was not finite, so not applied (step_metrics::skipped).
