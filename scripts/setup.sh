@@ -39,23 +39,27 @@ then
   .venv/bin/pip install -q "${python_packages[@]}"
 fi
 
-# Test dependency, not the library's: verl's own loss functions are the oracle of
-# python/tests/test_verl_losses.py, and verl's engine interface (BaseEngine, EngineRegistry, its
-# ppo_loss / value_loss) that megadsl.verl implements is exercised by python/tests/test_verl_engine.py.
-# verl pins an older transformers than the fixtures', so it goes in without its dependencies, with
-# just what `verl.trainer.ppo.core_algos` and `verl.workers.engine` / `verl.workers.utils.losses`
-# import (ray, tensordict, omegaconf, hydra, peft, accelerate, datasets and theirs), pinned.
-verl_packages=(ray==2.60.0 tensordict==0.10.0 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3)
-verl_nodeps=(verl==0.9.1 hydra-core==1.3.8 codetiming==1.4.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0
-             multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 dill==0.4.1 xxhash==4.1.0
-             python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 pillow==13.0.0)
-if ! .venv/bin/python - <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-sys.exit(m.version("verl") != "0.9.1" or m.version("tensordict") != "0.10.0" or m.version("peft") != "0.21.2")
+# The verl environment: verl's own trainers and workers (the SFT trainer, the PPO workers) run megadsl
+# in it, and verl's losses are the oracle of megadsl's. verl 0.9.1 pins an older transformers than the
+# fixtures', so it has a virtual environment of its own, .venv-verl, with the versions verl requires
+# (scripts/verl-env.txt), over the same torch: a .pth file after its own site-packages reads .venv's.
+verl_site=.venv-verl/lib/python$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')/site-packages
+if [ ! -x .venv-verl/bin/python ]; then
+  echo "setup: creating .venv-verl"
+  python3 -m venv .venv-verl
+fi
+.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$verl_site/zz-megadsl-torch.pth"
+if ! .venv-verl/bin/python - scripts/verl-env.txt <<'PY' 2>/dev/null
+import importlib.metadata as m, pathlib, sys
+want = [l.split("==") for l in pathlib.Path(sys.argv[1]).read_text().splitlines() if l and not l.startswith("#")]
+site = pathlib.Path(sys.prefix).resolve()
+for name, version in want:
+    d = m.distribution(name)
+    if d.version != version or site not in pathlib.Path(d.locate_file("")).resolve().parents:
+        sys.exit(1)
 PY
 then
-  echo "setup: installing verl 0.9.1 (test oracle of the losses) into .venv"
-  # (pip notes that verl's own requirements are not met: expected, verl is only imported for its losses)
-  .venv/bin/pip install -q "${verl_packages[@]}"
-  .venv/bin/pip install -q --no-deps "${verl_nodeps[@]}"
+  echo "setup: installing verl 0.9.1 and its requirements into .venv-verl (scripts/verl-env.txt)"
+  .venv-verl/bin/pip install -q --upgrade pip
+  .venv-verl/bin/pip install -q --no-deps --ignore-installed -r scripts/verl-env.txt
 fi

@@ -15,6 +15,9 @@ sys.path.insert(0, str(HERE))  # helpers.py, importable by the ranks launch_loca
 
 FIXTURES = Path(os.environ.get("MEGADSL_FIXTURES", HERE.parent.parent / "tests" / "fixtures"))
 
+# verl's trainers and workers run in the verl environment (.venv-verl), as CTest's python.verl: not here.
+collect_ignore = ["verl"]
+
 
 @pytest.fixture(scope="session")
 def fixtures():

@@ -14,9 +14,7 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("verl.workers.engine.base", reason="verl (scripts/setup.sh installs it)")
-
-import verl_engine_ranks as ranks  # noqa: E402
+import verl_engine_ranks as ranks
 
 WORLD = 8
 TOL = 1e-5
@@ -148,16 +146,18 @@ def test_dynamic_batching_in_one_process_matches(job, fixtures, role):
 
 
 def test_router_replay_fields_reach_the_model(fixtures):
-    """A batch's routed_experts (verl's router replay, jagged per sequence) route the mixture's
-    tokens in infer_batch: the engine's log-probs are the model's under that routing, not the live."""
+    """With router_replay R3, a batch's routed_experts (the rollout's routing, jagged per sequence)
+    route the mixture's tokens in infer_batch: the engine's log-probs are the model's under that
+    routing, not the live."""
     import megadsl.verl
-    from verl.workers.config import HFModelConfig
+    from verl.workers.config import EngineRouterReplayConfig, HFModelConfig
     from verl.workers.engine.base import EngineRegistry
 
     path = str(fixtures / "qwen3-moe-tf5")
     engine = EngineRegistry.new(model_type="language_model", backend="megadsl",
                                 model_config=HFModelConfig(path=path, use_remove_padding=True, load_tokenizer=False),
-                                engine_config=megadsl.verl.MegadslEngineConfig(forward_only=True),
+                                engine_config=megadsl.verl.MegadslEngineConfig(
+                                    forward_only=True, router_replay=EngineRouterReplayConfig(mode="R3")),
                                 optimizer_config=None, checkpoint_config=None)
     engine.initialize()
     data = ranks.make_batch(0, engine.model.vocab)

@@ -124,8 +124,8 @@ def defined_positions(data, critic):
 
 
 def reference_run(path, critic):
-    """Single process: transformers, verl's loss on the whole mini-batch (dp 1), torch's AdamW with
-    Megatron's decay groups (matrices only) and verl's cosine schedule. Per step: the loss, the
+    """Single process: transformers, verl's loss on the whole mini-batch (dp 1), torch's AdamW over
+    every parameter (what verl's FSDP engine builds for FSDPOptimizerConfig) and verl's cosine schedule. Per step: the loss, the
     grad norm, each micro-batch's metrics as verl's engines at dp 2 would give them; and the
     weights after the last step."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -140,9 +140,7 @@ def reference_run(path, critic):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     vocab = model.config.vocab_size
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.999), eps=EPS)
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=EPS, weight_decay=0.01)  # verl's FSDP engine's
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=1, num_training_steps=STEPS, min_lr_ratio=0.1)
     loss_fn = partial(value_loss, config=critic_config()) if critic else partial(ppo_loss, config=actor_config())
     steps = []

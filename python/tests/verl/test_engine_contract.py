@@ -1,0 +1,199 @@
+"""The engine as verl's code meets it, in one process: what it answers before initialize() (verl's
+TrainingWorker asks for the dp rank first), one line naming the call, the key or the field for a
+wrong order, a config key of another engine, an unsupported option or a batch without what the loss
+reads; McoreOptimizerConfig trained as verl's Megatron engine would (Megatron's decay rule and
+verl's get_megatron_optimizer_param_scheduler); checkpoint.save_contents / load_contents."""
+
+from functools import partial
+
+import pytest
+import torch
+
+import megadsl.verl
+import verl_engine_ranks as ranks
+from verl.utils import tensordict_utils as tu
+from verl.trainer.config import CheckpointConfig
+from verl.workers.config import FSDPOptimizerConfig, HFModelConfig, McoreOptimizerConfig
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.utils.losses import ppo_loss
+
+
+def engine(path, critic=False, optim=None, checkpoint=None, **config):
+    return EngineRegistry.new(model_type="value_model" if critic else "language_model", backend="megadsl",
+                              model_config=HFModelConfig(path=str(path), use_remove_padding=True, load_tokenizer=False),
+                              engine_config=megadsl.verl.MegadslEngineConfig(**config),
+                              optimizer_config=optim or FSDPOptimizerConfig(lr=1e-4),
+                              checkpoint_config=checkpoint)
+
+
+@pytest.fixture(scope="module")
+def qwen3(fixtures):
+    return fixtures / "qwen3-tf5"
+
+
+def test_verl_asks_for_the_layout_before_initialize(qwen3):
+    e = engine(qwen3)
+    assert e.model is None  # nothing loaded yet
+    assert (e.get_data_parallel_rank(), e.get_data_parallel_size(), e.get_data_parallel_group()) == (0, 1, None)
+    assert e.is_mp_src_rank_with_outputs()
+
+
+@pytest.mark.parametrize("call", ["train_batch", "infer_batch", "lr_scheduler_step", "to", "save_checkpoint"])
+def test_a_call_before_initialize_names_it(qwen3, call):
+    e = engine(qwen3)
+    args = {"train_batch": (ranks.make_batch(0, 300), partial(ppo_loss, config=ranks.actor_config())),
+            "infer_batch": (ranks.make_batch(0, 300),), "lr_scheduler_step": (), "to": ("cpu",),
+            "save_checkpoint": ("/nonexistent",)}[call]
+    with pytest.raises(RuntimeError, match=r"^megadsl.verl: call engine.initialize\(\) first") as info:
+        getattr(e, call)(*args)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(optim=FSDPOptimizerConfig(lr=1e-4, optimizer_impl="torchao.optim", optimizer="_AdamW")),
+     "optimizer '_AdamW' is not supported"),
+    (dict(full_determinism=True), "full_determinism is not supported yet"),
+    (dict(dtype="float16"), "dtype 'float16' is not one of"),
+    (dict(router_replay={"mode": "R2"}), "router_replay.mode R2 needs a mixture of experts"),
+    (dict(checkpoint=CheckpointConfig(save_contents=["optimizer"])), "names optimizer without model"),
+    (dict(tensor_model_parallel_size=3), "heads_divisible_by_tp"),
+])
+def test_an_unsupported_option_is_one_line(qwen3, config, match):
+    from verl.workers.config import EngineRouterReplayConfig
+
+    if "router_replay" in config:
+        config["router_replay"] = EngineRouterReplayConfig(**config["router_replay"])
+    with pytest.raises((ValueError, TypeError), match=match) as info:
+        e = engine(qwen3, **config)
+        e.initialize()
+    assert "\n" not in str(info.value), str(info.value)
+
+
+def test_lora_is_refused(qwen3):
+    with pytest.raises(ValueError, match="LoRA .* is not supported yet"):
+        EngineRegistry.new(model_type="language_model", backend="megadsl",
+                           model_config=HFModelConfig(path=str(qwen3), load_tokenizer=False, lora_rank=8),
+                           engine_config=megadsl.verl.MegadslEngineConfig(), optimizer_config=None)
+
+
+def test_another_engines_keys_name_the_key_and_the_group():
+    """The README's first attempt: verl's fsdp engine group with only _target_ and strategy replaced."""
+    from hydra import compose, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        cfg = compose("sft_trainer_engine", overrides=["engine._target_=megadsl.verl.MegadslEngineConfig",
+                                                       "engine.strategy=megadsl"])
+    with pytest.raises(Exception) as info:
+        omega_conf_to_dataclass(cfg.engine)
+    assert "engine config key 'entropy_checkpointing' is not one of megadsl's" in str(info.value)
+    assert "engine=megadsl" in str(info.value)
+
+
+def test_the_config_groups_reach_verls_trainers():
+    from hydra import compose, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        sft = compose("sft_trainer_engine", overrides=["engine=megadsl", "engine.tensor_model_parallel_size=2"])
+        ppo = compose("ppo_trainer", overrides=["model_engine=megadsl",
+                                                "actor_rollout_ref.actor.megadsl.pipeline_model_parallel_size=2"])
+    assert omega_conf_to_dataclass(sft.engine).tensor_model_parallel_size == 2
+    assert ppo.actor_rollout_ref.actor.strategy == ppo.actor_rollout_ref.ref.strategy == ppo.critic.strategy == "megadsl"
+    ref = ppo.actor_rollout_ref.ref.megadsl
+    assert ref.forward_only and ref.pipeline_model_parallel_size == 2  # the reference follows the actor's layout
+
+
+@pytest.mark.parametrize("field, match", [
+    ("loss_mask", "field 'loss_mask' is missing"),
+    ("advantages", "field 'advantages' is missing: verl's ppo_loss reads it"),
+    ("temperature", "temperature has 3 values for 8 rows"),
+    ("responses", "row 0: prompt .* tokens are not its"),
+])
+def test_a_batch_without_what_the_loss_reads_names_the_field(qwen3, field, match):
+    e = engine(qwen3)
+    e.initialize()
+    data = ranks.make_batch(0, e.model.vocab)
+    if field == "temperature":
+        tu.assign_non_tensor(data, temperature=torch.ones(3))
+    elif field == "responses":
+        data["responses"] = torch.nested.as_nested_tensor([r[:-1] if len(r) > 1 else r for r in data["responses"].unbind()],
+                                                          layout=torch.jagged)
+    else:
+        data.pop(field)
+    with pytest.raises(ValueError, match=match) as info:
+        with e.train_mode():
+            e.train_batch(data, loss_function=partial(ppo_loss, config=ranks.actor_config()))
+    assert "\n" not in str(info.value)
+    e.model.close()
+
+
+def test_megatron_optimizer_config_trains_as_verls_megatron_engine(qwen3):
+    """McoreOptimizerConfig: AdamW with Megatron's decay rule (matrices only) and verl's Megatron
+    scheduler (get_megatron_optimizer_param_scheduler over megatron-core's OptimizerParamScheduler,
+    stepped once per lr_scheduler_step): the same losses, grad norms, rates and weights as a single
+    process running them on transformers."""
+    from transformers import AutoModelForCausalLM
+    from verl.utils.megatron.optimizer import get_megatron_optimizer_param_scheduler
+
+    oc = McoreOptimizerConfig(lr=1e-3, min_lr=1e-4, lr_warmup_init=1e-5, lr_warmup_steps=1, lr_decay_style="cosine",
+                              total_training_steps=ranks.STEPS, weight_decay=0.1, clip_grad=1.0,
+                              override_optimizer_config={"eps": ranks.EPS})
+    e = engine(qwen3, optim=oc, use_dynamic_bsz=False, micro_batch_size_per_gpu=ranks.MICRO, export_dtype="fp32")
+    e.initialize()
+    model = AutoModelForCausalLM.from_pretrained(str(qwen3), dtype=torch.float32)
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "wd_mult": 1.0},
+                             {"params": [p for p in params if p.dim() < 2], "wd_mult": 0.0}],
+                            lr=oc.lr, betas=(0.9, 0.999), eps=ranks.EPS, weight_decay=oc.weight_decay)
+    sched = get_megatron_optimizer_param_scheduler(opt, oc)  # sets each group's lr and weight_decay
+    loss_fn = partial(ppo_loss, config=ranks.actor_config())
+    for step in range(ranks.STEPS):
+        data = ranks.make_batch(step, e.model.vocab)
+        lr_before = opt.param_groups[0]["lr"]
+        with e.train_mode():
+            out = e.train_batch(data.clone(), loss_function=loss_fn)
+            lr = e.lr_scheduler_step()
+        tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(data["loss_mask"].sum()))
+        opt.zero_grad()
+        loss, _ = loss_fn(model_output=ranks.reference_output(model, data, False), data=data)
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+        assert abs(e.trainer.lr - lr) < 1e-15 and abs(out["metrics"]["grad_norm"] - norm) < 1e-5 * max(1, norm)
+        assert abs(sum(out["loss"]) - loss.item()) < 1e-5
+        opt.step()
+        sched.step(1)
+        assert abs(opt.param_groups[0]["lr"] - lr) < 1e-12, (step, lr, opt.param_groups[0]["lr"], lr_before)
+    assert opt.param_groups[1]["weight_decay"] == 0.0 and opt.param_groups[0]["weight_decay"] == oc.weight_decay
+    mine = dict(e.get_per_tensor_param()[0])
+    for name, w in model.state_dict().items():
+        assert (mine[name] - w).abs().max().item() < 1e-5, name
+    e.model.close()
+
+
+def test_checkpoint_contents_are_honoured(qwen3, tmp_path):
+    """save_contents [model] writes no optimizer state; loading it with the default load_contents
+    (model, optimizer, extra) names what is missing; load_contents [model] loads the weights alone."""
+    data = ranks.make_batch(0, 300)
+    loss_fn = partial(ppo_loss, config=ranks.actor_config())
+    saver = engine(qwen3, checkpoint=CheckpointConfig(save_contents=["model"]), use_dynamic_bsz=False,
+                   micro_batch_size_per_gpu=ranks.MICRO)
+    saver.initialize()
+    with saver.train_mode():
+        saver.train_batch(data.clone(), loss_function=loss_fn)
+    saver.save_checkpoint(str(tmp_path / "ckpt"), global_step=1)
+    saved = dict(saver.get_per_tensor_param()[0])
+    saver.model.close()
+    full = engine(qwen3, checkpoint=CheckpointConfig())
+    full.initialize()
+    with pytest.raises(ValueError, match="load_contents names optimizer, which .* does not hold"):
+        full.load_checkpoint(str(tmp_path / "ckpt"))
+    full.model.close()
+    weights_only = engine(qwen3, checkpoint=CheckpointConfig(save_contents=["model", "optimizer", "extra"],
+                                                             load_contents=["model"]))
+    weights_only.initialize()
+    weights_only.load_checkpoint(str(tmp_path / "ckpt"))
+    for name, w in weights_only.get_per_tensor_param()[0]:
+        assert torch.equal(w, saved[name]), name
+    assert weights_only.trainer.optimizer_bytes == 0  # a fresh AdamW: nothing loaded into it
+    weights_only.model.close()
