@@ -63,3 +63,9 @@ then
   .venv-verl/bin/pip install -q --upgrade pip
   .venv-verl/bin/pip install -q --no-deps --ignore-installed -r scripts/verl-env.txt
 fi
+# torch's torchrun in the verl environment (torch's console scripts are in .venv/bin).
+if [ ! -x .venv-verl/bin/torchrun ]; then
+  printf '#!%s\n# torchrun of the torch .venv-verl reads from .venv\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
+    "$PWD/.venv-verl/bin/python" > .venv-verl/bin/torchrun
+  chmod +x .venv-verl/bin/torchrun
+fi

@@ -46,8 +46,9 @@ def run(world, args, log, timeout=900, env_extra=None, module="verl.trainer.sft_
     env = environment(log)
     env.update(env_extra or {})
     target = [script] if script else ["-m", module]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={free_port()}",
-           *target, *args]
+    torchrun = Path(sys.executable).parent / "torchrun"  # the verl environment's (scripts/setup.sh)
+    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [*launcher, f"--nproc-per-node={world}", f"--master-port={free_port()}", *target, *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                        cwd=Path(log).parent)  # hydra writes its outputs/ folder there
     steps = {}

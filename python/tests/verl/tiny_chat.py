@@ -7,7 +7,6 @@ random weights saved by transformers, and verl's SFT data as parquet (`messages`
 """
 
 import argparse
-import json
 import random
 from pathlib import Path
 
@@ -50,13 +49,14 @@ def make_tokenizer(texts, out):
     return fast
 
 
-def make_model(tokenizer, out, moe, seed):
+def make_model(tokenizer, out, moe, seed, hidden=64, layers=4):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                  num_attention_heads=hidden // 16, num_key_value_heads=hidden // 32, head_dim=16,
+                  max_position_embeddings=512, rms_norm_eps=1e-6,
                   bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                   tie_word_embeddings=False)
     if moe:
@@ -64,7 +64,7 @@ def make_model(tokenizer, out, moe, seed):
                                 num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         model = Qwen3MoeForCausalLM(config)
     else:
-        model = LlamaForCausalLM(LlamaConfig(**common, intermediate_size=128))
+        model = LlamaForCausalLM(LlamaConfig(**common, intermediate_size=2 * hidden))
     with torch.no_grad():  # larger than the init's 0.02, so a few steps move the numbers
         for p in model.parameters():
             if p.dim() >= 2:
@@ -82,16 +82,18 @@ def make_model(tokenizer, out, moe, seed):
     tokenizer.save_pretrained(Path(out) / "critic")
 
 
-def make(out, moe=False, seed=7):
+def make(out, moe=False, seed=7, hidden=64, layers=4, train=32):
     import pandas as pd
+    from transformers.utils import logging
 
+    logging.set_verbosity_error()  # the critic's load report (lm_head unused, score new) is expected
     out = Path(out)
-    convs = conversations(48, seed)
+    convs = conversations(train + 16, seed)
     texts = [m["content"] for c in convs for m in c] + SPECIAL
     tokenizer = make_tokenizer(texts, out / "model")
-    make_model(tokenizer, out / "model", moe, seed)
-    pd.DataFrame({"messages": [json.loads(json.dumps(c)) for c in convs[:32]]}).to_parquet(out / "train.parquet")
-    pd.DataFrame({"messages": convs[32:]}).to_parquet(out / "val.parquet")
+    make_model(tokenizer, out / "model", moe, seed, hidden, layers)
+    pd.DataFrame({"messages": convs[:train]}).to_parquet(out / "train.parquet")
+    pd.DataFrame({"messages": convs[train:]}).to_parquet(out / "val.parquet")
     return out
 
 
@@ -99,5 +101,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--moe", action="store_true")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
     a = p.parse_args()
-    make(a.out, a.moe)
+    make(a.out, a.moe, hidden=a.hidden, layers=a.layers)
