@@ -47,7 +47,16 @@ void register_family(const family_config& family) {
   if (family.arch == nullptr)
     throw config_error("megadsl: register_family: family " + std::string(family.model_type) +
                        " names no architecture; set .arch = &architecture_of<its composition>");
-  if (family_named(family.model_type) == nullptr) family_list().push_back(&family);
+  if (const family_config* known = family_named(family.model_type)) {
+    if (known == &family) return;  // the same declaration, registered again
+    const bool builtin = std::find(families.begin(), families.end(), known) != families.end();
+    throw config_error("megadsl: register_family: model_type \"" + std::string(family.model_type) +
+                       "\" is registered already, by " + (builtin ? "megadsl (" : "this program (") +
+                       std::string(known->display) + ", " + std::string(known->hf_class) + "); this one (" +
+                       std::string(family.display) + ", " + std::string(family.hf_class) +
+                       ") would never be used: give it a model_type of its own");
+  }
+  family_list().push_back(&family);
 }
 
 namespace {
@@ -670,12 +679,11 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   const bool alternate = family.window == window_rule::alternate;
   if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
   if (family.window == window_rule::nope_layers && w->is_null()) return {};  // SmolLM3Config: no window, no sliding layer
-  // An explicit null (not an absent key: the class default) slides no layer in Cohere2; the other
-  // patterned families' attention then has no window for its sliding layers, and transformers fails
-  // (Gemma 2's mask; EXAONE 4's pattern): refused below unless every layer is full.
+  // An explicit null (not an absent key: the class default) leaves the patterned families' attention
+  // without a window for its sliding layers, and transformers fails (Gemma 2's mask; EXAONE 4's
+  // pattern; Cohere2's sliding layers take a None window): refused below unless every layer is full.
   const auto null_key = root.find("sliding_window");
   const bool null_window = alternate && null_key != root.end() && null_key->is_null();
-  if (null_window && family.rope_only_sliding) return {};
   sliding_window out;
   out.size = w ? r.integer(*w, "sliding_window", 1) : family.default_window;  // (Gemma2Config's: 4096)
   out.layers.assign(static_cast<std::size_t>(layers), true);
@@ -1268,7 +1276,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
   // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
-  // only, window or none (with sliding_window null no layer slides and none rotates).
+  // only (with every layer full, none rotates).
   if (fam->nope_on_full_layers || fam->rope_only_sliding) {
     const json* w = r.find(root, "sliding_window");
     std::int64_t nope = 0;

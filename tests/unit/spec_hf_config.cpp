@@ -868,8 +868,12 @@ TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerN
   const auto back = parse_hf_config(written, "w");
   CHECK(megadsl::mismatches(back.s, c.s).empty());
   CHECK(back.attention_window.of(2) == 5);
-  // sliding_window null: no layer slides, and none rotates (the attention applies RoPE only with a window).
-  const auto none = parse_hf_config(edited(c2, "\"sliding_window\": 5", "\"sliding_window\": null"), "x");
+  // sliding_window null beside sliding layers: transformers' Cohere2 fails (its sliding layers take a
+  // None window), so it is refused naming the key; with every layer full, none slides or rotates.
+  CHECK_THAT(error_of(edited(c2, "\"sliding_window\": 5", "\"sliding_window\": null")),
+             Catch::Contains("sliding_window") && Catch::Contains("is null while the layer pattern has sliding layers"));
+  const auto none = parse_hf_config(edited(c2, "\"sliding_window\": 5", "\"sliding_window\": null, \"layer_types\": "
+                                               "[\"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\"]"), "x");
   CHECK(!none.attention_window.any());
   CHECK(none.s.nope_layers.get() == 0b1111);
   const auto none_back = parse_hf_config(megadsl::hf_config_json(none.s, "cohere2", false, "float32", none.attention_window), "w");
@@ -1164,4 +1168,20 @@ TEST_CASE("Qwen3.5: its text models' configs, the DeltaNet's projections stored 
   CHECK(megadsl::parameter_count(nine.s) == megadsl::qwen3_5_9b::published_params);
   CHECK_THAT(error_of(R"({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64}})"),
              Catch::Contains("text_config.num_hidden_layers: missing"));
+}
+
+TEST_CASE("register_family refuses a model_type registered already, naming both; the same one again is a no-op",
+          "[spec][hf_config]") {
+  static constexpr megadsl::family_config mine{.model_type = "llama", .hf_class = "MyLlama", .display = "my Llama",
+                                               .arch = megadsl::llama_config.arch};
+  CHECK_THROWS_WITH(megadsl::register_family(mine),
+                    Catch::Contains("model_type \"llama\" is registered already, by megadsl (") &&
+                        Catch::Contains("this one (my Llama, MyLlama) would never be used"));
+  static constexpr megadsl::family_config own{.model_type = "my_llama_variant", .hf_class = "MyLlama",
+                                              .display = "my Llama", .arch = megadsl::llama_config.arch};
+  megadsl::register_family(own);
+  megadsl::register_family(own);  // the same declaration again
+  static constexpr megadsl::family_config again{.model_type = "my_llama_variant", .hf_class = "Other",
+                                                .display = "another", .arch = megadsl::llama_config.arch};
+  CHECK_THROWS_WITH(megadsl::register_family(again), Catch::Contains("registered already, by this program (my Llama"));
 }
