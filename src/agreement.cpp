@@ -157,15 +157,25 @@ field_list fields_of(const runtime_config& c) {
   for (const auto& [name, v] : {std::pair<const char*, double>{"init_std", o.init_std},
                                 {"moe_aux_loss_coeff", o.moe_aux_loss_coeff},
                                 {"moe_z_loss_coeff", o.moe_z_loss_coeff},
-                                {"moe_expert_bias_update_rate", o.moe_expert_bias_update_rate}}) {
-    std::ostringstream os;
-    os.precision(17);
-    os << v;
-    out.emplace_back(name, os.str());
-  }
+                                {"moe_expert_bias_update_rate", o.moe_expert_bias_update_rate}})
+    out.emplace_back(name, number_text(v));
   out.emplace_back("moe_aux_loss_per_sequence", o.moe_aux_loss_per_sequence ? "true" : "false");
   out.emplace_back("batch_checksum", o.batch_checksum ? "true" : "false");
   return out;
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+field_list fields_of(const forward_options& o) {
+  return {{"temperature", number_text(o.temperature)},
+          {"entropy", o.entropy ? "true" : "false"},
+          {"logits", o.return_logits ? "true" : "false"},
+          {"record_routing", o.record_routing ? "true" : "false"}};
 }
 
 named_tensors fields_of(const batch& b) {
@@ -173,12 +183,11 @@ named_tensors fields_of(const batch& b) {
           {"routed_experts", b.routed_experts}, {"temperature", b.temperature}};
 }
 
-void agree_on(const comm_group& world, std::string_view what, const field_list& fields, std::string_view fix) {
-  if (world.size() == 1) return;
-  const counted_as_checks bookkeeping;
-  at::Tensor mine = at::full({1}, static_cast<std::int64_t>(hash_text(fields)), at::kLong);
-  const at::Tensor all = world.all_gather(mine, 0);  // (world)
-  if (all.eq(all[0]).all().item<bool>()) return;
+namespace {
+
+// "tp is 2 on rank 0, 1 on rank 1; sp is ...": the fields the ranks disagree on (at most four), from
+// every rank's list (a collective: every rank calls it once the hashes differ).
+std::string differing_fields(const comm_group& world, const field_list& fields) {
   const std::vector<std::string> texts = all_gather_text(world, serialise(fields));
   std::vector<field_list> theirs;
   for (const std::string& t : texts) theirs.push_back(parse(t));
@@ -195,7 +204,19 @@ void agree_on(const comm_group& world, std::string_view what, const field_list& 
     diffs += std::string(shown++ ? "; " : "") + fields[i].first + " is " + by_value(values, world.ranks());
   }
   if (diffs.empty()) diffs = "their field lists differ (ranks built from different megadsl versions?)";
-  throw agreement_error("megadsl: the ranks " + std::string(what) + ": " + diffs + "; " + std::string(fix));
+  return diffs;
+}
+
+}  // namespace
+
+void agree_on(const comm_group& world, std::string_view what, const field_list& fields, std::string_view fix) {
+  if (world.size() == 1) return;
+  const counted_as_checks bookkeeping;
+  at::Tensor mine = at::full({1}, static_cast<std::int64_t>(hash_text(fields)), at::kLong);
+  const at::Tensor all = world.all_gather(mine, 0);  // (world)
+  if (all.eq(all[0]).all().item<bool>()) return;
+  throw agreement_error("megadsl: the ranks " + std::string(what) + ": " + differing_fields(world, fields) + "; " +
+                        std::string(fix));
 }
 
 std::uint64_t tensor_checksum(const at::Tensor& t, std::uint64_t seed) {
@@ -217,7 +238,7 @@ std::uint64_t tensor_checksum(const at::Tensor& t, std::uint64_t seed) {
 }
 
 void agree_on_batch(const comm_group& world, batch_call call, std::int64_t replica,
-                    const std::vector<named_tensors>& microbatches, bool checksum) {
+                    const std::vector<named_tensors>& microbatches, bool checksum, const field_list& options) {
   if (world.size() == 1) return;
   const counted_as_checks bookkeeping;
   // Per rank: the call, its replica, the micro-batches' rows (summed) and columns (the widest),
@@ -245,7 +266,8 @@ void agree_on_batch(const comm_group& world, batch_call call, std::int64_t repli
   }
   const named_tensors& names = microbatches.empty() ? named_tensors{} : microbatches.front();
   const at::Tensor mine = at::tensor({static_cast<std::int64_t>(call), replica, rows, cols, given,
-                                      static_cast<std::int64_t>(shapes), static_cast<std::int64_t>(values), count},
+                                      static_cast<std::int64_t>(shapes), static_cast<std::int64_t>(values), count,
+                                      static_cast<std::int64_t>(hash_text(options))},
                                      at::kLong);
   const at::Tensor all = world.all_gather(mine.unsqueeze(0), 0).contiguous();  // (world, width)
   const auto a = all.accessor<std::int64_t, 2>();
@@ -265,6 +287,11 @@ void agree_on_batch(const comm_group& world, batch_call call, std::int64_t repli
       throw agreement_error("megadsl: the ranks are making different calls: " +
                             each(everyone, [&](std::int64_t r) { return std::string(call_name(a[r][0])); }) +
                             "; every rank must make the same calls in the same order");
+  // The call's options, the same on every rank of the world (a temperature, a learning rate, a
+  // micro-batch count that differs would give numbers that match no rank's, or a hang).
+  if (all.select(1, 8).ne(a[0][8]).any().item<bool>())
+    throw agreement_error("megadsl: the ranks made " + std::string(call_name(a[0][0])) + " with different options: " +
+                          differing_fields(world, options) + "; every rank must make the same call with the same options");
   // The ranks of each replica, in order; the first disagreement found is reported.
   std::map<std::int64_t, std::vector<std::int64_t>> replicas;
   for (std::int64_t i = 0; i < n; ++i) replicas[a[0][1] < 0 ? -1 : a[i][1]].push_back(i);

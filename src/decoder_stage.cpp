@@ -130,7 +130,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
   std::vector<named_parameter>& parameters() override { return params_; }
 
   model_output forward(const batch& b, const forward_options& o) override {
-    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, {fields_of(b)}, cfg_.options.batch_checksum);
+    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, {fields_of(b)}, cfg_.options.batch_checksum,
+                   fields_of(o));
     if (pp_size_ == 1) {  // with the autograd graph
       const micro_input in = prepare(b);
       return head(run_chunk(0, in, {}), in, o);
@@ -142,7 +143,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (microbatches.empty()) throw std::invalid_argument("megadsl: forward needs at least one micro-batch");
     std::vector<named_tensors> given;
     for (const batch& b : microbatches) given.push_back(fields_of(b));
-    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, given, cfg_.options.batch_checksum);
+    agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, given, cfg_.options.batch_checksum, fields_of(o));
     if (pp_size_ > 1) return pipelined_inference(microbatches, o);
     std::vector<model_output> out;  // pp = 1: one after the other, each with its graph
     for (const batch& b : microbatches) {
@@ -159,7 +160,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (!o.batch_checked) {
       std::vector<named_tensors> given;
       for (const batch& b : microbatches) given.push_back(fields_of(b));
-      agree_on_batch(*groups_->world, batch_call::forward_backward, groups_->me.dp, given, cfg_.options.batch_checksum);
+      agree_on_batch(*groups_->world, batch_call::forward_backward, groups_->me.dp, given, cfg_.options.batch_checksum,
+                     fields_of(o));
     }
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
     const running_inputs running(inputs_);

@@ -429,6 +429,46 @@ void trainer::import_state(const training_state& state) {
 
 namespace {
 
+// What the ranks of a training step must agree on besides its batch: the optimizer's settings and
+// rate, the loss's, how the batch is split; `split` the micro-batching's own fields.
+field_list step_fields(const detail::trainer_impl& s, double lr, double wd, const step_options& o, field_list split) {
+  const optimizer_config& c = s.opt;
+  field_list f{{"lr", number_text(lr)},
+               {"weight_decay", number_text(wd)},
+               {"weight_decay_on", c.decay_on == weight_decay_scope::all ? "all" : "matrices"},
+               {"beta1", number_text(c.beta1)},
+               {"beta2", number_text(c.beta2)},
+               {"eps", number_text(c.eps)},
+               {"clip_grad", number_text(c.clip_grad)},
+               {"distributed optimizer", c.distributed ? "true" : "false"},
+               {"dp_local", o.dp_local ? "true" : "false"},
+               {"loss", o.loss ? "the caller's" : s.actor ? "the actor's" : "the critic's"}};
+  const auto opt = [](const std::optional<double>& v) { return v ? number_text(*v) : std::string("clip_ratio"); };
+  if (s.actor) {
+    const actor_loss_config& a = s.actor_cfg;
+    field_list more{{"policy_loss", std::string(name_of(a.policy_loss))},
+                    {"clip_ratio", number_text(a.clip_ratio)},
+                    {"clip_ratio_low", opt(a.clip_ratio_low)},
+                    {"clip_ratio_high", opt(a.clip_ratio_high)},
+                    {"clip_ratio_c", number_text(a.clip_ratio_c)},
+                    {"loss_agg_mode", std::string(name_of(a.agg))},
+                    {"loss_scale_factor", number_text(a.loss_scale_factor)},
+                    {"entropy_coeff", number_text(a.entropy_coeff)},
+                    {"kl_coeff", number_text(a.kl_coeff)},
+                    {"kl", std::string(name_of(a.kl)) + (a.kl_straight_through ? "+" : "")},
+                    {"clip_cov", number_text(a.clip_cov_ratio) + "," + number_text(a.clip_cov_lb) + "," + number_text(a.clip_cov_ub)},
+                    {"kl_cov", number_text(a.kl_cov_ratio) + "," + number_text(a.ppo_kl_coef)},
+                    {"temperature", number_text(a.temperature)}};
+    f.insert(f.end(), more.begin(), more.end());
+  } else {
+    f.emplace_back("value_clip", number_text(s.critic_cfg.value_clip));
+    f.emplace_back("loss_agg_mode", std::string(name_of(s.critic_cfg.agg)));
+    f.emplace_back("loss_scale_factor", number_text(s.critic_cfg.loss_scale_factor));
+  }
+  f.insert(f.end(), split.begin(), split.end());
+  return f;
+}
+
 rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t>& rows) {
   const at::Tensor index = at::tensor(rows, at::kLong);
   return each_tensor(b, [&](const at::Tensor& t) { return t.index_select(0, index); });
@@ -439,7 +479,7 @@ rollout_batch select_rows(const rollout_batch& b, const std::vector<std::int64_t
 step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatches, const step_options& o) {
   auto& s = *impl_;
   agree_on_batch(*s.groups->world, batch_call::train_step, o.dp_local ? s.groups->me.dp : -1, {fields_of(global)},
-                 s.batch_checksum);
+                 s.batch_checksum, step_fields(s, lr(), weight_decay(), o, {{"microbatches", std::to_string(microbatches)}}));
   const std::int64_t rows = global.input_ids.size(0);
   // dp-local rows are this rank's own; else its share of the global batch.
   const std::int64_t dp = o.dp_local ? 1 : s.groups->dp->size(), dp_rank = o.dp_local ? 0 : s.groups->dp->rank();
@@ -470,7 +510,13 @@ step_metrics trainer::step(const rollout_batch& global, std::int64_t microbatche
 
 step_metrics trainer::step(const rollout_batch& global, const micro_batch_options& options, const step_options& o) {
   const parallel_groups& g = *impl_->groups;
-  agree_on_batch(*g.world, batch_call::train_step, o.dp_local ? g.me.dp : -1, {fields_of(global)}, impl_->batch_checksum);
+  agree_on_batch(*g.world, batch_call::train_step, o.dp_local ? g.me.dp : -1, {fields_of(global)}, impl_->batch_checksum,
+                 step_fields(*impl_, lr(), weight_decay(), o,
+                             {{"max_token_len", std::to_string(options.max_token_len)},
+                              {"num_micro_batches", std::to_string(options.num_micro_batches)},
+                              {"min_num_micro_batch", std::to_string(options.min_num_micro_batch)},
+                              {"divisible_by", std::to_string(options.divisible_by)},
+                              {"balance_order", options.balance_order ? "true" : "false"}}));
   // dp-local rows: this rank's own, balanced by the dispatcher; else the global batch's share.
   const std::int64_t dp = o.dp_local ? 1 : g.dp->size(), dp_rank = o.dp_local ? 0 : g.dp->rank();
   const at::Tensor lengths = global.attention_mask.sum(1).to(at::kLong).contiguous();

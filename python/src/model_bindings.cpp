@@ -4,6 +4,8 @@
 // those are collectives that wait for the other ranks.
 #include <torch/extension.h>
 #include <pybind11/stl.h>
+
+#include <cmath>
 #include <pybind11/stl/filesystem.h>
 
 #include <optional>
@@ -502,7 +504,10 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
       [](const std::shared_ptr<dynamic_model>& self, const std::string& dtype, double bucket_mb, std::int64_t shard_tp,
          std::int64_t shard_rank) {
         if (self->closed()) throw std::runtime_error("megadsl: export_weights: this Model is closed");
-        if (!(bucket_mb > 0)) throw py::value_error("megadsl: export_weights: bucket_mb must be positive");
+        if (!(bucket_mb > 0) || !std::isfinite(bucket_mb))
+          throw py::value_error("megadsl: export_weights: bucket_mb is the size of a bucket in MB, a finite number above "
+                                "0, got " + std::string(py::str(py::float_(bucket_mb))));
+        bucket_mb = std::min(bucket_mb, 1e12);  // a million TB: one bucket, within the byte count's range
         const export_options o{.dtype = dtype_of(dtype, "dtype"),
                                .bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20)),
                                .shard_tp = shard_tp,

@@ -87,6 +87,40 @@ TEST_CASE("a training step needs the same global batch on every rank", "[world4]
   CHECK(std::isfinite(m.loss));
 }
 
+TEST_CASE("a call's options are checked with its batch: temperature, learning rate, loss settings, micro-batches",
+          "[world4][agreement]") {
+  auto groups = parallel_groups::build(dist(), tp2);
+  parallel_model<actor> model(groups, {.test_init = true});
+  const padded_batch b = make_batch(tiny_llama::shape.vocab, true, 7 + static_cast<std::uint64_t>(groups.me.dp));
+  {
+    c10::NoGradGuard no_grad;
+    global_comm_stats().reset();
+    model.forward({.input_ids = b.ids, .attention_mask = b.mask}, {.temperature = 0.7});
+    CHECK(global_comm_stats().check_calls == 1);  // still one all-gather for batch and options
+    // tp ranks 0 and 1 of a replica at different temperatures: log-probs that match neither.
+    REQUIRE_THROWS_MATCHES(model.forward({.input_ids = b.ids, .attention_mask = b.mask},
+                                         {.temperature = dist().rank() == 1 ? 0.5 : 1.0}),
+                           agreement_error,
+                           Catch::Message("megadsl: the ranks made forward with different options: temperature is 1 on "
+                                          "ranks 0, 2, 3, 0.5 on rank 1; every rank must make the same call with the same "
+                                          "options"));
+  }
+  const rollout_batch rb = make_rollout(tiny_llama::shape.vocab);
+  auto trainer = make_trainer(model, groups, {.lr = dist().rank() == 2 ? 2e-5 : 1e-5});
+  REQUIRE_THROWS_WITH(trainer.step(rb, 2), Catch::Matchers::Contains("the ranks made a training step with different "
+                                                                     "options: lr is 1.0000000000000001e-05 on ranks 0, 1, 3, "
+                                                                     "2.0000000000000002e-05 on rank 2"));
+  CHECK(trainer.steps_done() == 0);
+  auto same = make_trainer(model, groups, {}, {.clip_ratio = dist().rank() == 0 ? 0.3 : 0.2});
+  REQUIRE_THROWS_WITH(same.step(rb, 2), Catch::Matchers::Contains("clip_ratio is 0.29999999999999999 on rank 0, "
+                                                                  "0.20000000000000001 on ranks 1, 2, 3"));
+  // Different micro-batch counts used to abort inside Gloo (a 1536- against a 768-element exchange).
+  auto fine = make_trainer(model, groups);
+  REQUIRE_THROWS_WITH(fine.step(rb, dist().rank() == 3 ? 1 : 2),
+                      Catch::Matchers::Contains("microbatches is 2 on ranks 0, 1, 2, 1 on rank 3"));
+  CHECK(std::isfinite(fine.step(rb, 2).loss));  // and the ranks go on together
+}
+
 TEST_CASE("a step whose gradient norm is not finite is skipped on every rank", "[world4][agreement]") {
   auto groups = parallel_groups::build(dist(), layout{.tp = 2, .sp = true});
   parallel_model<actor> model(groups, {.test_init = true});

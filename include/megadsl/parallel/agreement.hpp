@@ -22,6 +22,7 @@ class comm_group;
 struct layout;
 struct runtime_config;
 struct batch;
+struct forward_options;
 
 // What every rank throws when the ranks disagree (the same message on each).
 class agreement_error : public std::invalid_argument {
@@ -34,6 +35,9 @@ using field_list = std::vector<std::pair<std::string, std::string>>;
 
 field_list fields_of(const layout& l);
 field_list fields_of(const runtime_config& c);  // shape, layout, head, dtypes, device kind, window, options
+field_list fields_of(const forward_options& o);  // temperature, entropy, logits, routing record
+// A number as the agreement messages print it (17 significant digits).
+std::string number_text(double v);
 
 // Collective over `world`: returns when every rank passed the same fields; otherwise every rank
 // throws agreement_error: "megadsl: the ranks <what>: tp is 2 on rank 0, 1 on rank 1; <fix>".
@@ -51,10 +55,12 @@ named_tensors fields_of(const batch& b);
 
 // Collective over `world`: this rank's micro-batches must equal those of every rank with the same
 // `replica` (-1: every rank of the world): as many, the same fields, shapes and dtypes, and with
-// `checksum` the same values (a 64-bit hash of the bytes). Throws agreement_error on every rank
-// otherwise, naming the call, the ranks and their shapes or checksums.
+// `checksum` the same values (a 64-bit hash of the bytes); and every rank of the world must make
+// the call with the same `options` (its per-call settings: temperature, learning rate, loss
+// settings, micro-batching). Throws agreement_error on every rank otherwise, naming the call, the
+// ranks and what differs. One all-gather of a few integers when they agree.
 void agree_on_batch(const comm_group& world, batch_call call, std::int64_t replica,
-                    const std::vector<named_tensors>& microbatches, bool checksum);
+                    const std::vector<named_tensors>& microbatches, bool checksum, const field_list& options = {});
 
 // 64-bit FNV-1a over a tensor's bytes (contiguous, on the CPU: copied there when not), with its
 // dtype and shape mixed in.
