@@ -226,7 +226,11 @@ at::Tensor shard_from_hf(const param_plan& p, const shape& s, const layout& l, s
   for (int i = 0; i < row.hf_count; ++i) expect_shape(hf[static_cast<std::size_t>(i)], p.hf_shapes[static_cast<std::size_t>(i)], row.hf[static_cast<std::size_t>(i)]);
   const std::vector<std::int64_t> size = p.local.rank == 1 ? std::vector<std::int64_t>{p.local.rows}
                                                            : std::vector<std::int64_t>{p.local.rows, p.local.cols};
-  at::Tensor local = at::zeros(size, hf[0].options());  // vocab padding rows stay zero
+  // A fused row's parts may be stored in different dtypes (a bf16 gate_proj beside an fp32 up_proj):
+  // the shard takes the widest, so no part is rounded to another's precision.
+  at::ScalarType dtype = hf[0].scalar_type();
+  for (const at::Tensor& t : hf) dtype = at::promote_types(dtype, t.scalar_type());
+  at::Tensor local = at::zeros(size, hf[0].options().dtype(dtype));  // vocab padding rows stay zero
   for (const shard_piece& x : shard_pieces(p, s, l, tp_rank, piece_set::all))
     local.narrow(x.dim, x.local_offset, x.extent)
         .copy_(hf[static_cast<std::size_t>(x.slot)].narrow(x.dim, x.global_offset, x.extent));

