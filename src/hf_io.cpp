@@ -53,14 +53,22 @@ std::set<std::string> expected_names(const runtime_config& c) {
 std::string fail_prefix(const hf_checkpoint& ck) { return "megadsl: " + ck.dir().string() + ": "; }
 
 // Which of the two multimodal forms (io/hf_name_map.hpp) `ck` stores its text model in: the one
-// whose prefix holds tensors (transformers 5's when neither does: as_text_model then says so).
+// whose prefix holds tensors (transformers 5's when neither does: as_text_model then says so). A
+// checkpoint with tensors under both holds two text models, and which transformers keeps depends
+// on its key mapping's order: refused, naming both.
 hf_name_map multimodal_names_in(const hf_checkpoint& ck) {
-  for (const hf_name_map& m : {multimodal_names_v5(), multimodal_names_legacy()}) {
-    const std::string& prefix = m.prefixes.front().second;
-    for (const std::string& n : ck.names())
-      if (n.rfind(prefix, 0) == 0) return m;
-  }
-  return multimodal_names_v5();
+  const hf_name_map forms[] = {multimodal_names_v5(), multimodal_names_legacy()};
+  std::size_t held[2] = {0, 0};
+  for (const std::string& n : ck.names())
+    for (std::size_t i = 0; i < 2; ++i)
+      if (n.rfind(forms[i].prefixes.front().second, 0) == 0) ++held[i];
+  if (held[0] > 0 && held[1] > 0)
+    throw checkpoint_error(fail_prefix(ck) + "holds the text model twice, under " +
+                           forms[0].prefixes.front().second + "* (" + std::to_string(held[0]) + " tensors) and " +
+                           forms[1].prefixes.front().second + "* (" + std::to_string(held[1]) +
+                           " tensors); which copy transformers keeps depends on its key mapping's order: keep one "
+                           "prefix and remove the other copy");
+  return held[1] > 0 ? forms[1] : forms[0];
 }
 
 // The checkpoint in `dir` under its text model's names; `names` gets where they are stored.

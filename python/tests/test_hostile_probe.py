@@ -83,3 +83,17 @@ def test_the_module_imports_from_the_projects_environment():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith(str(ROOT / "build" / "python")), out.stdout
+
+
+def test_text_weights_under_both_prefixes_are_refused_naming_both(fixtures, tmp_path):
+    """A multimodal checkpoint holding its text model under language_model.model.* and again, with
+    other values, under model.language_model.*: megadsl took the copy transformers does not (log-probs
+    9.6 off, exit 0); now it names both prefixes."""
+    path = _copy(fixtures / "gemma3-vl-tf5", tmp_path / "twice")
+    weights = load_file(str(path / "model.safetensors"))
+    for name in [n for n in weights if n.startswith("language_model.model.")]:
+        weights["model.language_model." + name[len("language_model.model."):]] = weights[name] * 2
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(RuntimeError, match=r"holds the text model twice, under model\.language_model\.\* \(\d+ "
+                                           r"tensors\) and language_model\.model\.\* \(\d+ tensors\)"):
+        megadsl.Model.from_hf(path)
