@@ -59,6 +59,20 @@ std::uint64_t fnv1a64(const at::Tensor& t) {
   return h;
 }
 
+// The same hash over a file's bytes, read in 1 MB blocks.
+std::uint64_t fnv1a64_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw checkpoint_error("megadsl: cannot read " + path.string());
+  std::vector<char> block(std::size_t{1} << 20);
+  std::uint64_t h = 14695981039346656037ULL;
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const auto n = static_cast<std::size_t>(in.gcount());
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(block[i])) * 1099511628211ULL;
+  }
+  return h;
+}
+
 std::string hex16(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -331,6 +345,18 @@ json build_manifest(const fs::path& staging, const runtime_config& c, const para
     m["training"] = nullptr;
   }
   m["files"] = files;
+  // hf/'s files (tokenizer, configs, a multimodal source's other tensors) with their sizes and
+  // checksums, as the pieces have theirs: a load that finds one changed or gone says so.
+  json hf = json::array();
+  std::vector<fs::path> hf_files;
+  std::error_code ec;
+  if (fs::is_directory(staging / "hf", ec))
+    for (const auto& e : fs::directory_iterator(staging / "hf", ec))
+      if (e.is_regular_file(ec)) hf_files.push_back(e.path());
+  std::sort(hf_files.begin(), hf_files.end());
+  for (const fs::path& f : hf_files)
+    hf.push_back({{"file", "hf/" + f.filename().string()}, {"bytes", fs::file_size(f)}, {"fnv1a64", hex16(fnv1a64_file(f))}});
+  m["hf_files"] = hf;
   return m;
 }
 
@@ -367,6 +393,34 @@ std::string first_pieces(const manifest& m, const saved_file& f) {
   std::string s = m.pieces[f.pieces.front()].key;
   if (f.pieces.size() > 1) s += " and " + std::to_string(f.pieces.size() - 1) + " more pieces";
   return s;
+}
+
+// hf/ as the manifest lists it: each file there, whole and unchanged, and no other (a checkpoint
+// saved before hf/ was listed is not checked).
+void check_hf_files(const manifest& m) {
+  if (!m.hf_files) return;
+  std::set<std::string> listed;
+  for (const saved_extra& e : *m.hf_files) {
+    listed.insert(e.name);
+    const fs::path path = m.dir / e.name;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec)
+      throw checkpoint_error(m.where() + ": " + printable(e.name) + " is missing (" + ec.message() +
+                             "); metadata.json lists it, and a save back to HF would lose it");
+    if (size != e.bytes)
+      throw checkpoint_error(m.where() + ": " + printable(e.name) + " has " + std::to_string(size) +
+                             " bytes, metadata.json records " + std::to_string(e.bytes) + " (truncated or replaced)");
+    if (const std::uint64_t sum = fnv1a64_file(path); sum != e.checksum)
+      throw checkpoint_error(m.where() + ": " + printable(e.name) + " fails its checksum (fnv1a64 " + hex16(sum) +
+                             ", metadata.json records " + hex16(e.checksum) + "); the file is corrupted");
+  }
+  std::error_code ec;
+  if (fs::is_directory(m.dir / "hf", ec))
+    for (const auto& e : fs::directory_iterator(m.dir / "hf", ec))
+      if (listed.count("hf/" + e.path().filename().string()) == 0)
+        throw checkpoint_error(m.where() + ": hf/" + printable(e.path().filename().string()) +
+                               " is not in metadata.json (added after the save); remove it, or save the checkpoint again");
 }
 
 void check_files(const manifest& m) {
@@ -565,6 +619,7 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
     const manifest m = read_manifest(dir);
     check_model(m, config);
     check_files(m);
+    if (world.rank() == 0) check_hf_files(m);  // one reader: the ranks agree on its verdict below
     const bool moments = options.training_state && m.training && m.moments;
     std::set<std::string> known;
     for (const needed_tensor& t : model_tensors(config)) {

@@ -194,6 +194,29 @@ manifest parse_manifest(std::string_view text, const fs::path& dir) {
       }
       m.files.push_back(std::move(sf));
     }
+    if (const auto it = j.find("hf_files"); it != j.end()) {
+      std::vector<saved_extra> extras;
+      std::set<std::string> seen;
+      for (const json& f : *it) {
+        saved_extra e;
+        e.name = f.at("file").get<std::string>();
+        const std::string leaf = e.name.rfind("hf/", 0) == 0 ? e.name.substr(3) : std::string();
+        if (leaf.empty() || leaf.find('/') != std::string::npos || leaf[0] == '.')
+          bad("hf file \"" + printable(e.name) + "\" is not a plain file name inside hf/");
+        if (!seen.insert(e.name).second) bad("hf file " + printable(e.name) + " is listed twice");
+        e.bytes = integer.template operator()<std::uint64_t>(f.at("bytes"), "hf file " + printable(e.name) + ": \"bytes\"");
+        const std::string sum = f.at("fnv1a64").get<std::string>();
+        std::size_t used = 0;
+        try {
+          e.checksum = std::stoull(sum, &used, 16);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (sum.size() != 16 || used != 16) bad("hf file " + printable(e.name) + ": fnv1a64 \"" + printable(sum) + "\" is not 16 hex digits");
+        extras.push_back(std::move(e));
+      }
+      m.hf_files = std::move(extras);
+    }
   } catch (const json::exception& e) {
     bad(e.what());
   }

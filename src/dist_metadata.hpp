@@ -53,12 +53,21 @@ struct saved_file {
   std::vector<std::size_t> pieces;
 };
 
+// A file of the checkpoint's hf/ folder (tokenizer, generation_config.json, config.json, a
+// multimodal source's other tensors), with its size and the FNV-1a of its bytes.
+struct saved_extra {
+  std::string name;  // "hf/tokenizer.json"
+  std::uint64_t bytes = 0, checksum = 0;
+};
+
 struct manifest {
   std::filesystem::path dir;
   nlohmann::json model, layout;
   std::optional<training_state> training;  // scalars only
   bool moments = false;
   std::vector<saved_file> files;
+  // hf/'s files; nullopt in checkpoints saved before they were listed (format version 1 still).
+  std::optional<std::vector<saved_extra>> hf_files;
   std::vector<saved_piece> pieces;
   std::map<std::string, std::vector<std::size_t>> by_tensor;
 

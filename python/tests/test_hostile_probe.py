@@ -97,3 +97,30 @@ def test_text_weights_under_both_prefixes_are_refused_naming_both(fixtures, tmp_
     with pytest.raises(RuntimeError, match=r"holds the text model twice, under model\.language_model\.\* \(\d+ "
                                            r"tensors\) and language_model\.model\.\* \(\d+ tensors\)"):
         megadsl.Model.from_hf(path)
+
+
+def test_a_distributed_checkpoints_hf_files_are_listed_and_checked(fixtures, tmp_path):
+    """hf/ (tokenizer, configs, a multimodal source's vision tower) is in metadata.json with sizes and
+    checksums, as the pieces are: a flipped byte in hf/multimodal.safetensors used to convert back
+    with a changed vision weight, and deleting it turned a Gemma 3 checkpoint into a text-only one."""
+    model = megadsl.Model.from_hf(fixtures / "gemma3-vl-tf5")
+    ckpt = tmp_path / "ckpt"
+    model.save_distributed(ckpt)
+    listed = {f["file"] for f in json.loads((ckpt / "metadata.json").read_text())["hf_files"]}
+    assert {"hf/config.json", "hf/multimodal.safetensors"} <= listed
+    fresh = megadsl.Model.from_hf(fixtures / "gemma3-vl-tf5")
+    fresh.load_distributed(ckpt)  # untouched: loads
+    extra = ckpt / "hf" / "multimodal.safetensors"
+    data = bytearray(extra.read_bytes())
+    data[-3] ^= 0x40
+    extra.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=r"hf/multimodal\.safetensors fails its checksum \(fnv1a64 [0-9a-f]{16}, "
+                                           r"metadata\.json records [0-9a-f]{16}\); the file is corrupted"):
+        fresh.load_distributed(ckpt)
+    extra.unlink()
+    with pytest.raises(RuntimeError, match=r"hf/multimodal\.safetensors is missing .*metadata\.json lists it"):
+        fresh.load_distributed(ckpt)
+    out = tmp_path / "hf-out"
+    code = subprocess.run([str(ROOT / "build" / "tools" / "megadsl"), "convert", "--from", str(ckpt), "--to", str(out)],
+                          capture_output=True, text=True)
+    assert code.returncode == 1 and "hf/multimodal.safetensors is missing" in code.stderr and not out.exists()
