@@ -313,4 +313,31 @@ void save_step(const comm_group& group, const fs::path& staging, const std::func
   }
 }
 
+void refuse_target_over_source(const fs::path& target, const fs::path& source, const std::string& what,
+                               bool overwrite_checkpoint) {
+  if (source.empty()) return;
+  std::error_code ec;
+  fs::path src = source;
+  // A distributed checkpoint's hf/ folder stands for the checkpoint.
+  const bool checkpoint = src.filename() == "hf" && fs::exists(src.parent_path() / "metadata.json", ec);
+  if (checkpoint) src = src.parent_path();
+  const fs::path t = fs::weakly_canonical(fs::absolute(target, ec), ec), s = fs::weakly_canonical(fs::absolute(src, ec), ec);
+  if (t.empty() || s.empty()) return;
+  // Whether `inner` is `outer` or below it, component by component.
+  const auto within = [](const fs::path& inner, const fs::path& outer) {
+    return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
+  };
+  const std::string head = "megadsl: cannot save " + what + " to " + target.string() + ": ";
+  if (t == s) {
+    if (overwrite_checkpoint && checkpoint) return;
+    throw checkpoint_error(head + "it is the directory the model was loaded from, and saving would replace its weights "
+                                  "and every file megadsl does not write (README.md, ...); write to another directory");
+  }
+  if (within(s, t))
+    throw checkpoint_error(head + "it holds " + s.string() + ", the model's source, and saving replaces the whole " +
+                           "directory, which would delete it; write to a directory that does not hold the source");
+  if (within(t, s))
+    throw checkpoint_error(head + "it is inside " + s.string() + ", the model's source; write outside it");
+}
+
 }  // namespace megadsl

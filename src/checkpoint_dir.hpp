@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "megadsl/runtime/hf_io.hpp"  // refuse_target_over_source
+
 namespace megadsl {
 
 class comm_group;

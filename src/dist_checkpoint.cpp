@@ -569,6 +569,7 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
 
   step([&] {
     if (!first) return;
+    refuse_target_over_source(target, extras.hf_files, "a distributed checkpoint", /*overwrite_checkpoint=*/true);
     lock.emplace(target);
     remove_stale_staging(target);
     std::error_code ec;

@@ -549,13 +549,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
              const std::filesystem::path& carry_from) {
   namespace fs = std::filesystem;
   if (model_type.empty()) model_type = default_model_type(c);
-  {
-    std::error_code ec;
-    if (!carry_from.empty() && fs::exists(dir, ec) && fs::equivalent(dir, carry_from, ec))
-      throw checkpoint_error("megadsl: cannot save an HF checkpoint to " + dir.string() +
-                             ": it is the directory the model was loaded from, and saving would replace its weights "
-                             "and every file megadsl does not write (README.md, ...); write to another directory");
-  }
+  refuse_target_over_source(dir, carry_from, "an HF checkpoint", /*overwrite_checkpoint=*/false);
   // config.json is written by one rank at the end; a model it cannot describe is refused here, on
   // every rank alike, before any collective (not on one rank while the others wait for it).
   (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window);

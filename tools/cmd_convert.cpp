@@ -219,6 +219,12 @@ plan prepare(const options& o, const job& j, std::ostream& err) {
   if (fs::exists(to, ec) && !fs::is_directory(to, ec)) bad(o.to + ": exists and is not a directory");
   if (fs::exists(to, ec) && fs::equivalent(to, p.src.dir, ec))
     throw usage_error("megadsl convert: --to " + o.to + " is the source itself; write to another directory");
+  try {  // a --to that holds the source (or lies inside it) would delete it when replaced
+    refuse_target_over_source(to, p.src.dir, p.target == format::hf ? "an HF checkpoint" : "a distributed checkpoint",
+                              /*overwrite_checkpoint=*/false);
+  } catch (const checkpoint_error& e) {
+    throw usage_error(e.what());
+  }
   if (fs::exists(to, ec) && p.target == format::hf && fs::exists(to / "metadata.json", ec))
     bad(o.to + " holds a distributed checkpoint; write the HF checkpoint to another directory");
   if (fs::exists(to, ec) && p.target == format::dist && !fs::exists(to / "metadata.json", ec) &&

@@ -124,3 +124,27 @@ def test_a_distributed_checkpoints_hf_files_are_listed_and_checked(fixtures, tmp
     code = subprocess.run([str(ROOT / "build" / "tools" / "megadsl"), "convert", "--from", str(ckpt), "--to", str(out)],
                           capture_output=True, text=True)
     assert code.returncode == 1 and "hf/multimodal.safetensors is missing" in code.stderr and not out.exists()
+
+
+def test_a_save_into_a_folder_holding_the_source_is_refused(gqa, tmp_path):
+    """save_hf("par") of a model loaded from par/model, and convert --from par/model --to par, used to
+    exit 0 with par/model gone (README.md included): the target replaced whole. Now both refuse, by
+    real path (through a symbolic link too), and the source is untouched."""
+    par = tmp_path / "par"
+    source = _copy(gqa, par / "model")
+    (source / "README.md").write_text("keep me")
+    before = sorted(p.name for p in source.iterdir())
+    model = megadsl.Model.from_hf(source)
+    with pytest.raises(RuntimeError, match=r"it holds .*par/model, the model's source, and saving replaces the whole "
+                                           r"directory, which would delete it"):
+        model.save_hf(par)
+    (tmp_path / "link").symlink_to(par)
+    with pytest.raises(RuntimeError, match=r"it holds .*par/model, the model's source"):
+        model.save_hf(tmp_path / "link")
+    with pytest.raises(RuntimeError, match=r"it is inside .*par/model, the model's source; write outside it"):
+        model.save_hf(source / "sub")
+    out = subprocess.run([str(ROOT / "build" / "tools" / "megadsl"), "convert", "--from", str(source), "--to", str(par),
+                          "--to-format", "hf"], capture_output=True, text=True)
+    assert out.returncode == 2 and "the model's source, and saving replaces the whole directory" in out.stderr, out.stderr
+    assert sorted(p.name for p in source.iterdir()) == before and (source / "README.md").read_text() == "keep me"
+    model.save_hf(tmp_path / "elsewhere")  # a directory beside it is fine

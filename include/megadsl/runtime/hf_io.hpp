@@ -60,6 +60,14 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
 // generation_config.json): an HF directory itself, or the `hf/` folder of a distributed checkpoint
 // that carries them; empty when there is none.
 std::filesystem::path hf_files_of(const std::filesystem::path& dir);
+
+// Throws checkpoint_error (naming both) when writing a checkpoint to `target` would lose the
+// model's `source` (an HF directory, or hf_files_of a distributed checkpoint): `target` is the
+// source, a folder holding it or a folder inside it, by real path. With `overwrite_checkpoint`, a
+// distributed checkpoint may be saved over the one it came from. save_hf and save_distributed
+// call it; a tool checks with it before any rank starts.
+void refuse_target_over_source(const std::filesystem::path& target, const std::filesystem::path& source,
+                               const std::string& what, bool overwrite_checkpoint);
 // Copies those files (and config.json with `with_config`) from `from` into `to` (created); nothing
 // when `from` is empty. Throws checkpoint_error naming the file that cannot be copied.
 void copy_hf_files(const std::filesystem::path& from, const std::filesystem::path& to, bool with_config);
