@@ -359,7 +359,30 @@ void trainer::offload_optimizer() {
 
 void trainer::reload_optimizer() { impl_->optimizer_offload.reload(); }
 
+namespace {
+
+// AdamW's moments on the device for a scope: brought back when offloaded (the host copies are the
+// state) and offloaded again after it, so a checkpoint can be written or read between phases.
+class moments_on_device {
+ public:
+  explicit moments_on_device(detail::trainer_impl& s) : s_(s), offloaded_(s.optimizer_offload.offloaded()) {
+    if (offloaded_) s_.optimizer_offload.reload();
+  }
+  ~moments_on_device() {
+    if (offloaded_) s_.optimizer_offload.offload(moments_of(*s_.adamw));
+  }
+  moments_on_device(const moments_on_device&) = delete;
+  moments_on_device& operator=(const moments_on_device&) = delete;
+
+ private:
+  detail::trainer_impl& s_;
+  bool offloaded_;
+};
+
+}  // namespace
+
 training_state trainer::export_state() const {
+  const moments_on_device on_device(*impl_);
   const auto& s = *impl_;
   training_state out{.steps = s.steps, .samples = s.samples};
   auto& state = s.adamw->state();
@@ -389,6 +412,7 @@ training_state trainer::export_state() const {
 }
 
 void trainer::import_state(const training_state& state) {
+  const moments_on_device on_device(*impl_);  // the imported moments are offloaded again after
   auto& s = *impl_;
   const std::size_t n = s.params->size();
   const bool moments = !state.exp_avg.empty() || !state.exp_avg_sq.empty();

@@ -148,3 +148,36 @@ def test_a_save_into_a_folder_holding_the_source_is_refused(gqa, tmp_path):
     assert out.returncode == 2 and "the model's source, and saving replaces the whole directory" in out.stderr, out.stderr
     assert sorted(p.name for p in source.iterdir()) == before and (source / "README.md").read_text() == "keep me"
     model.save_hf(tmp_path / "elsewhere")  # a directory beside it is fine
+
+
+def test_saving_and_loading_with_offloaded_state_keeps_it(gqa, reference, tmp_path):
+    """trainer.offload() then save_distributed(trainer=...) used to segfault: AdamW's moments were read
+    from their emptied device storage. Now the host copies are saved (the same checkpoint as without
+    offload), a load into an offloaded trainer leaves it offloaded, and training goes on alike."""
+    from test_train import rollout
+
+    def trained():
+        model = megadsl.Model.from_hf(gqa)
+        trainer = model.trainer(lr=1e-3)
+        trainer.step(rollout(reference, model), microbatches=2)
+        return model, trainer
+
+    model, trainer = trained()
+    model.save_distributed(tmp_path / "plain", trainer=trainer)
+    trainer.offload()
+    assert trainer.optimizer_bytes == 0
+    model.save_distributed(tmp_path / "offloaded", trainer=trainer)
+    assert trainer.optimizer_bytes == 0  # still offloaded after the save
+    plain = load_file(str(tmp_path / "plain" / "rank_0.safetensors"))
+    offloaded = load_file(str(tmp_path / "offloaded" / "rank_0.safetensors"))
+    assert plain.keys() == offloaded.keys() and any("exp_avg" in k for k in plain)
+    for k in plain:
+        assert torch.equal(plain[k], offloaded[k]), k
+    other, other_trainer = trained()
+    other_trainer.offload()
+    other.load_distributed(tmp_path / "offloaded", trainer=other_trainer)
+    assert other_trainer.optimizer_bytes == 0
+    other_trainer.reload()
+    trainer.reload()
+    batch = rollout(reference, model)
+    assert other_trainer.step(batch, microbatches=2)["loss"] == trainer.step(batch, microbatches=2)["loss"]
