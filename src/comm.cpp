@@ -63,6 +63,10 @@ comm_group::comm_group(std::string name, std::vector<std::int64_t> ranks, std::i
 comm_group::~comm_group() = default;
 
 void comm_group::fail(const char* op, const std::exception& e) const {
+  // Woken from a freeze its peers gave up on: the peers are gone because of this rank.
+  if (const std::string frozen = frozen_reason(); !frozen.empty())
+    throw std::runtime_error("megadsl: " + std::string(op) + " over the " + name_ + " group failed on rank " +
+                             std::to_string(ranks_[static_cast<std::size_t>(index_)]) + ": " + frozen);
   std::ostringstream os;
   std::string backend = e.what();
   if (auto cut = backend.find("\nException raised from"); cut != std::string::npos) backend.resize(cut);

@@ -6,6 +6,9 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <c10/util/Logging.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +91,10 @@ distributed::distributed(const dist_env& e, std::chrono::milliseconds timeout) :
     store_ = c10::make_intrusive<c10d::HashStore>();
     return;
   }
+  // A peer that dies makes c10d's store client log a warning with a whole C++ backtrace before it
+  // throws, ahead of megadsl's one line naming the rank: c10's log warnings are off in a job unless
+  // TORCH_CPP_LOG_LEVEL asks for them (errors still print).
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env_.master_port);
   opts.isServer = env_.rank == 0;

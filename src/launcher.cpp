@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -54,12 +55,27 @@ int code_of(int status) {
   return 1;
 }
 
+// The rank a failed rank's watch named when it ended it (src/liveness.cpp writes <dir>/rank<r>:
+// the named rank, or -1, then the reason), -1 when it named none.
+int named_rank(const std::string& dir, std::size_t rank) {
+  std::FILE* f = std::fopen((dir + "/rank" + std::to_string(rank)).c_str(), "r");
+  if (f == nullptr) return -1;
+  int named = -1;
+  if (std::fscanf(f, "%d", &named) != 1) named = -1;
+  std::fclose(f);
+  return named;
+}
+
 }  // namespace
 
 int launch_local(const std::vector<std::string>& argv, const launch_options& options) {
   if (argv.empty()) throw std::invalid_argument("megadsl launch: no program to start");
   if (options.ranks < 1) throw std::invalid_argument("megadsl launch: ranks must be >= 1");
   const int port = free_port();
+  // Where a rank that its watch ends leaves the rank it names (a stopped one is ended at once).
+  char failure_template[] = "/tmp/megadsl-launch-XXXXXX";
+  const char* made = ::mkdtemp(failure_template);
+  const std::string failure_dir = made != nullptr ? made : "";
   // Parent and ranks live and die together: a SIGTERM/SIGINT/SIGHUP to the launcher stops every
   // rank before it returns (then ends the launcher by the same signal), and a launcher killed
   // outright (SIGKILL) takes its ranks with it through the parent-death signal.
@@ -85,6 +101,7 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!failure_dir.empty()) ::setenv("MEGADSL_FAILURE_DIR", failure_dir.c_str(), 1);
       for (const auto& [k, v] : options.extra_env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> args;
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -117,6 +134,8 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
         p = -1;
       }
       const int sig = stop_signal;
+      std::error_code ec;
+      if (!failure_dir.empty()) std::filesystem::remove_all(failure_dir, ec);
       std::fprintf(stderr, "megadsl launch: %s: stopped every rank\n", ::strsignal(sig));
       for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
       ::signal(sig, SIG_DFL);
@@ -151,10 +170,21 @@ int launch_local(const std::vector<std::string>& argv, const launch_options& opt
           if (first_failure == 0) first_failure = 1;
           deadline = std::chrono::steady_clock::now() + options.grace;
         }
+        // A rank named as stopped or hung will not end by itself: ended now, not after the grace.
+        const int named = failure_dir.empty() ? -1 : named_rank(failure_dir, r);
+        if (named >= 0 && named < options.ranks && static_cast<std::size_t>(named) != r &&
+            pids[static_cast<std::size_t>(named)] > 0) {
+          std::fprintf(stderr, "megadsl launch: stopping rank %d, which rank %zu named as not responding\n", named, r);
+          ::kill(pids[static_cast<std::size_t>(named)], SIGKILL);
+        }
       }
     }
   }
   for (int i = 0; i < 3; ++i) ::sigaction(stop_signals[i], &previous[i], nullptr);
+  if (!failure_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(failure_dir, ec);
+  }
   return first_failure;
 }
 

@@ -4,7 +4,10 @@ import io
 import multiprocessing
 import os
 import queue
+import re
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 
@@ -119,7 +122,10 @@ def launch_local(nprocs, fn, *args, timeout=None, grace=3.0, env=None):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    extra = {str(k): str(v) for k, v in (env or {}).items()}
+    # A rank that ends from its watch thread (a peer stopped, the store's host gone) cannot report
+    # through the queue: it leaves the reason, and the rank it names, in <dir>/rank<r>.
+    failure_dir = tempfile.mkdtemp(prefix="megadsl-launch-")
+    extra = {"MEGADSL_FAILURE_DIR": failure_dir, **{str(k): str(v) for k, v in (env or {}).items()}}
     procs = [ctx.Process(target=_rank_main, args=(r, nprocs, port, fn, args, results, extra), name=f"megadsl-rank-{r}")
              for r in range(nprocs)]
     for p in procs:
@@ -156,6 +162,15 @@ def launch_local(nprocs, fn, *args, timeout=None, grace=3.0, env=None):
                     except queue.Empty:
                         pass
                     code = p.exitcode
+                    record = _failure_record(failure_dir, r)
+                    if record is not None:  # its watch ended it, naming why (and which rank, if one)
+                        culprit, text = record
+                        errors[r] = text if culprit == r else f"rank {r} ended: {text}"
+                        if 0 <= culprit < nprocs and culprit != r and culprit not in values and culprit not in errors:
+                            errors[culprit] = text  # a stopped or hung rank: it will not speak, and is ended now
+                            procs[culprit].kill()
+                        first = (culprit if 0 <= culprit < nprocs else r) if first is None else first
+                        continue
                     errors[r] = (f"rank {r} was killed by signal {-code}" if code < 0
                                  else f"rank {r} exited with code {code} without reporting a result")
                     first = r if first is None else first
@@ -182,9 +197,25 @@ def launch_local(nprocs, fn, *args, timeout=None, grace=3.0, env=None):
                 p.kill()
                 p.join()
         results.close()
+        shutil.rmtree(failure_dir, ignore_errors=True)
     if first is not None:
         text = errors[first].rstrip()
         others = [r for r in sorted(errors) if r != first]
-        more = f" (also failed: ranks {', '.join(map(str, others))})" if others else ""
+        more = f" (also ended: ranks {', '.join(map(str, others))})" if others else ""
+        if re.match(rf"rank {first}\b", text):  # the reason names the rank already ("rank 1 stopped responding ...")
+            raise LaunchError(f"megadsl.launch_local: {text}{more}", first, errors)
         raise LaunchError(f"megadsl.launch_local: rank {first} failed{more}: {text}", first, errors)
     return [values[r] for r in range(nprocs)]
+
+
+def _failure_record(failure_dir, rank):
+    """(the rank the failure names or -1, its text) that rank `rank`'s watch left when it ended it."""
+    try:
+        with open(os.path.join(failure_dir, f"rank{rank}")) as f:
+            culprit, _, text = f.read().partition("\n")
+        text = text.strip()
+        for prefix in ("ending this rank: ", "the job failed: "):  # the cause, not the watch's words for ending
+            text = text[len(prefix):] if text.startswith(prefix) else text
+        return int(culprit), text
+    except (OSError, ValueError):
+        return None

@@ -113,3 +113,21 @@ def forward_whole_and_micro(path, ids, mask, layout):
         parts = model.forward(ids, mask, micro_batch_size=1)
     keep = ("log_probs", "entropy", "valid")
     return {k: whole[k].clone() for k in keep}, {k: parts[k].clone() for k in keep}
+
+
+def forward_until_stopped(path, pid_dir):
+    """tp 2 forward passes for a minute, the rank's pid in pid_dir/<rank> once the model is built:
+    the test stops one rank (SIGSTOP) and times how the job ends."""
+    import os
+
+    model = megadsl.Model.from_hf(path, tp=2)
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with open(os.path.join(pid_dir, str(megadsl.rank())), "w") as f:
+        f.write(str(os.getpid()))
+    import time
+
+    end = time.monotonic() + 60
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model.forward(ids, torch.ones_like(ids))
+    raise RuntimeError("nothing ended this rank within 60 s")

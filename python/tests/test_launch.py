@@ -63,3 +63,46 @@ def test_the_distributed_optimizer_trains_like_the_replicated_one(gqa, reference
     assert all(torch.allclose(sharded[k], replicated[k], rtol=0, atol=1e-7) for k in replicated)
     with pytest.raises(TypeError, match="use_distributed_optimizer must be True or False"):
         megadsl.Model.from_hf(gqa).trainer(use_distributed_optimizer=1)
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_stopped_rank_is_named_and_the_job_ends_within_10_s(gqa, tmp_path, victim):
+    """A rank stopped with SIGSTOP (rank 0, the rendezvous store's host, too) cannot speak: the
+    other rank's watch names it (a heartbeat that stopped, a store that no longer answers) and
+    launch_local raises naming it, having killed it, within 10 s of the stop."""
+    import os
+    import signal
+    import threading
+    import time
+
+    outcome = {}
+
+    def launch():
+        try:
+            megadsl.launch_local(2, helpers.forward_until_stopped, str(gqa), str(tmp_path), timeout=120, grace=3)
+        except megadsl.LaunchError as e:
+            outcome["error"], outcome["at"] = e, time.monotonic()
+
+    t = threading.Thread(target=launch)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int((tmp_path / str(victim)).read_text())
+    time.sleep(0.5)  # both ranks in their loop
+    stopped = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    t.join(timeout=60)
+    assert not t.is_alive() and "error" in outcome
+    e, took = outcome["error"], outcome["at"] - stopped
+    print(f"rank {victim} stopped: launch_local raised after {took:.1f} s: {str(e).splitlines()[0]}")
+    assert took < 10, took
+    assert e.rank == victim, str(e)
+    first = str(e).splitlines()[0]
+    if victim == 1:
+        assert first.startswith("megadsl.launch_local: rank 1 stopped responding: no heartbeat for "), first
+        assert first.endswith("seen by rank 0 (also ended: ranks 0)"), first
+    else:
+        assert first.startswith("megadsl.launch_local: rank 0, which hosts the rendezvous store, has not answered "
+                                "for "), first
+        assert first.endswith("(also ended: ranks 1)"), first

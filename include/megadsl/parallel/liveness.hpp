@@ -1,18 +1,26 @@
 // The job's watch: a rank that dies or hangs ends every rank of the job within seconds, named.
 //
 // Each process runs one background thread with its own connection to the rendezvous store (rank
-// 0 hosts it), so that a main thread blocked in the store or in a collective never stalls it:
+// 0 hosts it, or torchrun's agent), so that a main thread blocked in the store or in a collective
+// never stalls it:
 //
 //   - it bumps `megadsl/heartbeat/<rank>` twice a second;
-//   - on rank 0 it also reads every peer's counter: one that stands still for the peer timeout
-//     (MEGADSL_PEER_TIMEOUT_S, 5 s by default; 0 turns the watch off, e.g. under a debugger) is a
-//     dead or hung rank, and rank 0 posts that as the job's failure;
+//   - on rank 0 it also reads every peer's counter, and on rank 1 rank 0's: one that stands still
+//     for the peer timeout (MEGADSL_PEER_TIMEOUT_S, 5 s by default; 0 turns the watch off, e.g.
+//     under a debugger) is a dead, stopped or hung rank, posted as the job's failure;
 //   - it polls `megadsl/abort`, the job's failure: the first rank that learns of one (a collective
-//     whose transport saw a peer's connection close, a rank whose body threw, rank 0's watch)
-//     posts its reason there, and every other rank prints it as one line and ends with status 1;
-//   - a store that stops answering means rank 0, its host, is gone: the rank ends the same way.
+//     whose transport saw a peer's connection close, a rank whose body threw, a judge's verdict)
+//     posts its reason there (and the rank it names), and every other rank prints it as one line
+//     and ends with status 1;
+//   - a store that fails means its host is gone; one whose call has not returned within the peer
+//     timeout (a second thread times each call, so the watch does not depend on the store's host
+//     answering) means its host is stopped or hangs: the rank ends the same way, naming it;
+//   - a loop that wakes a peer timeout late means this process itself was frozen (SIGSTOP, a
+//     debugger): it ends saying so, rather than blaming the peers that gave up on it.
 //
-// Nothing is lost by ending abruptly: every file megadsl writes is staged and renamed into place.
+// A rank its watch ends also leaves the reason and the rank it names in $MEGADSL_FAILURE_DIR/rank<r>
+// when that is set (megadsl's launchers set it, and end a named rank at once). Nothing is lost by
+// ending abruptly: every file megadsl writes is staged and renamed into place.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
@@ -41,6 +49,11 @@ std::chrono::milliseconds default_peer_timeout();
 void start_watch(const c10::intrusive_ptr<c10d::Store>& store, const watch_options& o);
 // Stops it (a rank that has finished its part no longer ends on a peer's failure).
 void stop_watch();
+
+// "it was stopped or frozen for 6.2 s ...": non-empty when this process was frozen longer than its
+// peers wait (its watch loop has not run since), so that an error it meets on waking (its peers
+// gone) names the freeze rather than a peer.
+std::string frozen_reason();
 
 // Posts `reason` as the job's failure, unless one is posted already; other ranks end on it. This
 // rank's own watch ignores it (the caller reports the error itself). Best effort: never throws.
