@@ -67,10 +67,6 @@ def check_batch(data: TensorDict, loss_function=None):
             t = data[key]
             widths[key] = _lengths(t) if t.is_nested else t.shape[1] if t.dim() > 1 else None
     dense = {k: w for k, w in widths.items() if isinstance(w, int)}
-    if len(set(dense.values())) > 1:
-        a, b = sorted(dense, key=lambda k: dense[k])[:: len(dense) - 1]
-        _fail(f"fields {a!r} and {b!r} have response widths {dense[a]} and {dense[b]}: every per-response field "
-              "is (rows, the longest response)")
     if "responses" in data.keys() and "prompts" in data.keys():
         responses, prompts = data["responses"], data["prompts"]
         r_len = _lengths(responses) or [int(responses.shape[1])] * rows
@@ -82,9 +78,16 @@ def check_batch(data: TensorDict, loss_function=None):
                 if p == 0:
                     _fail(f"row {i} has an empty prompt (verl's losses read the token before each response)")
         width = max(r_len)
+        padded = tu.get_non_tensor_data(data=data, key="max_response_len", default=None)
         for key, w in dense.items():
             if w < width:
                 _fail(f"field {key!r} is {w} wide, shorter than the longest response ({width} tokens)")
+            if padded is not None and padded >= 0 and w != padded:
+                _fail(f"field {key!r} is {w} wide, the batch's responses are padded to {padded} (max_response_len)")
+    if len(set(dense.values())) > 1:
+        a, b = sorted(dense, key=lambda k: dense[k])[:: len(dense) - 1]
+        _fail(f"fields {a!r} and {b!r} have response widths {dense[a]} and {dense[b]}: every per-response field "
+              "is (rows, the longest response)")
     temperature = tu.get(data, "temperature", 1.0)
     if isinstance(temperature, torch.Tensor) and temperature.numel() not in (1, rows):
         _fail(f"temperature has {temperature.numel()} values for {rows} rows (one per row, or one for all)")

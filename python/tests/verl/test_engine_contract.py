@@ -109,6 +109,8 @@ def test_the_config_groups_reach_verls_trainers():
     ("advantages", "field 'advantages' is missing: verl's ppo_loss reads it"),
     ("temperature", "temperature has 3 values for 8 rows"),
     ("responses", "row 0: prompt .* tokens are not its"),
+    ("short advantages", "field 'advantages' is 8 wide, shorter than the longest response"),
+    ("long advantages", "field 'advantages' is 10 wide, the batch's responses are padded to 9"),
 ])
 def test_a_batch_without_what_the_loss_reads_names_the_field(qwen3, field, match):
     e = engine(qwen3)
@@ -116,6 +118,9 @@ def test_a_batch_without_what_the_loss_reads_names_the_field(qwen3, field, match
     data = ranks.make_batch(0, e.model.vocab)
     if field == "temperature":
         tu.assign_non_tensor(data, temperature=torch.ones(3))
+    elif field in ("short advantages", "long advantages"):
+        a = data["advantages"]
+        data["advantages"] = a[:, :-1] if field.startswith("short") else torch.cat([a, a[:, :1]], 1)
     elif field == "responses":
         data["responses"] = torch.nested.as_nested_tensor([r[:-1] if len(r) > 1 else r for r in data["responses"].unbind()],
                                                           layout=torch.jagged)
