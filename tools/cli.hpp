@@ -51,7 +51,7 @@ struct options {
 
   // run and convert (need the LibTorch runtime)
   std::string input, output;  // run: --input, --output
-  std::int64_t ranks = 0;     // --ranks: local processes to start; 0: tp * pp
+  std::int64_t ranks = 0;     // --ranks: local processes to start; 0: the layout's fewest (tp * cp * pp, and ep)
   double temperature = 1.0;   // run: --temperature
   bool logits = false;        // run: --logits
   bool critic_given = false;  // --critic was on the command line (convert: check it against the source)

@@ -58,7 +58,10 @@ constexpr const char* child_marker = "MEGADSL_CLI_CHILD";
 
 job job_of(const options& o) {
   job j;
-  const std::int64_t layout_ranks = std::lcm(o.l.tp.get() * o.l.pp.get(), expert_tp(o.l) * o.l.ep.get() * o.l.pp.get());
+  // The fewest ranks the layout runs on: tp * cp * pp for the decoder's grid, etp * ep * pp for the
+  // experts' (both are one dp replica's).
+  const std::int64_t layout_ranks = std::lcm(o.l.tp.get() * o.l.cp.get() * o.l.pp.get(),
+                                             expert_tp(o.l) * o.l.ep.get() * o.l.pp.get());
   if (auto e = dist_env::from_environment()) {
     j.launched = true;
     j.rank = e->rank;
@@ -98,7 +101,7 @@ int run_job(const job& j, const std::vector<std::string>& argv, std::ostream& er
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    // run_ranks re-reads --ranks from argv; it is j.world here (or tp * pp when absent).
+    // run_ranks re-reads --ranks from argv; it is j.world here (or the layout's fewest when absent).
     return run_ranks(static_cast<int>(argv.size()), args.data(), static_cast<int>(j.world),
                      [](distributed&) { return 0; });
   }

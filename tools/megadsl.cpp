@@ -73,7 +73,7 @@ run:
   --device cpu|cuda         where the model runs (cuda: GPU LOCAL_RANK % count, NCCL groups)
   --compute fp32|bf16       bf16: compute in bf16 over fp32 weights; log-probs in fp32
   --logits                  also the full logits (batch, seq, vocab)
-  --ranks N                 local processes to start (default tp * pp; a multiple of it adds data
+  --ranks N                 local processes to start (default tp * cp * pp, with ep; a multiple adds data
                             parallelism). Under torchrun/srun (RANK, WORLD_SIZE set) the job's ranks
                             are used instead and nothing is started.
 convert:

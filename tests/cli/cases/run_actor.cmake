@@ -56,3 +56,9 @@ megadsl(run ${F} --ranks 3 --input ${WORK}/left.json --output ${WORK}/dp3.safete
 expect_exit(0)
 expect_same(${WORK}/dp3.safetensors ${REF} --names log_probs,entropy --tol 1e-4)
 expect_same(${WORK}/dp3.safetensors ${WORK}/out.safetensors --names valid --tol 0)
+
+# Context parallelism without --ranks: the default count includes cp (tp 2 x cp 2: 4 ranks), as it
+# includes ep; it used to be tp * pp alone, refused as "world size 2 is not divisible by tp * pp * cp".
+megadsl(run ${F} --tp 2 --cp 2 --sp --rmpad --input ${WORK}/left.json --output ${WORK}/cp2.safetensors)
+expect_exit(0)
+expect_same(${WORK}/cp2.safetensors ${REF} --names log_probs,entropy --tol 1e-4)
