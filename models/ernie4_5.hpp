@@ -15,6 +15,7 @@ namespace megadsl {
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule ernie4_5_keys[] = {
+    {"attention_dropout", key_use::no_effect, "transformers' ERNIE 4.5 attention applies no dropout"},
     {"rms_norm_eps", key_use::read},
     {"use_bias", key_use::read},  // q/k/v, o_proj and the MLP's gate/up/down
 };

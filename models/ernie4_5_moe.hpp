@@ -37,6 +37,7 @@ inline constexpr moe_config ernie4_5_moe_moe{
     .sparse_last_key = "moe_layer_end_index", .sum_floor_key = "moe_norm_min", .sum_floor = 1e-12,
     .count_alias = "num_experts", .top_k_alias = "num_experts_per_tok"};
 inline constexpr config_key_rule ernie4_5_moe_keys[] = {
+    {"attention_dropout", key_use::no_effect, "transformers' ERNIE 4.5 attention applies no dropout"},
     {"rms_norm_eps", key_use::read},
     {"use_bias", key_use::refused,
      "biases on every projection, the shared experts' and lm_head's among them: not in this composition yet; "

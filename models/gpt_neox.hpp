@@ -34,15 +34,16 @@ inline constexpr config_key_rule gpt_neox_keys[] = {
     {"rotary_emb_base", key_use::read},  // 4.x's rope_theta
     {"use_parallel_residual", key_use::read},  // only true (the composition's)
     {"attention_bias", key_use::read},         // only true (q/k/v and dense biases)
-    {"hidden_dropout", key_use::refused},
     {"classifier_dropout", key_use::no_effect, "megadsl's value head has no dropout (verl's critics set it to 0)"},
 };
+// hidden_dropout: after each sublayer and after the embedding.
+inline constexpr dropout_key gpt_neox_dropouts[] = {{.key = "hidden_dropout", .residual = true, .embedding = true}};
 inline constexpr family_config gpt_neox_config{
     .model_type = "gpt_neox", .hf_class = "GPTNeoX", .display = "GPT-NeoX/Pythia",
     .arch = &architecture_of<gpt_neox_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .eps_key = "layer_norm_eps",
     .qkv_bias = true, .out_bias = true, .theta_key = "rotary_emb_base", .partial_rotary_key = "rotary_pct",
     .partial_rotary_default = 0.25, .legacy_rope_keys = true, .omitted_keys = gpt_neox_omitted,
-    .required = gpt_neox_required, .keys = gpt_neox_keys};
+    .required = gpt_neox_required, .dropouts = gpt_neox_dropouts, .keys = gpt_neox_keys};
 
 // The family: biases everywhere (qkv_bias, out_bias); the critic's head is HF's `classifier`.
 template <shape S>

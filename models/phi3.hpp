@@ -22,15 +22,15 @@ using phi3_blocks = blocks::decoder<
 inline constexpr config_key_rule phi3_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"sliding_window", key_use::read},
-    {"resid_pdrop", key_use::refused},  // dropout
-    {"embd_pdrop", key_use::refused},
+    {"embd_pdrop", key_use::no_effect, "transformers' Phi-3 applies no embedding dropout"},
     {"partial_rotary_factor", key_use::read},  // 4.x's place for it
     {"original_max_position_embeddings", key_use::no_effect},  // read by longrope only (refused)
 };
+inline constexpr dropout_key phi3_dropouts[] = {{.key = "resid_pdrop", .residual = true}};  // after each sublayer
 inline constexpr family_config phi3_config{
     .model_type = "phi3", .hf_class = "Phi3", .display = "Phi-3",
     .arch = &architecture_of<phi3_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
-    .partial_rotary_key = "partial_rotary_factor", .window = window_rule::every_layer, .keys = phi3_keys};
+    .partial_rotary_key = "partial_rotary_factor", .window = window_rule::every_layer, .dropouts = phi3_dropouts, .keys = phi3_keys};
 
 // Phi-3: the Llama blocks, with HF's q/k/v and gate/up each stored as one concatenated tensor.
 template <shape S>

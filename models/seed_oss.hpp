@@ -14,21 +14,21 @@ namespace megadsl {
 
 // ---- config.json (megadsl/family_config.hpp) ----
 
-// SeedOssConfig's dropouts default to 0.1 (attention probabilities, and after o_proj and
-// down_proj): megadsl trains without dropout, so a config.json must say 0.0.
-inline constexpr std::string_view seed_oss_dropouts[] = {"attention_dropout", "residual_dropout"};
+// SeedOssConfig's dropouts default to 0.1: on the attention probabilities, and on o_proj's and
+// down_proj's outputs (the residual places).
+inline constexpr dropout_key seed_oss_dropouts[] = {{.key = "attention_dropout", .attention = true, .class_default = 0.1},
+                                                    {.key = "residual_dropout", .residual = true, .class_default = 0.1}};
 inline constexpr config_key_rule seed_oss_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"attention_bias", key_use::read},       // q/k/v biases
     {"attention_out_bias", key_use::read},   // o_proj's bias, added after the reduction
     {"mlp_bias", key_use::read},             // gate/up/down biases
-    {"residual_dropout", key_use::refused},  // megadsl has no dropout
     {"pretraining_tp", key_use::no_effect},  // HF's sliced matmuls: the same product
 };
 inline constexpr family_config seed_oss_config{
     .model_type = "seed_oss", .hf_class = "SeedOss", .display = "Seed-OSS",
     .arch = &architecture_of<llama_blocks>, .max_positions = 524288, .rms_eps = 1e-6, .head_dim = 128,
-    .bias = bias_rule::attention_and_out_bias, .reads_mlp_bias = true, .must_state = seed_oss_dropouts,
+    .bias = bias_rule::attention_and_out_bias, .reads_mlp_bias = true, .dropouts = seed_oss_dropouts,
     .keys = seed_oss_keys};
 
 // Seed-OSS: the Llama composition; its biases are numbers of the shape (qkv_bias, out_bias).

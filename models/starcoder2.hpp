@@ -24,14 +24,15 @@ inline constexpr config_key_rule starcoder2_keys[] = {
     {"norm_epsilon", key_use::read},  // its LayerNorms' eps
     {"use_bias", key_use::read},      // q/k/v, o_proj and MLP biases
     {"sliding_window", key_use::read},
-    {"residual_dropout", key_use::refused},
-    {"embedding_dropout", key_use::refused},
 };
+// Dropout on o_proj's and c_proj's outputs, and on the embedding's.
+inline constexpr dropout_key starcoder2_dropouts[] = {{.key = "residual_dropout", .residual = true},
+                                                      {.key = "embedding_dropout", .embedding = true}};
 inline constexpr family_config starcoder2_config{
     .model_type = "starcoder2", .hf_class = "Starcoder2", .display = "StarCoder2",
     .arch = &architecture_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
     .eps_key = "norm_epsilon", .bias = bias_rule::use_bias, .window = window_rule::every_layer,
-    .keys = starcoder2_keys};
+    .dropouts = starcoder2_dropouts, .keys = starcoder2_keys};
 
 // StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj
 // and the MLP per the shape (config.json's use_bias), tied embeddings by default.

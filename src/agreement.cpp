@@ -153,6 +153,7 @@ field_list fields_of(const runtime_config& c) {
   out.emplace_back("compute dtype", std::string(c10::toString(o.compute())));
   out.emplace_back("device", c10::DeviceTypeName(o.device.type(), /*lower_case=*/true));
   out.emplace_back("sliding window", describe(o.attention_window));
+  out.emplace_back("dropout", describe(o.dropout));
   out.emplace_back("seed", std::to_string(o.seed));
   for (const auto& [name, v] : {std::pair<const char*, double>{"init_std", o.init_std},
                                 {"moe_aux_loss_coeff", o.moe_aux_loss_coeff},

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "megadsl/require_valid.hpp"
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/layer_plan.hpp"
 #include "megadsl/layers/moe.hpp"
@@ -175,6 +176,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       explicit training_run(bool& f) : flag(f) { flag = true; }
       ~training_run() { flag = false; }
     } const in_training(run_.training);
+    ++training_calls_;  // each step's dropout masks are its own
     inputs_.reserve(microbatches.size());
     for (const batch& b : microbatches) inputs_.push_back(prepare(b));
     return executor_.forward_backward(*this, m, [&](const at::Tensor& hidden, std::int64_t mb) {
@@ -295,6 +297,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // and the routing each layer took, filled as the layers run (T, layers, k), -1 until then;
     // both of this rank's tokens.
     at::Tensor replay, routed;
+    dropout_draw dropout;  // a training step with dropout: the rates, the step's salt, the stream's keys
 
     [[nodiscard]] const packed_tokens& sequences() const { return whole.ids.defined() ? whole : pk; }
   };
@@ -311,7 +314,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   micro_input prepare(const batch& b) const {
     // Padded to a multiple of cp (and of tp within each cp share under SP).
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}, {}};
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
@@ -322,9 +325,17 @@ class decoder_stage final : public model_core, public pipeline_stage {
       in.local_rope = rope_for_positions(rope_inv_freq(local, in.pk.max_position + 1).to(device_),
                                          in.pk.positions.narrow(0, 0, in.pk.tokens), local);
     }
+    // Dropout in a training step: a key per row of the whole stream, this rank's share of them.
+    const bool dropout = run_.training && cfg_.options.dropout.any();
+    if (dropout) in.dropout = {cfg_.options.dropout, dropout_step_salt(cfg_.options.seed, training_calls_), dropout_token_keys(in.pk), {}};
     if (cp_ != nullptr) {
       in.whole = std::move(in.pk);
       in.pk = cp_share(in.whole, cp_size_, cp_rank_);
+      if (dropout) {
+        const std::int64_t rows = in.pk.ids.size(0);
+        in.dropout.whole_keys = in.dropout.keys;
+        in.dropout.keys = in.dropout.whole_keys.narrow(0, cp_rank_ * rows, rows);
+      }
     }
     const shape& s = cfg_.s;
     if (b.routed_experts.defined() && routing_slots_ == 0)
@@ -422,7 +433,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     at::Tensor x = input;  // (T'/tp or T', h)
     if (ch.first_stage) {
       layer_context c = context(in, 0);
-      x = embedding_->forward(in.pk.ids, c);
+      x = embedding_dropout(embedding_->forward(in.pk.ids, c), c);
     }
     if (cfg_.l.recompute.get() != recompute_kind::full || !at::GradMode::is_enabled()) {
       for (std::int64_t i = 0; i < ch.count; ++i) x = decoder_layer(x, ch.first_layer + i, in);
@@ -568,7 +579,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const bool local = in.local_rope.cos.defined() && cfg_.options.attention_window.of(layer) != 0;
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
                          in.pk, local ? in.local_rope : in.rope, layer, run_, in.replay, in.routed, cp_,
-                         cp_ != nullptr ? &in.whole : nullptr};
+                         cp_ != nullptr ? &in.whole : nullptr, in.dropout.keys.defined() ? &in.dropout : nullptr};
   }
 
   // One decoder layer: its module, built from the family's blocks.
@@ -680,6 +691,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   std::vector<expert_load*> expert_loads_;  // this rank's routers with an expert bias (their modules own them)
   const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
   run_state run_;                   // training, recompute rerun, the auxiliary losses' scale and sum
+  std::uint64_t training_calls_ = 0;  // forward_backward calls so far: each step's dropout salt
   struct rerun_scope {
     bool& flag;
     bool saved;

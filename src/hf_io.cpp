@@ -265,6 +265,11 @@ hf_load_report load_hf(std::vector<named_parameter>& params, const runtime_confi
                            " (sliding_window, layer_types) but the model was built with " +
                            describe(c.options.attention_window) +
                            "; build it with model_options::attention_window = hf_config::attention_window");
+  if (cfg.dropout != c.options.dropout && !c.options.dropout_chosen)
+    throw checkpoint_error("megadsl: " + cfg.file.string() + " trains with " + describe(cfg.dropout) +
+                           " but the model was built with " + describe(c.options.dropout) +
+                           "; build it with model_options::dropout = hf_config::dropout, or set "
+                           "model_options::dropout_chosen to train at the model's rates (0: without dropout)");
   const hf_checkpoint ck = open_as_text_model(dir, cfg, &report.names);
   const std::int64_t tp_rank = g.tp->rank();
   // (Not in report.ignored: an HF checkpoint saved from this directory carries them.)
@@ -537,7 +542,7 @@ void carry_multimodal_part(const std::filesystem::path& from, const std::filesys
 
 // The model_type whose config class describes this model (hf_config_json refuses a mismatch).
 static std::string default_model_type(const runtime_config& c) {
-  const std::string_view t = model_type_for(c.s, c.options.attention_window);
+  const std::string_view t = model_type_for(c.s, c.options.attention_window, c.options.dropout);
   if (t.empty())
     throw checkpoint_error("megadsl: save_hf: this model's composition (" + to_string(c.s) +
                            ") is that of no HF config class; save it as a distributed checkpoint (save_distributed)");
@@ -552,7 +557,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   refuse_target_over_source(dir, carry_from, "an HF checkpoint", /*overwrite_checkpoint=*/false);
   // config.json is written by one rank at the end; a model it cannot describe is refused here, on
   // every rank alike, before any collective (not on one rank while the others wait for it).
-  (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window);
+  (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window, c.options.dropout);
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0 && g.me.cp == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
@@ -642,7 +647,8 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       write_file_atomically(staging / "model.safetensors.index.json", os.str());
     }
     write_file_atomically(staging / "config.json",
-                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window), carry_from,
+                          merged_config(hf_config_json(c.s, model_type, !c.head.actor, dtype_name, c.options.attention_window,
+                                                       c.options.dropout), carry_from,
                                         mm.has_value()));
     copy_hf_files(carry_from, staging, /*with_config=*/false);
     fsync_dir(staging);

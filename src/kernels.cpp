@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/fused_ops.hpp"
 #include "megadsl/runtime/packing.hpp"
 
@@ -169,6 +170,8 @@ bool cuts(const attention_math& m, std::int64_t seq) {
 // qb: (b, H, s, d), kb, vb: (b, G, s, d), allowed: bool broadcastable to (b, H, s, s).
 // With sinks (H): each row's softmax has one more logit, the head's sink, unscaled, unmasked and
 // without a value (gpt-oss's eager_attention_forward): the column is appended, then dropped.
+// With dropout the probabilities (without the sink's) are masked, m.dropout's keys and positions
+// being the b * s rows' (HF: dropout after the softmax, before the product with v).
 at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& vb,
                               const at::Tensor& allowed, const attention_math& m) {
   const std::int64_t per_group = qb.size(1) / kb.size(1);
@@ -180,14 +183,17 @@ at::Tensor attention_explicit(const at::Tensor& qb, const at::Tensor& kb, const 
   at::Tensor scores = at::matmul(qb, k.transpose(-1, -2)).to(at::kFloat) * scale;  // (b, H, s, s) fp32
   if (m.softcap != 0) scores = at::tanh(scores / m.softcap) * m.softcap;
   scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  const std::int64_t b = scores.size(0), heads = scores.size(1), s = scores.size(2);
+  at::Tensor probs;  // (b, H, s, s) fp32
   if (m.sinks.defined()) {
-    const std::int64_t b = scores.size(0), heads = scores.size(1), s = scores.size(2);
     const at::Tensor sink = m.sinks.to(at::kFloat).view({1, heads, 1, 1}).expand({b, heads, s, 1});
-    const at::Tensor probs = at::softmax(at::cat({scores, sink}, -1), -1).narrow(-1, 0, scores.size(3));
-    return at::matmul(probs.to(qb.scalar_type()), v);  // (b, H, s, d)
+    probs = at::softmax(at::cat({scores, sink}, -1), -1).narrow(-1, 0, scores.size(3));
+  } else {
+    probs = at::softmax(scores, -1);
   }
-  const at::Tensor probs = at::softmax(scores, -1).to(qb.scalar_type());
-  return at::matmul(probs, v);  // (b, H, s, d)
+  if (m.dropout.p > 0)
+    probs = probs * attention_keep(m.dropout.keys.view({b, s}), m.dropout.positions.view({b, s}), heads, m.dropout);
+  return at::matmul(probs.to(qb.scalar_type()), v);  // (b, H, s, d)
 }
 
 // gpt-oss's sinks through the fused CPU kernel (flash attention with its log-sum-exp L per row):
@@ -230,7 +236,7 @@ struct sink_attention_fn : torch::autograd::Function<sink_attention_fn> {
 // scores for now), without a soft-cap, every row with a visible key (no key mask: a padded batch's
 // pad rows would have none, and the kernel's backward no finite log-sum-exp for them).
 bool fused_sinks_apply(const at::Tensor& q, const at::Tensor& key_mask, const attention_math& m) {
-  return m.sinks.defined() && m.softcap == 0 && !key_mask.defined() && q.device().is_cpu() &&
+  return m.sinks.defined() && m.softcap == 0 && m.dropout.p == 0 && !key_mask.defined() && q.device().is_cpu() &&
          (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16);
 }
 
@@ -259,7 +265,7 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
   const at::Tensor vb = v.view({batch, seq, groups, d}).transpose(1, 2);
   // Without padding (no key mask) and without a window the fused kernel's own causal flag: no mask
   // is built and the blocks above the diagonal are skipped, half the work of a masked call.
-  if (!key_mask.defined() && m.softcap == 0 && !m.sinks.defined() && !cuts(m, seq))
+  if (!key_mask.defined() && m.softcap == 0 && !m.sinks.defined() && m.dropout.p == 0 && !cuts(m, seq))
     return at::scaled_dot_product_attention(qb, kb, vb, std::nullopt, 0.0, /*is_causal=*/true, scale_of(m),
                                             /*enable_gqa=*/true)
         .transpose(1, 2)
@@ -282,7 +288,7 @@ at::Tensor attention_padded(const at::Tensor& q, const at::Tensor& k, const at::
     const at::Tensor causal = causal_mask(seq, m, q.options()).view({1, 1, seq, seq});
     allowed = key_mask.defined() ? causal & key_mask.to(at::kBool).view({batch, 1, 1, seq}) : causal;
   }
-  const at::Tensor out = m.softcap != 0 || m.sinks.defined()
+  const at::Tensor out = m.softcap != 0 || m.sinks.defined() || m.dropout.p > 0
                              ? attention_explicit(qb, kb, vb, allowed, m)
                              : at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, scale_of(m),
                                                                 /*enable_gqa=*/true);  // (b, G*Q, s, d)
@@ -295,7 +301,7 @@ namespace {
 // window as the kernel's own left window, chunks as sequences of their own.
 bool varlen_flash_applies(const at::Tensor& q, const attention_math& m) {
   return q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) <= 256 &&
-         q.size(-1) % 8 == 0 && m.softcap == 0 && !m.sinks.defined();
+         q.size(-1) % 8 == 0 && m.softcap == 0 && !m.sinks.defined() && m.dropout.p == 0;
 }
 
 // The offsets as the kernel takes them (int32 on q's device), made once per packing: every layer of
@@ -384,7 +390,12 @@ at::Tensor attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     at::Tensor out;  // (1, H, len, d)
     if (fused_sinks_apply(q, at::Tensor(), m))
       out = attention_sinks_fused(qs, ks, vs, m);
-    else if (m.softcap != 0 || m.sinks.defined())
+    else if (m.dropout.p > 0) {
+      attention_math mine = m;  // the dropout keys of this sequence's rows
+      mine.dropout.keys = m.dropout.keys.narrow(0, cu_seqlens[i], len);
+      mine.dropout.positions = m.dropout.positions.narrow(0, cu_seqlens[i], len);
+      out = attention_explicit(qs, ks, vs, causal_mask(len, m, q.options()), mine);
+    } else if (m.softcap != 0 || m.sinks.defined())
       out = attention_explicit(qs, ks, vs, causal_mask(len, m, q.options()), m);
     else if (cuts(m, len))
       out = at::scaled_dot_product_attention(qs, ks, vs, causal_mask(len, m, q.options()), 0.0, false,

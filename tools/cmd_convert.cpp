@@ -243,9 +243,14 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
   // A distributed checkpoint stores the parameters as they are; save_hf gathers them first (Gloo
   // gathers no bf16) and converts what it writes.
   mo.dtype = p.target == format::dist ? p.type : at::kFloat;
+  // The source's dropout rates are written back as they were (a conversion trains nothing).
   if (p.src.kind == format::hf) {
-    mo.attention_window = read_hf_config(p.src.dir).attention_window;
+    const hf_config cfg = read_hf_config(p.src.dir);
+    mo.attention_window = cfg.attention_window;
+    mo.dropout = cfg.dropout;
     check_before_load(p.src.dir, p.src.s, o.l, p.src.head, at::elementSize(mo.dtype), local_world_size());
+  } else if (const fs::path carried = hf_files_of(p.src.dir); !carried.empty() && fs::is_regular_file(carried / "config.json")) {
+    mo.dropout = read_hf_config(carried).dropout;  // the HF checkpoint it was made from
   }
   parallel_model<Spec> model(groups, mo, p.src.s, o.l);
   progress bar(err, speak);

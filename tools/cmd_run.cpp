@@ -343,7 +343,9 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   model_options mo;
   mo.device = local_device(o.device == "cuda");
   if (o.compute == "bf16") mo.compute_dtype = at::kBFloat16;
-  mo.attention_window = read_hf_config(dir).attention_window;  // applied on its layers
+  const hf_config cfg = read_hf_config(dir);
+  mo.attention_window = cfg.attention_window;  // applied on its layers
+  mo.dropout = cfg.dropout;                    // (forward passes apply none)
   parallel_model<Spec> model(groups, mo, s, o.l);
   bar.start("megadsl run: loading " + dir.string(), {});
   const hf_load_report report = load_hf(model, groups, dir);

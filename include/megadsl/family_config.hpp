@@ -13,6 +13,7 @@
 #include <span>
 #include <string_view>
 
+#include "megadsl/dropout.hpp"
 #include "megadsl/layers/blocks.hpp"
 #include "megadsl/shape.hpp"
 
@@ -199,9 +200,9 @@ struct family_config {
   const moe_config* moe = nullptr;
   const mla_config* mla = nullptr;
   std::span<const required_key> required = {};
-  // Keys whose class default is not neutral and would change the training numbers (Seed-OSS's 0.1
-  // dropouts): a config.json must state them, and they are refused unless neutral like any other.
-  std::span<const std::string_view> must_state = {};
+  // The family's dropout keys (dropout.hpp) with their class defaults; attention_dropout (default
+  // 0) is every family's unless listed here or given a rule of its own in `keys`.
+  std::span<const dropout_key> dropouts = {};
   std::span<const config_key_rule> keys = {};  // the family's own keys (found before every family's)
 };
 

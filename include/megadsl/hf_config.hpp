@@ -13,8 +13,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "megadsl/dropout.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/sliding_window.hpp"
 
@@ -38,6 +40,9 @@ struct hf_config {
   // The sliding-window attention HF applies and on which layers (sliding_window.hpp); a model
   // built for this checkpoint takes it as `model_options::attention_window`.
   sliding_window attention_window;
+  // The dropout HF applies in training (dropout.hpp), from the family's keys or their class
+  // defaults (Seed-OSS's 0.1); a model built for this checkpoint takes it as `model_options::dropout`.
+  dropout_rates dropout;
   // The multi-token-prediction layers the checkpoint stores after the decoder's (family_config::
   // mtp_key): their tensors are not loaded (load_hf reports them as ignored).
   std::int64_t mtp_layers = 0;
@@ -71,15 +76,16 @@ shape resolve(const shape& declared, const shape& from_config, std::string_view 
 // is `score`). `model_type` is one of models/registry.hpp's `families`, which must describe the
 // model (qwen2 implies the q/k/v bias, ...). A window is written as the family writes it
 // (`sliding_window`, with `layer_types` where the family has them); a family without windows
-// refuses one.
+// refuses one. The dropout rates are written in the family's keys; a rate it has no key for is refused.
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype = "float32", const sliding_window& window = {});
+                           std::string_view torch_dtype = "float32", const sliding_window& window = {},
+                           const dropout_rates& dropout = {});
 
 // The model_type whose config class describes this model with this window: the first of the
 // registry's families (models/registry.hpp) with the model's blocks whose config can say its
 // biases, window, rotary share and score caps (among Llama's blocks: llama, then mistral for a
 // window on every layer, then qwen2 for a q/k/v bias). Empty when no config class describes it.
-std::string_view model_type_for(const shape& s, const sliding_window& window = {});
+std::string_view model_type_for(const shape& s, const sliding_window& window = {}, const dropout_rates& dropout = {});
 
 // A family declared outside megadsl (its own family_config, with its composition's architecture):
 // from this call on, read_hf_config reads its model_type and save_hf / hf_config_json write it,
@@ -87,6 +93,11 @@ std::string_view model_type_for(const shape& s, const sliding_window& window = {
 // the first. Call it before the ranks start (examples/04_custom_block).
 struct family_config;
 void register_family(const family_config& family);
+
+// `cfg`'s dropout with some of its family's dropout keys at other rates (verl's
+// model.override_config, say {"attention_dropout": 0.0}); throws config_error naming a key that is
+// not one of the family's dropout keys, or a rate outside [0, 1).
+dropout_rates dropout_with(const hf_config& cfg, const std::vector<std::pair<std::string, double>>& keys);
 
 // "a window of 4096 tokens on layers 0, 2, 4, ..." / "no sliding window" (messages).
 std::string describe(const sliding_window& w);

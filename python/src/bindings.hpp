@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "megadsl/dropout.hpp"
 #include "megadsl/layout.hpp"
 #include "megadsl/runtime/trainer.hpp"
 
@@ -28,5 +29,8 @@ loss_options loss_options_of(const pybind11::kwargs& kwargs, const char* where, 
 
 // "none" | "selective" | "full" (a ValueError otherwise); spec_bindings.cpp.
 recompute_kind recompute_of(const std::string& name);
+
+// {"attention": ..., "residual": ..., "embedding": ...}; spec_bindings.cpp.
+pybind11::dict dict_of(const dropout_rates& r);
 
 }  // namespace megadsl::python

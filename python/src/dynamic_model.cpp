@@ -101,6 +101,7 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   const hf_config cfg = read_hf_config(path);
   hf_model_options o = options;
   o.options.attention_window = cfg.attention_window;  // applied on its layers
+  if (!o.options.dropout_chosen) o.options.dropout = cfg.dropout;  // in training steps
   const fs::path dir = fs::is_directory(path) ? path : path.parent_path();
   // Every rule against config.json and the job's size, before any group is built: one message.
   require_valid(cfg.s, o.l, run_facts{.world = world->world()});

@@ -13,6 +13,7 @@
 
 #include "bindings.hpp"
 #include "dynamic_model.hpp"
+#include "megadsl/hf_config.hpp"
 #include "megadsl/runtime/weight_export.hpp"
 #include "world.hpp"
 
@@ -265,7 +266,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
-         double moe_expert_bias_update_rate) {
+         double moe_expert_bias_update_rate, const py::object& dropout) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute || cp))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
@@ -295,6 +296,27 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         if (!(moe_expert_bias_update_rate >= 0))
           throw py::value_error("megadsl.Model.from_hf: moe_expert_bias_update_rate is >= 0 (0: the expert biases stay as loaded)");
         o.options.moe_expert_bias_update_rate = moe_expert_bias_update_rate;
+        // Dropout: config.json's rates (None or True), none (False), or some of its keys at other rates.
+        if (py::isinstance<py::bool_>(dropout)) {
+          if (!dropout.cast<bool>()) o.options.dropout_chosen = true;  // all rates 0
+        } else if (py::isinstance<py::dict>(dropout)) {
+          std::vector<std::pair<std::string, double>> keys;
+          for (const auto& [k, v] : dropout.cast<py::dict>()) {
+            if (!py::isinstance<py::str>(k) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)))
+              throw py::value_error("megadsl.Model.from_hf: dropout={...} maps config.json's dropout keys to rates, got " +
+                                    py::repr(dropout).cast<std::string>());
+            keys.emplace_back(k.cast<std::string>(), v.cast<double>());
+          }
+          try {
+            o.options.dropout = dropout_with(read_hf_config(path), keys);
+          } catch (const config_error& e) {
+            throw py::value_error(e.what());
+          }
+          o.options.dropout_chosen = true;
+        } else if (!dropout.is_none()) {
+          throw py::value_error("megadsl.Model.from_hf: dropout is None or True (config.json's rates), False (none) or "
+                                "a dict of config.json's dropout keys and rates, got " + py::repr(dropout).cast<std::string>());
+        }
         o.options.dtype = at::kFloat;  // parameters, gradients and AdamW in fp32
         const at::ScalarType compute = dtype_of(dtype, "dtype");
         if (compute == at::kHalf)
@@ -314,7 +336,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
-      py::arg("moe_expert_bias_update_rate") = 1e-3,
+      py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(),
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -325,7 +347,12 @@ batch_checksum=False); ranks that disagree all raise at once, naming what differ
 A mixture of experts adds Megatron's auxiliary losses in training when moe_aux_loss_coeff (the
 load-balancing loss, per sequence with moe_aux_loss_per_sequence) or moe_z_loss_coeff is above 0;
 Trainer.step reports their sum as metrics["moe_aux_loss"]. A router with an expert bias (DeepSeek-V3,
-GLM-4.5) has it balanced by load after each step by moe_expert_bias_update_rate (0: left as loaded).)");
+GLM-4.5) has it balanced by load after each step by moe_expert_bias_update_rate (0: left as loaded).
+Dropout applies in training steps only (Trainer.step, forward_backward), at config.json's rates
+(read_hf_config(path)["dropout"]; Seed-OSS's class defaults are 0.1); dropout=False trains without,
+dropout={"attention_dropout": 0.0, ...} sets some of the family's dropout keys (as verl's
+model.override_config does); save_hf writes the rates the model trains with. The masks are the
+same in every layout.)");
 
   model.def(
       "forward",
@@ -522,6 +549,10 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
   model.def_property_readonly("critic", [](const dynamic_model& self) { return !self.config().head.actor; });
   model.def_property_readonly("vocab", [](const dynamic_model& self) { return vocab_of(self); });
   model.def_property_readonly("model_type", &dynamic_model::model_type);
+  model.def_property_readonly(
+      "dropout",
+      [](const dynamic_model& self) { return dict_of(self.config().options.dropout); },
+      "The dropout rates training steps apply: attention, residual, embedding (0: none).");
   model.def_property_readonly("path", [](const dynamic_model& self) { return self.source().string(); });
   model.def_property_readonly("rank", &dynamic_model::rank);
   model.def_property_readonly("world_size", &dynamic_model::world_size);

@@ -141,6 +141,14 @@ bool same_layout(const layout& a, const layout& b) {
 
 }  // namespace
 
+py::dict dict_of(const dropout_rates& r) {
+  py::dict d;
+  d["attention"] = r.attention;
+  d["residual"] = r.residual;
+  d["embedding"] = r.embedding;
+  return d;
+}
+
 recompute_kind recompute_of(const std::string& name) {
   if (recompute_kind r{}; recompute_from_name(name, r)) return r;
   throw py::value_error("megadsl: recompute is \"none\", \"selective\" or \"full\", got \"" + name + "\"");
@@ -322,12 +330,14 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
           d["model_type"] = c.model_type;
           d["shape"] = to_string(c.s);
           d["notes"] = c.notes;
+          d["dropout"] = dict_of(c.dropout);
           return d;
         } catch (const config_error& e) {
           throw py::value_error(e.what());
         }
       },
-      py::arg("path"), "config.json (or its directory) as megadsl reads it: file, model_type, shape, notes.");
+      py::arg("path"), "config.json (or its directory) as megadsl reads it: file, model_type, shape, notes, dropout (the rates\n"
+      "training steps apply: attention, residual, embedding).");
 }
 
 }  // namespace megadsl::python

@@ -181,3 +181,32 @@ def test_saving_and_loading_with_offloaded_state_keeps_it(gqa, reference, tmp_pa
     trainer.reload()
     batch = rollout(reference, model)
     assert other_trainer.step(batch, microbatches=2)["loss"] == trainer.step(batch, microbatches=2)["loss"]
+
+
+def test_seed_oss_with_its_default_dropout_loads_and_infers_as_transformers_eval(fixtures, tmp_path):
+    """Seed-OSS's config class defaults to 0.1 attention and residual dropout; a config.json that
+    keeps them used to be refused ("megadsl has no dropout"). It loads now, with those rates for
+    training steps, and its log-probs are transformers' eval-mode ones; dropout=False and a dict of
+    the family's keys choose other rates, and convert writes the rates back."""
+    path = _copy(fixtures / "seed-oss-tf5", tmp_path / "seed")
+    config = json.loads((path / "config.json").read_text())
+    del config["attention_dropout"], config["residual_dropout"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert megadsl.read_hf_config(path)["dropout"] == {"attention": 0.1, "residual": 0.1, "embedding": 0.0}
+    ref = load_file(str(fixtures / "seed-oss-tf5" / "reference.safetensors"))
+    ids, mask = ref["left.input_ids"], ref["left.attention_mask"]
+    want = _transformers_log_probs(str(path), ids, mask)
+    model = megadsl.Model.from_hf(path)
+    assert model.dropout == {"attention": 0.1, "residual": 0.1, "embedding": 0.0}
+    with torch.no_grad():
+        got = model.forward(ids, mask)["log_probs"]
+    assert max_diff(got, want, lp_valid(mask)) < 1e-5
+    assert megadsl.Model.from_hf(path, dropout=False).dropout == {"attention": 0.0, "residual": 0.0, "embedding": 0.0}
+    assert megadsl.Model.from_hf(path, dropout={"residual_dropout": 0.0}).dropout["attention"] == 0.1
+    with pytest.raises(ValueError, match=r"\"resid_pdrop\" is not a dropout key of Seed-OSS"):
+        megadsl.Model.from_hf(path, dropout={"resid_pdrop": 0.0})
+    out = tmp_path / "converted"
+    subprocess.run([str(ROOT / "build" / "tools" / "megadsl"), "convert", "--from", str(path), "--to", str(out),
+                    "--to-format", "hf"], check=True, capture_output=True)
+    written = json.loads((out / "config.json").read_text())
+    assert (written["attention_dropout"], written["residual_dropout"]) == (0.1, 0.1)

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -105,7 +106,9 @@ class attention final : public layer_module {
         sinks = sinks.narrow(0, c.cp->rank() * share, share);
       }
     }
-    const attention_math math{s_.scale, s_.softcap, s_.window, s_.chunk, sinks};
+    // The core's first global query head: this rank's first, and at cp > 1 its cp rank's share of them.
+    const std::int64_t first_head = g.first_q_head + (c.cp != nullptr ? c.cp->rank() * g.groups * g.q_per_group / c.cp->size() : 0);
+    const attention_math math{s_.scale, s_.softcap, s_.window, s_.chunk, sinks, attention_dropout_of(c, first_head)};
     // Llama 4's temperature tuning (NoPE layers): q times 1 + attn_scale * ln(1 + floor((p + 1) /
     // floor_scale)) at each token's position p in its sequence, in fp32 (HF counts the row index,
     // which is the position in an unpadded or right-padded row).

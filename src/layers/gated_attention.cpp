@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -52,7 +53,8 @@ class gated_attention final : public layer_module {
     if (c.cp != nullptr) cp_whole_stream_heads({}, q, k, v, tokens, *c.cp);     // (T, G/cp, Q, d) or (T, 1, Q/cp, d)
     // The attention core, RoPE then the kernel; under selective recompute only q, k, v are kept
     // and the core runs again in the backward.
-    const attention_math math{0.0, 0.0, window_};
+    const std::int64_t first_head = c.tp_rank * heads_ + (c.cp != nullptr ? c.cp->rank() * heads_ / c.cp->size() : 0);
+    const attention_math math{0.0, 0.0, window_, 0, {}, attention_dropout_of(c, first_head)};
     attention_core core = [rope = c.rope, kernel = attention_kernel::over(pk, math)](
                               const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
       return kernel(apply_rope(q_in, rope), apply_rope(k_in, rope), v_in);

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -85,7 +86,8 @@ class mla final : public layer_module {
     const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).unsqueeze(2);                          // (T, n, 1, dqk)
     const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({tokens, n, rope_})}, -1);           // (T, n, dqk)
     const at::Tensor vh = dqk > v_ ? at::constant_pad_nd(kv_parts[1], {0, dqk - v_}) : kv_parts[1];  // (T, n, dqk)
-    const attention_math math{scale_, 0.0, window_};
+    const std::int64_t first_head = c.tp_rank * heads_ + (c.cp != nullptr ? c.cp->rank() * n : 0);  // n: the core's heads
+    const attention_math math{scale_, 0.0, window_, 0, {}, attention_dropout_of(c, first_head)};
     attention_core core = attention_kernel::over(pk, math);
     at::Tensor a = selective_recompute_ ? recompute_in_backward(std::move(core), qh, kh, vh) : core(qh, kh, vh);
     a = a.view({tokens, n, dqk}).narrow(-1, 0, v_).reshape({tokens, n * v_});  // (T, n*dv)

@@ -8,63 +8,81 @@
 //   parallel_shared_norm  x + attn(n(x)) + mlp(n(x)), one norm for both, summed as HF does:
 //              (x + attn) + mlp   (Cohere)
 // Each sublayer's output is multiplied by the shape's residual_multiplier before it joins the
-// stream (Granite: residual + out * m; 1 elsewhere, and then no multiplication at all).
+// stream (Granite: residual + out * m; 1 elsewhere, and then no multiplication at all), and takes
+// the residual dropout in a training step (layers/dropout.hpp; the combinator's block node and the
+// sublayer's slot name the place, so each sublayer has masks of its own).
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/dropout.hpp"
 
 namespace megadsl {
 namespace {
 
-// A sublayer's output as it joins the residual stream.
-at::Tensor scaled(at::Tensor out, const layer_context& c) {
+// A sublayer's output as it joins the residual stream; `place` numbers its dropout masks.
+at::Tensor scaled(at::Tensor out, const layer_context& c, std::int64_t place) {
+  out = residual_dropout(out, c, place);
   if (const double m = c.s.residual_multiplier.get(); m != 1) return out * m;
   return out;
 }
 
 class pre_norm final : public layer_module {
  public:
-  explicit pre_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + scaled(f_->forward(n_->forward(x, c), c), c); }
+  explicit pre_norm(const block_build& b)
+      : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), place_(2 * b.node()) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    return x + scaled(f_->forward(n_->forward(x, c), c), c, place_);
+  }
 
  private:
   std::unique_ptr<norm_module> n_;
   std::unique_ptr<layer_module> f_;
+  std::int64_t place_;  // its dropout masks' number in the layer
 };
 
 class post_norm final : public layer_module {
  public:
-  explicit post_norm(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return x + scaled(n_->forward(f_->forward(x, c), c), c); }
+  explicit post_norm(const block_build& b)
+      : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), place_(2 * b.node()) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    return x + scaled(n_->forward(f_->forward(x, c), c), c, place_);
+  }
 
  private:
   std::unique_ptr<norm_module> n_;
   std::unique_ptr<layer_module> f_;
+  std::int64_t place_;  // its dropout masks' number in the layer
 };
 
 class sandwich final : public layer_module {
  public:
   explicit sandwich(const block_build& b)
-      : pre_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), post_(b.child_as<norm_module>(2)) {}
+      : pre_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), post_(b.child_as<norm_module>(2)),
+        place_(2 * b.node()) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
-    return x + scaled(post_->forward(f_->forward(pre_->forward(x, c), c), c), c);
+    return x + scaled(post_->forward(f_->forward(pre_->forward(x, c), c), c), c, place_);
   }
 
  private:
   std::unique_ptr<norm_module> pre_;
   std::unique_ptr<layer_module> f_;
   std::unique_ptr<norm_module> post_;
+  std::int64_t place_;  // its dropout masks' number in the layer
 };
 
 // One side of a parallel layer: f(n(x)), no residual of its own.
 class branch final : public layer_module {
  public:
-  explicit branch(const block_build& b) : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)) {}
-  at::Tensor forward(const at::Tensor& x, layer_context& c) override { return scaled(f_->forward(n_->forward(x, c), c), c); }
+  explicit branch(const block_build& b)
+      : n_(b.child_as<norm_module>(0)), f_(b.child_as<layer_module>(1)), place_(2 * b.node()) {}
+  at::Tensor forward(const at::Tensor& x, layer_context& c) override {
+    return scaled(f_->forward(n_->forward(x, c), c), c, place_);
+  }
 
  private:
   std::unique_ptr<norm_module> n_;
   std::unique_ptr<layer_module> f_;
+  std::int64_t place_;  // its dropout masks' number in the layer
 };
 
 class parallel_sum final : public layer_module {
@@ -92,16 +110,18 @@ class sequence final : public layer_module {
 class parallel_shared_norm final : public layer_module {
  public:
   explicit parallel_shared_norm(const block_build& b)
-      : n_(b.child_as<norm_module>(0)), attn_(b.child_as<layer_module>(1)), mlp_(b.child_as<layer_module>(2)) {}
+      : n_(b.child_as<norm_module>(0)), attn_(b.child_as<layer_module>(1)), mlp_(b.child_as<layer_module>(2)),
+        place_(2 * b.node()) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     const at::Tensor h = n_->forward(x, c);  // (T'/tp or T', h): both sublayers read it
-    const at::Tensor attn_out = scaled(attn_->forward(h, c), c);
-    return x + attn_out + scaled(mlp_->forward(h, c), c);
+    const at::Tensor attn_out = scaled(attn_->forward(h, c), c, place_);
+    return x + attn_out + scaled(mlp_->forward(h, c), c, place_ + 1);
   }
 
  private:
   std::unique_ptr<norm_module> n_;
   std::unique_ptr<layer_module> attn_, mlp_;
+  std::int64_t place_;  // its dropout masks' number in the layer
 };
 
 }  // namespace

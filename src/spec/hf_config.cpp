@@ -469,7 +469,7 @@ constexpr config_key_rule common_keys[] = {
     {"tie_word_embeddings", key_use::read},
     {"hidden_act", key_use::read},                // the family's activation only
     // Refused unless neutral (checked in check_keys).
-    {"attention_dropout", key_use::refused},      // megadsl has no dropout
+    {"attention_dropout", key_use::read},         // dropout on the attention probabilities in training (read_dropout)
     {"classifier_dropout", key_use::refused},     // the value head's dropout (TokenClassification)
     {"quantization_config", key_use::refused},    // quantized weights
     {"pruned_heads", key_use::refused},
@@ -560,11 +560,63 @@ const config_key_rule* find_key(const family_config& family, std::string_view ke
   return nullptr;
 }
 
+// attention_dropout as every config class but ERNIE 4.5's has it (a family lists its own otherwise).
+constexpr dropout_key attention_dropout_key{.key = "attention_dropout", .attention = true};
+
+// The family's dropout keys: its own (family_config::dropouts), and attention_dropout unless the
+// family lists it or its keys say its class applies none.
+std::vector<dropout_key> dropout_keys_of(const family_config& family) {
+  std::vector<dropout_key> out(family.dropouts.begin(), family.dropouts.end());
+  bool listed = false;
+  for (const dropout_key& k : out) listed = listed || k.key == attention_dropout_key.key;
+  bool own_rule = false;
+  for (const config_key_rule& k : family.keys) own_rule = own_rule || k.key == attention_dropout_key.key;
+  if (!listed && !own_rule) out.push_back(attention_dropout_key);
+  return out;
+}
+
+const dropout_key* dropout_key_named(const family_config& family, std::string_view key) {
+  for (const dropout_key& k : family.dropouts)
+    if (k.key == key) return &k;
+  if (key != attention_dropout_key.key) return nullptr;
+  for (const config_key_rule& k : family.keys)
+    if (k.key == key) return nullptr;
+  return &attention_dropout_key;
+}
+
+// The rates of the family's dropout keys, their class defaults where config.json is silent: each a
+// probability in [0, 1).
+dropout_rates read_dropout(const reader& r, const family_config& family, std::vector<std::string>& notes) {
+  dropout_rates out;
+  for (const dropout_key& k : dropout_keys_of(family)) {
+    double p = k.class_default;
+    const auto it = r.root().find(std::string(k.key));
+    if (it == r.root().end()) {
+      if (p != 0.0)
+        notes.push_back(std::string(k.key) + " not in config.json: using " + format_double(p) + " (transformers' default), "
+                        "applied in training steps");
+    } else {
+      if (!it->is_number())
+        r.fail(k.key, "expected a dropout probability, got " + describe_json(*it),
+               "write a number in [0, 1) (0.0: no dropout)");
+      p = it->get<double>();
+      if (!(p >= 0.0 && p < 1.0))
+        r.fail(k.key, "is " + describe_json(*it) + ", not a probability below 1 (1 would drop everything)",
+               "write a number in [0, 1) (0.0: no dropout)");
+    }
+    if (k.attention) out.attention = p;
+    if (k.residual) out.residual = p;
+    if (k.embedding) out.embedding = p;
+  }
+  return out;
+}
+
 // Refused keys must hold their neutral value; unknown keys get a note (transformers ignores them
 // too, since its config class has no such field).
 void check_keys(const reader& r, const family_config& family, std::vector<std::string>& notes) {
   std::vector<std::string> unknown;
   for (const auto& [key, value] : r.root().items()) {
+    if (dropout_key_named(family, key) != nullptr) continue;  // read by read_dropout
     const config_key_rule* k = find_key(family, key);
     if (k == nullptr) {
       unknown.push_back(printable(key));
@@ -579,11 +631,10 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
       r.fail(key, "is " + describe_json(value) + ": HF multiplies the router's input by random noise in training, "
              "which megadsl does not, so training would differ", "set it to 0.0 (Mixtral's published configs have 0.0)");
     }
-    if (key == "attention_dropout" || key == "classifier_dropout" || key == "resid_pdrop" || key == "embd_pdrop" ||
-        key == "residual_dropout" || key == "embedding_dropout" || key == "hidden_dropout") {
+    if (key == "classifier_dropout") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
-      r.fail(key, "is " + describe_json(value) + ": megadsl has no dropout, so training would differ from HF's",
-             "set it to 0.0 (verl and Megatron RLHF recipes train without dropout)");
+      r.fail(key, "is " + describe_json(value) + ": megadsl's value head has no dropout, so a critic's training would "
+             "differ from HF's", "set it to 0.0 (verl's critics set it to 0)");
     }
     if (key == "pruned_heads" && value.is_object() && value.empty()) continue;
     if (value.is_boolean() && !value.get<bool>()) continue;  // a switch left off
@@ -1091,11 +1142,6 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
                        : family_act == activation::xielu ? "xIELU (with its learned scalars)" : "SiLU"),
              "only \"" + std::string(hf_name) + "\" is supported");
   }
-  for (std::string_view key : fam->must_state)
-    if (r.find(root, key) == nullptr)
-      r.fail(key, "missing: transformers' " + std::string(fam->hf_class) + "Config then uses its default, " +
-                      "a non-zero dropout, and training would differ from megadsl's (which has none)",
-             "add \"" + std::string(key) + "\": 0.0 (verl and Megatron RLHF recipes train without dropout)");
   for (const required_key& k : fam->required)
     if (const json* b = r.find(root, k.key); b && !r.boolean(*b, k.key))
       r.fail(k.key, "is false; the " + std::string(fam->model_type) + " composition has " + std::string(k.what),
@@ -1275,6 +1321,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   if (fam->linear_attention) read_linear_attention(r, s);
   if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
+  out.dropout = read_dropout(r, *fam, out.notes);
   // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
   // only (with every layer full, none rotates).
   if (fam->nope_on_full_layers || fam->rope_only_sliding) {
@@ -1416,6 +1463,36 @@ std::string to_string(const shape& s) {
   return out + ", .arch = " + (s.arch != nullptr ? std::string(s.arch->name) : std::string("dynamic")) + "}";
 }
 
+dropout_rates dropout_with(const hf_config& cfg, const std::vector<std::pair<std::string, double>>& keys) {
+  const family_config* fam = family_named(cfg.model_type);
+  if (fam == nullptr) throw config_error("megadsl: dropout_with: \"" + printable(cfg.model_type) + "\" is no family");
+  dropout_rates out = cfg.dropout;
+  for (const auto& [key, p] : keys) {
+    const dropout_key* k = dropout_key_named(*fam, key);
+    if (k == nullptr) {
+      std::string known;
+      for (const dropout_key& d : dropout_keys_of(*fam)) known += (known.empty() ? "" : ", ") + std::string(d.key);
+      throw config_error("megadsl: " + cfg.file.string() + ": \"" + printable(key) + "\" is not a dropout key of " +
+                         std::string(fam->display) + " (" + cfg.model_type + "); its are " + (known.empty() ? "none" : known));
+    }
+    if (!(p >= 0.0 && p < 1.0))
+      throw config_error("megadsl: " + cfg.file.string() + ": " + key + " = " + format_double(p) +
+                         " is not a dropout probability; give a number in [0, 1) (0.0: no dropout)");
+    if (k->attention) out.attention = p;
+    if (k->residual) out.residual = p;
+    if (k->embedding) out.embedding = p;
+  }
+  return out;
+}
+
+std::string describe(const dropout_rates& r) {
+  std::string out;
+  for (const auto& [place, rate] : {std::pair<const char*, double>{"attention", r.attention}, {"residual", r.residual},
+                                    {"embedding", r.embedding}})
+    if (rate != 0.0) out += (out.empty() ? "" : ", ") + std::string(place) + " dropout " + format_double(rate);
+  return out.empty() ? "no dropout" : out;
+}
+
 std::string describe(const sliding_window& w) {
   if (!w.any()) return "no sliding window";
   std::string out = "a window of " + std::to_string(w.size) + " tokens on ";
@@ -1450,8 +1527,27 @@ std::int64_t dense_prefix(const shape& s) {
 }
 
 // Why `family`'s config class cannot describe this model (its blocks being the family's), or empty.
-std::string why_not(const shape& s, const sliding_window& window, const family_config& family) {
+std::string why_not(const shape& s, const sliding_window& window, const family_config& family,
+                    const dropout_rates& dropout = {}) {
   const std::string f(family.hf_class);
+  // Each non-zero rate needs a key of the family's that sets it, and one key sets its places alike.
+  const std::vector<dropout_key> keys = dropout_keys_of(family);
+  for (const auto& [place, rate] : {std::pair<std::string_view, double>{"attention", dropout.attention},
+                                    {"residual", dropout.residual}, {"embedding", dropout.embedding}}) {
+    bool said = false;
+    for (const dropout_key& k : keys) {
+      const bool sets = (place == "attention" && k.attention) || (place == "residual" && k.residual) ||
+                        (place == "embedding" && k.embedding);
+      if (!sets) continue;
+      said = true;
+      if ((k.attention && dropout.attention != rate) || (k.residual && dropout.residual != rate) ||
+          (k.embedding && dropout.embedding != rate))
+        return "a " + f + " config sets one rate for several dropouts (" + std::string(k.key) + "), and this model's differ (" +
+               describe(dropout) + ")";
+    }
+    if (!said && rate != 0.0)
+      return "a " + f + " config has no " + std::string(place) + " dropout, and this model's is " + format_double(rate);
+  }
   if (s.rotary_fraction.get() != 1.0 && family.partial_rotary_key.empty())
     return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
   if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
@@ -1600,10 +1696,10 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
 
 // " save it as model_type x or y" for the families of the same blocks that describe the model,
 // else " save it as a distributed checkpoint".
-std::string alternatives(const shape& s, const sliding_window& window) {
+std::string alternatives(const shape& s, const sliding_window& window, const dropout_rates& dropout) {
   std::vector<std::string_view> ok;
   for (const family_config* f : known_families())
-    if (s.arch == f->arch && why_not(s, window, *f).empty()) ok.push_back(f->model_type);
+    if (s.arch == f->arch && why_not(s, window, *f, dropout).empty()) ok.push_back(f->model_type);
   if (ok.empty()) return " save it as a distributed checkpoint";
   std::string out = " save it as model_type ";
   for (std::size_t i = 0; i < ok.size(); ++i) out += (i == 0 ? "" : i + 1 == ok.size() ? " or " : ", ") + std::string(ok[i]);
@@ -1612,9 +1708,9 @@ std::string alternatives(const shape& s, const sliding_window& window) {
 
 }  // namespace
 
-std::string_view model_type_for(const shape& s, const sliding_window& window) {
+std::string_view model_type_for(const shape& s, const sliding_window& window, const dropout_rates& dropout) {
   for (const family_config* f : known_families())
-    if (s.arch == f->arch && why_not(s, window, *f).empty()) return f->model_type;
+    if (s.arch == f->arch && why_not(s, window, *f, dropout).empty()) return f->model_type;
   return {};
 }
 
@@ -1627,7 +1723,7 @@ json int_if_whole(double v) {
 }  // namespace
 
 std::string hf_config_json(const shape& s, std::string_view model_type, bool critic,
-                           std::string_view torch_dtype, const sliding_window& window) {
+                           std::string_view torch_dtype, const sliding_window& window, const dropout_rates& dropout) {
   const family_config* fam = family_named(model_type);
   if (fam == nullptr) {
     std::string types;
@@ -1647,8 +1743,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
                        (others.empty() ? "; no HF config class describes this composition: save it as a distributed checkpoint"
                                        : "; save it as model_type " + others));
   }
-  if (const std::string why = why_not(s, window, *fam); !why.empty())
-    throw config_error("megadsl: " + why + ";" + alternatives(s, window));
+  if (const std::string why = why_not(s, window, *fam, dropout); !why.empty())
+    throw config_error("megadsl: " + why + ";" + alternatives(s, window, dropout));
   const std::string family(fam->hf_class);
   json j;
   j["architectures"] = {family + (critic ? "ForTokenClassification" : "ForCausalLM")};
@@ -1712,7 +1808,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     case bias_rule::attention_bias_qkv_on: j["attention_bias"] = s.qkv_bias.get(); break;
     case bias_rule::use_bias_all: j["use_bias"] = s.qkv_bias.get(); break;
   }
-  for (std::string_view key : fam->must_state) j[std::string(key)] = 0.0;  // megadsl trains without dropout
+  for (const dropout_key& k : dropout_keys_of(*fam))
+    j[std::string(k.key)] = k.attention ? dropout.attention : k.residual ? dropout.residual : dropout.embedding;
   if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
   if (fam->reads_use_qk_norm) j["use_qk_norm"] = s.use_qk_norm.get();
   j["tie_word_embeddings"] = s.tie_embeddings.get();

@@ -277,10 +277,6 @@ TEST_CASE("fused kernels: SwiGLU forward and backward; a bf16 model with and wit
   }
 }
 
-struct any_llama : any_decoder<dynamic_shape> {
-  static constexpr std::string_view name = "any-llama";
-};
-
 TEST_CASE("an HF checkpoint on CUDA matches transformers", "[cuda]") {
   const std::filesystem::path dir = fixtures_dir() / "llama-gqa";
   const shape s = read_hf_config(dir).s;

@@ -38,15 +38,17 @@ inline void check_inference(bool left) {
 }
 
 // Five PPO steps (loss, grad norm, then every parameter) equal one process's within 1e-5, and the
-// parameters moved.
+// parameters moved; with `dropout`, both train at those rates (the same masks in any layout).
 template <class M, layout L, bool Actor>
-inline void check_training(std::int64_t microbatches, const micro_batch_options* budget = nullptr) {
+inline void check_training(std::int64_t microbatches, const micro_batch_options* budget = nullptr,
+                           const dropout_rates& dropout = {}) {
   using spec = std::conditional_t<Actor, causal_lm<M, L>, value_model<M, L>>;
   using ref_spec = std::conditional_t<Actor, causal_lm<M>, value_model<M>>;
   INFO(M::name << (Actor ? " actor" : " critic") << " tp=" << L.tp.get() << " pp=" << L.pp.get()
                << " vpp=" << L.vpp.get() << " cp=" << L.cp.get() << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get()
-               << " microbatches=" << microbatches);
-  const model_options mopt = test_options<M>();
+               << " microbatches=" << microbatches << " " << describe(dropout));
+  model_options mopt = test_options<M>();
+  mopt.dropout = dropout;
   // Adam divides by sqrt(v) + eps: an element whose gradient is near zero turns fp32
   // summation-order noise (~1e-9 here, different across layouts and GEMM shapes) into an update
   // difference of up to lr * noise / eps. With eps 1e-6 that bound is 1e-7 per step, and at lr 1e-4

@@ -19,6 +19,11 @@ namespace megadsl::test {
 distributed& dist();
 
 // 8 layers, so pp 4 x vpp 2 has a layer per chunk; GQA with kv replication at tp 4.
+// Any checkpoint of the registry's families: every size and its blocks read from config.json at run time.
+struct any_llama : any_decoder<dynamic_shape> {
+  static constexpr std::string_view name = "any-llama";
+};
+
 struct tiny8 : llama<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352,
                            .vocab = 500, .max_positions = 256}> {
   static constexpr std::string_view name = "tiny8";

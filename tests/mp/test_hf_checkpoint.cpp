@@ -28,10 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path fixtures = MEGADSL_FIXTURES;
 
-// Any Llama-family checkpoint: every size read from config.json at run time.
-struct any_llama : any_decoder<dynamic_shape> {
-  static constexpr std::string_view name = "any-llama";
-};
 
 // llama-gqa's sizes, declared statically, except intermediate_size (176 in the checkpoint).
 struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ffn = 200, .vocab = 300,

@@ -60,10 +60,12 @@ void check_moe_inference() {
 enum class aux_losses { off, token, sequence };
 template <class M, layout L>
 void check_moe_training(std::int64_t microbatches, bool replay, const micro_batch_options* budget = nullptr,
-                        aux_losses aux = aux_losses::off) {
+                        aux_losses aux = aux_losses::off, const dropout_rates& dropout = {}) {
   INFO(M::name << " tp=" << L.tp.get() << " pp=" << L.pp.get() << " ep=" << L.ep.get() << " cp=" << L.cp.get()
-               << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get() << " replay=" << replay << " aux=" << static_cast<int>(aux));
+               << " sp=" << L.sp.get() << " rmpad=" << L.rmpad.get() << " replay=" << replay << " aux=" << static_cast<int>(aux)
+               << " " << describe(dropout));
   model_options mopt = test_options<M>();
+  mopt.dropout = dropout;
   if (aux != aux_losses::off) {
     mopt.moe_aux_loss_coeff = 0.05;
     mopt.moe_aux_loss_per_sequence = aux == aux_losses::sequence;
@@ -422,6 +424,15 @@ TEST_CASE("without router replay the update can route differently from the log-p
   // A routing for another model is refused with its shape.
   replayed.routed_experts = recorded.narrow(2, 0, 4);
   CHECK_THROWS_WITH(m.forward(replayed), Catch::Contains("routed_experts has shape") && Catch::Contains("(8, 12, 8, 3) int64"));
+}
+
+TEST_CASE("training with dropout equals one process: MLA's heads at tp x cp, gpt-oss's sinks at tp x ep with sp, "
+          "Qwen3-Next's gated attention at tp x cp",
+          "[world4][moe][training][dropout]") {
+  constexpr dropout_rates rates{.attention = 0.1, .residual = 0.1, .embedding = 0.1};
+  check_moe_training<tiny8_deepseek_v3, layout{.tp = 2, .rmpad = true, .cp = 2}>(1, true, nullptr, aux_losses::off, rates);
+  check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .sp = true, .rmpad = true, .ep = 2}>(2, true, nullptr, aux_losses::off, rates);
+  check_moe_training<tiny8_qwen3_next, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2}>(2, true, nullptr, aux_losses::off, rates);
 }
 
 }  // namespace megadsl::test

@@ -28,6 +28,16 @@ rope_tables rope_for_positions(const at::Tensor& inv_freq, const at::Tensor& pos
 // element is HF's in the same roundings.
 at::Tensor apply_rope(const at::Tensor& x, const rope_tables& t, bool interleaved = false);
 
+// Dropout on the attention probabilities (a training step with attention dropout; p 0: none).
+// The kernel then takes the explicit scores' path; each probability's mask comes from its query's
+// key, its key's position, the global head and the layer's salt (layers/dropout.hpp).
+struct attention_dropout {
+  double p = 0;
+  std::uint64_t salt = 0;        // the step's, the layer's and the place's
+  std::int64_t first_head = 0;   // the global query head of the kernel's first head
+  at::Tensor keys, positions;    // (T,) int64: each of the kernel's token rows' key and position
+};
+
 // What a layer's attention computes beyond causal softmax(q k^T / sqrt(d)) v (run-time knobs).
 struct attention_math {
   double scale = 0;         // the scores' scale; 0: 1 / sqrt(head_dim)
@@ -39,6 +49,7 @@ struct attention_math {
   // gpt-oss's learned sinks (one logit per local query head, in q's head order): each row's
   // softmax has that one more logit, without a value. Undefined: none.
   at::Tensor sinks;
+  attention_dropout dropout;
 };
 
 // Grouped-query attention over local heads.

@@ -37,6 +37,7 @@ struct packed_tokens;
 struct rope_tables;
 struct model_options;
 struct expert_load;
+struct dropout_draw;
 
 // One layer's parameters as the blocks bind them: by the local name of the row (the megadsl name
 // without its `layers.{layer}.` prefix, experts with their global index: `experts.5.down.weight`).
@@ -85,6 +86,8 @@ struct layer_context {
   // whose sequences the attention core runs over after its all-to-all (null: `pk` itself).
   const comm_group* cp = nullptr;
   const packed_tokens* whole = nullptr;
+  // A training step with dropout: its masks' keys and rates (layers/dropout.hpp); null otherwise.
+  const dropout_draw* dropout = nullptr;
 
   [[nodiscard]] const packed_tokens& sequences() const { return whole != nullptr ? *whole : pk; }
 
@@ -145,7 +148,7 @@ struct layer_plan_args {
 class block_build {
  public:
   block_build(const module_params& p, const layer_plan_args& a, const architecture& arch, int node)
-      : params(p), args(a), arch_(arch), node_(arch.nodes[static_cast<std::size_t>(node)]) {}
+      : params(p), args(a), arch_(arch), node_(arch.nodes[static_cast<std::size_t>(node)]), index_(node) {}
   const module_params& params;
   const layer_plan_args& args;
 
@@ -156,6 +159,8 @@ class block_build {
   [[nodiscard]] at::Tensor find(std::string_view local) const { return params.find(name(local)); }
   [[nodiscard]] std::int64_t setting() const { return node_.setting; }
   [[nodiscard]] int children() const { return node_.child_count; }
+  // The block's node number in its architecture: the same on every rank (dropout's place).
+  [[nodiscard]] int node() const { return index_; }
   // The module of the i-th block this one wraps.
   [[nodiscard]] std::unique_ptr<block_module> child(int i) const;
   // ... as the module class this block expects (a norm, a q/k norm); a mismatch is said in one line.
@@ -173,6 +178,7 @@ class block_build {
   [[nodiscard]] std::string wrong_child(int i) const;
   const architecture& arch_;
   const module_node& node_;
+  int index_;
 };
 
 // Node `node` of `arch` as a module, with the blocks it wraps (layers/layer_plan.hpp).

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/dropout.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/offload.hpp"
@@ -49,6 +50,14 @@ struct model_options {
   // applied in the padded and the remove-padding path. load_hf refuses a model whose window
   // differs from its config.json's.
   sliding_window attention_window;
+  // Dropout in training steps (forward_backward; never in forward(): log-probs, values and
+  // inference run without), at the checkpoint's rates (hf_config::dropout), with masks the same in
+  // every layout (layers/dropout.hpp). load_hf refuses a model whose rates differ from its
+  // config.json's unless `dropout_chosen`.
+  dropout_rates dropout;
+  // The caller chose `dropout` (all 0: train without, as RL recipes usually do): load_hf then takes
+  // a config.json with other rates.
+  bool dropout_chosen = false;
   // LibTorch's deterministic algorithms (process-wide), and cuBLAS's fixed workspace on CUDA.
   // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
   // warns and runs it anyway.

@@ -77,6 +77,47 @@ def _contents(checkpoint_config, key, default):
     return contents
 
 
+# model.override_config keys that cannot change megadsl's numbers: the attention kernel verl asks
+# transformers for (megadsl's compute the same attention) and the tokenizer's ids verl copies in.
+_NO_EFFECT_OVERRIDES = ("attn_implementation", "_attn_implementation", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _dropout_overrides(model_config, path):
+    """model.override_config as verl applies it to the HF config (its ``model_config`` part when it
+    has one): dropout keys go to the model (the family's keys, checked by megadsl), the keys that
+    change nothing pass, any other is refused (megadsl reads the model from config.json)."""
+    oc = _cfg(model_config, "override_config", None) or {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(oc, DictConfig):
+            oc = OmegaConf.to_container(oc, resolve=True)
+    except ImportError:  # pragma: no cover (verl depends on omegaconf)
+        pass
+    oc = dict(oc)
+    given = dict(oc["model_config"] or {}) if "model_config" in oc else oc
+    dropout = {}
+    for key, value in given.items():
+        if key in _NO_EFFECT_OVERRIDES:
+            continue
+        if key == "classifier_dropout" and not value:
+            continue  # the value head has no dropout (verl's FSDP critic sets it to 0)
+        if "dropout" in key or "pdrop" in key:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"megadsl.verl: model.override_config.{key} is {value!r}; a dropout rate is a number in "
+                                 "[0, 1)")
+            dropout[key] = float(value)
+            continue
+        raise ValueError(f"megadsl.verl: model.override_config.{key} is not supported: megadsl reads the model from "
+                         f"{path}/config.json (write it there); override_config may set the family's dropout keys "
+                         f"(say attention_dropout: 0.0) and {', '.join(_NO_EFFECT_OVERRIDES)}")
+    extra = sorted(set(oc) - {"model_config"}) if "model_config" in oc else []
+    if extra:
+        raise ValueError(f"megadsl.verl: model.override_config.{extra[0]} is not supported (megadsl takes "
+                         "override_config.model_config's dropout keys)")
+    return dropout or None
+
+
 class _ModeContext:
     """train_mode / eval_mode: brings offloaded state back on entry and offloads it again on exit,
     as the engine config asks (verl's BaseEngineCtx, with megadsl's offload)."""
@@ -141,6 +182,9 @@ class MegadslEngine(BaseEngine):
                              "own tokens. Set it on the actor only")
         self.router_replay = mode
         self.use_remove_padding = bool(_cfg(model_config, "use_remove_padding", _cfg(ec, "use_remove_padding", True)))
+        # Dropout: config.json's rates in training steps (as transformers' train mode and verl's
+        # Megatron engine apply them), some of them set by model.override_config.
+        self.dropout = _dropout_overrides(model_config, self.path)
         vpp = _cfg(ec, "virtual_pipeline_model_parallel_size", 1) or 1
         etp = _cfg(ec, "expert_tensor_parallel_size", None)
         self.layout = megadsl.Layout(
@@ -203,7 +247,7 @@ class MegadslEngine(BaseEngine):
             device=device, seed=int(_cfg(ec, "seed", 42)),
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
             moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)),
-            moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)))
+            moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)), dropout=self.dropout)
         m = self.model
         assert (m.tp_rank, m.pp_rank, m.dp_rank, m.cp_rank) == tuple(self.coords[k] for k in ("tp", "pp", "dp", "cp"))
         if not _cfg(ec, "forward_only", False):

@@ -202,3 +202,50 @@ def test_checkpoint_contents_are_honoured(qwen3, tmp_path):
         assert torch.equal(w, saved[name]), name
     assert weights_only.trainer.optimizer_bytes == 0  # a fresh AdamW: nothing loaded into it
     weights_only.model.close()
+
+
+def _with_override(path, override, critic=False):
+    return EngineRegistry.new(model_type="value_model" if critic else "language_model", backend="megadsl",
+                              model_config=HFModelConfig(path=str(path), load_tokenizer=False, override_config=override),
+                              engine_config=megadsl.verl.MegadslEngineConfig(
+                                  use_dynamic_bsz=False, micro_batch_size_per_gpu=ranks.MICRO),
+                              optimizer_config=FSDPOptimizerConfig(lr=1e-4))
+
+
+def test_override_config_sets_dropout_and_refuses_what_megadsl_cannot_honour(fixtures):
+    """verl applies model.override_config to the HF config before its engines build the model:
+    the family's dropout keys reach megadsl's model (trained with them, as transformers' train mode
+    and verl's Megatron engine do), keys that change nothing pass, others are refused in one line."""
+    seed = fixtures / "seed-oss-tf5"  # config.json states both dropouts 0.0
+    e = _with_override(seed, {"attention_dropout": 0.1, "attn_implementation": "eager", "pad_token_id": 0})
+    e.initialize()
+    assert e.model.dropout == {"attention": 0.1, "residual": 0.0, "embedding": 0.0}
+    e = _with_override(seed, {"model_config": {"residual_dropout": 0.2}})  # verl's Megatron-style override
+    e.initialize()
+    assert e.model.dropout == {"attention": 0.0, "residual": 0.2, "embedding": 0.0}
+    assert _with_override(seed, {}).dropout is None  # config.json's rates
+    with pytest.raises(ValueError, match=r"override_config.rope_theta is not supported: megadsl reads the model from "):
+        _with_override(seed, {"rope_theta": 1e6})
+    with pytest.raises(ValueError, match=r"\"hidden_dropout\" is not a dropout key of Seed-OSS \(seed_oss\); its are "
+                                         r"attention_dropout, residual_dropout"):
+        _with_override(seed, {"hidden_dropout": 0.1}).initialize()
+    with pytest.raises(ValueError, match=r"attention_dropout = 1(\.0)? is not a dropout probability"):
+        _with_override(seed, {"attention_dropout": 1.0}).initialize()
+
+
+def test_dropout_applies_in_train_batch_only(fixtures):
+    """infer_batch (log-probs) runs without dropout, equal bit for bit; a training step with it."""
+    seed = fixtures / "seed-oss-tf5"
+    on, off = _with_override(seed, {"attention_dropout": 0.3, "residual_dropout": 0.3}), _with_override(seed, {})
+    on.initialize()
+    off.initialize()
+    loss = partial(ppo_loss, config=ranks.actor_config())
+    out = {}
+    for name, e in (("on", on), ("off", off)):
+        with e.eval_mode():
+            inferred = e.infer_batch(ranks.make_batch(0, e.model.vocab), loss_function=None)
+        with e.train_mode():
+            trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=loss)
+        out[name] = (inferred["model_output"]["log_probs"].values(), sum(trained["loss"]))
+    assert torch.equal(out["on"][0], out["off"][0])
+    assert abs(out["on"][1] - out["off"][1]) > 1e-6
