@@ -15,6 +15,7 @@
 
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/dropout.hpp"
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/layer_plan.hpp"
 #include "megadsl/layers/moe.hpp"
@@ -73,7 +74,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
   decoder_stage(const runtime_config& c, parallel_groups& g)
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), executor_(*g.pp, c.l.vpp.get()),
         device_(c.options.device),
-        compute_(c.options.compute()), routing_slots_(routing_slots(c.s)) {
+        compute_(c.options.compute()), routing_slots_(routing_slots(c.s)), invariant_(c.l.invariant.get()) {
+    if (invariant_ && !device_.is_cpu())
+      throw std::invalid_argument("megadsl: layout invariant runs on the CPU in this version: its GEMM tiles and "
+                                  "attention are not pinned to one cuBLAS / flash path on CUDA yet; build the model "
+                                  "on the CPU or without invariant");
     if (c.options.deterministic) {
       ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
       at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -314,7 +319,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   micro_input prepare(const batch& b) const {
     // Padded to a multiple of cp (and of tp within each cp share under SP).
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get(), cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()), {}, {}, {}, {}, {}, {}};
+    // Invariant arithmetic packs every batch: attention then runs one sequence at a time, whatever
+    // the padding (layers/invariant.hpp).
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get() || invariant_, cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()),
+                   {}, {}, {}, {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
@@ -429,6 +437,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   // The chunk's layers; on the first stage from the token ids, else from `input`.
   at::Tensor run_chunk(std::int64_t chunk, const micro_input& in, const at::Tensor& input) {
+    const invariant_scope arithmetic(invariant_);
     const chunk_info& ch = chunks_[static_cast<std::size_t>(chunk)];
     at::Tensor x = input;  // (T'/tp or T', h)
     if (ch.first_stage) {
@@ -450,6 +459,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
             // The rerun runs with grad mode on: side effects that must happen once (the
             // auxiliary losses' running total) are skipped there.
             const rerun_scope scope(run_.rerun, at::GradMode::is_enabled());
+            const invariant_scope arithmetic(invariant_);
             return decoder_layer(input, layer, *kept);
           },
           x);
@@ -459,6 +469,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   // Final norm and head on the last stage: per-token outputs scattered back to (b, s).
   model_output head(const at::Tensor& hidden, const micro_input& in, const forward_options& o) {
+    const invariant_scope arithmetic(invariant_);
     const shape& s = cfg_.s;
     const packed_tokens& pk = in.pk;
     const std::int64_t tokens = pk.tokens;  // real tokens (T); the stream has T' >= T rows
@@ -489,7 +500,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       const std::int64_t rows_in = full.size(0);
       // Rows [first, first + n) of `full`: their logits, each divided by its temperature.
       const auto logits_of = [&](std::int64_t first, std::int64_t n) {
-        at::Tensor l = at::linear(full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
+        at::Tensor l = linear_in(invariant_, full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
         // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
         if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
         // Granite: logits / logits_scaling (HF's CausalLM output, before any temperature).
@@ -504,7 +515,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       logprob_entropy le;
       if (at::GradMode::is_enabled() || o.return_logits) {
         logits = logits_of(0, rows_in);
-        le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy);
+        le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy, invariant_);
       } else {
         // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
         // whole (T, V'/tp) logits are never held at once.
@@ -513,8 +524,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
         std::vector<at::Tensor> lp, ent;
         for (std::int64_t i = 0; i < rows_in; i += rows) {
           const std::int64_t n = std::min(rows, rows_in - i);
-          const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(i, n),
-                                                                      labels.narrow(0, i, n), shard, tp_group(), o.entropy);
+          const logprob_entropy part = vocab_parallel_logprob_entropy(logits_of(i, n), labels.narrow(0, i, n), shard,
+                                                                      tp_group(), o.entropy, invariant_);
           lp.push_back(part.log_probs);
           if (o.entropy) ent.push_back(part.entropy);
         }
@@ -540,7 +551,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
         out.logits = whole.unpack(whole_stream(full.narrow(1, 0, s.vocab.get()).to(at::kFloat), in));
       }
     } else {
-      at::Tensor v = at::linear(x, w(value_w_), w(value_b_));  // (T'/tp or T', 1)
+      at::Tensor v = linear_in(invariant_, x, w(value_w_), w(value_b_));  // (T'/tp or T', 1)
       if constexpr (Tp)
         if (sp_) v = gather_from_sp(v, *tp_, /*tensor_parallel_output_grad=*/false);
       const packed_tokens& whole = in.sequences();
@@ -692,6 +703,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   const comm_group* ep_ = nullptr;  // the expert-parallel group (null at ep = 1)
   run_state run_;                   // training, recompute rerun, the auxiliary losses' scale and sum
   std::uint64_t training_calls_ = 0;  // forward_backward calls so far: each step's dropout salt
+  bool invariant_ = false;            // layout::invariant (layers/invariant.hpp)
   struct rerun_scope {
     bool& flag;
     bool saved;

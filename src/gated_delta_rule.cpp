@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "megadsl/layers/invariant.hpp"
+
 namespace megadsl {
 namespace {
 
@@ -127,7 +129,7 @@ at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& w) {
   const at::Tensor xp = at::constant_pad_nd(x, {0, 0, taps - 1, 0});  // (B, K - 1 + L, C): zero history
   at::Tensor acc = xp.narrow(1, 0, l) * w.select(1, 0);
   for (std::int64_t j = 1; j < taps; ++j) acc = acc + xp.narrow(1, j, l) * w.select(1, j);
-  return at::silu(acc);
+  return pointwise(acc, [](const at::Tensor& t) { return at::silu(t); });
 }
 
 }  // namespace megadsl

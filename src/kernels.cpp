@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/fused_ops.hpp"
 #include "megadsl/runtime/packing.hpp"
@@ -208,7 +209,7 @@ struct sink_attention_fn : torch::autograd::Function<sink_attention_fn> {
                             double scale) {
     const std::optional<double> sc = scale != 0 ? std::optional<double>(scale) : std::nullopt;
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, m, sc);  // (b, H, s, d), (b, H, s)
-    const at::Tensor c = at::sigmoid(lse - sinks.to(at::kFloat).view({1, -1, 1})).unsqueeze(-1);  // (b, H, s, 1) fp32
+    const at::Tensor c = pointwise(lse - sinks.to(at::kFloat).view({1, -1, 1}), [](const at::Tensor& t) { return at::sigmoid(t); }).unsqueeze(-1);  // (b, H, s, 1) fp32
     const at::Tensor out = (o.to(at::kFloat) * c).to(o.scalar_type());
     ctx->save_for_backward({q, k, v, out, lse, c});
     if (m) ctx->saved_data["mask"] = *m;  // (not a differentiable input: no gradient)

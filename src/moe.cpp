@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -50,7 +51,7 @@ routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, 
   TORCH_CHECK(groups >= 1 && experts % groups == 0 && top_k >= 1 && top_k <= group_top_k * (experts / groups),
               "megadsl: route_sigmoid_grouped: top_k = ", top_k, " from ", group_top_k, " of ", groups, " groups of ",
               experts, " experts");
-  const at::Tensor scores = logits.to(at::kFloat).sigmoid();  // (T, E)
+  const at::Tensor scores = pointwise(logits.to(at::kFloat), [](const at::Tensor& t) { return at::sigmoid(t); });  // (T, E)
   at::Tensor choice = scores + bias.to(at::kFloat);              // (T, E): selects only
   if (groups > 1) {
     const at::Tensor by_group = choice.view({tokens, groups, experts / groups});           // (T, G, E/G)
@@ -65,7 +66,7 @@ routing route_sigmoid_grouped(const at::Tensor& logits, const at::Tensor& bias, 
 }
 
 at::Tensor sigmoid_weights(const at::Tensor& logits, const at::Tensor& indices, bool renormalise, double scale) {
-  at::Tensor w = logits.to(at::kFloat).sigmoid().gather(1, indices);  // (T, k) fp32
+  at::Tensor w = pointwise(logits.to(at::kFloat), [](const at::Tensor& t) { return at::sigmoid(t); }).gather(1, indices);  // (T, k) fp32
   if (renormalise) w = w / (w.sum(-1, /*keepdim=*/true) + 1e-20);
   return w * scale;
 }
@@ -180,18 +181,22 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const auto jj = static_cast<std::size_t>(j);
     const at::Tensor up_bias = e.gate_up_bias.empty() ? at::Tensor() : e.gate_up_bias[jj].to(x.scalar_type());
     const at::Tensor down_bias = e.down_bias.empty() ? at::Tensor() : e.down_bias[jj].to(x.scalar_type());
-    const at::Tensor gate_up = at::linear(seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
+    const at::Tensor gate_up = linear_in(e.invariant, seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
     const at::Tensor h = e.glu ? e.glu(gate_up) : gated(gate_up, act);                        // (n, f)
-    outputs.push_back(at::linear(h, e.down[jj].to(x.scalar_type()), down_bias));              // (n, h)
+    if (e.chunks > 0)  // (n, chunks h)
+      outputs.push_back(invariant_chunked_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias).transpose(0, 1).reshape({n, e.chunks * hidden}));
+    else
+      outputs.push_back(linear_in(e.invariant, h, e.down[jj].to(x.scalar_type()), down_bias));  // (n, h)
     offset += n;
   }
-  const at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);    // (R, h)
+  const std::int64_t width = e.chunks > 0 ? e.chunks * hidden : hidden;
+  const at::Tensor computed = outputs.empty() ? grouped.new_zeros({grouped.size(0), width}) : at::cat(outputs, 0);  // (R, width)
 
   // Back to arrival order, back to the sources, back to the assignments' order.
   const at::Tensor returned_here = computed.index_select(0, at::argsort(grouped_index));
   const at::Tensor returned = ranks > 1 ? all_to_all_rows(returned_here, recv, send, *ep) : returned_here;  // (T k, h) by expert
   const at::Tensor per_assignment = returned.index_select(0, at::argsort(order));  // (T k, h) as (t, slot)
-  return (r.on_input ? per_assignment : per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
+  return (r.on_input ? per_assignment : per_assignment * w).view({tokens, k, width}).sum(1);  // (T, width)
 }
 
 namespace {

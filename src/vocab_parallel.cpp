@@ -4,8 +4,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <vector>
 
 #include "megadsl/layers/fused_ops.hpp"
+#include "megadsl/layers/invariant.hpp"
 
 namespace megadsl {
 namespace {
@@ -17,10 +19,29 @@ void all_reduce(at::Tensor& t, const comm_group* g, reduce_op op) {
   if (g != nullptr) g->all_reduce(t, op);
 }
 
+// Invariant mode: the sums over the vocabulary of each of `rows` (T, valid), as (k, T): each block
+// of invariant_sum_block columns summed apart (this rank's blocks whole: shards start at multiples
+// of the block), the blocks of the whole true vocabulary gathered over tp in vocabulary order and
+// summed in a fixed tree.
+at::Tensor vocab_sums(const std::vector<at::Tensor>& rows, std::int64_t width, std::int64_t true_vocab, const comm_group* tp) {
+  const std::int64_t block = invariant_sum_block;
+  TORCH_CHECK(width % block == 0, "megadsl: invariant log-probs need vocabulary shards of whole ", block,
+              "-column blocks; this one is ", width, " wide (vocab_pad_multiple must be a multiple of ", block, ")");
+  std::vector<at::Tensor> sums;  // each (T, width / block), zero past the valid columns
+  for (const at::Tensor& r : rows) {
+    const at::Tensor whole = r.size(1) == width ? r : at::constant_pad_nd(r, {0, width - r.size(1)});
+    sums.push_back(whole.view({r.size(0), width / block, block}).sum(-1));
+  }
+  at::Tensor blocks = at::stack(sums);                                   // (k, T, width / block)
+  if (tp != nullptr) blocks = tp->all_gather(blocks.contiguous(), 2);  // (k, T, V' / block), in vocabulary order
+  const std::int64_t used = (true_vocab + block - 1) / block;
+  return tree_sum(blocks.narrow(2, 0, used).movedim(2, 0));
+}
+
 struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
                                std::int64_t start, std::int64_t true_vocab, const comm_group* tp,
-                               bool with_entropy) {
+                               bool with_entropy, bool invariant) {
     const std::int64_t width = logits.size(1);
     const std::int64_t valid = std::max<std::int64_t>(0, std::min(width, true_vocab - start));
     // fp32 math (fp64 when given fp64, for finite-difference checks); a copy unless already so.
@@ -34,18 +55,29 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
     // Full-vocabulary temporaries are the largest tensors of the step ((T, V/tp) each): one here,
     // updated in place, which gives the same bits as the out-of-place expressions.
     at::Tensor e = z - m.unsqueeze(1);  // (T, valid)
-    e.exp_();
+    if (invariant) e = pointwise(e, [](const at::Tensor& t) { return at::exp(t); });
+    else e.exp_();
 
     const at::Tensor in_range = (labels >= start) & (labels < start + valid);
     const at::Tensor local_index = (labels - start).clamp(0, std::max<std::int64_t>(valid - 1, 0));
     const at::Tensor z_y = valid > 0 ? z.gather(1, local_index.unsqueeze(1)).squeeze(1) * in_range
                                      : at::zeros({tokens}, z.options());
-    // One all-reduce for S, z_y and sum(e z): three rows of one tensor.
-    const at::Tensor sum_e = e.sum(1);
-    const at::Tensor sum_ez = with_entropy ? e.mul_(z).sum(1) : at::zeros_like(z_y);
-    e.reset();
-    at::Tensor sums = at::stack({sum_e, z_y, sum_ez}).contiguous();
-    all_reduce(sums, tp, reduce_op::sum);
+    at::Tensor sums;  // (3, T): S, z_y and sum(e z)
+    if (invariant) {
+      // z_y is on one rank, zero on the others: its sum over tp is exact.
+      at::Tensor target = z_y.contiguous();
+      all_reduce(target, tp, reduce_op::sum);
+      const at::Tensor both = with_entropy ? vocab_sums({e, e * z}, width, true_vocab, tp) : vocab_sums({e}, width, true_vocab, tp);
+      e.reset();
+      sums = at::stack({both[0], target, with_entropy ? both[1] : at::zeros_like(target)});
+    } else {
+      // One all-reduce for S, z_y and sum(e z): three rows of one tensor.
+      const at::Tensor sum_e = e.sum(1);
+      const at::Tensor sum_ez = with_entropy ? e.mul_(z).sum(1) : at::zeros_like(z_y);
+      e.reset();
+      sums = at::stack({sum_e, z_y, sum_ez}).contiguous();
+      all_reduce(sums, tp, reduce_op::sum);
+    }
     const at::Tensor s = sums[0], target = sums[1], a = sums[2] / sums[0];
     const at::Tensor log_s = at::log(s);
     at::Tensor logp = target - m - log_s;
@@ -81,10 +113,10 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
       const at::Tensor local_index = (labels - start).clamp(0, valid - 1);
       dz.scatter_add_(1, local_index.unsqueeze(1), (g_logp * in_range).unsqueeze(1));
     }
-    if (valid == width) return {dz.to(dtype), {}, {}, {}, {}, {}};  // no vocabulary padding on this shard
+    if (valid == width) return {dz.to(dtype), {}, {}, {}, {}, {}, {}};  // no vocabulary padding on this shard
     at::Tensor grad = at::zeros({z.size(0), width}, z.options().dtype(dtype));
     grad.narrow(1, 0, valid).copy_(dz);
-    return {grad, {}, {}, {}, {}, {}};
+    return {grad, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -128,14 +160,15 @@ struct fused_logprob_entropy_fn : torch::autograd::Function<fused_logprob_entrop
 
 logprob_entropy vocab_parallel_logprob_entropy(const at::Tensor& logits, const at::Tensor& labels,
                                                const vocab_shard& shard, const comm_group* tp,
-                                               bool with_entropy) {
+                                               bool with_entropy, bool invariant) {
   TORCH_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0),
               "megadsl: vocab-parallel log-probs take logits (T, V/tp) and labels (T,)");
   if (tp != nullptr && tp->size() == 1) tp = nullptr;
-  auto out = fused_kernels_take(logits)
+  auto out = fused_kernels_take(logits) && !invariant
                  ? fused_logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp,
                                                    with_entropy)
-                 : logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp, with_entropy);
+                 : logprob_entropy_fn::apply(logits, labels.to(at::kLong), shard.start, shard.true_vocab, tp, with_entropy,
+                                             invariant);
   return {out[0], with_entropy ? out[1] : at::Tensor()};
 }
 

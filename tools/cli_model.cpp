@@ -45,7 +45,7 @@ std::string closest(std::string_view word, const Range& candidates) {
 }
 
 constexpr std::string_view layout_flags[] = {
-    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--cp", "--ep", "--etp",
+    "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--invariant", "--cp", "--ep", "--etp",
     "--recompute", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
     "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute"};
@@ -118,6 +118,7 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     else if (flag == "--last-stage-layers") o.l.last_stage_layers = number();
     else if (flag == "--sp") o.l.sp = switch_on();
     else if (flag == "--rmpad") o.l.rmpad = switch_on();
+    else if (flag == "--invariant") o.l.invariant = switch_on();
     else if (flag == "--recompute") {
       const std::string_view v = value();
       recompute_kind r{};
@@ -255,6 +256,7 @@ std::string layout_summary(const options& o) {
   if (l.ep.get() != 1) s << " ep=" << l.ep.get();
   if (l.etp.get() != 0) s << " etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << " recompute=" << name_of(l.recompute.get());
+  if (l.invariant.get()) s << " invariant=on";
   if (l.first_stage_layers.get() != 0) s << " first_stage_layers=" << l.first_stage_layers.get();
   if (l.last_stage_layers.get() != 0) s << " last_stage_layers=" << l.last_stage_layers.get();
   if (l.vocab_pad_multiple.get() != 128) s << " vocab_pad_multiple=" << l.vocab_pad_multiple.get();

@@ -53,6 +53,8 @@ layout:
   --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
   --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)
+  --invariant               invariant arithmetic: a sequence's outputs the same bits whatever its
+                            batch, padding and layout (CPU; slower)
   --recompute KIND          activations the backward recomputes: none (default), selective (the
                             attention core: RoPE and attention), full (each layer from its input)
   --vocab-pad-multiple N    vocab padded to a multiple of N * tp (default 128)

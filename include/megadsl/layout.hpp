@@ -50,6 +50,9 @@ struct layout {
   dim ep = 1;                  // expert parallel: whole experts per rank of the ep group
   dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
   maybe<recompute_kind> recompute = recompute_kind::none;  // activation recompute in the backward
+  // Invariant arithmetic (layers/invariant.hpp): a sequence's outputs the same bits whatever else
+  // is in its batch, its padding, micro-batching and this layout's degrees; slower, off by default.
+  flag invariant = false;
 };
 
 // A layout with every degree and switch known only at run time (command-line tool).
@@ -57,7 +60,7 @@ inline constexpr layout dynamic_layout = {
     .tp = dynamic, .pp = dynamic, .vpp = dynamic, .first_stage_layers = dynamic,
     .last_stage_layers = dynamic, .sp = dynamic, .rmpad = dynamic,
     .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic, .etp = dynamic,
-    .recompute = dynamic};
+    .recompute = dynamic, .invariant = dynamic};
 
 constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
 

@@ -32,7 +32,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 25> rule_table{{
+inline constexpr std::array<rule_info, 26> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -58,6 +58,8 @@ inline constexpr std::array<rule_info, 25> rule_table{{
     {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
     {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
     {"expert_grid_fits_world", "world % (etp * ep * pp) == 0: the expert grid's data-parallel size is whole"},
+    {"invariant_chunks_fit", "invariant arithmetic: tp (and etp) divide its 8 chunks of a row-parallel input, those inputs "
+                             "divide into 8, vocab_pad_multiple is a multiple of its 128-column blocks"},
 }};
 
 // The rules as an enum in rule_table's order (a diagnostic prints an enum value by its name, where
@@ -89,8 +91,9 @@ enum class rule_id : std::int8_t {
   global_batch_divisible,
   interleaved_microbatches,
   expert_grid_fits_world,
+  invariant_chunks_fit,
 };
-static_assert(static_cast<std::size_t>(rule_id::expert_grid_fits_world) == rule_table.size(),
+static_assert(static_cast<std::size_t>(rule_id::invariant_chunks_fit) == rule_table.size(),
               "megadsl: rule_id lists rule_table's rules in its order");
 
 constexpr rule_id rule_id_of(std::string_view name) {
@@ -433,6 +436,36 @@ constexpr void check_expert_grid(const layout& l, const run_facts& f, violations
   list_values(m, w, [&](std::int64_t t) { return w % t == 0; });
 }
 
+// Invariant arithmetic (layers/invariant.hpp) sums a row-parallel linear's input in 8 fixed chunks,
+// whole on each tp rank, and the vocabulary in blocks of 128 columns, whole on each tp rank.
+constexpr void check_invariant(const shape& s, const layout& l, violations& out) {
+  if (!l.invariant.is_static() || !l.invariant.get()) return;
+  constexpr std::int64_t chunks = 8, block = 128;
+  for (const auto& [name, degree] : {std::pair<std::string_view, dim>{"tp", l.tp}, {"etp", l.etp}})
+    if (degree.is_static() && degree.get() > 0 && chunks % degree.get() != 0)
+      out.add("invariant_chunks_fit", {degree.get()})
+          .add("invariant arithmetic splits a row-parallel input into ", chunks, " chunks, whole on each rank; ", name, " = ",
+               degree.get(), " does not divide them: use ", name, " 1, 2, 4 or 8");
+  const dim hd = effective_head_dim(s);
+  const std::pair<std::string_view, std::int64_t> inputs[] = {
+      {"num_heads * head_dim (o_proj's input)", known(s.heads, hd, s.v_head_dim) && s.v_head_dim.get() == 0 ? s.heads.get() * hd.get() : 0},
+      {"num_heads * v_head_dim (o_proj's input)", known(s.heads, s.v_head_dim) ? s.heads.get() * s.v_head_dim.get() : 0},
+      {"intermediate_size", s.ffn.is_static() ? s.ffn.get() : 0},
+      {"an expert's intermediate size", known(s.experts) && s.experts.get() > 0 && expert_ffn_of(s).is_static() ? expert_ffn_of(s).get() : 0},
+      {"the shared expert's intermediate size", s.shared_expert_ffn.is_static() ? s.shared_expert_ffn.get() : 0},
+      {"linear value heads * their dim (out_proj's input)",
+       known(s.linear_value_heads, s.linear_value_dim) ? s.linear_value_heads.get() * s.linear_value_dim.get() : 0}};
+  for (const auto& [name, width] : inputs)
+    if (width % chunks != 0)
+      out.add("invariant_chunks_fit", {width})
+          .add("invariant arithmetic splits ", name, " = ", width, " into ", chunks, " equal chunks, and it does not divide; "
+               "this model cannot run with invariant");
+  if (l.vocab_pad_multiple.is_static() && l.vocab_pad_multiple.get() % block != 0)
+    out.add("invariant_chunks_fit", {l.vocab_pad_multiple.get()})
+        .add("invariant arithmetic sums the vocabulary in blocks of ", block, " columns, whole on each tp rank; "
+             "vocab_pad_multiple = ", l.vocab_pad_multiple.get(), " is not a multiple of ", block);
+}
+
 constexpr void check_run(const layout& l, const run_facts& f, violations& out) {
   const std::pair<std::string_view, dim> facts[] = {{"world size", f.world},
                                                     {"global batch", f.global_batch},
@@ -494,6 +527,7 @@ constexpr violations check(const shape& s, const layout& l, const run_facts& f =
   detail::check_context_parallel(s, l, out);
   detail::check_vocab_padding(l, out);
   detail::check_run(l, f, out);
+  detail::check_invariant(s, l, out);
   // Table order, stably (a rule's several violations keep theirs).
   auto order = [](const violation& v) { return v.id == rule_id::none ? 1000 : static_cast<int>(v.id); };
   for (int i = 1; i < out.count; ++i)

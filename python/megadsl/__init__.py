@@ -89,7 +89,7 @@ __all__ = [
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",
-                  "ep", "etp", "recompute", "cp")
+                  "ep", "etp", "recompute", "cp", "invariant")
 
 
 def _layout_of(where, layout, kwargs):

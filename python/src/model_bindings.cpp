@@ -263,12 +263,14 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<std::int64_t> pp, std::optional<std::int64_t> vpp, std::optional<bool> sp,
          std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
-         std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp, bool critic,
+         std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp,
+         std::optional<bool> invariant, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout) {
         layout l = given.value_or(layout{});
-        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep || recompute || cp))
+        if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
+                      recompute || cp || invariant))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
         if (tp) l.tp = *tp;
         if (pp) l.pp = *pp;
@@ -281,6 +283,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         if (ep) l.ep = *ep;
         if (cp) l.cp = *cp;
         if (recompute) l.recompute = recompute_of(*recompute);
+        if (invariant) l.invariant = *invariant;
         if (!critic && !value_bias)
           throw py::value_error("megadsl.Model.from_hf: value_bias=False goes with critic=True (the value head's bias)");
         hf_model_options o;
@@ -333,7 +336,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("pp") = py::none(), py::arg("vpp") = py::none(), py::arg("sp") = py::none(),
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
-      py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
+      py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(),
+      py::arg("invariant") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(),
@@ -352,7 +356,9 @@ Dropout applies in training steps only (Trainer.step, forward_backward), at conf
 (read_hf_config(path)["dropout"]; Seed-OSS's class defaults are 0.1); dropout=False trains without,
 dropout={"attention_dropout": 0.0, ...} sets some of the family's dropout keys (as verl's
 model.override_config does); save_hf writes the rates the model trains with. The masks are the
-same in every layout.)");
+same in every layout. invariant=True (or Layout(invariant=True)): invariant arithmetic, a
+sequence's log-probs, entropy, values and routing the same bits whatever its batch, padding,
+micro-batching and layout (CPU; slower: see the README).)");
 
   model.def(
       "forward",

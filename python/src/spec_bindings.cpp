@@ -126,6 +126,7 @@ std::string layout_repr(const layout& l) {
   if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
   if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << ", recompute=\"" << name_of(l.recompute.get()) << "\"";
+  if (l.invariant.get()) s << ", invariant=True";
   s << ")";
   return s.str();
 }
@@ -136,7 +137,7 @@ bool same_layout(const layout& a, const layout& b) {
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
          a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
          a.cp.get() == b.cp.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
-         a.recompute.get() == b.recompute.get();
+         a.recompute.get() == b.recompute.get() && a.invariant.get() == b.invariant.get();
 }
 
 }  // namespace
@@ -167,12 +168,14 @@ void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
 virtual pipeline chunks, remove-padding, context-parallel degree (cp: each rank 1/cp of every sequence's
 tokens, attention all-to-all over heads), expert-parallel degree (ep: whole experts per rank of an ep
-group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every field is a concrete value.)")
+group; etp 0 = tp), activation recompute ("none", "selective", "full"), invariant arithmetic (a
+sequence's outputs the same bits whatever its batch, padding and layout; CPU). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                        std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp,
-                       const std::string& recompute, std::int64_t cp) {
+                       const std::string& recompute, std::int64_t cp, bool invariant) {
              layout l;
+             l.invariant = invariant;
              l.cp = cp;
              l.recompute = recompute_of(recompute);
              l.ep = ep;
@@ -189,7 +192,8 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
            py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
-           py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none", py::arg("cp") = 1)
+           py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none", py::arg("cp") = 1,
+           py::arg("invariant") = false)
       .def_property(
           "recompute", [](const layout& l) { return std::string(name_of(l.recompute.get())); },
           [](layout& l, const std::string& v) { l.recompute = recompute_of(v); },
@@ -202,6 +206,7 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
       .def_property("vpp", property(&layout::vpp), [](layout& l, std::int64_t v) { l.vpp = v; })
       .def_property("sp", property(&layout::sp), [](layout& l, bool v) { l.sp = v; })
       .def_property("rmpad", property(&layout::rmpad), [](layout& l, bool v) { l.rmpad = v; })
+      .def_property("invariant", property(&layout::invariant), [](layout& l, bool v) { l.invariant = v; })
       .def_property("first_stage_layers", property(&layout::first_stage_layers),
                     [](layout& l, std::int64_t v) { l.first_stage_layers = v; })
       .def_property("last_stage_layers", property(&layout::last_stage_layers),
@@ -239,7 +244,7 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
                         return py::make_tuple(l.tp.get(), l.pp.get(), l.vpp.get(), l.sp.get(), l.rmpad.get(),
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
                                               l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get(),
-                                              std::string(name_of(l.recompute.get())), l.cp.get());
+                                              std::string(name_of(l.recompute.get())), l.cp.get(), l.invariant.get());
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -257,6 +262,7 @@ group; etp 0 = tp), activation recompute ("none", "selective", "full"). Every fi
                         }
                         if (t.size() > 10) l.recompute = recompute_of(t[10].cast<std::string>());
                         if (t.size() > 11) l.cp = t[11].cast<std::int64_t>();
+                        if (t.size() > 12) l.invariant = t[12].cast<bool>();
                         return l;
                       }));
 

@@ -6,6 +6,7 @@
 
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/fused_ops.hpp"
+#include "megadsl/layers/invariant.hpp"
 
 namespace megadsl {
 
@@ -24,7 +25,7 @@ activation_fn activation_fn_of(std::int64_t setting) {
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {
   if (act == silu_activation && fused_kernels_take(gate_up)) return fused_swiglu(gate_up);  // bf16 on CUDA
   const auto halves = gate_up.chunk(2, -1);
-  return act(halves[0]) * halves[1];
+  return pointwise(halves[0], act) * halves[1];
 }
 
 // gpt-oss's (GptOssExperts._apply_gate), in its order: the gate clamped from above, up from both
@@ -32,7 +33,7 @@ at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {
 at::Tensor clamped_swiglu(const at::Tensor& gate_up, double alpha, double limit) {
   const auto halves = gate_up.chunk(2, -1);
   const at::Tensor gate = at::clamp_max(halves[0], limit), up = at::clamp(halves[1], -limit, limit);
-  return (up + 1) * (gate * at::sigmoid(gate * alpha));
+  return (up + 1) * (gate * pointwise(gate * alpha, [](const at::Tensor& t) { return at::sigmoid(t); }));
 }
 
 }  // namespace megadsl

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/module.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -38,12 +39,16 @@ at::Tensor layer_context::from_tp(const at::Tensor& y) const {
   return sp ? reduce_scatter_to_sp(y, *tp) : reduce_from_tp(y, *tp);
 }
 
+at::Tensor layer_context::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
+  return linear_in(l.invariant.get(), x, w(weight), w(bias));
+}
+
 at::Tensor layer_context::column(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-  return at::linear(to_tp(x), w(weight), w(bias));
+  return linear(to_tp(x), weight, bias);
 }
 
 at::Tensor layer_context::row(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-  const at::Tensor y = from_tp(at::linear(x, w(weight)));
+  const at::Tensor y = l.invariant.get() ? invariant_row_linear(x, w(weight), tp, sp) : from_tp(at::linear(x, w(weight)));
   return bias.defined() ? y + w(bias) : y;
 }
 

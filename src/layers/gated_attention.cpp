@@ -6,6 +6,7 @@
 // sigmoid(gate), the row-parallel o_proj.
 #include <ATen/ATen.h>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
@@ -42,12 +43,12 @@ class gated_attention final : public layer_module {
     at::Tensor x = c.to_tp(h);                                  // (T'/cp, H)
     const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
     if (x.size(0) != rows) x = x.narrow(0, 0, rows);            // SP padding rows: (T, H)
-    const auto q_gate = at::linear(x, c.w(q_), c.w(q_bias_)).view({rows, n, 2 * d}).split_with_sizes({d, d}, -1);
+    const auto q_gate = c.linear(x, q_, q_bias_).view({rows, n, 2 * d}).split_with_sizes({d, d}, -1);
     at::Tensor q = q_gate[0].reshape({rows, g, n / g, d});                       // (rows, G, Q, d)
     // This rank's kv heads' rows of the replicated k_proj / v_proj (their gradients land in those rows).
     const auto mine = [&](const at::Tensor& p) { return p.defined() ? c.w(p).narrow(0, first_kv_ * d, g * d) : p; };
-    at::Tensor k = at::linear(x, mine(k_), mine(k_bias_)).view({rows, g, d});      // (rows, G, d)
-    at::Tensor v = at::linear(x, mine(v_), mine(v_bias_)).view({rows, g, d});
+    at::Tensor k = c.linear(x, mine(k_), mine(k_bias_)).view({rows, g, d});      // (rows, G, d)
+    at::Tensor v = c.linear(x, mine(v_), mine(v_bias_)).view({rows, g, d});
     qk_norm_->apply(q, k, c);  // per head: on this rank's rows
     // Context parallelism (Ulysses): whole sequences of this cp rank's share of the heads.
     if (c.cp != nullptr) cp_whole_stream_heads({}, q, k, v, tokens, *c.cp);     // (T, G/cp, Q, d) or (T, 1, Q/cp, d)
@@ -60,7 +61,7 @@ class gated_attention final : public layer_module {
       return kernel(apply_rope(q_in, rope), apply_rope(k_in, rope), v_in);
     };
     at::Tensor a = selective_ ? recompute_in_backward(std::move(core), q, k, v) : core(q, k, v);
-    const at::Tensor gate = at::sigmoid(q_gate[1].reshape({rows, n * d}));       // (rows, n*d)
+    const at::Tensor gate = pointwise(q_gate[1].reshape({rows, n * d}), [](const at::Tensor& t) { return at::sigmoid(t); });// (rows, n*d)
     if (c.cp == nullptr) a = a * gate;                                            // (T, n*d)
     if (stream > tokens) a = at::constant_pad_nd(a, {0, 0, 0, stream - tokens});  // (T', n*d)
     if (c.cp != nullptr) a = cp_heads_to_tokens(a, *c.cp) * gate;                 // (T'/cp, n*d)

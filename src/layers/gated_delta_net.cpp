@@ -12,6 +12,7 @@
 // selective recompute the rule keeps only its inputs and runs again in the backward.
 #include <ATen/ATen.h>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/gated_delta_rule.hpp"
 #include "megadsl/layers/recompute.hpp"
@@ -45,6 +46,16 @@ class gated_delta_net final : public layer_module {
     selective_ = b.args.l.recompute.get() == recompute_kind::selective;
   }
 
+  // Stream token t of sequence i at offset j -> i * S + j: each packed sequence from its row's start.
+  static at::Tensor row_starts(const packed_tokens& pk) {
+    std::vector<std::int64_t> at_row;
+    at_row.reserve(static_cast<std::size_t>(pk.tokens));
+    for (std::size_t i = 0; i + 1 < pk.cu_seqlens.size(); ++i)
+      for (std::int64_t j = 0; j < pk.cu_seqlens[i + 1] - pk.cu_seqlens[i]; ++j)
+        at_row.push_back(static_cast<std::int64_t>(i) * pk.seq + j);
+    return at::tensor(at_row, at::kLong).to(pk.index.device());
+  }
+
   at::Tensor forward(const at::Tensor& h, layer_context& c) override {
     const packed_tokens& pk = c.sequences();  // the whole stream: this rank's share at cp > 1
     const std::int64_t tokens = pk.tokens, stream = pk.ids.size(0), nk = key_heads_, r = per_key_, nv = nk * r;
@@ -57,13 +68,13 @@ class gated_delta_net final : public layer_module {
     // Per key head [q | k | v | b | a] of its value heads: (rows, nk, 2 dk + r dv + 2 r), and z (rows, nv, dv).
     at::Tensor heads, z;
     if (split_) {  // Qwen3.5: in_proj_qkv's rows here are [q_r | k_r | v_r], z / b / a per value head
-      const auto qkv = at::linear(x, c.w(qkv_)).split_with_sizes({nk * dk, nk * dk, nv * dv}, -1);
+      const auto qkv = c.linear(x, qkv_).split_with_sizes({nk * dk, nk * dk, nv * dv}, -1);
       heads = at::cat({qkv[0].view({rows, nk, dk}), qkv[1].view({rows, nk, dk}), qkv[2].view({rows, nk, r * dv}),
-                       at::linear(x, c.w(b_)).view({rows, nk, r}), at::linear(x, c.w(a_)).view({rows, nk, r})}, -1);
-      z = at::linear(x, c.w(z_)).view({rows, nv, dv});
+                       c.linear(x, b_).view({rows, nk, r}), c.linear(x, a_).view({rows, nk, r})}, -1);
+      z = c.linear(x, z_).view({rows, nv, dv});
     } else {  // Qwen3-Next: per key head [q | k | v | z] and [b | a]
-      const auto qkvz = at::linear(x, c.w(qkvz_)).view({rows, nk, 2 * dk + 2 * r * dv}).split_with_sizes({2 * dk + r * dv, r * dv}, -1);
-      heads = at::cat({qkvz[0], at::linear(x, c.w(ba_)).view({rows, nk, 2 * r})}, -1);
+      const auto qkvz = c.linear(x, qkvz_).view({rows, nk, 2 * dk + 2 * r * dv}).split_with_sizes({2 * dk + r * dv, r * dv}, -1);
+      heads = at::cat({qkvz[0], c.linear(x, ba_).view({rows, nk, 2 * r})}, -1);
       z = qkvz[1].reshape({rows, nv, dv});
     }
     // A padded batch: transformers zeroes the padding's input to the layer, so its output there is
@@ -75,7 +86,11 @@ class gated_delta_net final : public layer_module {
     // Context parallelism (Ulysses): the whole stream of this cp rank's share of the key heads.
     if (c.cp != nullptr) heads = cp_tokens_to_heads(heads, *c.cp).narrow(0, 0, tokens);  // (T, nk/cp, W)
     // Each row of the batch, zeros at its padding (packed sequences each in its own row): (B, S, nkc, W).
-    const auto parts = pk.unpack(heads).split_with_sizes({dk, dk, r * dv, r, r}, -1);
+    // Invariant arithmetic: each sequence from its row's start (packed streams only), so that its
+    // chunks of the rule begin at its first token whatever the padding was.
+    packed_tokens laid = pk;  // (tensors shared)
+    if (c.l.invariant.get() && pk.rmpad) laid.index = row_starts(pk);
+    const auto parts = laid.unpack(heads).split_with_sizes({dk, dk, r * dv, r, r}, -1);
     const at::Tensor mixed = at::cat({parts[0].reshape({batch, len, nkc * dk}), parts[1].reshape({batch, len, nkc * dk}),
                                       parts[2].reshape({batch, len, nvc * dv})}, -1);  // the conv's channels [q | k | v]
     // The conv's rows here are [q_r | k_r | v_r] (shard_kind::column_slots); of each, this cp rank's heads'.
@@ -86,11 +101,12 @@ class gated_delta_net final : public layer_module {
     const auto qkv = causal_conv1d_silu(mixed, w).split_with_sizes({nkc * dk, nkc * dk, nvc * dv}, -1);
     const at::Tensor q = qkv[0].view({batch, len, nkc, dk}), k = qkv[1].view({batch, len, nkc, dk});
     const at::Tensor v = qkv[2].view({batch, len, nvc, dv});
-    const at::Tensor beta = parts[3].reshape({batch, len, nvc}).sigmoid();
+    const at::Tensor beta = pointwise(parts[3].reshape({batch, len, nvc}), [](const at::Tensor& t) { return at::sigmoid(t); });
     // g = -exp(A_log) * softplus(a + dt_bias), in fp32 (the master values of A_log and dt_bias).
     const auto share = [&](const at::Tensor& p) { return cp > 1 ? p.narrow(0, cp_rank * nvc, nvc) : p; };
     const at::Tensor g = -share(a_log_).to(at::kFloat).exp() *
-                         at::softplus(parts[4].reshape({batch, len, nvc}).to(at::kFloat) + share(dt_bias_).to(at::kFloat));
+                         pointwise(parts[4].reshape({batch, len, nvc}).to(at::kFloat) + share(dt_bias_).to(at::kFloat),
+                                   [](const at::Tensor& t) { return at::softplus(t); });
     // Under selective recompute only the rule's inputs are kept: its chunks' intermediates are
     // computed again in the backward.
     at::Tensor core = selective_ ? recompute_in_backward(core_region([](const std::vector<at::Tensor>& x) {
@@ -98,14 +114,14 @@ class gated_delta_net final : public layer_module {
                                    }), {q, k, v, g, beta})
                                  : chunk_gated_delta_rule(q, k, v, g, beta);
     core = core.reshape({batch * len, nvc * dv});  // (B S, nvc*dv)
-    if (pk.rmpad) core = core.index_select(0, pk.index);                                    // (T, nvc*dv) the packed stream
+    if (pk.rmpad) core = core.index_select(0, laid.index);                                  // (T, nvc*dv) the packed stream
     if (stream > tokens) core = at::constant_pad_nd(core, {0, 0, 0, stream - tokens});      // (T', nvc*dv)
     if (c.cp != nullptr) core = cp_heads_to_tokens(core, *c.cp);                            // (T'/cp, nv*dv)
     else if (stream > tokens) z = at::constant_pad_nd(z, {0, 0, 0, 0, 0, stream - tokens});  // (T', nv, dv)
     // Qwen3NextRMSNormGated: w * rms_normed(x).to(dtype), times silu(z) in fp32, cast back.
     const at::Tensor cf = core.view({-1, nv, dv}).to(at::kFloat);
     const at::Tensor normed = c.w(norm_) * (cf * at::rsqrt(cf.pow(2).mean(-1, true) + eps_)).to(core.scalar_type());
-    const at::Tensor a = (normed * at::silu(z.to(at::kFloat))).to(core.scalar_type()).reshape({-1, nv * dv});
+    const at::Tensor a = (normed * pointwise(z.to(at::kFloat), [](const at::Tensor& t) { return at::silu(t); })).to(core.scalar_type()).reshape({-1, nv * dv});
     return c.row(a, out_);  // (T'/cp/tp or T'/cp, H)
   }
 

@@ -59,11 +59,11 @@ class mla final : public layer_module {
     at::Tensor x = c.to_tp(h);                                        // (T'/cp, H) on every tp rank
     const std::int64_t rows = c.cp != nullptr ? x.size(0) : tokens;
     if (x.size(0) != rows) x = x.narrow(0, 0, rows);                 // SP padding rows: (T, H)
-    const at::Tensor q = q_proj_.defined() ? at::linear(x, c.w(q_proj_))  // (rows, n*dqk) this rank's heads
-                                           : at::linear(latent_norm(at::linear(x, c.w(q_down_)), c.w(q_norm_)), c.w(q_up_));
-    const auto latent = at::linear(x, c.w(kv_down_)).split_with_sizes({rank_, rope_}, -1);  // (rows, r), (rows, dr)
+    const at::Tensor q = q_proj_.defined() ? c.linear(x, q_proj_)  // (rows, n*dqk) this rank's heads
+                                           : c.linear(latent_norm(c.linear(x, q_down_), c.w(q_norm_)), q_up_);
+    const auto latent = c.linear(x, kv_down_).split_with_sizes({rank_, rope_}, -1);  // (rows, r), (rows, dr)
     at::Tensor qs = q.view({rows, heads_, dqk});                                                              // (rows, n, dqk)
-    at::Tensor kv = at::linear(latent_norm(latent[0], c.w(kv_norm_)), c.w(kv_up_)).view({rows, heads_, nope_ + v_});  // (rows, n, dn+dv)
+    at::Tensor kv = c.linear(latent_norm(latent[0], c.w(kv_norm_)), kv_up_).view({rows, heads_, nope_ + v_});  // (rows, n, dn+dv)
     at::Tensor k_shared = latent[1];                                                                          // (rows, dr)
     std::int64_t n = heads_;
     if (c.cp != nullptr) {

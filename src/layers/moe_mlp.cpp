@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
@@ -71,8 +72,9 @@ class moe_mlp final : public layer_module {
     const bool sigmoid = load_.bias.defined() && !biased_softmax_;
     // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype
     // (in fp32 where the block says so: HunYuan's wg, ERNIE's gate).
-    const at::Tensor logits = sigmoid || fp32_router_ ? at::linear(x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
-                                                      : at::linear(x, c.w(router_), router_bias_.defined() ? c.w(router_bias_) : at::Tensor());
+    const bool invariant = c.l.invariant.get();
+    const at::Tensor logits = sigmoid || fp32_router_ ? linear_in(invariant, x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
+                                                      : c.linear(x, router_, router_bias_);
     routing r = sigmoid        ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
                                                        s_.norm_topk, s_.scale)
                 : input_router_ ? route_sigmoid_on_input(logits, s_.top_k)
@@ -104,20 +106,27 @@ class moe_mlp final : public layer_module {
     for (const at::Tensor& t : gate_up_) gate_up.push_back(c.w(t));
     for (const at::Tensor& t : down_) down.push_back(c.w(t));
     local_experts mine{s_.experts, s_.first_expert, std::move(gate_up), std::move(down)};
+    mine.invariant = invariant;
     for (const at::Tensor& t : gate_up_bias_) mine.gate_up_bias.push_back(c.w(t));
     // The experts' outputs are partial sums over tp: their down bias is added on tp rank 0 only
     // (times 0 elsewhere, so that every rank's gradient of it is defined: 0 there).
     for (const at::Tensor& t : down_bias_) mine.down_bias.push_back(tp_rank_ == 0 ? c.w(t) : c.w(t) * 0);
     if (clamped_)
       mine.glu = [alpha = alpha_, limit = limit_](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, alpha, limit); };
-    at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h)
+    // Invariant arithmetic: the partial sums over tp kept apart by chunk of the intermediate size,
+    // (chunks, T, h), and summed in invariant_chunk_sum's order.
+    const std::int64_t chunks = invariant ? invariant_k_chunks / (c.tp != nullptr ? c.tp->size() : 1) : 0;
+    mine.chunks = chunks;
+    at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h) or (T, chunks h)
+    if (invariant) y = y.view({tokens, chunks, -1}).transpose(0, 1);  // (chunks, T, h)
     if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
-      const at::Tensor shared = at::linear(gated(at::linear(x, c.w(shared_gate_up_)), act_), c.w(shared_down_));
-      y = shared_gate_.defined() ? y + at::sigmoid(at::linear(x, c.w(shared_gate_))) * shared : y + shared;
+      const at::Tensor inner = gated(c.linear(x, shared_gate_up_), act_);  // (T, fs/tp)
+      const at::Tensor shared = invariant ? invariant_chunked_linear(inner, c.w(shared_down_), chunks) : c.linear(inner, shared_down_);
+      y = shared_gate_.defined() ? y + pointwise(c.linear(x, shared_gate_), [](const at::Tensor& t) { return at::sigmoid(t); }) * shared : y + shared;
     }
     if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid || input_router_));
-    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
-    return c.from_tp(y);
+    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h) or (chunks, T', h)
+    return invariant ? invariant_chunk_sum(y, c.tp, c.sp) : c.from_tp(y);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/invariant.hpp"
 
 namespace megadsl {
 namespace {
@@ -14,7 +15,7 @@ class plain_mlp final : public layer_module {
         down_bias_(b.find("down.bias")), act_(activation_fn_of(b.setting())) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     const at::Tensor up = c.column(x, fc_, fc_bias_);  // (T', ffn/tp)
-    return c.row(act_(up), down_, down_bias_);         // (T'/tp or T', h)
+    return c.row(pointwise(up, act_), down_, down_bias_);       // (T'/tp or T', h)
   }
 
  private:

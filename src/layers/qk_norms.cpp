@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/parallel/mappings.hpp"
 
 namespace megadsl {
@@ -53,8 +54,20 @@ class full_width_qk_norm final : public qk_norm_module {
   // values depend on every rank's squares). x: (T, width / tp), the weight (width / tp).
   at::Tensor norm(const at::Tensor& x, const norm_module& n, std::int64_t width, const layer_context& c) const {
     const at::Tensor xf = x.to(at::kFloat);
-    at::Tensor squares = xf.pow(2).sum(-1, true);  // (T, 1)
-    if (c.tp != nullptr) squares = reduce_from_tp(copy_to_tp(squares, *c.tp), *c.tp);
+    at::Tensor squares;  // (T, 1)
+    if (c.l.invariant.get()) {
+      // Invariant arithmetic: the squares by chunk of width / invariant_k_chunks, summed in a fixed
+      // tree over all chunks whatever tp (the gradient summed over tp as below).
+      const std::int64_t local = invariant_k_chunks / (c.tp != nullptr ? c.tp->size() : 1);
+      TORCH_CHECK(width % invariant_k_chunks == 0, "megadsl: invariant arithmetic sums the full-width q/k norm's ", width,
+                  " squares in ", invariant_k_chunks, " equal chunks, and they do not divide; this model cannot run with invariant");
+      at::Tensor parts = xf.pow(2).view({x.size(0), local, -1}).sum(-1).t().unsqueeze(-1);  // (local, T, 1)
+      if (c.tp != nullptr) parts = copy_to_tp(parts, *c.tp);
+      squares = invariant_chunk_sum(parts, c.tp, false);
+    } else {
+      squares = xf.pow(2).sum(-1, true);
+      if (c.tp != nullptr) squares = reduce_from_tp(copy_to_tp(squares, *c.tp), *c.tp);
+    }
     const at::Tensor normed = xf * at::rsqrt(squares / static_cast<double>(width) + eps_);
     return n.apply_weight(normed, x.scalar_type(), c);
   }

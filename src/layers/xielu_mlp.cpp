@@ -3,6 +3,7 @@
 // optional CUDA kernel).
 #include <ATen/ATen.h>
 
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/block_modules.hpp"
 
 namespace megadsl {
@@ -20,7 +21,7 @@ class xielu_mlp final : public layer_module {
     const at::Tensor alpha_p = at::softplus(c.w(alpha_p_));                   // (1)
     const at::Tensor alpha_n = beta + at::softplus(c.w(alpha_n_));
     const at::Tensor y = at::where(u > 0, alpha_p * u * u + beta * u,
-                                   (at::expm1(at::minimum(u, eps)) - u) * alpha_n + beta * u);
+                                   (pointwise(at::minimum(u, eps), [](const at::Tensor& t) { return at::expm1(t); }) - u) * alpha_n + beta * u);
     return c.row(y, down_);  // (T'/tp or T', h)
   }
 

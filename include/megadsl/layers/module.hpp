@@ -98,6 +98,8 @@ struct layer_context {
   [[nodiscard]] at::Tensor to_tp(const at::Tensor& x) const;
   // Back from partial sums over tp: reduce-scattered to SP shards, or all-reduced.
   [[nodiscard]] at::Tensor from_tp(const at::Tensor& y) const;
+  // x @ weight^T + bias on this rank's rows, in the layout's arithmetic (invariant or not).
+  [[nodiscard]] at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
   // Column-parallel linear: its input replicated (or gathered from SP shards) first.
   [[nodiscard]] at::Tensor column(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
   // Row-parallel linear: partial sums reduced over tp; its bias added once after the reduction.

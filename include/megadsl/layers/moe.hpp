@@ -80,6 +80,10 @@ struct local_experts {
   std::vector<at::Tensor> gate_up_bias;  // experts / ep of (2 f)
   std::vector<at::Tensor> down_bias;     // experts / ep of (h)
   std::function<at::Tensor(const at::Tensor&)> glu;
+  bool invariant = false;  // the experts' GEMMs in fixed row tiles (layers/invariant.hpp)
+  // > 0 (invariant arithmetic): each expert's down projection by this many chunks of its local
+  // intermediate size, apart; the output is then (T, chunks * h), chunk-major.
+  std::int64_t chunks = 0;
 };
 
 // sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h) (with

@@ -27,10 +27,11 @@ struct logprob_entropy {
 };
 
 // logits: (T, V'/tp) this rank's columns, any float dtype; labels: (T,) int64 global ids.
-// `tp` may be null (single process: no collective at all).
+// `tp` may be null (single process: no collective at all). `invariant`: S and A are summed over
+// blocks of the vocabulary in a fixed order, the same bits at any tp (layers/invariant.hpp).
 logprob_entropy vocab_parallel_logprob_entropy(const at::Tensor& logits, const at::Tensor& labels,
                                                const vocab_shard& shard, const comm_group* tp,
-                                               bool with_entropy = true);
+                                               bool with_entropy = true, bool invariant = false);
 
 // Vocab-parallel cross entropy (Megatron's): -log_probs.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& labels,

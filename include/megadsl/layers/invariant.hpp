@@ -1,0 +1,85 @@
+// Invariant arithmetic (layout::invariant): every sum a sequence's outputs go through is taken in an
+// order fixed by the model's sizes alone, never by the batch, the padding, the layout's degrees or
+// the threads, so a sequence's log-probs, entropy, values and routing are the same bits wherever
+// it runs.
+//
+//   GEMMs        rows in tiles of invariant_row_tile (the last one padded), each tile one GEMM call
+//                of that fixed shape on one thread: the BLAS's path never depends on the row count
+//                or the thread count (MKL takes another summation order for few rows, and splits
+//                the inner dimension over threads for some shapes).
+//   row-parallel the input dimension in invariant_k_chunks fixed chunks (tp ranks hold whole
+//   linears    chunks), each chunk's partial product apart, summed in a fixed pairwise tree on
+//                every rank after an all-gather (or, under sp, an all-to-all of row blocks) instead
+//                of an all-reduce whose order depends on tp.
+//   long sums    over the vocabulary (log-softmax, entropy): blocks of invariant_sum_block, then a
+//                fixed pairwise tree over the blocks of the whole vocabulary (ATen would split a
+//                long single-row sum over threads).
+//   attention    one kernel call per sequence (padded batches are packed; layout::rmpad does not
+//                change the numbers).
+//   element-wise ATen's vectorised loops compute a SIMD body and a scalar tail, and the two round
+//   functions     silu, sigmoid, GELU and softplus differently: where an element falls (a row's width
+//                at tp 2, the batch's size) would choose its bits. `pointwise` runs them on the
+//                flattened tensor in blocks of invariant_pointwise_block, so every element takes
+//                the SIMD body.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace megadsl {
+
+class comm_group;
+
+inline constexpr std::int64_t invariant_row_tile = 128;
+inline constexpr std::int64_t invariant_k_chunks = 8;
+inline constexpr std::int64_t invariant_sum_block = 128;
+inline constexpr std::int64_t invariant_pointwise_block = 8192;  // a multiple of any SIMD loop's step (<= 128)
+
+// Invariant arithmetic for the element-wise functions this thread runs while it lives (the stage
+// opens one around its layers and heads when layout::invariant is on).
+class invariant_scope {
+ public:
+  explicit invariant_scope(bool on);
+  ~invariant_scope();
+  invariant_scope(const invariant_scope&) = delete;
+  invariant_scope& operator=(const invariant_scope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// fn(x) for an element-wise fn; inside an invariant_scope every element through the SIMD body
+// (the forward's bits; the backward is fn's own).
+at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+// x (T, K) @ w (N, K)^T [+ b]: the rows in fixed tiles, each tile's GEMM on one thread; the
+// backward is the plain one. Any leading dimensions of x are flattened.
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
+
+// invariant_linear when `invariant`, else at::linear.
+at::Tensor linear_in(bool invariant, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
+
+// The sum over dim 0 of `parts` (n, ...) in a fixed pairwise tree: ((p0 + p1) + (p2 + p3)) + ...
+at::Tensor tree_sum(const at::Tensor& parts);
+
+// The sum over the last dimension in a fixed order: blocks of invariant_sum_block elements (the
+// last one padded with zeros), then a pairwise tree over the blocks.
+at::Tensor ordered_sum(const at::Tensor& x);
+
+// A row-parallel linear's output, the same bits at any tp: x (T, K/tp) this rank's share of the
+// input dimension (whole chunks), w (N, K/tp); returns the sum over all of K, (T, N) on every tp
+// rank, or (T/tp, N) this rank's rows under sp. `tp` null at tp = 1. Bias not included.
+at::Tensor invariant_row_linear(const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp);
+
+// A row-parallel block's partial sums kept apart by chunk, (invariant_k_chunks / tp, T, N) this
+// rank's chunks in order, summed over all chunks as invariant_row_linear does: (T, N) on every
+// rank, or (T/tp, N) this rank's rows under sp.
+at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bool sp);
+
+// x (T, K/tp) @ w (N, K/tp)^T by this rank's invariant_k_chunks / tp chunks of K, apart:
+// (chunks, T, N); `bias` added to the first chunk (give rank 0's, zeros elsewhere).
+at::Tensor invariant_chunked_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias = {});
+
+}  // namespace megadsl

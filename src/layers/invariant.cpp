@@ -1,0 +1,249 @@
+// Invariant arithmetic (layers/invariant.hpp). The forwards fix every summation order; the
+// backwards are the plain ones (training is deterministic at a fixed layout either way).
+#include "megadsl/layers/invariant.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "megadsl/parallel/comm.hpp"
+
+namespace megadsl {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The intra-op threads at one for its lifetime: a single tile's GEMM outside a parallel region
+// would otherwise take the BLAS's threads (and, for some shapes, split its inner dimension).
+class one_thread {
+ public:
+  one_thread() : saved_(at::get_num_threads()) {
+    if (saved_ != 1) at::set_num_threads(1);
+  }
+  ~one_thread() {
+    if (saved_ != 1) at::set_num_threads(saved_);
+  }
+  one_thread(const one_thread&) = delete;
+  one_thread& operator=(const one_thread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// out[c] = x[:, chunk c of K] @ w[:, chunk c of K]^T for c < chunks, in row tiles of
+// invariant_row_tile: each tile one GEMM of that shape on one thread (inside a parallel region the
+// BLAS runs single-threaded), the rows' last partial tile through a zero-padded copy. x (T, K),
+// w (N, K), out (chunks, T, N) (any strides with unit last stride).
+void tiled_mm_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w, std::int64_t chunks) {
+  const std::int64_t rows = x.size(0), tile = invariant_row_tile, full = rows / tile, rest = rows % tile;
+  const std::int64_t width = x.size(1) / chunks;
+  const auto wt = [&](std::int64_t c) { return w.narrow(1, c * width, width).t(); };
+  const auto one = [&](std::int64_t i) {  // tile i % full of chunk i / full
+    const std::int64_t c = i / full, t = i % full;
+    at::Tensor o = out.select(0, c).narrow(0, t * tile, tile);
+    at::mm_out(o, x.narrow(0, t * tile, tile).narrow(1, c * width, width), wt(c));
+  };
+  const std::int64_t jobs = full * chunks;
+  if (jobs <= 1 || at::get_num_threads() == 1 || at::in_parallel_region()) {
+    const one_thread single;
+    for (std::int64_t i = 0; i < jobs; ++i) one(i);
+  } else {
+    at::parallel_for(0, jobs, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) one(i);
+    });
+  }
+  if (rest == 0) return;
+  const one_thread single;
+  at::Tensor last = at::zeros({tile, x.size(1)}, x.options());
+  last.narrow(0, 0, rest).copy_(x.narrow(0, full * tile, rest));
+  for (std::int64_t c = 0; c < chunks; ++c)
+    out.select(0, c).narrow(0, full * tile, rest).copy_(at::mm(last.narrow(1, c * width, width), wt(c)).narrow(0, 0, rest));
+}
+
+at::Tensor tiled_mm(const at::Tensor& x, const at::Tensor& w) {
+  at::Tensor out = at::empty({1, x.size(0), w.size(0)}, x.options());
+  tiled_mm_into(out, x, w, 1);
+  return out.squeeze(0);
+}
+
+struct tiled_linear_fn : torch::autograd::Function<tiled_linear_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    return tiled_mm(x, w);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    return {g.mm(saved[1]), g.t().mm(saved[0])};
+  }
+};
+
+const comm_group& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
+}
+
+// This rank's chunks' partial products (local, T, N), summed with the other ranks' in chunk order.
+at::Tensor chunk_sum(const at::Tensor& mine, const comm_group* tp, bool sp) {
+  if (tp == nullptr || tp->size() == 1) return tree_sum(mine);
+  if (!sp) return tree_sum(tp->all_gather(mine.contiguous(), 0));  // (C, T, N), rank-major: chunk order
+  const std::int64_t t = tp->size(), local = mine.size(0), rows = mine.size(1) / t, n = mine.size(2);
+  // Rank q gets rows [q rows, (q + 1) rows) of each of this rank's chunks.
+  const at::Tensor send = mine.view({local, t, rows, n}).transpose(0, 1).reshape({t * local * rows, n});
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(t), local * rows);
+  return tree_sum(tp->all_to_all(send, counts, counts).view({t * local, rows, n}));  // from rank r: chunks r * local ..
+}
+
+// chunk_sum with autograd: each part's gradient is the output's, whole (gathered under sp).
+struct chunk_sum_fn : torch::autograd::Function<chunk_sum_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& parts, const comm_group* tp, bool sp) {
+    ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(tp);
+    ctx->saved_data["sp"] = sp;
+    ctx->saved_data["local"] = parts.size(0);
+    return chunk_sum(parts, tp, sp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const comm_group* tp = reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
+    const at::Tensor g = tp != nullptr && ctx->saved_data["sp"].toBool() ? tp->all_gather(grads[0].contiguous(), 0) : grads[0];
+    const std::int64_t local = ctx->saved_data["local"].toInt();
+    std::vector<std::int64_t> shape = g.sizes().vec();
+    shape.insert(shape.begin(), local);
+    return {g.unsqueeze(0).expand(shape).contiguous(), {}, {}};
+  }
+};
+
+// (chunks, T, N): x's K-chunks times w's apart; the backward is the plain one over all of K.
+struct chunked_linear_fn : torch::autograd::Function<chunked_linear_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::int64_t chunks) {
+    at::Tensor parts = at::empty({chunks, x.size(0), w.size(0)}, x.options());
+    tiled_mm_into(parts, x, w, chunks);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["chunks"] = chunks;
+    return parts;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::int64_t chunks = ctx->saved_data["chunks"].toInt(), width = saved[0].size(1) / chunks;
+    // Chunk c's gradient reaches x's and w's columns of chunk c alone.
+    std::vector<at::Tensor> gx, gw;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const at::Tensor& g = grads[0][c];  // (T, N)
+      gx.push_back(g.mm(saved[1].narrow(1, c * width, width)));
+      gw.push_back(g.t().mm(saved[0].narrow(1, c * width, width)));
+    }
+    return {at::cat(gx, 1), at::cat(gw, 1), {}};
+  }
+};
+
+struct row_linear_fn : torch::autograd::Function<row_linear_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp) {
+    const std::int64_t t = tp != nullptr ? tp->size() : 1, local = invariant_k_chunks / t, width = x.size(1) / local;
+    TORCH_CHECK(invariant_k_chunks % t == 0 && x.size(1) % local == 0, "megadsl: the invariant row-parallel linear splits ",
+                x.size(1) * t, " inputs into ", invariant_k_chunks, " chunks over tp ", t);
+    (void)width;
+    at::Tensor parts = at::empty({local, x.size(0), w.size(0)}, x.options());  // (local, T, N)
+    tiled_mm_into(parts, x, w, local);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(tp);
+    ctx->saved_data["sp"] = sp;
+    return chunk_sum(parts, tp, sp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const comm_group* tp = reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
+    // The plain row-parallel backward: every rank's output gradient whole (gathered under sp).
+    const at::Tensor g = tp != nullptr && ctx->saved_data["sp"].toBool() ? tp->all_gather(grads[0].contiguous(), 0) : grads[0];
+    return {g.mm(saved[1]), g.t().mm(saved[0]), {}, {}};
+  }
+};
+
+thread_local bool invariant_on = false;
+
+// fn over x flattened, zero-padded to whole blocks, one block at a time (on one thread each).
+at::Tensor blocked(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  const std::int64_t n = x.numel(), block = invariant_pointwise_block, blocks = (n + block - 1) / block;
+  const at::Tensor flat = at::constant_pad_nd(x.reshape({-1}), {0, blocks * block - n});
+  const at::Tensor first = fn(flat.narrow(0, 0, block));
+  at::Tensor out = at::empty({blocks * block}, first.options());
+  out.narrow(0, 0, block).copy_(first);
+  at::parallel_for(1, blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out.narrow(0, i * block, block).copy_(fn(flat.narrow(0, i * block, block)));
+  });
+  return out.narrow(0, 0, n).view(x.sizes());
+}
+
+}  // namespace
+
+invariant_scope::invariant_scope(bool on) : saved_(invariant_on) { invariant_on = on; }
+invariant_scope::~invariant_scope() { invariant_on = saved_; }
+
+at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (!invariant_on || x.numel() == 0) return fn(x);
+  at::Tensor fixed;
+  {
+    const at::NoGradGuard no_grad;
+    fixed = blocked(x.detach(), fn);
+  }
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return fixed;
+  // fn's own graph for the backward, its output's values replaced by the blocked ones (a fresh
+  // version counter: the graph's saved tensors are not invalidated).
+  at::Tensor y = fn(x);
+  const at::NoGradGuard no_grad;
+  y.variable_data().copy_(fixed);
+  return y;
+}
+
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const at::Tensor flat = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  at::Tensor y = tiled_linear_fn::apply(flat, w);
+  if (b.defined()) y = y + b;
+  if (x.dim() == 2) return y;
+  std::vector<std::int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  return y.view(shape);
+}
+
+at::Tensor linear_in(bool invariant, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return invariant ? invariant_linear(x, w, b) : at::linear(x, w, b);
+}
+
+at::Tensor tree_sum(const at::Tensor& parts) {
+  at::Tensor t = parts;
+  while (t.size(0) > 1) {
+    const std::int64_t n = t.size(0), pairs = n / 2;
+    at::Tensor summed = t.narrow(0, 0, 2 * pairs).unflatten(0, {pairs, 2});
+    summed = summed.select(1, 0) + summed.select(1, 1);  // (p0 + p1), (p2 + p3), ...
+    t = n % 2 == 0 ? summed : at::cat({summed, t.narrow(0, n - 1, 1)}, 0);
+  }
+  return t.squeeze(0);
+}
+
+at::Tensor ordered_sum(const at::Tensor& x) {
+  const std::int64_t n = x.size(-1), blocks = (n + invariant_sum_block - 1) / invariant_sum_block;
+  std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * x.dim()), 0);
+  pad[1] = blocks * invariant_sum_block - n;  // the last dimension's end
+  const at::Tensor padded = pad[1] == 0 ? x : at::constant_pad_nd(x, pad);
+  const at::Tensor per_block = padded.unflatten(-1, {blocks, invariant_sum_block}).sum(-1);  // (..., blocks)
+  return tree_sum(per_block.movedim(-1, 0));
+}
+
+at::Tensor invariant_chunked_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
+  TORCH_CHECK(x.size(-1) % chunks == 0, "megadsl: invariant arithmetic splits ", x.size(-1), " inputs in ", chunks, " chunks");
+  at::Tensor parts = chunked_linear_fn::apply(x, w, chunks);  // (chunks, T, N)
+  if (!bias.defined()) return parts;
+  return at::cat({(parts.narrow(0, 0, 1) + bias), parts.narrow(0, 1, chunks - 1)}, 0);
+}
+
+at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bool sp) {
+  if (tp != nullptr && tp->size() == 1) tp = nullptr;
+  return chunk_sum_fn::apply(parts, tp, sp && tp != nullptr);
+}
+
+at::Tensor invariant_row_linear(const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp) {
+  if (tp != nullptr && tp->size() == 1) tp = nullptr;
+  return row_linear_fn::apply(x, w, tp, sp && tp != nullptr);
+}
+
+}  // namespace megadsl
