@@ -30,6 +30,9 @@ class MegadslEngineConfig(EngineConfig):
         Megatron's rule, matrices only), or "all" / "matrices" over both.
     export_dtype, export_bucket_mb: the rollout engine's weights (get_per_tensor_param).
     timeout: seconds before a collective that waits on a peer fails (default megadsl's 120).
+    invariant: megadsl's invariant arithmetic (Layout(invariant=True)): a sequence's log-probs,
+        entropy, values and routing are the same bits whatever the micro-batch, the padding and the
+        layout (CPU). verl's full_determinism: true turns it on too.
     """
 
     _mutable_fields = EngineConfig._mutable_fields | {"optimizer_offload", "grad_offload", "sequence_parallel"}
@@ -54,6 +57,7 @@ class MegadslEngineConfig(EngineConfig):
     export_dtype: str = "bf16"
     export_bucket_mb: float = 512.0
     timeout: Optional[float] = None
+    invariant: bool = False
     max_token_len_per_gpu: int = 16384
     infer_max_token_len_per_gpu: int = 16384
 

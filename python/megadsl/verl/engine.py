@@ -166,9 +166,9 @@ class MegadslEngine(BaseEngine):
         if int(_cfg(model_config, "lora_rank", 0) or 0) > 0 or int(_cfg(_cfg(model_config, "lora"), "rank", 0) or 0) > 0:
             raise ValueError("megadsl.verl: LoRA (model.lora_rank / model.lora.rank > 0) is not supported yet; "
                              "megadsl trains all parameters")
-        if _cfg(ec, "full_determinism", False):
-            raise ValueError("megadsl.verl: engine full_determinism is not supported yet (megadsl's layout-invariant "
-                             "mode will take it); on the CPU megadsl's runs repeat bit for bit without it")
+        # verl's full_determinism (repeatable runs) is megadsl's invariant arithmetic, which also
+        # makes a sequence's outputs independent of the micro-batching, the padding and the layout.
+        self.invariant = bool(_cfg(ec, "invariant", False)) or bool(_cfg(ec, "full_determinism", False))
         if str(_cfg(ec, "dtype", "fp32")) not in DTYPES:
             raise ValueError(f"megadsl.verl: engine dtype {_cfg(ec, 'dtype')!r} is not one of {', '.join(DTYPES)}")
         self._save_contents = _contents(checkpoint_config, "save_contents", ("model", "optimizer", "extra"))
@@ -191,7 +191,8 @@ class MegadslEngine(BaseEngine):
             tp=int(_cfg(ec, "tensor_model_parallel_size", 1)), pp=int(_cfg(ec, "pipeline_model_parallel_size", 1)),
             vpp=int(vpp), sp=bool(_cfg(ec, "sequence_parallel", False)), rmpad=self.use_remove_padding,
             ep=int(_cfg(ec, "expert_model_parallel_size", 1)), etp=int(etp) if etp is not None else 0,
-            cp=int(_cfg(ec, "context_parallel_size", 1) or 1), recompute=_cfg(ec, "recompute", None) or "none")
+            cp=int(_cfg(ec, "context_parallel_size", 1) or 1), recompute=_cfg(ec, "recompute", None) or "none",
+            invariant=self.invariant)
         join_torch_job(timeout=_cfg(ec, "timeout"))
         self.rank, self.world = megadsl.rank(), megadsl.world_size()
         if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world):

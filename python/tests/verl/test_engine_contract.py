@@ -52,7 +52,7 @@ def test_a_call_before_initialize_names_it(qwen3, call):
 @pytest.mark.parametrize("config, match", [
     (dict(optim=FSDPOptimizerConfig(lr=1e-4, optimizer_impl="torchao.optim", optimizer="_AdamW")),
      "optimizer '_AdamW' is not supported"),
-    (dict(full_determinism=True), "full_determinism is not supported yet"),
+    (dict(full_determinism=True, tensor_model_parallel_size=3), "heads_divisible_by_tp"),
     (dict(dtype="float16"), "dtype 'float16' is not one of"),
     (dict(router_replay={"mode": "R2"}), "router_replay.mode R2 needs a mixture of experts"),
     (dict(checkpoint=CheckpointConfig(save_contents=["optimizer"])), "names optimizer without model"),
@@ -249,3 +249,33 @@ def test_dropout_applies_in_train_batch_only(fixtures):
         out[name] = (inferred["model_output"]["log_probs"].values(), sum(trained["loss"]))
     assert torch.equal(out["on"][0], out["off"][0])
     assert abs(out["on"][1] - out["off"][1]) > 1e-6
+
+
+@pytest.mark.parametrize("setting", [{}, {"invariant": True}, {"full_determinism": True}])
+def test_the_first_ratio_is_exactly_one_whatever_the_micro_batches(fixtures, setting):
+    """verl#6280 on gpt-oss (a mixture with sinks): the old log-probs from compute_log_prob's micro-batches (8 rows), the
+    update one row at a time: on policy, the first step's ratio is exactly 1 (ppo_kl 0, nothing
+    clipped) with megadsl's invariant arithmetic (the engine's `invariant`, or verl's
+    full_determinism); without it the two passes differ in the last bits."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    e = engine(fixtures / "gpt-oss-tf5", **setting)
+    e.initialize()
+    assert e.model.layout.invariant == bool(setting)
+    data = ranks.make_batch(0, e.model.vocab, response_lengths=(40, 120))
+    tu.assign_non_tensor(data, micro_batch_size_per_gpu=8)
+    with e.eval_mode():
+        log_probs = e.infer_batch(data, loss_function=None)["model_output"]["log_probs"]
+    data = ranks.make_batch(0, e.model.vocab, response_lengths=(40, 120))
+    data["old_log_probs"] = no_padding_2_padding(log_probs, data) * data["response_mask"]
+    tu.assign_non_tensor(data, micro_batch_size_per_gpu=1)
+    with e.train_mode():
+        out = e.train_batch(data, loss_function=partial(ppo_loss, config=ranks.actor_config()))
+    kl = out["metrics"]["actor/ppo_kl"].values  # verl's Metric: one value per micro-batch
+    assert len(kl) == 8  # micro-batches of 1 row
+    if setting:
+        assert all(k == 0.0 for k in kl), kl
+        assert all(c == 0.0 for c in out["metrics"]["actor/pg_clipfrac"].values)
+    else:
+        assert any(k != 0.0 for k in kl), kl  # the mismatch verl#6280 reports, here in fp32
+    e.model.close()

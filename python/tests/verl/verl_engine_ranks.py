@@ -42,15 +42,16 @@ def optimizer_config():
                                override_optimizer_config={"eps": EPS})
 
 
-def make_batch(step, vocab):
-    """verl's no-padding batch of ROWS sequences (prompt + response of varied lengths)."""
+def make_batch(step, vocab, response_lengths=(2, 10)):
+    """verl's no-padding batch of ROWS sequences (prompt + response of varied lengths: responses
+    of response_lengths[0] to response_lengths[1] - 1 tokens)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.utils.dataset.dataset_utils import DatasetPadMode
 
     g = torch.Generator().manual_seed(100 + step)
     prompts = [torch.randint(3, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g) for _ in range(ROWS)]
-    responses = [torch.randint(3, vocab, (int(torch.randint(2, 10, (1,), generator=g)),), generator=g)
+    responses = [torch.randint(3, vocab, (int(torch.randint(*response_lengths, (1,), generator=g)),), generator=g)
                  for _ in range(ROWS)]
     longest = max(len(r) for r in responses)
     mask = torch.zeros(ROWS, longest)
