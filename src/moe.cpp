@@ -183,20 +183,21 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const at::Tensor down_bias = e.down_bias.empty() ? at::Tensor() : e.down_bias[jj].to(x.scalar_type());
     const at::Tensor gate_up = linear_in(e.invariant, seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
     const at::Tensor h = e.glu ? e.glu(gate_up) : gated(gate_up, act);                        // (n, f)
-    if (e.chunks > 0)  // (n, chunks h)
-      outputs.push_back(invariant_chunked_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias).transpose(0, 1).reshape({n, e.chunks * hidden}));
+    if (e.chunks > 0)  // (n, h): this rank's chunks' subtree
+      outputs.push_back(tree_sum(invariant_chunked_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias)));
     else
       outputs.push_back(linear_in(e.invariant, h, e.down[jj].to(x.scalar_type()), down_bias));  // (n, h)
     offset += n;
   }
-  const std::int64_t width = e.chunks > 0 ? e.chunks * hidden : hidden;
-  const at::Tensor computed = outputs.empty() ? grouped.new_zeros({grouped.size(0), width}) : at::cat(outputs, 0);  // (R, width)
+  at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);  // (R, h)
+  // Invariant arithmetic: the tp ranks' subtrees (they computed the same rows) summed whole.
+  if (e.chunks > 0) computed = invariant_chunk_sum(computed.unsqueeze(0), e.chunk_group, false);
 
   // Back to arrival order, back to the sources, back to the assignments' order.
   const at::Tensor returned_here = computed.index_select(0, at::argsort(grouped_index));
   const at::Tensor returned = ranks > 1 ? all_to_all_rows(returned_here, recv, send, *ep) : returned_here;  // (T k, h) by expert
   const at::Tensor per_assignment = returned.index_select(0, at::argsort(order));  // (T k, h) as (t, slot)
-  return (r.on_input ? per_assignment : per_assignment * w).view({tokens, k, width}).sum(1);  // (T, width)
+  return (r.on_input ? per_assignment : per_assignment * w).view({tokens, k, hidden}).sum(1);  // (T, h)
 }
 
 namespace {

@@ -55,8 +55,7 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
     // Full-vocabulary temporaries are the largest tensors of the step ((T, V/tp) each): one here,
     // updated in place, which gives the same bits as the out-of-place expressions.
     at::Tensor e = z - m.unsqueeze(1);  // (T, valid)
-    if (invariant) e = pointwise(e, [](const at::Tensor& t) { return at::exp(t); });
-    else e.exp_();
+    exp_in_place(e);
 
     const at::Tensor in_range = (labels >= start) & (labels < start + valid);
     const at::Tensor local_index = (labels - start).clamp(0, std::max<std::int64_t>(valid - 1, 0));

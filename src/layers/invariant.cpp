@@ -85,15 +85,18 @@ const comm_group& group_of(AutogradContext* ctx) {
   return *reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
 }
 
-// This rank's chunks' partial products (local, T, N), summed with the other ranks' in chunk order.
+// This rank's chunks' partial products (local, T, N), summed with the other ranks' in chunk order:
+// the pairwise tree over all chunks, taken as a tree over this rank's (local is a power of two, its
+// chunks adjacent: a subtree) and then a tree over the ranks' subtrees, so that one (T, N) per rank
+// crosses the group.
 at::Tensor chunk_sum(const at::Tensor& mine, const comm_group* tp, bool sp) {
-  if (tp == nullptr || tp->size() == 1) return tree_sum(mine);
-  if (!sp) return tree_sum(tp->all_gather(mine.contiguous(), 0));  // (C, T, N), rank-major: chunk order
-  const std::int64_t t = tp->size(), local = mine.size(0), rows = mine.size(1) / t, n = mine.size(2);
-  // Rank q gets rows [q rows, (q + 1) rows) of each of this rank's chunks.
-  const at::Tensor send = mine.view({local, t, rows, n}).transpose(0, 1).reshape({t * local * rows, n});
-  const std::vector<std::int64_t> counts(static_cast<std::size_t>(t), local * rows);
-  return tree_sum(tp->all_to_all(send, counts, counts).view({t * local, rows, n}));  // from rank r: chunks r * local ..
+  const at::Tensor subtree = tree_sum(mine);  // (T, N)
+  if (tp == nullptr || tp->size() == 1) return subtree;
+  if (!sp) return tree_sum(tp->all_gather(subtree.unsqueeze(0).contiguous(), 0));  // (t, T, N), rank-major
+  const std::int64_t t = tp->size(), rows = subtree.size(0) / t, n = subtree.size(1);
+  // Rank q gets rows [q rows, (q + 1) rows) of every rank's subtree, by source rank.
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(t), rows);
+  return tree_sum(tp->all_to_all(subtree.contiguous(), counts, counts).view({t, rows, n}));
 }
 
 // chunk_sum with autograd: each part's gradient is the output's, whole (gathered under sp).
@@ -161,15 +164,24 @@ struct row_linear_fn : torch::autograd::Function<row_linear_fn> {
 
 thread_local bool invariant_on = false;
 
-// fn over x flattened, zero-padded to whole blocks, one block at a time (on one thread each).
+// body(first, count) for the blocks of a flattened tensor of n elements zero-padded to whole
+// blocks, each on one thread.
+void for_blocks(std::int64_t padded, const std::function<void(std::int64_t, std::int64_t)>& body) {
+  const std::int64_t block = invariant_pointwise_block, blocks = padded / block;
+  at::parallel_for(0, blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) body(i * block, block);
+  });
+}
+
+// fn over x flattened, zero-padded to whole blocks, one block at a time.
 at::Tensor blocked(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  const std::int64_t n = x.numel(), block = invariant_pointwise_block, blocks = (n + block - 1) / block;
-  const at::Tensor flat = at::constant_pad_nd(x.reshape({-1}), {0, blocks * block - n});
+  const std::int64_t n = x.numel(), block = invariant_pointwise_block, padded = (n + block - 1) / block * block;
+  const at::Tensor flat = at::constant_pad_nd(x.reshape({-1}), {0, padded - n});
   const at::Tensor first = fn(flat.narrow(0, 0, block));
-  at::Tensor out = at::empty({blocks * block}, first.options());
+  at::Tensor out = at::empty({padded}, first.options());
   out.narrow(0, 0, block).copy_(first);
-  at::parallel_for(1, blocks, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) out.narrow(0, i * block, block).copy_(fn(flat.narrow(0, i * block, block)));
+  for_blocks(padded - block, [&](std::int64_t at, std::int64_t count) {
+    out.narrow(0, block + at, count).copy_(fn(flat.narrow(0, block + at, count)));
   });
   return out.narrow(0, 0, n).view(x.sizes());
 }
@@ -193,6 +205,22 @@ at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const a
   const at::NoGradGuard no_grad;
   y.variable_data().copy_(fixed);
   return y;
+}
+
+void exp_in_place(at::Tensor& x) {
+  if (!invariant_on || x.numel() == 0) {
+    x.exp_();
+    return;
+  }
+  TORCH_CHECK(x.is_contiguous(), "megadsl: exp_in_place takes a contiguous tensor");
+  const std::int64_t n = x.numel(), block = invariant_pointwise_block, whole = n / block * block;
+  at::Tensor flat = x.view({-1});
+  for_blocks(whole, [&](std::int64_t at, std::int64_t count) { flat.narrow(0, at, count).exp_(); });
+  if (whole == n) return;
+  at::Tensor tail = at::zeros({block}, x.options());  // the last partial block through a whole one
+  tail.narrow(0, 0, n - whole).copy_(flat.narrow(0, whole, n - whole));
+  tail.exp_();
+  flat.narrow(0, whole, n - whole).copy_(tail.narrow(0, 0, n - whole));
 }
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

@@ -113,20 +113,23 @@ class moe_mlp final : public layer_module {
     for (const at::Tensor& t : down_bias_) mine.down_bias.push_back(tp_rank_ == 0 ? c.w(t) : c.w(t) * 0);
     if (clamped_)
       mine.glu = [alpha = alpha_, limit = limit_](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, alpha, limit); };
-    // Invariant arithmetic: the partial sums over tp kept apart by chunk of the intermediate size,
-    // (chunks, T, h), and summed in invariant_chunk_sum's order.
+    // Invariant arithmetic: the experts' and the shared expert's down projections by chunks of their
+    // intermediate size, summed over tp in invariant_chunk_sum's tree before the combine: y whole
+    // on every tp rank, no reduction after.
     const std::int64_t chunks = invariant ? invariant_k_chunks / (c.tp != nullptr ? c.tp->size() : 1) : 0;
     mine.chunks = chunks;
-    at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h) or (T, chunks h)
-    if (invariant) y = y.view({tokens, chunks, -1}).transpose(0, 1);  // (chunks, T, h)
+    mine.chunk_group = c.tp;
+    at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h): partial over tp, or whole (invariant)
     if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
       const at::Tensor inner = gated(c.linear(x, shared_gate_up_), act_);  // (T, fs/tp)
-      const at::Tensor shared = invariant ? invariant_chunked_linear(inner, c.w(shared_down_), chunks) : c.linear(inner, shared_down_);
+      const at::Tensor shared = invariant ? invariant_chunk_sum(invariant_chunked_linear(inner, c.w(shared_down_), chunks), c.tp, false)
+                                          : c.linear(inner, shared_down_);
       y = shared_gate_.defined() ? y + pointwise(c.linear(x, shared_gate_), [](const at::Tensor& t) { return at::sigmoid(t); }) * shared : y + shared;
     }
     if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid || input_router_));
-    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h) or (chunks, T', h)
-    return invariant ? invariant_chunk_sum(y, c.tp, c.sp) : c.from_tp(y);
+    if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
+    if (invariant) return c.tp != nullptr && c.sp ? scatter_to_sp(y, *c.tp) : y;
+    return c.from_tp(y);
   }
 
  private:

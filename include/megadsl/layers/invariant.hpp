@@ -35,7 +35,7 @@ class comm_group;
 inline constexpr std::int64_t invariant_row_tile = 128;
 inline constexpr std::int64_t invariant_k_chunks = 8;
 inline constexpr std::int64_t invariant_sum_block = 128;
-inline constexpr std::int64_t invariant_pointwise_block = 8192;  // a multiple of any SIMD loop's step (<= 128)
+inline constexpr std::int64_t invariant_pointwise_block = 32768;  // a multiple of any SIMD loop's step (<= 128), at most ATen's grain
 
 // Invariant arithmetic for the element-wise functions this thread runs while it lives (the stage
 // opens one around its layers and heads when layout::invariant is on).
@@ -53,6 +53,9 @@ class invariant_scope {
 // fn(x) for an element-wise fn; inside an invariant_scope every element through the SIMD body
 // (the forward's bits; the backward is fn's own).
 at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+// x.exp_() (contiguous x, no autograd), inside an invariant_scope by whole SIMD blocks.
+void exp_in_place(at::Tensor& x);
 
 // x (T, K) @ w (N, K)^T [+ b]: the rows in fixed tiles, each tile's GEMM on one thread; the
 // backward is the plain one. Any leading dimensions of x are flattened.

@@ -82,8 +82,10 @@ struct local_experts {
   std::function<at::Tensor(const at::Tensor&)> glu;
   bool invariant = false;  // the experts' GEMMs in fixed row tiles (layers/invariant.hpp)
   // > 0 (invariant arithmetic): each expert's down projection by this many chunks of its local
-  // intermediate size, apart; the output is then (T, chunks * h), chunk-major.
+  // intermediate size, summed in invariant_chunk_sum's tree with the other tp ranks' chunks
+  // (`chunk_group`, null at tp 1) before the combine: the output is then whole on every tp rank.
   std::int64_t chunks = 0;
+  const comm_group* chunk_group = nullptr;
 };
 
 // sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h) (with
