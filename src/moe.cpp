@@ -184,7 +184,7 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const at::Tensor gate_up = linear_in(e.invariant, seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
     const at::Tensor h = e.glu ? e.glu(gate_up) : gated(gate_up, act);                        // (n, f)
     if (e.chunks > 0)  // (n, h): this rank's chunks' subtree
-      outputs.push_back(tree_sum(invariant_chunked_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias)));
+      outputs.push_back(invariant_subtree_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias));
     else
       outputs.push_back(linear_in(e.invariant, h, e.down[jj].to(x.scalar_type()), down_bias));  // (n, h)
     offset += n;

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "megadsl/parallel/comm.hpp"
@@ -33,51 +34,57 @@ class one_thread {
   int saved_;
 };
 
-// out[c] = x[:, chunk c of K] @ w[:, chunk c of K]^T for c < chunks, in row tiles of
-// invariant_row_tile: each tile one GEMM of that shape on one thread (inside a parallel region the
-// BLAS runs single-threaded), the rows' last partial tile through a zero-padded copy. x (T, K),
-// w (N, K), out (chunks, T, N) (any strides with unit last stride).
-void tiled_mm_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w, std::int64_t chunks) {
-  const std::int64_t rows = x.size(0), tile = invariant_row_tile, full = rows / tile, rest = rows % tile;
+// The sum over `chunks` K-chunks c of x[:, c] @ w[:, c]^T (+ bias on chunk 0's product), in the
+// pairwise tree (tree_sum), (T, N). In row tiles of invariant_row_tile: each tile's chunk
+// products are single-threaded GEMMs of that fixed shape (inside a parallel region the BLAS runs
+// on one thread), the rows' last partial tile through a zero-padded copy, and the tree is summed
+// within the tile. x (T, K), w (N, K).
+at::Tensor tiled_subtree(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
+  const std::int64_t rows = x.size(0), n = w.size(0), tile = invariant_row_tile, tiles = (rows + tile - 1) / tile;
   const std::int64_t width = x.size(1) / chunks;
-  const auto wt = [&](std::int64_t c) { return w.narrow(1, c * width, width).t(); };
-  const auto one = [&](std::int64_t i) {  // tile i % full of chunk i / full
-    const std::int64_t c = i / full, t = i % full;
-    at::Tensor o = out.select(0, c).narrow(0, t * tile, tile);
-    at::mm_out(o, x.narrow(0, t * tile, tile).narrow(1, c * width, width), wt(c));
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const auto one = [&](std::int64_t t) {
+    const std::int64_t first = t * tile, count = std::min(tile, rows - first);
+    at::Tensor xt = x.narrow(0, first, count);
+    if (count < tile) {
+      at::Tensor padded = at::zeros({tile, x.size(1)}, x.options());
+      padded.narrow(0, 0, count).copy_(xt);
+      xt = padded;
+    }
+    const bool direct = chunks == 1 && count == tile && !bias.defined();
+    at::Tensor products = direct ? out.narrow(0, first, tile).unsqueeze(0) : at::empty({chunks, tile, n}, x.options());
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      at::Tensor o = products.select(0, c);
+      at::mm_out(o, xt.narrow(1, c * width, width), w.narrow(1, c * width, width).t());
+    }
+    if (direct) return;
+    if (bias.defined()) products.select(0, 0).add_(bias);
+    out.narrow(0, first, count).copy_(tree_sum(products).narrow(0, 0, count));
   };
-  const std::int64_t jobs = full * chunks;
-  if (jobs <= 1 || at::get_num_threads() == 1 || at::in_parallel_region()) {
+  if (tiles <= 1 || at::get_num_threads() == 1 || at::in_parallel_region()) {
     const one_thread single;
-    for (std::int64_t i = 0; i < jobs; ++i) one(i);
+    for (std::int64_t t = 0; t < tiles; ++t) one(t);
   } else {
-    at::parallel_for(0, jobs, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) one(i);
+    at::parallel_for(0, tiles, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t t = begin; t < end; ++t) one(t);
     });
   }
-  if (rest == 0) return;
-  const one_thread single;
-  at::Tensor last = at::zeros({tile, x.size(1)}, x.options());
-  last.narrow(0, 0, rest).copy_(x.narrow(0, full * tile, rest));
-  for (std::int64_t c = 0; c < chunks; ++c)
-    out.select(0, c).narrow(0, full * tile, rest).copy_(at::mm(last.narrow(1, c * width, width), wt(c)).narrow(0, 0, rest));
+  return out;
 }
 
-at::Tensor tiled_mm(const at::Tensor& x, const at::Tensor& w) {
-  at::Tensor out = at::empty({1, x.size(0), w.size(0)}, x.options());
-  tiled_mm_into(out, x, w, 1);
-  return out.squeeze(0);
-}
-
-struct tiled_linear_fn : torch::autograd::Function<tiled_linear_fn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+// tiled_subtree with autograd; the backward is the plain linear's (x (T, K), w (N, K), bias (N)
+// or empty: autograd functions take no undefined inputs).
+struct subtree_linear_fn : torch::autograd::Function<subtree_linear_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                            std::int64_t chunks) {
     ctx->save_for_backward({x, w});
-    return tiled_mm(x, w);
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    return tiled_subtree(x, w, chunks, bias.numel() > 0 ? bias : at::Tensor());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grads[0];
-    return {g.mm(saved[1]), g.t().mm(saved[0])};
+    return {g.mm(saved[1]), g.t().mm(saved[0]), ctx->saved_data["bias"].toBool() ? g.sum(0) : at::Tensor(), {}};
   }
 };
 
@@ -117,41 +124,16 @@ struct chunk_sum_fn : torch::autograd::Function<chunk_sum_fn> {
   }
 };
 
-// (chunks, T, N): x's K-chunks times w's apart; the backward is the plain one over all of K.
-struct chunked_linear_fn : torch::autograd::Function<chunked_linear_fn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::int64_t chunks) {
-    at::Tensor parts = at::empty({chunks, x.size(0), w.size(0)}, x.options());
-    tiled_mm_into(parts, x, w, chunks);
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["chunks"] = chunks;
-    return parts;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const std::int64_t chunks = ctx->saved_data["chunks"].toInt(), width = saved[0].size(1) / chunks;
-    // Chunk c's gradient reaches x's and w's columns of chunk c alone.
-    std::vector<at::Tensor> gx, gw;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const at::Tensor& g = grads[0][c];  // (T, N)
-      gx.push_back(g.mm(saved[1].narrow(1, c * width, width)));
-      gw.push_back(g.t().mm(saved[0].narrow(1, c * width, width)));
-    }
-    return {at::cat(gx, 1), at::cat(gw, 1), {}};
-  }
-};
-
 struct row_linear_fn : torch::autograd::Function<row_linear_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp) {
     const std::int64_t t = tp != nullptr ? tp->size() : 1, local = invariant_k_chunks / t, width = x.size(1) / local;
     TORCH_CHECK(invariant_k_chunks % t == 0 && x.size(1) % local == 0, "megadsl: the invariant row-parallel linear splits ",
                 x.size(1) * t, " inputs into ", invariant_k_chunks, " chunks over tp ", t);
     (void)width;
-    at::Tensor parts = at::empty({local, x.size(0), w.size(0)}, x.options());  // (local, T, N)
-    tiled_mm_into(parts, x, w, local);
     ctx->save_for_backward({x, w});
     ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(tp);
     ctx->saved_data["sp"] = sp;
-    return chunk_sum(parts, tp, sp);
+    return chunk_sum(tiled_subtree(x, w, local, {}).unsqueeze(0), tp, sp);  // this rank's subtree, then the ranks
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -225,7 +207,7 @@ void exp_in_place(at::Tensor& x) {
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const at::Tensor flat = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
-  at::Tensor y = tiled_linear_fn::apply(flat, w);
+  at::Tensor y = subtree_linear_fn::apply(flat, w, at::empty({0}, flat.options()), 1);
   if (b.defined()) y = y + b;
   if (x.dim() == 2) return y;
   std::vector<std::int64_t> shape = x.sizes().vec();
@@ -257,11 +239,9 @@ at::Tensor ordered_sum(const at::Tensor& x) {
   return tree_sum(per_block.movedim(-1, 0));
 }
 
-at::Tensor invariant_chunked_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
+at::Tensor invariant_subtree_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
   TORCH_CHECK(x.size(-1) % chunks == 0, "megadsl: invariant arithmetic splits ", x.size(-1), " inputs in ", chunks, " chunks");
-  at::Tensor parts = chunked_linear_fn::apply(x, w, chunks);  // (chunks, T, N)
-  if (!bias.defined()) return parts;
-  return at::cat({(parts.narrow(0, 0, 1) + bias), parts.narrow(0, 1, chunks - 1)}, 0);
+  return subtree_linear_fn::apply(x, w, bias.defined() ? bias : at::empty({0}, x.options()), chunks);  // (T, N)
 }
 
 at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bool sp) {

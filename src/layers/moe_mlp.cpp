@@ -122,7 +122,7 @@ class moe_mlp final : public layer_module {
     at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h): partial over tp, or whole (invariant)
     if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
       const at::Tensor inner = gated(c.linear(x, shared_gate_up_), act_);  // (T, fs/tp)
-      const at::Tensor shared = invariant ? invariant_chunk_sum(invariant_chunked_linear(inner, c.w(shared_down_), chunks), c.tp, false)
+      const at::Tensor shared = invariant ? invariant_chunk_sum(invariant_subtree_linear(inner, c.w(shared_down_), chunks).unsqueeze(0), c.tp, false)
                                           : c.linear(inner, shared_down_);
       y = shared_gate_.defined() ? y + pointwise(c.linear(x, shared_gate_), [](const at::Tensor& t) { return at::sigmoid(t); }) * shared : y + shared;
     }

@@ -81,8 +81,10 @@ at::Tensor invariant_row_linear(const at::Tensor& x, const at::Tensor& w, const 
 // rank, or (T/tp, N) this rank's rows under sp.
 at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bool sp);
 
-// x (T, K/tp) @ w (N, K/tp)^T by this rank's invariant_k_chunks / tp chunks of K, apart:
-// (chunks, T, N); `bias` added to the first chunk (give rank 0's, zeros elsewhere).
-at::Tensor invariant_chunked_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias = {});
+// x (T, K/tp) @ w (N, K/tp)^T as this rank's subtree of the fixed tree: its invariant_k_chunks / tp
+// chunks of K multiplied apart and summed pairwise, (T, N); `bias` added to the first chunk's
+// product (give rank 0's, zeros elsewhere). invariant_chunk_sum(y.unsqueeze(0), tp, sp) then
+// completes the tree over the ranks.
+at::Tensor invariant_subtree_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias = {});
 
 }  // namespace megadsl
