@@ -88,10 +88,6 @@ struct subtree_linear_fn : torch::autograd::Function<subtree_linear_fn> {
   }
 };
 
-const comm_group& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
-}
-
 // This rank's chunks' partial products (local, T, N), summed with the other ranks' in chunk order:
 // the pairwise tree over all chunks, taken as a tree over this rank's (local is a power of two, its
 // chunks adjacent: a subtree) and then a tree over the ranks' subtrees, so that one (T, N) per rank
@@ -121,26 +117,6 @@ struct chunk_sum_fn : torch::autograd::Function<chunk_sum_fn> {
     std::vector<std::int64_t> shape = g.sizes().vec();
     shape.insert(shape.begin(), local);
     return {g.unsqueeze(0).expand(shape).contiguous(), {}, {}};
-  }
-};
-
-struct row_linear_fn : torch::autograd::Function<row_linear_fn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp) {
-    const std::int64_t t = tp != nullptr ? tp->size() : 1, local = invariant_k_chunks / t, width = x.size(1) / local;
-    TORCH_CHECK(invariant_k_chunks % t == 0 && x.size(1) % local == 0, "megadsl: the invariant row-parallel linear splits ",
-                x.size(1) * t, " inputs into ", invariant_k_chunks, " chunks over tp ", t);
-    (void)width;
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["group"] = reinterpret_cast<std::int64_t>(tp);
-    ctx->saved_data["sp"] = sp;
-    return chunk_sum(tiled_subtree(x, w, local, {}).unsqueeze(0), tp, sp);  // this rank's subtree, then the ranks
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const comm_group* tp = reinterpret_cast<const comm_group*>(ctx->saved_data["group"].toInt());
-    // The plain row-parallel backward: every rank's output gradient whole (gathered under sp).
-    const at::Tensor g = tp != nullptr && ctx->saved_data["sp"].toBool() ? tp->all_gather(grads[0].contiguous(), 0) : grads[0];
-    return {g.mm(saved[1]), g.t().mm(saved[0]), {}, {}};
   }
 };
 
@@ -230,15 +206,6 @@ at::Tensor tree_sum(const at::Tensor& parts) {
   return t.squeeze(0);
 }
 
-at::Tensor ordered_sum(const at::Tensor& x) {
-  const std::int64_t n = x.size(-1), blocks = (n + invariant_sum_block - 1) / invariant_sum_block;
-  std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * x.dim()), 0);
-  pad[1] = blocks * invariant_sum_block - n;  // the last dimension's end
-  const at::Tensor padded = pad[1] == 0 ? x : at::constant_pad_nd(x, pad);
-  const at::Tensor per_block = padded.unflatten(-1, {blocks, invariant_sum_block}).sum(-1);  // (..., blocks)
-  return tree_sum(per_block.movedim(-1, 0));
-}
-
 at::Tensor invariant_subtree_linear(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
   TORCH_CHECK(x.size(-1) % chunks == 0, "megadsl: invariant arithmetic splits ", x.size(-1), " inputs in ", chunks, " chunks");
   return subtree_linear_fn::apply(x, w, bias.defined() ? bias : at::empty({0}, x.options()), chunks);  // (T, N)
@@ -250,8 +217,11 @@ at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bo
 }
 
 at::Tensor invariant_row_linear(const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp) {
-  if (tp != nullptr && tp->size() == 1) tp = nullptr;
-  return row_linear_fn::apply(x, w, tp, sp && tp != nullptr);
+  const std::int64_t t = tp != nullptr ? tp->size() : 1, local = invariant_k_chunks / t;
+  TORCH_CHECK(invariant_k_chunks % t == 0 && x.size(1) % local == 0, "megadsl: the invariant row-parallel linear splits ",
+              x.size(1) * t, " inputs into ", invariant_k_chunks, " chunks over tp ", t);
+  // This rank's subtree, then the ranks'; the backward is the plain row-parallel one.
+  return invariant_chunk_sum(invariant_subtree_linear(x, w, local).unsqueeze(0), tp, sp);
 }
 
 }  // namespace megadsl

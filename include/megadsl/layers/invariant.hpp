@@ -67,18 +67,15 @@ at::Tensor linear_in(bool invariant, const at::Tensor& x, const at::Tensor& w, c
 // The sum over dim 0 of `parts` (n, ...) in a fixed pairwise tree: ((p0 + p1) + (p2 + p3)) + ...
 at::Tensor tree_sum(const at::Tensor& parts);
 
-// The sum over the last dimension in a fixed order: blocks of invariant_sum_block elements (the
-// last one padded with zeros), then a pairwise tree over the blocks.
-at::Tensor ordered_sum(const at::Tensor& x);
-
 // A row-parallel linear's output, the same bits at any tp: x (T, K/tp) this rank's share of the
 // input dimension (whole chunks), w (N, K/tp); returns the sum over all of K, (T, N) on every tp
 // rank, or (T/tp, N) this rank's rows under sp. `tp` null at tp = 1. Bias not included.
 at::Tensor invariant_row_linear(const at::Tensor& x, const at::Tensor& w, const comm_group* tp, bool sp);
 
-// A row-parallel block's partial sums kept apart by chunk, (invariant_k_chunks / tp, T, N) this
-// rank's chunks in order, summed over all chunks as invariant_row_linear does: (T, N) on every
-// rank, or (T/tp, N) this rank's rows under sp.
+// A row-parallel block's partial sums (local, T, N): this rank's adjacent chunks in order, or its
+// subtree of them (local = 1), summed over all ranks' chunks in the fixed tree as
+// invariant_row_linear does: (T, N) on every rank, or (T/tp, N) this rank's rows under sp. Each
+// part's gradient is the output's (gathered under sp).
 at::Tensor invariant_chunk_sum(const at::Tensor& parts, const comm_group* tp, bool sp);
 
 // x (T, K/tp) @ w (N, K/tp)^T as this rank's subtree of the fixed tree: its invariant_k_chunks / tp
