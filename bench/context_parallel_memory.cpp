@@ -19,6 +19,7 @@
 
 #include "megadsl/formulas.hpp"
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/llama.hpp"
 #include "counting_allocator.hpp"
 
 namespace md = megadsl;

@@ -22,6 +22,7 @@
 
 #include "megadsl/formulas.hpp"
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/runtime/trainer.hpp"
 #include "counting_allocator.hpp"
 

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/schedule.hpp"
 
 namespace md = megadsl;

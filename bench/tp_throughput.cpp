@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/tiny.hpp"  // md::tiny_llama
 
 namespace md = megadsl;
 using model = md::tiny_llama;

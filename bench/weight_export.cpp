@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/llama.hpp"
 #include "megadsl/runtime/weight_export.hpp"
 
 namespace md = megadsl;

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/tiny.hpp"  // md::tiny_llama
 
 namespace md = megadsl;
 

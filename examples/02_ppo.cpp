@@ -19,6 +19,7 @@
 
 #include "megadsl/lr_schedule.hpp"
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/tiny.hpp"  // md::tiny_llama
 #include "megadsl/runtime/trainer.hpp"
 
 namespace md = megadsl;

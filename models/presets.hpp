@@ -69,15 +69,4 @@ constexpr void for_each_preset(F&& f) {
   all_presets::for_each(static_cast<F&&>(f));
 }
 
-// Wherever the presets are included: each one's published parameter count equals the count summed
-// over its composition's rows, and its unparallelised layout passes every rule.
-static_assert([] {
-  bool ok = true;
-  for_each_preset([&](auto p) {
-    using P = typename decltype(p)::type;
-    ok = ok && parameter_count(P::shape) == P::published_params && check(P::shape, layout{}).ok();
-  });
-  return ok;
-}(), "megadsl: a preset's published parameter count differs from its composition's, or its shape breaks a rule");
-
 }  // namespace megadsl

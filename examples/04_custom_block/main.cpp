@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <string>
 
+#include "megadsl/family_config.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/megadsl.hpp"
 #include "megadsl/runtime/hf_io.hpp"

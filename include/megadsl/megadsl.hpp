@@ -1,5 +1,6 @@
-// megadsl: the umbrella header (spec and runtime). Spec-only code includes
-// megadsl/spec.hpp instead, which pulls in no LibTorch.
+// megadsl: the umbrella header (spec and runtime). Spec-only code includes megadsl/spec.hpp
+// instead, which pulls in no LibTorch. A preset model comes with its family's header
+// (megadsl/models/llama.hpp, ...; megadsl/models/presets.hpp for all of them).
 #pragma once
 
 #include "megadsl/spec.hpp"

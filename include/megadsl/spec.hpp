@@ -1,5 +1,8 @@
 // The torch-free part of megadsl that a model declaration needs: shapes, layouts, heads, rules,
-// shard plan, stages, rank grid, formulas and the preset models (about 1 s to compile).
+// shard plan, stages, rank grid and formulas (under 1 s of CPU to compile). A preset model comes
+// with its family's header, so only the presets a file uses are computed:
+//   #include <megadsl/models/llama.hpp>     // llama3_8b, tiny_llama, ...
+//   #include <megadsl/models/presets.hpp>   // every preset and for_each_preset (about 2 s)
 // Also torch-free, included where used (they cost more to compile): megadsl/schedule.hpp
 // (pipeline op lists), megadsl/batching.hpp (micro-batching, range-v3), megadsl/lr_schedule.hpp.
 #pragma once
@@ -8,7 +11,6 @@
 #include "megadsl/heads.hpp"
 #include "megadsl/layout.hpp"
 #include "megadsl/model.hpp"
-#include "megadsl/models/presets.hpp"
 #include "megadsl/architecture.hpp"
 #include "megadsl/rank_grid.hpp"
 #include "megadsl/require_valid.hpp"

@@ -50,8 +50,19 @@ static_assert(parameter_count(megadsl::tiny_llama::shape) == 3'283'200);
 static_assert(parameter_count(megadsl::tiny_qwen::shape) == 3'028'736);
 static_assert(parameter_count(megadsl::tiny_llama3::shape) == 3'027'200);
 
-// Every preset's registry entry is the struct's shape (its count and unparallelised layout are
-// checked by models/presets.hpp itself).
+// Every preset: its published parameter count equals the count summed over its composition's rows,
+// and its unparallelised layout passes every rule.
+static_assert([] {
+  bool ok = true;
+  megadsl::for_each_preset([&](auto p) {
+    using P = typename decltype(p)::type;
+    ok = ok && parameter_count(P::shape) == P::published_params &&
+         megadsl::check(P::shape, layout{}).ok();
+  });
+  return ok;
+}());
+
+// Every preset's registry entry is the struct's shape.
 constexpr bool every_preset_consistent() {
   bool ok = true;
   megadsl::for_each_preset([&](auto p) {

@@ -1,5 +1,6 @@
 // The README's opening lines, compiled (with the torch-free header; the README shows the umbrella).
 #include "megadsl/spec.hpp"
+#include "megadsl/models/llama.hpp"
 namespace md = megadsl;
 
 struct my_llama : md::llama<md::shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,

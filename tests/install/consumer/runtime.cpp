@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 #include <megadsl/megadsl.hpp>
+#include <megadsl/models/tiny.hpp>
 #include <cstdio>
 int main(int argc, char** argv) {
   return megadsl::run_ranks(argc, argv, 2, [](megadsl::distributed& d) {
