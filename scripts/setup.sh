@@ -39,6 +39,7 @@ then
   .venv/bin/pip install -q "${python_packages[@]}"
 fi
 
+if [ "${MEGADSL_SETUP_VERL:-1}" = 0 ]; then exit 0; fi  # the demo needs no verl
 # The verl environment: verl's own trainers and workers (the SFT trainer, the PPO workers) run megadsl
 # in it, and verl's losses are the oracle of megadsl's. verl 0.9.1 pins an older transformers than the
 # fixtures', so it has a virtual environment of its own, .venv-verl, with the versions verl requires
