@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "megadsl/megadsl.hpp"
+#include "megadsl/models/qwen_moe.hpp"
 
 namespace md = megadsl;
 
