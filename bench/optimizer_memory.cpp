@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--seq") == 0) seq = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--micro-batch") == 0) micro_batch = std::atoll(argv[i + 1]);
   }
-  // Freed blocks go back to the system (no heap retention, src/cpu_allocator.hpp), so that the two
+  // Freed blocks go back to the system (no heap retention, src/runtime/cpu_allocator.hpp), so that the two
   // measurements in one process do not see each other's memory.
   ::setenv("MEGADSL_MALLOC_TUNING", "0", 1);
   return md::run_ranks(argc, argv, 4, [&](md::distributed& dist) {

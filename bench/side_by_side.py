@@ -215,7 +215,7 @@ def cases_of(args):
     sides = [
         ("transformers sdpa", {"side": "hf", "variant": "sdpa"}),
         ("transformers padding-free", {"side": "hf", "variant": "padding-free"}),
-        # The same, under the malloc policy megadsl sets for its own processes (src/cpu_allocator.hpp):
+        # The same, under the malloc policy megadsl sets for its own processes (src/runtime/cpu_allocator.hpp):
         # how much of the difference is the allocator's.
         ("transformers sdpa, megadsl's malloc policy", {"side": "hf", "variant": "sdpa", "malloc": True}),
         ("megadsl tp 1", {"side": "megadsl", "layout": {"tp": 1}}),

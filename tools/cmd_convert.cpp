@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "../src/dist_metadata.hpp"
+#include "../src/runtime/dist_metadata.hpp"
 #include "../src/spec/json_bounded.hpp"
 #include "cli.hpp"
 #include "megadsl/io/printable.hpp"

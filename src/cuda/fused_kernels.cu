@@ -1,6 +1,6 @@
 // The fused CUDA kernels of the reduced-precision (bf16/fp16) path: one pass each where ATen would
 // make several. Plain CUDA over raw pointers (no ATen here, so nvcc compiles this file in seconds);
-// src/fused_ops.cpp wraps them as tensors and autograd functions. Math in fp32 throughout.
+// src/layers/fused_ops.cpp wraps them as tensors and autograd functions. Math in fp32 throughout.
 //
 //   logits_row_stats  per row of (rows, width) logits, over its first `valid` columns:
 //                     m = max z, s = sum exp(z - m), a = sum exp(z - m) z, zy = z[label - start]

@@ -9,7 +9,7 @@
 #include <system_error>
 
 #include "megadsl/io/atomic_file.hpp"
-#include "spec/json_bounded.hpp"
+#include "../spec/json_bounded.hpp"
 
 namespace megadsl {
 

@@ -15,7 +15,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "cuda/fused_kernels.hpp"
+#include "../cuda/fused_kernels.hpp"
 #endif
 
 namespace megadsl {

@@ -55,7 +55,7 @@ int code_of(int status) {
   return 1;
 }
 
-// The rank a failed rank's watch named when it ended it (src/liveness.cpp writes <dir>/rank<r>:
+// The rank a failed rank's watch named when it ended it (src/parallel/liveness.cpp writes <dir>/rank<r>:
 // the named rank, or -1, then the reason), -1 when it named none.
 int named_rank(const std::string& dir, std::size_t rank) {
   std::FILE* f = std::fopen((dir + "/rank" + std::to_string(rank)).c_str(), "r");

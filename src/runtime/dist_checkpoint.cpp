@@ -33,7 +33,7 @@
 #include "megadsl/io/printable.hpp"
 #include "checkpoint_dir.hpp"
 #include "dist_metadata.hpp"
-#include "spec/json_bounded.hpp"
+#include "../spec/json_bounded.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/runtime/shard_io.hpp"

@@ -8,7 +8,7 @@
 #include "megadsl/io/printable.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
-#include "spec/json_bounded.hpp"
+#include "../spec/json_bounded.hpp"
 
 namespace megadsl {
 namespace dist_metadata {

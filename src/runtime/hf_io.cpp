@@ -23,7 +23,7 @@
 #include "megadsl/runtime/shard_io.hpp"
 #include "megadsl/runtime/weight_export.hpp"
 #include "checkpoint_dir.hpp"
-#include "spec/json_bounded.hpp"
+#include "../spec/json_bounded.hpp"
 
 namespace megadsl {
 namespace {

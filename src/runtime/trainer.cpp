@@ -1,5 +1,6 @@
 #include "megadsl/require_valid.hpp"
 #include "megadsl/runtime/trainer.hpp"
+#include "trainer_impl.hpp"
 #include "megadsl/runtime/squared_sum.hpp"
 
 #include <ATen/ATen.h>
@@ -52,239 +53,6 @@ rollout_batch slice_rows(const rollout_batch& b, std::int64_t begin, std::int64_
   return each_tensor(b, [&](const at::Tensor& t) { return t.narrow(0, begin, end - begin); });
 }
 
-namespace detail {
-
-class trainer_impl {
- public:
-  model_hooks model;
-  std::vector<named_parameter>* params = nullptr;
-  const parallel_groups* groups = nullptr;
-  bool actor = true;
-  optimizer_config opt;
-  actor_loss_config actor_cfg;
-  critic_loss_config critic_cfg;
-  std::unique_ptr<torch::optim::AdamW> adamw;
-  // The distributed optimizer: for each parameter (in params' order) the slice this rank updates,
-  // which AdamW holds in the parameter's place. Empty with the replicated optimizer.
-  struct slice {
-    const comm_group* group = nullptr;  // dp (edp for an expert); null: the whole parameter is here
-    std::int64_t chunk = 0;             // elements per rank: ceil(numel / group size)
-    std::int64_t offset = 0, size = 0;  // this rank's [offset, offset + size) of the flat parameter
-    at::Tensor view;                    // (size,) a view of the parameter's storage, no autograd
-  };
-  std::vector<slice> slices;
-  offload_set optimizer_offload;  // AdamW's moments while offloaded
-  std::int64_t steps = 0, samples = 0;
-
-  // The tensor AdamW updates for parameter i: the parameter, or this rank's slice of it.
-  [[nodiscard]] const at::Tensor& optimized(std::size_t i) const {
-    return slices.empty() ? (*params)[i].tensor : slices[i].view;
-  }
-  // Every gradient dropped (the parameters' and the slices' views of them).
-  void zero_grads() {
-    for (auto& sl : slices) sl.view.mutable_grad().reset();  // views: AdamW's zero_grad cannot detach them
-    adamw->zero_grad();
-    for (auto& p : *params) p.tensor.mutable_grad().reset();
-  }
-  // With the distributed optimizer over a group of more than one rank, the gradients are
-  // reduce-scattered: each rank receives the dp-summed gradient of its slices only.
-  [[nodiscard]] bool scatters() const {
-    return std::any_of(slices.begin(), slices.end(), [](const slice& sl) { return sl.group != nullptr; });
-  }
-  // The dp (edp) sums of the finalized-over-tp gradients, each rank's slices only, in buckets of
-  // about `bucket_elements` per collective; the parameters' whole gradients are dropped after.
-  void scatter_grads(std::int64_t bucket_elements);
-  // The global gradient norm from the slices: each element of the model is in one rank's slice.
-  double slice_norm();
-  // AdamW's step on what it holds; with the distributed optimizer each slice's gradient is its
-  // part of the reduced, clipped gradient, and the slices are all-gathered after.
-  void optimizer_step();
-  std::int64_t skipped = 0;  // steps not applied: their gradient norm or loss was not finite
-  bool batch_checksum = true;  // the ranks compare the global batch's values too, not only its shapes
-};
-
-}  // namespace detail
-
-namespace {
-
-// Each parameter's slice for the distributed optimizer: the dp (x cp) group's (an expert's
-// replicas are the expert-data-parallel group's) rank r holds flat elements [r * chunk, (r + 1) * chunk).
-std::vector<detail::trainer_impl::slice> slices_of(std::vector<named_parameter>& params, const parallel_groups& g) {
-  std::vector<detail::trainer_impl::slice> out;
-  for (named_parameter& p : params) {
-    if (!p.tensor.is_contiguous())
-      throw std::logic_error("megadsl: the distributed optimizer needs contiguous parameters; " + p.name + " is not");
-    const bool expert = p.plan->row->where == placement::expert && g.edp != nullptr;
-    const comm_group* group = expert ? g.edp.get() : &g.gradient_dp();
-    const at::Tensor flat = p.tensor.detach().view(-1);
-    const std::int64_t n = flat.numel(), ranks = group->size();
-    detail::trainer_impl::slice sl;
-    if (ranks == 1) {
-      sl.size = sl.chunk = n;
-      sl.view = flat;
-    } else {
-      sl.group = group;
-      sl.chunk = (n + ranks - 1) / ranks;
-      sl.offset = std::min(n, group->rank() * sl.chunk);
-      sl.size = std::min(n, sl.offset + sl.chunk) - sl.offset;
-      sl.view = flat.narrow(0, sl.offset, sl.size);
-    }
-    out.push_back(std::move(sl));
-  }
-  return out;
-}
-
-// A slice's elements padded to its chunk: what each rank contributes to an all-gather.
-at::Tensor padded(const at::Tensor& t, std::int64_t chunk) {
-  return t.numel() == chunk ? t : at::constant_pad_nd(t, {0, chunk - t.numel()});
-}
-
-// A piece of a parameter's slice chunk: [from, from + length) of each rank's chunk of parameter
-// `param`. A parameter larger than a bucket (an embedding) travels in several pieces, so that no
-// collective's buffer exceeds a bucket.
-struct slice_piece {
-  std::size_t param;
-  std::int64_t from, length;
-};
-
-// The pieces of every slice over `group`, in parameter order, `flush`ed in buckets of at most
-// `bucket_elements` in all (`bucket_elements / group size` per rank).
-template <class Flush>
-void in_buckets(const std::vector<detail::trainer_impl::slice>& slices, const comm_group& group,
-                std::int64_t bucket_elements, Flush&& flush) {
-  const std::int64_t per_rank = std::max<std::int64_t>(1, bucket_elements / group.size());
-  std::vector<slice_piece> bucket;
-  std::int64_t filled = 0;
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    if (slices[i].group != &group) continue;
-    for (std::int64_t from = 0; from < slices[i].chunk;) {
-      const std::int64_t length = std::min(slices[i].chunk - from, per_rank - filled);
-      bucket.push_back({i, from, length});
-      filled += length;
-      from += length;
-      if (filled == per_rank) {
-        flush(bucket);
-        bucket.clear();
-        filled = 0;
-      }
-    }
-  }
-  if (!bucket.empty()) flush(bucket);
-}
-
-// The groups the slices are sharded over, each once.
-std::vector<const comm_group*> slice_groups(const std::vector<detail::trainer_impl::slice>& slices) {
-  std::vector<const comm_group*> groups;
-  for (const auto& sl : slices)
-    if (sl.group != nullptr && std::find(groups.begin(), groups.end(), sl.group) == groups.end()) groups.push_back(sl.group);
-  return groups;
-}
-
-// Every parameter whole again after the distributed optimizer's step: the slices all-gathered in
-// buckets, each rank's part copied into its place.
-void gather_slices(std::vector<named_parameter>& params, const std::vector<detail::trainer_impl::slice>& slices,
-                   std::int64_t bucket_elements) {
-  for (const comm_group* group : slice_groups(slices))
-    in_buckets(slices, *group, bucket_elements, [&](const std::vector<slice_piece>& bucket) {
-      std::vector<at::Tensor> mine;  // this rank's part of each piece, padded to the piece's length
-      for (const slice_piece& pc : bucket) {
-        const auto& sl = slices[pc.param];
-        const std::int64_t begin = std::min(sl.size, pc.from), count = std::min(sl.size, pc.from + pc.length) - begin;
-        mine.push_back(padded(sl.view.narrow(0, begin, count), pc.length));
-      }
-      const at::Tensor all = group->all_gather(at::cat(mine).unsqueeze(0), 0);  // (ranks, bucket / ranks)
-      std::int64_t at = 0;
-      for (const slice_piece& pc : bucket) {
-        const at::Tensor flat = params[pc.param].tensor.detach().view(-1);
-        const std::int64_t n = flat.numel(), chunk = slices[pc.param].chunk;
-        for (std::int64_t r = 0; r < group->size(); ++r) {
-          const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
-          if (r != group->rank() && count > 0) flat.narrow(0, begin, count).copy_(all[r].narrow(0, at, count));
-        }
-        at += pc.length;
-      }
-    });
-}
-
-// A moment of the distributed optimizer's slice, whole: gathered over the slice's group.
-at::Tensor whole_moment(const at::Tensor& part, const detail::trainer_impl::slice& sl, const at::Tensor& param) {
-  if (sl.group == nullptr) return part.view(param.sizes()).clone();
-  const at::Tensor all = sl.group->all_gather(padded(part, sl.chunk).unsqueeze(0), 0);  // (ranks, chunk)
-  return all.reshape({-1}).narrow(0, 0, param.numel()).view(param.sizes()).clone();
-}
-
-}  // namespace
-
-void detail::trainer_impl::scatter_grads(std::int64_t bucket_elements) {
-  std::vector<named_parameter>& ps = *params;
-  for (std::size_t i = 0; i < slices.size(); ++i)
-    if (slices[i].group == nullptr) slices[i].view.mutable_grad() = ps[i].tensor.grad().view(-1);  // no replicas
-  for (const comm_group* group : slice_groups(slices))
-    in_buckets(slices, *group, bucket_elements, [&](const std::vector<slice_piece>& bucket) {
-      const std::int64_t ranks = group->size();
-      std::int64_t total = 0;
-      for (const slice_piece& pc : bucket) total += pc.length;
-      // (ranks, total): row r holds its part of rank r's chunk of each piece, padded with zeros.
-      at::Tensor rows = at::zeros({ranks, total}, ps[bucket.front().param].tensor.options());
-      std::int64_t at = 0;
-      for (const slice_piece& pc : bucket) {
-        const at::Tensor g = ps[pc.param].tensor.grad().view(-1);
-        const std::int64_t n = g.numel(), chunk = slices[pc.param].chunk;
-        for (std::int64_t r = 0; r < ranks; ++r) {
-          const std::int64_t begin = std::min(n, r * chunk + pc.from), count = std::min(n, begin + pc.length) - begin;
-          if (count > 0) rows[r].narrow(0, at, count).copy_(g.narrow(0, begin, count));
-        }
-        at += pc.length;
-      }
-      const at::Tensor mine = group->reduce_scatter(rows, 0).view(-1);  // (total): this rank's sums
-      at = 0;
-      for (const slice_piece& pc : bucket) {
-        slice& sl = slices[pc.param];
-        const std::int64_t begin = std::min(sl.size, pc.from), count = std::min(sl.size, pc.from + pc.length) - begin;
-        // Allocated at its first piece, when the gradients reduced before it are freed already.
-        if (pc.from == 0) sl.view.mutable_grad() = at::empty({sl.size}, ps[pc.param].tensor.options());
-        if (count > 0) sl.view.mutable_grad().narrow(0, begin, count).copy_(mine.narrow(0, at, count));
-        // The whole gradient is not needed once its last piece is reduced.
-        if (pc.from + pc.length >= sl.chunk) ps[pc.param].tensor.mutable_grad().reset();
-        at += pc.length;
-      }
-    });
-}
-
-double detail::trainer_impl::slice_norm() {
-  const std::vector<std::int64_t> counted = model.norm_elements();
-  at::Tensor sq = at::zeros({1}, at::kDouble);
-  bool on_device = false;
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    const at::Tensor& g = slices[i].view.grad();
-    if (!g.defined()) continue;
-    // The counted elements are a prefix [0, counted) of the flat parameter; the slice holds
-    // [offset, offset + size).
-    const std::int64_t begin = slices[i].offset, end = std::min(counted[i], begin + slices[i].size);
-    if (end <= begin) continue;
-    if (!on_device) {
-      sq = sq.to(g.device());
-      on_device = true;
-    }
-    sq += squared_sum(g.narrow(0, 0, end - begin));
-  }
-  groups->world->all_reduce(sq);
-  return std::sqrt(sq.item<double>());
-}
-
-void detail::trainer_impl::optimizer_step() {
-  if (!scatters())
-    for (std::size_t i = 0; i < slices.size(); ++i) {
-      const at::Tensor& g = (*params)[i].tensor.grad();
-      slices[i].view.mutable_grad() = g.defined() ? g.view(-1).narrow(0, slices[i].offset, slices[i].size) : at::Tensor();
-    }
-  adamw->step();
-  if (!slices.empty()) gather_slices(*params, slices, opt.grad_bucket_elements);
-  // The reduce-scattered gradients are spent: nothing of them is kept between steps.
-  if (scatters())
-    for (auto& sl : slices) sl.view.mutable_grad().reset();
-}
-
 trainer::trainer(model_hooks model, std::vector<named_parameter>& params, const parallel_groups& groups, bool actor,
                  const optimizer_config& opt, const actor_loss_config& actor_cfg,
                  const critic_loss_config& critic_cfg)
@@ -301,7 +69,7 @@ trainer::trainer(model_hooks model, std::vector<named_parameter>& params, const 
   s.critic_cfg = critic_cfg;
   // Megatron's default: weight decay on matrices, none on biases and norm weights; or on all.
   std::vector<at::Tensor> decayed, plain;
-  if (opt.distributed) s.slices = slices_of(params, groups);
+  if (opt.distributed) s.slices = detail::slices_of(params, groups);
   for (std::size_t i = 0; i < params.size(); ++i)
     (opt.decay_on == weight_decay_scope::all || params[i].tensor.dim() >= 2 ? decayed : plain)
         .push_back(s.optimized(i));
@@ -401,8 +169,8 @@ training_state trainer::export_state() const {
                              "; a training state holds one step count for every parameter");
     }
     if (st != nullptr && !s.slices.empty()) {  // whole, from every rank's slice (a collective)
-      out.exp_avg.push_back(whole_moment(st->exp_avg().detach(), s.slices[i], p.tensor));
-      out.exp_avg_sq.push_back(whole_moment(st->exp_avg_sq().detach(), s.slices[i], p.tensor));
+      out.exp_avg.push_back(detail::whole_moment(st->exp_avg().detach(), s.slices[i], p.tensor));
+      out.exp_avg_sq.push_back(detail::whole_moment(st->exp_avg_sq().detach(), s.slices[i], p.tensor));
     } else if (st != nullptr) {
       out.exp_avg.push_back(st->exp_avg().detach().clone());
       out.exp_avg_sq.push_back(st->exp_avg_sq().detach().clone());

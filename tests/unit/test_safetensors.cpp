@@ -16,7 +16,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
-#include "../../src/dist_metadata.hpp"
+#include "../../src/runtime/dist_metadata.hpp"
 
 namespace fs = std::filesystem;
 using namespace megadsl;

@@ -6,7 +6,7 @@
 //   auto out = model.forward({.input_ids = ids, .attention_mask = mask});   // out.log_probs (b, s)
 //
 // One runtime for every family: the composition's blocks become each layer's modules
-// (layers/layer_plan.hpp). The stage lives in two explicit instantiations (src/decoder_stage.cpp):
+// (layers/layer_plan.hpp). The stage lives in two explicit instantiations (src/runtime/decoder_stage.cpp):
 // with tensor parallelism, and without it. A static tp of 1 selects the second, which contains no
 // tensor-parallel collective (DESIGN §10); at cp = 1 it issues none at all (context parallelism's
 // are the attention's all-to-alls and the outputs' gather). The pipeline schedule and the
