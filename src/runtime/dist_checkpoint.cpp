@@ -163,22 +163,8 @@ json value_json(const maybe<T>& v) {
 }
 
 json model_json(const runtime_config& c) {
-  json shape_j = json::object();
-  hana::for_each(hana::keys(c.s), [&](auto key) {
-    const std::string field = hana::to<char const*>(key);
-    const auto& v = hana::at_key(c.s, key);
-    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, rope_scaling>) {
-      json r = json::object();
-      hana::for_each(hana::keys(v), [&](auto rkey) {
-        r[hana::to<char const*>(rkey)] = value_json(hana::at_key(v, rkey));
-      });
-      shape_j[field] = r;
-    } else if (field == "head_dim") {
-      shape_j[field] = effective_head_dim(c.s).get();  // what it means, not how it was declared
-    } else {
-      shape_j[field] = value_json(v);
-    }
-  });
+  json shape_j = dist_metadata::shape_json(c.s);
+  shape_j["head_dim"] = effective_head_dim(c.s).get();  // what it means, not how it was declared
   shape_j["architecture"] = std::string(arch_of(c.s).name);
   return {{"shape", shape_j},
           {"head", c.head.actor ? "actor" : "critic"},

@@ -9,11 +9,18 @@
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "../spec/json_bounded.hpp"
+#include "megadsl/reflection.hpp"
+
+#include <boost/hana/at_key.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/keys.hpp>
+#include <boost/hana/string.hpp>
 
 namespace megadsl {
 namespace dist_metadata {
 
 namespace fs = std::filesystem;
+namespace hana = boost::hana;
 using json = nlohmann::json;
 
 std::string one_line(std::string s) {
@@ -64,33 +71,45 @@ constexpr legacy_family legacy_families[] = {
 };
 }  // namespace
 
+template <class T>
+json value_json(const maybe<T>& v) {
+  if constexpr (std::is_enum_v<T>) return std::string(name_of(v.get()));
+  else return v.get();
+}
+
+json shape_json(const shape& s) {
+  json out = json::object();
+  hana::for_each(hana::keys(s), [&](auto key) {
+    const auto& v = hana::at_key(s, key);
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, rope_scaling>) {
+      json r = json::object();
+      hana::for_each(hana::keys(v), [&](auto rkey) {
+        if (hana::at_key(v, rkey).is_static()) r[hana::to<char const*>(rkey)] = value_json(hana::at_key(v, rkey));
+      });
+      out[hana::to<char const*>(key)] = r;
+    } else if (v.is_static()) {
+      out[hana::to<char const*>(key)] = value_json(v);
+    }
+  });
+  return out;
+}
+
 void fill_fields_added_later(json& shape) {
-  // Each field added since the first format, with its value in every model written before it.
-  static const json added = {{"out_bias", false}, {"mlp_bias", false}, {"query_pre_attn_scalar", 0.0},
-                             {"attn_softcap", 0.0}, {"final_softcap", 0.0},
-                             {"rotary_fraction", 1.0}, {"experts", 0}, {"top_k", 0},
-                             {"expert_ffn", 0}, {"shared_expert_ffn", 0}, {"norm_topk", false},
-                             {"sparse_step", 1}, {"dense_layers", 0}, {"nope_layers", 0},
-                             {"routed_scale", 1.0}, {"expert_groups", 1}, {"group_top_k", 1},
-                             {"q_lora_rank", 0}, {"kv_lora_rank", 0}, {"qk_nope_dim", 0}, {"v_head_dim", 0},
-                             {"rope_interleave", false}, {"local_rope_theta", 0.0},
-                             {"embedding_multiplier", 1.0}, {"residual_multiplier", 1.0},
-                             {"attention_multiplier", 0.0}, {"logits_scaling", 1.0}, {"logit_scale", 1.0},
-                             {"swiglu_alpha", 0.0}, {"swiglu_limit", 0.0},
-                             {"attention_chunk", 0}, {"qk_l2_norm", false}, {"use_qk_norm", false}, {"attn_floor_scale", 0.0}, {"attn_scale", 0.0},
-                             {"linear_layers", 0}, {"linear_key_heads", 0}, {"linear_value_heads", 0},
-                             {"linear_key_dim", 0}, {"linear_value_dim", 0}, {"linear_conv_kernel", 0},
-                             {"topk_sum_floor", 0.0}};
   // The flag's first name (written for a few days in 2026-11, by GLM-4.5's q/k norms only).
   if (shape.contains("qk_rms_norm") && !shape.contains("use_qk_norm")) shape["use_qk_norm"] = shape["qk_rms_norm"];
   shape.erase("qk_rms_norm");
-  for (const auto& [key, value] : added.items())
-    if (!shape.contains(key)) shape[key] = value;
-  static const json rope_added = {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 0.0}, {"mscale_all_dim", 0.0},
-                                  {"attention_factor", 0.0}, {"truncate", true}};
-  if (shape.contains("rope") && shape["rope"].is_object())
-    for (const auto& [key, value] : rope_added.items())
-      if (!shape["rope"].contains(key)) shape["rope"][key] = value;
+  // Every field added since the first format means by its absence what it meant before it
+  // existed: shape{}'s value (and rope_scaling{}'s), derived here so that a new field needs no entry.
+  static const json defaults = shape_json(megadsl::shape{});
+  for (const auto& [key, value] : defaults.items()) {
+    if (key == "rope") {
+      if (shape.contains("rope") && shape["rope"].is_object())
+        for (const auto& [rkey, rvalue] : value.items())
+          if (!shape["rope"].contains(rkey)) shape["rope"][rkey] = rvalue;
+    } else if (!shape.contains(key)) {
+      shape[key] = value;
+    }
+  }
   if (shape.contains("architecture")) return;
   // The knobs (Llama's where absent) name the family, whose composition is the architecture.
   static const std::array<std::string_view, 10> llama = legacy_families[0].knobs;

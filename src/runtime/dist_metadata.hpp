@@ -1,4 +1,4 @@
-// metadata.json of a distributed checkpoint, read (src/dist_metadata.cpp): the files, the pieces
+// metadata.json of a distributed checkpoint, read (src/runtime/dist_metadata.cpp): the files, the pieces
 // of each HF tensor (key, global shape and offset, dtype, FNV-1a checksum), the model and layout
 // that saved them, and the training scalars. Internal to the runtime; kept in its own TU so that
 // the fuzzing harness (tests/fuzz) can take the parser alone.
@@ -76,8 +76,13 @@ struct manifest {
 
 // metadata.json's text -> the manifest; every problem is a one-line checkpoint_error. Names from
 // the file are escaped (printable) before they reach a message.
+// A shape as metadata.json's model.shape holds it: every field that has a value, by its name in
+// `shape` (Hana's reflection, megadsl/reflection.hpp), enums by their names.
+nlohmann::json shape_json(const shape& s);
+
 // metadata.json's model.shape with the fields added to `shape` after format version 1 was first
-// written, where missing, set to their value in every model saved before them. One list, used by
+// written, where missing, set to their value in every model saved before them: shape{}'s defaults,
+// derived from the struct (a field is added with the default that keeps the old behaviour). Used by
 // parse_manifest and by `megadsl convert`.
 void fill_fields_added_later(nlohmann::json& shape);
 
