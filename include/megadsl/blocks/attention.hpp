@@ -1,0 +1,108 @@
+// Attention: GQA with RoPE, windows, sinks, chunks and soft-caps, its HF q/k/v stored apart or fused.
+#pragma once
+
+#include "megadsl/blocks/qk_norms.hpp"
+
+namespace megadsl::blocks {
+
+struct attention_knobs {
+  tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
+  bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
+  bool sinks = false;  // gpt-oss's learned sink logit per query head (self_attn.sinks), split with the heads
+  bool chunked = false;  // Llama 4's RoPE layers: attention within the shape's attention_chunk tokens
+  bool temperature = false;  // Llama 4's NoPE layers: q scaled per position (the shape's attn_floor_scale, attn_scale)
+};
+
+constexpr void concatenated_qkv_rule(const shape& s, const layout&, violations& out) {
+  if (s.qkv_bias.is_static() && s.qkv_bias.get())
+    out.add("concatenated_qkv_has_no_bias")
+        .add("qkv_bias = true with q/k/v stored concatenated (qkv_proj), which has no bias tensor in HF; "
+             "use separate storage (attention<>) or qkv_bias = false");
+}
+
+// Grouped-query attention's (cp_whole_stream_heads): the tp rank's [q | k | v] of whole kv groups
+// there and the output back; where its kv groups do not split over cp, q alone there and k and v
+// gathered whole. Fewer kv heads than tp ranks: each rank holds one.
+constexpr double gqa_cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
+  const std::int64_t d = effective_head_dim(s).get(), n = s.heads.get() / tp;
+  const std::int64_t g = s.kv_heads.get() >= tp ? s.kv_heads.get() / tp : 1;
+  if (g % cp == 0) return static_cast<double>((2 * n + 2 * g) * d) * all_to_all_share(cp);
+  return static_cast<double>(2 * n * d) * all_to_all_share(cp) + static_cast<double>(2 * g * d * (cp - 1));
+}
+constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& out) {
+  if (megadsl::detail::known(s.heads, s.kv_heads) && s.heads.get() != s.kv_heads.get())
+    out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
+        .add("kv_heads = ", s.kv_heads.get(), " with heads = ", s.heads.get(),
+             ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
+}
+
+// Grouped-query self-attention with RoPE: q/k/v (fused per rank, column-parallel; bias per the
+// shape's qkv_bias) and o (row-parallel; bias per out_bias, added after the reduction), with an
+// optional q/k norm before RoPE. The shape's numbers set the score scale, soft-cap and rotated share.
+template <attention_knobs K = attention_knobs{}, class QkNorm = no_qk_norm>
+struct attention {
+  static constexpr tensor_storage hf_storage = K.storage;
+  static constexpr bool interleaved = K.storage == tensor_storage::interleaved;
+
+  // Its scores over every key of the sequence: heads x head_dim (the formulas' L n d, per layer).
+  static constexpr std::int64_t score_units(const shape& s) { return s.heads.get() * effective_head_dim(s).get(); }
+  static constexpr row_dims sink_dims(const shape& s) { return {s.heads.get(), 0}; }
+
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    auto on = [](const auto& v) { return v.is_static() && v.get(); };
+    t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? (on(s.rope_interleave) ? ", rope on pairs" : ", rope") : ", no rope",
+          QkNorm::label);
+    if (K.sinks) t.add(", learned sinks");
+    if (K.chunked && s.attention_chunk.is_static() && s.attention_chunk.get() != 0) t.add(", chunks of ", s.attention_chunk.get());
+    if (K.temperature && s.attn_floor_scale.is_static() && s.attn_floor_scale.get() != 0) t.add(", q temperature-tuned");
+    if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
+    if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
+    if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
+    t.add(K.storage == tensor_storage::concatenated ? "  [self_attn: qkv_proj]"
+          : interleaved                              ? "  [attention: query_key_value, per head]"
+                                                     : "  [self_attn]");
+  }
+
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    if (interleaved != (layer.names == name_scheme::gpt_neox))
+      throw "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
+            "(and they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox";
+    const slot at = layer.module(interleaved ? "attention" : "self_attn");
+    if constexpr (K.storage == tensor_storage::separate) {
+      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 3});
+      b.param(at, {"qkv.bias", shard_kind::fused_qkv, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}, 3, extent::none,
+                   presence::qkv_bias});
+    } else if constexpr (K.storage == tensor_storage::concatenated) {
+      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"qkv_proj.weight"}, 1, extent::none, presence::always, true});
+      b.rule(&concatenated_qkv_rule);
+    } else {
+      // query_key_value holds [q_h; k_h; v_h] per head (kv_heads == heads), so each tp rank's heads
+      // are one contiguous block of its rows: a column split of the HF tensor.
+      b.param(at, {"qkv.weight", shard_kind::column, {"query_key_value.weight"}, 1, extent::qkv_rows});
+      b.param(at, {"qkv.bias", shard_kind::column, {"query_key_value.bias"}, 1, extent::qkv_rows, presence::qkv_bias});
+      b.rule(&interleaved_qkv_rule);
+    }
+    // One logit per query head, in the softmax of each of its rows (gpt-oss): split over tp with the
+    // heads (each rank's are contiguous), and over cp with the heads the core sees.
+    if constexpr (K.sinks)
+      b.param(at, {"sinks", shard_kind::column, {"sinks"}, 1, extent::none, presence::always, false, false,
+                   param_init::normal, false, &sink_dims});
+    int qk = -1;
+    if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
+    const std::string_view o = interleaved ? "dense" : "o_proj";
+    b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
+    b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    basic_text<64> name("attention<");
+    name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks" : "", K.chunked ? ", chunked" : "",
+             K.temperature ? ", temperature>" : ">");
+    // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
+    // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
+    return b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
+                                       (K.rope ? 0 : modules::attention_nope_bit) | (K.chunked ? modules::attention_chunked_bit : 0) |
+                                           (K.temperature ? modules::attention_temperature_bit : 0)),
+                                {.whole = 3, .split = 8, .scores = 5}, &score_units),
+                        &gqa_cp_sent);
+  }
+};
+
+}  // namespace megadsl::blocks

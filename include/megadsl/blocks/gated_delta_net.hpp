@@ -1,0 +1,138 @@
+// Qwen3-Next's and Qwen3.5's gated DeltaNet (linear attention by the gated delta rule).
+#pragma once
+
+#include "megadsl/blocks/attention.hpp"
+
+namespace megadsl::blocks {
+
+constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations& out) {
+  if (!megadsl::detail::known(s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim,
+                              s.linear_conv_kernel))
+    return;
+  const std::int64_t nk = s.linear_key_heads.get(), nv = s.linear_value_heads.get();
+  if (nk < 1 || nv < 1 || s.linear_key_dim.get() < 1 || s.linear_value_dim.get() < 1 || s.linear_conv_kernel.get() < 1) {
+    out.add("positive_sizes", {nk, nv})
+        .add("linear_num_key_heads = ", nk, ", linear_num_value_heads = ", nv, ": the gated DeltaNet needs every head "
+             "count, head dim and the conv kernel >= 1");
+    return;
+  }
+  if (nv % nk != 0)
+    out.add("linear_value_heads_per_key_head", {nv, nk})
+        .add("linear_num_value_heads = ", nv, " is not a multiple of linear_num_key_heads = ", nk,
+             ": each key head serves a whole number of value heads");
+  if (l.tp.is_static() && l.tp.get() > 0 && nk % l.tp.get() != 0)
+    out.add("linear_heads_divisible_by_tp", {nk, l.tp.get()})
+        .add("linear_num_key_heads = ", nk, " is not divisible by tp = ", l.tp.get(),
+             ": each tp rank takes whole key heads of the gated DeltaNet with their value heads");
+  else if (l.tp.is_static() && l.cp.is_static() && l.tp.get() > 0 && l.cp.get() > 1 && nk % (l.tp.get() * l.cp.get()) != 0)
+    out.add("cp_splits_heads", {nk, l.tp.get(), l.cp.get()})
+        .add("linear_num_key_heads = ", nk, " is not divisible by tp x cp = ", l.tp.get() * l.cp.get(),
+             ": under context parallelism each cp rank runs the gated delta rule over whole sequences for an equal "
+             "share of its tp rank's key heads (Ulysses)");
+}
+
+// How HF stores a gated DeltaNet's input projections: Qwen3-Next's in_proj_qkvz (per key head
+// [q | k | v of its value heads | z of them]) and in_proj_ba (per key head [b | a] of its value
+// heads), or Qwen3.5's in_proj_qkv ([all q | all k | all v]), in_proj_z, in_proj_b and in_proj_a.
+enum class delta_net_storage : std::int8_t { grouped, split };
+
+// The gated DeltaNet (Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet), a linear-attention layer: the
+// input projections (column-parallel by whole key heads with their value heads: grouped per key
+// head, HF's rows are contiguous per rank; split, each of q, k and v is its own slot of in_proj_qkv,
+// shard_kind::column_slots); a causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over
+// the channels [q | k | v]; q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated
+// delta rule with decay g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value
+// head reading its key head; the output RMS-normed per head (weight per dim) times SiLU(z), then
+// out_proj (row-parallel). The conv's channels split as in_proj_qkv's slots (each rank its heads' q,
+// k and v taps); the norm's weight is replicated (its gradient partial over tp). The state starts
+// at zero in each sequence: padded rows as transformers masks them, packed sequences each from its
+// own start. Under context parallelism (Ulysses) an all-to-all gives each cp rank whole sequences
+// of a share of its tp rank's key heads for the conv and the rule, and one brings the output back.
+template <delta_net_storage S = delta_net_storage::grouped>
+struct gated_delta_net {
+  static constexpr std::int64_t key_width(const shape& s) { return s.linear_key_heads.get() * s.linear_key_dim.get(); }
+  static constexpr std::int64_t value_width(const shape& s) { return s.linear_value_heads.get() * s.linear_value_dim.get(); }
+  static constexpr row_dims qkvz(const shape& s) { return {2 * key_width(s) + 2 * value_width(s), s.hidden.get()}; }
+  static constexpr row_dims ba(const shape& s) { return {2 * s.linear_value_heads.get(), s.hidden.get()}; }
+  static constexpr row_dims qkv(const shape& s) { return {2 * key_width(s) + value_width(s), s.hidden.get()}; }
+  static constexpr std::array<std::int64_t, 3> qkv_slots(const shape& s) { return {key_width(s), key_width(s), value_width(s)}; }
+  static constexpr row_dims z(const shape& s) { return {value_width(s), s.hidden.get()}; }
+  static constexpr row_dims gate(const shape& s) { return {s.linear_value_heads.get(), s.hidden.get()}; }
+  static constexpr row_dims conv(const shape& s) { return {2 * key_width(s) + value_width(s), s.linear_conv_kernel.get()}; }
+  static constexpr row_dims per_value_head(const shape& s) { return {s.linear_value_heads.get(), 0}; }
+  static constexpr row_dims norm(const shape& s) { return {s.linear_value_dim.get(), 0}; }
+  static constexpr row_dims out(const shape& s) { return {s.hidden.get(), value_width(s)}; }
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
+    t.add("  q/k ", known(s.linear_key_heads), " heads of ", known(s.linear_key_dim), ", v ", known(s.linear_value_heads),
+          " heads of ", known(s.linear_value_dim), ", conv ", known(s.linear_conv_kernel),
+          S == delta_net_storage::grouped ? "  [linear_attn: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj]"
+                                          : "  [linear_attn: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, norm, out_proj]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module("linear_attn");
+    const auto matrix = [&](std::string_view name, shard_kind k, row_dims_fn dims) {
+      b.param(at, {name, k, {name}, 1, extent::none, presence::always, false, false, param_init::normal, false, dims});
+    };
+    if constexpr (S == delta_net_storage::grouped) {
+      matrix("in_proj_qkvz.weight", shard_kind::column, &qkvz);
+      matrix("in_proj_ba.weight", shard_kind::column, &ba);
+    } else {
+      b.param(at, {"in_proj_qkv.weight", shard_kind::column_slots, {"in_proj_qkv.weight"}, 1, extent::none, presence::always,
+                   false, false, param_init::normal, false, &qkv, 0, hf_form::as_held, hf_stacking::none, &qkv_slots});
+      matrix("in_proj_z.weight", shard_kind::column, &z);
+      matrix("in_proj_b.weight", shard_kind::column, &gate);
+      matrix("in_proj_a.weight", shard_kind::column, &gate);
+    }
+    // The conv's channels are in_proj_qkv's three slots: each rank holds its heads' q, k and v taps.
+    b.param(at, {"conv1d.weight", shard_kind::column_slots, {"conv1d.weight"}, 1, extent::none, presence::always, false, false,
+                 param_init::normal, false, &conv, 0, hf_form::conv, hf_stacking::none, &qkv_slots});
+    b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
+                 param_init::ones, false, &per_value_head});
+    // A = exp(A_log); HF draws A uniformly from [0.01, 16] where no checkpoint gives it: e^2 here.
+    b.param(at, {"A_log", shard_kind::column, {"A_log"}, 1, extent::none, presence::always, false, false,
+                 param_init::constant, false, &per_value_head, 2.0});
+    b.param(at, {"linear_norm.weight", shard_kind::replicated, {"norm.weight"}, 1, extent::none, presence::always, false, true,
+                 param_init::ones, false, &norm});
+    matrix("out_proj.weight", shard_kind::row, &out);
+    b.rule(&gated_delta_net_rule);
+    const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
+                            "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0);
+    return b.cp_traffic(b.per_token(b.costs(node, &keeps), &rule_flops), &cp_sent);
+  }
+  // What it keeps for the backward, per token in bytes over h (16-bit activations), as measured:
+  // torch's saved-tensor hooks over a training step of models of DeltaNet layers only, 3 layers
+  // less 1, 12 shapes, bf16 (bench/delta_net_activations.py prints the figures beside these).
+  //   whole  its input (2).
+  //   split  the conv's input and output, the rule's inputs q, k, v and the gated norm's fp32
+  //          tensors and out_proj's input: 10.5 per key channel, 26.5 per value channel.
+  //   core   the chunked rule's intermediates (chunks of 64; fp32 decay, k k^T, q k^T, the UT
+  //          solve's system and solution, each chunk's state and outputs): per value head
+  //          1040 + 16 dk + 9.5 dv + 3.5 dk dv / 64, per key head 522.4 + 28 dk. Within 3% of
+  //          the measurement on every shape; selective recompute keeps none of it.
+  static constexpr activation_terms keeps(const shape& s) {
+    const double h = static_cast<double>(s.hidden.get()), nk = static_cast<double>(s.linear_key_heads.get());
+    const double nv = static_cast<double>(s.linear_value_heads.get()), dk = static_cast<double>(s.linear_key_dim.get());
+    const double dv = static_cast<double>(s.linear_value_dim.get());
+    return {.whole = 2,
+            .split = (10.5 * nk * dk + 26.5 * nv * dv) / h,
+            .core = (nv * (1040 + 16 * dk + 9.5 * dv + 3.5 * dk * dv / 64) + nk * (522.4 + 28 * dk)) / h};
+  }
+  // Under cp: each of the tp rank's key heads' [q | k | v | b | a] there, the output back.
+  static constexpr double cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
+    const std::int64_t nk = s.linear_key_heads.get() / tp, nv = s.linear_value_heads.get() / tp;
+    return static_cast<double>(2 * nk * s.linear_key_dim.get() + 2 * nv * s.linear_value_dim.get() + 2 * nv) *
+           all_to_all_share(cp);
+  }
+  // The delta rule's own FLOPs per token: Megatron's 6 x 4 nv dv^2 (its formula writes dv^2 for
+  // dk dv), verl's 15 dk dv nv; verl counts the projections' and out_proj's weights and the conv's taps.
+  static constexpr token_flops rule_flops(const shape& s) {
+    const std::int64_t nv = s.linear_value_heads.get(), dk = s.linear_key_dim.get(), dv = s.linear_value_dim.get();
+    return {.megatron = 6 * 4 * nv * dv * dv,
+            .verl = 15 * dk * dv * nv,
+            .verl_weights = s.hidden.get() * (2 * key_width(s) + 3 * value_width(s) + 2 * nv) +
+                            s.linear_conv_kernel.get() * (2 * key_width(s) + value_width(s))};
+  }
+};
+
+}  // namespace megadsl::blocks

@@ -1,0 +1,52 @@
+// The gated MLP (SwiGLU, GeGLU), and the HF module names MLPs are bound under.
+#pragma once
+
+#include "megadsl/blocks/builder.hpp"
+
+namespace megadsl::blocks {
+
+// ---- MLPs -----------------------------------------------------------------------------------------
+
+// An MLP keeps its input (2) and its dropout mask (1) whole, its 4h-wide intermediates (16) split
+// over tp (the paper's GPT MLP; for SwiGLU and other widths the customary estimate).
+inline constexpr activation_terms mlp_keeps{.whole = 3, .split = 16};
+
+// The HF module an MLP's tensors sit in: `mlp` (most families) or `feed_forward` (Llama 4).
+struct hf_module {
+  std::string_view name;
+};
+inline constexpr hf_module mlp_module{"mlp"}, feed_forward_module{"feed_forward"};
+
+// down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
+// HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj); Llama's
+// mlp_bias adds biases on all three (separate storage).
+template <activation A = activation::silu, tensor_storage S = tensor_storage::separate, const hf_module& M = mlp_module>
+struct gated_mlp {
+  static_assert(S != tensor_storage::interleaved, "megadsl: a gated MLP has no interleaved form (separate or concatenated)");
+  static constexpr tensor_storage hf_storage = S;
+  static constexpr void details(const shape& s, basic_text<256>& t) {
+    t.add(s.mlp_bias.is_static() && s.mlp_bias.get() ? " + biases" : "", "  [", M.name,
+          S == tensor_storage::concatenated ? ": gate_up_proj" : "", "]");
+  }
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const slot at = layer.module(M.name);
+    if constexpr (S == tensor_storage::separate)
+      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_proj.weight", "up_proj.weight"}, 2});
+    else
+      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_up_proj.weight"}, 1, extent::none,
+                   presence::always, true});
+    b.param(at, {"down.weight", shard_kind::row, {"down_proj.weight"}, 1, extent::ffn});
+    if constexpr (S == tensor_storage::separate) {
+      b.param(at, {"gate_up.bias", shard_kind::fused_gate_up, {"gate_proj.bias", "up_proj.bias"}, 2, extent::none,
+                   presence::mlp_bias});
+      b.param(at, {"down.bias", shard_kind::replicated, {"down_proj.bias"}, 1, extent::hidden, presence::mlp_bias});
+    }
+    b.uses(A);
+    basic_text<64> name("gated_mlp<");
+    name.add(name_of(A), ">");
+    return b.costs(b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, static_cast<std::int64_t>(A)),
+                   mlp_keeps);
+  }
+};
+
+}  // namespace megadsl::blocks

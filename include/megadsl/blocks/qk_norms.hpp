@@ -1,0 +1,113 @@
+// The q/k norms an attention takes: per_head_qk_norm, headwise_qk_norm (a weight per head),
+// full_width_qk_norm, l2_qk_norm, no_qk_norm.
+#pragma once
+
+#include "megadsl/blocks/builder.hpp"
+
+namespace megadsl::blocks {
+
+// ---- attention and its q/k norms ------------------------------------------------------------------
+
+// HF's names of a per-head q/k norm's two weights.
+struct qk_norm_names {
+  std::string_view q, k;
+};
+inline constexpr qk_norm_names qwen3_qk_norm_names{"q_norm", "k_norm"};
+inline constexpr qk_norm_names hunyuan_qk_norm_names{"query_layernorm", "key_layernorm"};
+
+constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations& out) {
+  // RoPE on pairs leaves each head's dims as halves (apply_rope): a norm's per-dim weights after it
+  // would meet other dims than HF's.
+  if (s.rope_interleave.is_static() && s.rope_interleave.get())
+    out.add("qk_norm_after_rope_needs_halves")
+        .add("rope_interleave: q/k norms after RoPE on interleaved pairs are not supported; rotate halves");
+}
+
+// Qwen3: q and k normed over head_dim before RoPE, one weight each for every head (q_norm,
+// k_norm; replicated, their gradients partial over tp: each rank norms its own heads). HunYuan
+// norms them after RoPE (AfterRope) and names them query_layernorm / key_layernorm.
+template <norm_block N, const qk_norm_names& Names = qwen3_qk_norm_names, bool AfterRope = false>
+struct per_head_qk_norm {
+  static constexpr std::string_view label = AfterRope ? ", q/k rms_norm per head after rope" : ", q/k rms_norm per head";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    int nodes[2]{};
+    const std::string_view ours[2] = {"q_norm", "k_norm"}, hf[2] = {Names.q, Names.k};
+    for (int i = 0; i < 2; ++i) {
+      b.param(at.sub(ours[i], hf[i]), {"weight", shard_kind::replicated, {"weight"}, 1, extent::head_dim, presence::always,
+                                       false, true, N::init});
+      nodes[i] = b.node(at.sub(ours[i], hf[i]), N::module, {}, N::label);
+    }
+    if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr,
+                  AfterRope ? modules::qk_norm_after_rope_bit : 0);
+  }
+};
+
+// Cohere (Command R+): q and k each normed over head_dim as per_head_qk_norm's, with a weight for
+// every head: q_norm.weight (heads, d), k_norm.weight (kv_heads, d), split over tp with the heads,
+// so each rank holds and steps its own heads' weights (with kv_heads < tp, its kv group's k weight,
+// replicated like its k rows, the replicas' gradients summed).
+template <norm_block N>
+struct headwise_qk_norm {
+  static constexpr std::string_view label = ", q/k norm per head, a weight per head";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    int nodes[2]{};
+    const std::string_view names[2] = {"q_norm", "k_norm"};
+    const extent sizes[2] = {extent::q_head_weights, extent::kv_head_weights};
+    for (int i = 0; i < 2; ++i) {
+      b.param(at.sub(names[i], names[i]), {.name = "weight", .kind = shard_kind::column, .hf = {"weight"}, .hf_count = 1,
+                                           .size = sizes[i], .init = N::init});
+      nodes[i] = b.node(at.sub(names[i], names[i]), N::module, {}, N::label);
+    }
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr,
+                  modules::qk_norm_weight_per_head_bit);
+  }
+};
+
+constexpr void full_width_qk_norm_rule(const shape& s, const layout& l, violations& out) {
+  if (!l.tp.is_static() || l.tp.get() < 1 || !s.kv_heads.is_static() || s.kv_heads.get() < 1) return;
+  const std::int64_t kv = s.kv_heads.get(), tp = l.tp.get();
+  if (kv >= tp) return;
+  text& m = out.add("full_width_qk_norm_needs_kv_heads_per_rank", {kv, tp});
+  m.add("the k norm spans all ", kv, " kv heads, and tp = ", tp,
+        " would replicate them (kv_heads < tp), which this norm's tp split does not support; valid tp: ");
+  bool first = true;
+  for (std::int64_t t = 1; t <= kv; ++t)
+    if (kv % t == 0 && (!s.heads.is_static() || s.heads.get() < 1 || s.heads.get() % t == 0)) {
+      m.add(first ? "" : ", ", t);
+      first = false;
+    }
+}
+
+// OLMo2: over the whole projection width (heads * d for q, kv_heads * d for k), split over tp with
+// the heads: the fp32 sum of squares summed over tp, then each norm's weight step.
+template <norm_block N>
+struct full_width_qk_norm {
+  static constexpr std::string_view label = ", q/k rms_norm over the full width";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    b.param(at.sub("q_norm", "q_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::q_width, presence::always,
+                                         false, false, N::init});
+    b.param(at.sub("k_norm", "k_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::k_width, presence::always,
+                                         false, false, N::init});
+    b.rule(&full_width_qk_norm_rule);
+    const int q = b.node(at.sub("q_norm", "q_norm"), N::module, {}, N::label);
+    const int k = b.node(at.sub("k_norm", "k_norm"), N::module, {}, N::label);
+    return b.node(at, &modules::full_width_qk_norm, {q, k}, "full_width_qk_norm");
+  }
+};
+
+struct no_qk_norm {
+  static constexpr std::string_view label = "";
+};
+
+// Llama 4 (Llama4TextL2Norm): q and k normed per head over head_dim without a weight, eps the
+// shape's rms_eps, in fp32. HF norms them after RoPE; the RMS of a head is the same before and
+// after the rotation, so megadsl norms them before it, as Megatron's qk_l2_norm does.
+struct l2_qk_norm {
+  static constexpr std::string_view label = ", q/k rms-normed per head (no weight)";
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    return b.node(at, &modules::l2_qk_norm, {}, "l2_qk_norm");
+  }
+};
+
+}  // namespace megadsl::blocks

@@ -1,0 +1,139 @@
+// Residual combinators: pre_norm, post_norm, sandwich, parallel, parallel_shared_norm, and block.
+#pragma once
+
+#include "megadsl/blocks/builder.hpp"
+
+namespace megadsl::blocks {
+
+// ---- residual combinators -------------------------------------------------------------------------
+
+// megadsl's and HF's names of a layer's norms: before (or after) the sublayer at `at`.
+constexpr std::string_view norm_name(sublayer at, bool post) {
+  if (at == sublayer::none) throw "megadsl: a residual combinator is one of block<...>'s two sublayers";
+  return at == sublayer::attention ? (post ? "attn_post_norm" : "attn_norm") : (post ? "mlp_post_norm" : "mlp_norm");
+}
+
+// HF's names of a layer's norms: before and after attention, before and after the MLP.
+struct norm_names {
+  std::string_view attention_pre, attention_post, mlp_pre, mlp_post;
+};
+// Llama's (and OLMo2's, NeoX's: the ones their forms have): the norm before a pre-norm layer's MLP
+// is post_attention_layernorm.
+inline constexpr norm_names llama_norm_names{"input_layernorm", "post_attention_layernorm", "post_attention_layernorm",
+                                             "post_feedforward_layernorm"};
+// Gemma 2's sandwich: a norm of its own before the MLP.
+inline constexpr norm_names gemma2_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                                              "post_feedforward_layernorm"};
+// Apertus's pre-norm layer: attention_layernorm, feedforward_layernorm.
+inline constexpr norm_names apertus_norm_names{"attention_layernorm", "", "feedforward_layernorm", ""};
+// GLM-4's sandwich: its post_attention_layernorm is the norm before the MLP.
+inline constexpr norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+                                            "post_mlp_layernorm"};
+
+template <residual_kind R, class Norm, class Inner, const norm_names& Names = llama_norm_names>
+struct residual {
+  static constexpr residual_kind kind = R;
+  using inner = Inner;
+
+  // HF's names of the norm(s) in its slot.
+  static constexpr std::string_view hf_pre(sublayer at) {
+    return at == sublayer::attention ? Names.attention_pre : Names.mlp_pre;
+  }
+  static constexpr std::string_view hf_post(sublayer at) {
+    return at == sublayer::attention ? Names.attention_post : Names.mlp_post;
+  }
+
+  static constexpr int lower(arch_builder& b, const slot& at) {
+    const bool post = R == residual_kind::post_norm;
+    const std::string_view hf_norm = post ? hf_post(at.at) : hf_pre(at.at);
+    const int n = lower_block<Norm>(b, at.sub(norm_name(at.at, post), hf_norm));
+    basic_text<160> label(R == residual_kind::pre_norm ? "pre_norm  " : R == residual_kind::post_norm ? "post_norm  "
+                          : R == residual_kind::sandwich ? "sandwich  " : "parallel  ");
+    label.add(b.label(n), "  [", hf_norm);
+    b.hide(n);
+    const int inner_node = lower_block<Inner>(b, at);
+    const std::string_view name = R == residual_kind::pre_norm ? "pre_norm" : R == residual_kind::post_norm ? "post_norm"
+                                  : R == residual_kind::sandwich ? "sandwich" : "parallel";
+    if constexpr (R == residual_kind::sandwich) {
+      const int n2 = lower_block<Norm>(b, at.sub(norm_name(at.at, true), hf_post(at.at)));
+      b.hide(n2);
+      label.add(", ", hf_post(at.at), "]");
+      return b.node(at, &modules::sandwich, {n, inner_node, n2}, name, label.view());
+    } else {
+      label.append("]");
+      return b.node(at, R == residual_kind::pre_norm ? &modules::pre_norm : R == residual_kind::post_norm ? &modules::post_norm
+                                                                                                           : &modules::branch,
+                    {n, inner_node}, name, label.view());
+    }
+  }
+};
+
+// x + inner(norm(x)) (Llama; Apertus under apertus_norm_names).
+template <class Norm, class Inner, const norm_names& Names = llama_norm_names>
+struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names> {};
+// x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
+template <class Norm, class Inner>
+struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};
+// x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
+// post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP; GLM-4
+// names them glm4_norm_names).
+template <class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
+struct sandwich : residual<residual_kind::sandwich, Norm, Inner, Names> {};
+// Both sublayers read the block's input, their outputs added to it together:
+// x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX's use_parallel_residual). Wrap both sublayers in it.
+template <class Norm, class Inner>
+struct parallel : residual<residual_kind::parallel, Norm, Inner> {};
+
+// The composition rules, one named type each, carrying the values they compare: GCC and clang
+// both print `megadsl::blocks::residuals_agree<megadsl::residual_kind::pre_norm,
+// megadsl::residual_kind::post_norm>` in the first lines of the diagnostic, then the rule's text.
+template <residual_kind Attention, residual_kind Mlp>
+struct residuals_agree {
+  static constexpr bool holds = Attention == Mlp;
+  static_assert(holds, "megadsl: residuals_agree: the attention and MLP sublayers (the values above) have different forms; "
+                "wrap both in the same one (pre_norm, post_norm, sandwich or parallel)");
+  static constexpr bool ok = true;
+};
+
+template <class T>
+constexpr bool is_parallel() {
+  if constexpr (requires { T::kind; }) return T::kind == residual_kind::parallel;
+  else return false;
+}
+
+// One decoder layer: the attention sublayer, then the MLP sublayer (or both side by side, in
+// parallel<...>: x + attn(n1(x)) + mlp(n2(x))).
+template <class AttentionSublayer, class MlpSublayer>
+struct block {
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    if constexpr (requires { AttentionSublayer::kind; MlpSublayer::kind; }) {
+      static_assert(residuals_agree<AttentionSublayer::kind, MlpSublayer::kind>::ok);
+    }
+    slot attn = layer, mlp = layer;
+    attn.at = sublayer::attention;
+    mlp.at = sublayer::mlp;
+    const int a = lower_block<AttentionSublayer>(b, attn);
+    const int m = lower_block<MlpSublayer>(b, mlp);
+    return b.node(layer, is_parallel<AttentionSublayer>() ? &modules::parallel_sum : &modules::sequence, {a, m}, "block");
+  }
+};
+
+// One decoder layer whose attention and MLP both read one norm of its input, their outputs added
+// to it: x + attn(n(x)) + mlp(n(x)) (Cohere's input_layernorm; its only norm in the layer).
+template <class Norm, class Attention, class Mlp>
+struct parallel_shared_norm {
+  static constexpr int lower(arch_builder& b, const slot& layer) {
+    const int n = lower_block<Norm>(b, layer.sub("attn_norm", "input_layernorm"));
+    basic_text<160> label("parallel_shared_norm  ");
+    label.add(b.label(n), "  [input_layernorm, for both]");
+    b.hide(n);
+    slot attn = layer, mlp = layer;
+    attn.at = sublayer::attention;
+    mlp.at = sublayer::mlp;
+    const int a = lower_block<Attention>(b, attn);
+    const int m = lower_block<Mlp>(b, mlp);
+    return b.node(layer, &modules::parallel_shared_norm, {n, a, m}, "parallel_shared_norm", label.view());
+  }
+};
+
+}  // namespace megadsl::blocks
