@@ -105,6 +105,7 @@ int cmd_check(const options& o, std::ostream& out, std::ostream& err);
 int cmd_describe(const options& o, std::ostream& out, std::ostream& err);
 int cmd_plan(const options& o, std::ostream& out, std::ostream& err);
 int cmd_presets(std::ostream& out);
+int cmd_families(std::ostream& out);
 
 // `run` and `convert` (tools/cmd_run.cpp, tools/cmd_convert.cpp; LibTorch). `argv` is the whole
 // command line: without a launcher's environment they start their local ranks by re-executing it.

@@ -1,4 +1,4 @@
-// `megadsl check MODEL [layout]` and `megadsl presets`.
+// `megadsl check MODEL [layout]`, `megadsl presets` and `megadsl families`.
 #include <ostream>
 
 #include "cli.hpp"
@@ -23,6 +23,20 @@ int cmd_presets(std::ostream& out) {
     if (s.tie_embeddings.get()) summary += ", tied";
     t.add({std::string(p.name), std::string(p.family), grouped(p.published_params), short_count(p.published_params), summary,
            std::string(p.source)});
+  }
+  t.print(out, "");
+  return exit_ok;
+}
+
+// The registry's families, one line each: the table docs/families.md and the README point to.
+int cmd_families(std::ostream& out) {
+  table t({"model_type", "transformers class", "checkpoints", "presets"});
+  for (const family_config* f : families) {
+    std::string names;
+    for (const preset_entry& p : presets)
+      if (p.family == f->model_type) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    t.add({std::string(f->model_type), std::string(f->hf_class) + "ForCausalLM", std::string(f->display),
+           names.empty() ? "-" : names});
   }
   t.print(out, "");
   return exit_ok;

@@ -31,6 +31,7 @@ commands:
   plan MODEL [layout] [--seq N] [--micro-batch N]
                             memory per rank, FLOPs per token, communication per step
   presets                   the preset models and their published parameter counts
+  families                  the families (HF model_type) megadsl composes, and their presets
   run MODEL_DIR [layout] --input FILE --output FILE [--ranks N] [--temperature T] [--logits]
       [--device cpu|cuda] [--compute fp32|bf16]
                             run the model on a batch: the actor's log_probs and entropy (and
@@ -162,13 +163,17 @@ int run(const std::vector<std::string_view>& args, const std::vector<std::string
       if (!rest.empty()) throw usage_error("megadsl presets takes no arguments");
       return cmd_presets(out);
     }
+    if (command == "families") {
+      if (!rest.empty()) throw usage_error("megadsl families takes no arguments");
+      return cmd_families(out);
+    }
     if (command == "check") return cmd_check(parse_args(command, rest), out, err);
     if (command == "describe") return cmd_describe(parse_args(command, rest), out, err);
     if (command == "plan") return cmd_plan(parse_args(command, rest), out, err);
     if (command == "run") return cmd_run(parse_args(command, rest), argv, out, err);
     if (command == "convert") return cmd_convert(parse_args(command, rest), argv, out, err);
     throw usage_error("megadsl: unknown command '" + std::string(command) +
-                      "'; the commands are check, describe, plan, presets, run, convert, help");
+                      "'; the commands are check, describe, plan, presets, families, run, convert, help");
   } catch (const usage_error& e) {
     err << e.what() << '\n';
     return exit_usage;
