@@ -9,10 +9,16 @@
 
 namespace megadsl {
 
-// The run-time twin of the static check: throws std::invalid_argument with the same text.
+// A layout the model, the world or the batch does not fit: the violated rules, one line.
+// (Python: megadsl.LayoutError, a ValueError.)
+struct layout_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// The run-time twin of the static check: throws layout_error with the same text.
 inline void require_valid(const shape& s, const layout& l, const run_facts& f = {}) {
   const violations v = check(s, l, f);
-  if (!v.ok()) throw std::invalid_argument("megadsl: invalid layout: " + std::string(v.joined().view()));
+  if (!v.ok()) throw layout_error("megadsl: invalid layout: " + std::string(v.joined().view()));
 }
 
 }  // namespace megadsl

@@ -42,10 +42,14 @@ _libstdcxx_first()
 
 from . import _C
 from ._C import (
+    CheckpointError,
+    ConfigError,
     Layout,
+    LayoutError,
     Model,
     Trainer,
     actor_loss,
+    families_table,
     kernels,
     is_initialized,
     kl_penalty,
@@ -66,6 +70,9 @@ __version__ = "0.1.0"
 _atexit.register(shutdown)
 
 __all__ = [
+    "ConfigError",
+    "LayoutError",
+    "CheckpointError",
     "Layout",
     "Model",
     "Trainer",
@@ -75,6 +82,7 @@ __all__ = [
     "plan",
     "presets",
     "presets_table",
+    "families_table",
     "read_hf_config",
     "init",
     "shutdown",
@@ -119,7 +127,7 @@ def check(model, layout=None, *, critic=False, value_bias=True, world=None, glob
     Returns ``(ok, message)``: ``(True, "ok: ... is valid")``, or ``(False, ...)`` with one line per
     violated rule (its name, the values, the valid alternatives), the words of ``megadsl check``.
     The facts world, global_batch, micro_batch, microbatches are checked when given. Raises
-    ValueError when the model argument is neither a preset nor a readable config.json.
+    ConfigError (a ValueError) when the model argument is neither a preset nor a readable config.json.
     """
     l = _layout_of("check", layout, layout_kwargs)
     return _C._check(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
@@ -130,7 +138,7 @@ def check(model, layout=None, *, critic=False, value_bias=True, world=None, glob
 def describe(model, layout=None, *, critic=False, value_bias=True, world=None, global_batch=None, micro_batch=None,
              microbatches=None, config=None, **layout_kwargs):
     """The shard plan (``megadsl describe``): every parameter's HF name(s), global and per-rank shape,
-    pipeline stages, the per-rank fused QKV. Raises ValueError naming the violated rules."""
+    pipeline stages, the per-rank fused QKV. Raises LayoutError (a ValueError) naming the violated rules."""
     l = _layout_of("describe", layout, layout_kwargs)
     return _C._describe(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
                         global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,
@@ -140,7 +148,7 @@ def describe(model, layout=None, *, critic=False, value_bias=True, world=None, g
 def plan(model, layout=None, *, seq=4096, critic=False, value_bias=True, world=None, global_batch=None,
          micro_batch=None, microbatches=None, config=None, **layout_kwargs):
     """Memory per rank, activations, FLOPs per token (``megadsl plan``) for sequences of `seq` tokens.
-    Raises ValueError naming the violated rules."""
+    Raises LayoutError (a ValueError) naming the violated rules."""
     l = _layout_of("plan", layout, layout_kwargs)
     return _C._plan(_model_arg(model), l, critic=critic, value_bias=value_bias, world=world,
                     global_batch=global_batch, micro_batch=micro_batch, microbatches=microbatches,

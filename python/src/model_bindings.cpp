@@ -310,11 +310,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
                                     py::repr(dropout).cast<std::string>());
             keys.emplace_back(k.cast<std::string>(), v.cast<double>());
           }
-          try {
-            o.options.dropout = dropout_with(read_hf_config(path), keys);
-          } catch (const config_error& e) {
-            throw py::value_error(e.what());
-          }
+          o.options.dropout = dropout_with(read_hf_config(path), keys);  // config_error: ConfigError
           o.options.dropout_chosen = true;
         } else if (!dropout.is_none()) {
           throw py::value_error("megadsl.Model.from_hf: dropout is None or True (config.json's rates), False (none) or "

@@ -13,6 +13,7 @@
 #include "megadsl/hf_config.hpp"
 #include "megadsl/models/registry.hpp"
 #include "megadsl/plan_report.hpp"
+#include "megadsl/require_valid.hpp"
 #include "megadsl/rank_grid.hpp"
 
 namespace py = pybind11;
@@ -60,14 +61,13 @@ std::string trimmed(std::string s) {
   return s;
 }
 
-// Runs one of the tool's commands; an unusable model argument or config.json is a ValueError.
+// Runs one of the tool's commands; an unusable model argument is a ValueError, an unusable
+// config.json a ConfigError (config_error passes through).
 template <class F>
 int run_command(F&& f) {
   try {
     return f();
   } catch (const cli::usage_error& e) {
-    throw py::value_error(e.what());
-  } catch (const config_error& e) {
     throw py::value_error(e.what());
   }
 }
@@ -85,7 +85,7 @@ std::pair<bool, std::string> check_model(const question& q) {
   return {rc == cli::exit_ok, trimmed(message)};
 }
 
-// describe / plan: the text, or ValueError with the violated rules.
+// describe / plan: the text, or LayoutError (a ValueError) with the violated rules.
 template <class Command>
 std::string report(const char* name, const question& q, Command command) {
   const cli::options o = options_of(name, q);
@@ -94,8 +94,9 @@ std::string report(const char* name, const question& q, Command command) {
   try {
     rc = run_command([&] { return command(o, out, err); });
   } catch (const cli::mismatch_error& e) {
-    throw py::value_error(e.what());
+    throw config_error(e.what());
   }
+  if (rc == cli::exit_invalid) throw layout_error(trimmed(err.str()));
   if (rc != cli::exit_ok) throw py::value_error(trimmed(err.str()));
   return out.str();
 }
@@ -327,20 +328,24 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
       },
       "The table `megadsl presets` prints: name, published parameter count, shape, source.");
   m.def(
+      "families_table",
+      [] {
+        std::ostringstream out;
+        cli::cmd_families(out);
+        return out.str();
+      },
+      "The table `megadsl families` prints: model_type, transformers class, checkpoints, presets.");
+  m.def(
       "read_hf_config",
       [](const std::filesystem::path& path) {
-        try {
-          const hf_config c = read_hf_config(path);
-          py::dict d;
-          d["file"] = c.file.string();
-          d["model_type"] = c.model_type;
-          d["shape"] = to_string(c.s);
-          d["notes"] = c.notes;
-          d["dropout"] = dict_of(c.dropout);
-          return d;
-        } catch (const config_error& e) {
-          throw py::value_error(e.what());
-        }
+        const hf_config c = read_hf_config(path);  // config_error: megadsl.ConfigError
+        py::dict d;
+        d["file"] = c.file.string();
+        d["model_type"] = c.model_type;
+        d["shape"] = to_string(c.s);
+        d["notes"] = c.notes;
+        d["dropout"] = dict_of(c.dropout);
+        return d;
       },
       py::arg("path"), "config.json (or its directory) as megadsl reads it: file, model_type, shape, notes, dropout (the rates\n"
       "training steps apply: attention, residual, embedding).");
