@@ -4,6 +4,7 @@
 // knows no block kind, so a new family adds no instantiation. The pipeline executor
 // (runtime/pipeline_executor.hpp) runs its chunks in the layout's schedule. Activations are
 // token-major (T, h); under SP each rank holds T/tp rows.
+// Over 600 lines on purpose: the forward, the recompute and the head share the stage's chunk state.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,5 +1,7 @@
 // Distributed checkpoints (include/megadsl/runtime/dist_checkpoint.hpp): pieces of HF tensors
 // with global offsets, written by their main replicas; any layout reads them back.
+// Over 600 lines on purpose: writing, reading and resharding share the pieces' geometry and the
+// manifest's checks (one anonymous namespace); apart, those helpers would become an interface.
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/reflection.hpp"
 

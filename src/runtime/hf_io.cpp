@@ -1,3 +1,6 @@
+// HF checkpoints in any layout: load_hf and save_hf (include/megadsl/runtime/hf_io.hpp). Over 600
+// lines on purpose: loading and saving share the name mapping, the gathering over tp/pp/ep and the
+// multimodal carry (one anonymous namespace).
 #include "megadsl/runtime/hf_io.hpp"
 
 #include <ATen/ATen.h>
