@@ -202,15 +202,27 @@ struct token_flops {
 // A block's run-time module factory, defined in the block's own source file (compiled once).
 using module_factory = std::unique_ptr<block_module> (*)(const block_build&);
 
+// A block's constexpr knobs as its node carries them to its module: the object (a template
+// argument's, or a static member: both live for the program) and its type's name, which the module
+// checks when it reads them as that type (block_build::knobs<T>()). Each knobs type names itself:
+//   struct attention_knobs { static constexpr std::string_view knobs_name = "attention_knobs"; ... };
+struct knobs_ref {
+  const void* object = nullptr;
+  std::string_view type;
+};
+template <class T>
+constexpr knobs_ref knobs_of(const T& k) {
+  return {&k, T::knobs_name};
+}
+
 // A block as the run-time builds it: its factory, the prefix of its parameters' layer-local names
-// ("attn_norm", "" for the layer's own), the blocks it wraps, and one compile-time setting the
-// block hands its module (an activation's index, ...).
+// ("attn_norm", "" for the layer's own), the blocks it wraps, and its typed knobs (knobs_ref).
 struct module_node {
   module_factory make = nullptr;
   std::string_view prefix;
   std::array<std::int16_t, 4> children{-1, -1, -1, -1};
   int child_count = 0;
-  std::int64_t setting = 0;
+  knobs_ref knobs;
   std::string_view label;  // its line in `describe` (empty: described by its parent)
   // Appends what the shape adds to the line (biases, top-k, soft-caps); may be null.
   void (*details)(const shape&, basic_text<256>&) = nullptr;

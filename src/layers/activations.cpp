@@ -14,12 +14,17 @@ at::Tensor silu_activation(const at::Tensor& x) { return at::silu(x); }
 at::Tensor gelu_tanh_activation(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 at::Tensor gelu_activation(const at::Tensor& x) { return at::gelu(x); }
 
-// Indexed by architecture.hpp's `activation`, the setting an MLP block gives its node.
-activation_fn activation_fn_of(std::int64_t setting) {
-  static constexpr activation_fn by_activation[] = {silu_activation, gelu_tanh_activation, gelu_activation};
-  static_assert(static_cast<int>(activation::gelu) == 2, "megadsl: by_activation lists architecture.hpp's activations in order");
-  if (setting < 0 || setting > 2) throw std::logic_error("megadsl: an MLP block's node names no activation (setting " + std::to_string(setting) + ")");
-  return by_activation[setting];
+// The function of architecture.hpp's `activation`, as an MLP block's knobs name it (xIELU, with
+// learned scalars, is its own block's).
+activation_fn activation_fn_of(activation a) {
+  switch (a) {
+    case activation::silu: return silu_activation;
+    case activation::gelu_tanh: return gelu_tanh_activation;
+    case activation::gelu: return gelu_activation;
+    case activation::xielu: break;
+  }
+  throw std::logic_error("megadsl: an MLP block's knobs name the activation " + std::string(name_of(a)) +
+                         ", which only its own block (xielu_mlp) computes");
 }
 
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act) {

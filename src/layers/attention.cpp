@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "megadsl/blocks/attention.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
@@ -45,9 +46,10 @@ struct attention_settings {
     if (const double m = s.attention_multiplier.get(); m != 0) scale = m;  // Granite: the scale outright
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
-    rope = (b.setting() & modules::attention_nope_bit) == 0;
-    if ((b.setting() & modules::attention_chunked_bit) != 0) chunk = s.attention_chunk.get();
-    if ((b.setting() & modules::attention_temperature_bit) != 0) {
+    const blocks::attention_knobs& k = b.knobs<blocks::attention_knobs>();
+    rope = k.rope;
+    if (k.chunked) chunk = s.attention_chunk.get();
+    if (k.temperature) {
       floor_scale = s.attn_floor_scale.get();
       temperature = s.attn_scale.get();
     }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "megadsl/blocks/embedding.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/parallel/mappings.hpp"
 
@@ -14,7 +15,7 @@ namespace {
 
 class embedding final : public layer_module {
  public:
-  explicit embedding(const block_build& b) : weight_(b.require("weight")), scaled_(b.setting() == 1) {}
+  explicit embedding(const block_build& b) : weight_(b.require("weight")), scaled_(b.knobs<blocks::embedding_knobs>().scale == embed_scale_kind::sqrt_hidden) {}
   at::Tensor forward(const at::Tensor& ids, layer_context& c) override {
     at::Tensor x;  // (T'/tp or T', h)
     if (c.tp == nullptr) x = at::embedding(c.w(weight_), ids);

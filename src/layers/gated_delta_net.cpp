@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "megadsl/layers/invariant.hpp"
+#include "megadsl/blocks/gated_delta_net.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/gated_delta_rule.hpp"
 #include "megadsl/layers/recompute.hpp"
@@ -26,7 +27,7 @@ namespace {
 class gated_delta_net final : public layer_module {
  public:
   explicit gated_delta_net(const block_build& b)
-      : split_(b.setting() == 1), conv_(b.require("conv1d.weight")), dt_bias_(b.require("dt_bias")),
+      : split_(b.knobs<blocks::delta_net_knobs>().storage == blocks::delta_net_storage::split), conv_(b.require("conv1d.weight")), dt_bias_(b.require("dt_bias")),
         a_log_(b.require("A_log")), norm_(b.require("linear_norm.weight")), out_(b.require("out_proj.weight")) {
     if (split_) {
       qkv_ = b.require("in_proj_qkv.weight");

@@ -2,6 +2,7 @@
 // rank [gate_r ; up_r]), down row-parallel; with Llama's mlp_bias, their biases.
 #include <ATen/ATen.h>
 
+#include "megadsl/blocks/gated_mlp.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 
 namespace megadsl {
@@ -11,7 +12,7 @@ class gated_mlp final : public layer_module {
  public:
   explicit gated_mlp(const block_build& b)
       : gate_up_(b.require("gate_up.weight")), gate_up_bias_(b.find("gate_up.bias")), down_(b.require("down.weight")),
-        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.setting())) {}
+        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.knobs<blocks::mlp_knobs>().act)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     // (T', 2f/tp) -> (T', f/tp) -> (T'/tp or T', h)
     return c.row(gated(c.column(x, gate_up_, gate_up_bias_), act_), down_, down_bias_);

@@ -40,6 +40,13 @@ std::string block_build::wrong_child(int i) const {
          "sublayer is); check the composition in layers/blocks.hpp terms";
 }
 
+void block_build::knobs_mismatch(std::string_view wanted) const {
+  throw std::logic_error("megadsl: the module of block " + std::string(node_.label.empty() ? node_.prefix : node_.label) +
+                         " reads its knobs as " + std::string(wanted) + ", and its block handed it " +
+                         (node_.knobs.object == nullptr ? std::string("none") : std::string(node_.knobs.type)) +
+                         " (its block type and its module disagree)");
+}
+
 std::unique_ptr<block_module> build_node(const module_params& p, const layer_plan_args& a, const architecture& arch, int node) {
   if (node < 0 || static_cast<std::size_t>(node) >= arch.nodes.size())
     throw std::logic_error("megadsl: architecture " + std::string(arch.name) + " has no node " + std::to_string(node));

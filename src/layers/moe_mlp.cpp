@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/blocks/moe_mlp.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/moe.hpp"
@@ -41,12 +42,11 @@ class moe_mlp final : public layer_module {
       : router_(b.require("router.weight")), router_bias_(b.find("router.bias")),
         shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
-        act_(activation_fn_of(b.setting() & ~(modules::moe_fp32_router_bit | modules::moe_clamped_swiglu_bit |
-                                              modules::moe_input_router_bit | modules::moe_biased_softmax_bit))),
-        input_router_((b.setting() & modules::moe_input_router_bit) != 0),
-        fp32_router_((b.setting() & modules::moe_fp32_router_bit) != 0),
-        biased_softmax_((b.setting() & modules::moe_biased_softmax_bit) != 0),
-        clamped_((b.setting() & modules::moe_clamped_swiglu_bit) != 0), alpha_(b.s().swiglu_alpha.get()),
+        act_(activation_fn_of(b.knobs<blocks::moe_module_knobs>().act)),
+        input_router_(b.knobs<blocks::moe_module_knobs>().input_router),
+        fp32_router_(b.knobs<blocks::moe_module_knobs>().fp32_router),
+        biased_softmax_(b.knobs<blocks::moe_module_knobs>().biased_softmax),
+        clamped_(b.knobs<blocks::moe_module_knobs>().clamped_swiglu), alpha_(b.s().swiglu_alpha.get()),
         limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
         s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.s().topk_sum_floor.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {

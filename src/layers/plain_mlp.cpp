@@ -2,6 +2,7 @@
 // split, the output projection row-parallel with its bias added after the reduction.
 #include <ATen/ATen.h>
 
+#include "megadsl/blocks/gated_mlp.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/invariant.hpp"
 
@@ -12,7 +13,7 @@ class plain_mlp final : public layer_module {
  public:
   explicit plain_mlp(const block_build& b)
       : fc_(b.require("fc.weight")), fc_bias_(b.find("fc.bias")), down_(b.require("down.weight")),
-        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.setting())) {}
+        down_bias_(b.find("down.bias")), act_(activation_fn_of(b.knobs<blocks::mlp_knobs>().act)) {}
   at::Tensor forward(const at::Tensor& x, layer_context& c) override {
     const at::Tensor up = c.column(x, fc_, fc_bias_);  // (T', ffn/tp)
     return c.row(pointwise(up, act_), down_, down_bias_);       // (T'/tp or T', h)

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "megadsl/blocks/qk_norms.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -16,8 +17,8 @@ class per_head_qk_norm final : public qk_norm_module {
  public:
   explicit per_head_qk_norm(const block_build& b)
       : q_(b.child_as<norm_module>(0)), k_(b.child_as<norm_module>(1)),
-        after_rope_((b.setting() & modules::qk_norm_after_rope_bit) != 0),
-        weight_per_head_((b.setting() & modules::qk_norm_weight_per_head_bit) != 0) {}
+        after_rope_(b.knobs<blocks::qk_norm_knobs>().after_rope),
+        weight_per_head_(b.knobs<blocks::qk_norm_knobs>().weight_per_head) {}
   void apply(at::Tensor& q, at::Tensor& k, layer_context& c) const override {
     if (weight_per_head_) {
       // Weights (G*Q, d) for q, (G, d) for k: this rank's heads in HF's order (kv group, then query).

@@ -6,6 +6,7 @@
 namespace megadsl::blocks {
 
 struct attention_knobs {
+  static constexpr std::string_view knobs_name = "attention_knobs";
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
   bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
   bool sinks = false;  // gpt-oss's learned sink logit per query head (self_attn.sinks), split with the heads
@@ -98,8 +99,7 @@ struct attention {
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
     return b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
-                                       (K.rope ? 0 : modules::attention_nope_bit) | (K.chunked ? modules::attention_chunked_bit : 0) |
-                                           (K.temperature ? modules::attention_temperature_bit : 0)),
+                                       knobs_of(K)),
                                 {.whole = 3, .split = 8, .scores = 5}, &score_units),
                         &gqa_cp_sent);
   }

@@ -158,13 +158,13 @@ class arch_builder {
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
   // its short name in the architecture's signature.
   constexpr int node(const slot& at, module_factory make, std::initializer_list<int> children, std::string_view name,
-                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
+                     std::string_view label = {}, details_fn details = nullptr, knobs_ref knobs = {}) {
     if (node_count == max_nodes) throw "megadsl: the composition has more blocks than blocks::max_nodes";
     if (children.size() > 4) throw "megadsl: a block wraps at most four blocks";
     const auto u = static_cast<std::size_t>(node_count);
     module_node& n = nodes[u];
     n.make = make;
-    n.setting = setting;
+    n.knobs = knobs;
     n.details = details;
     prefixes[u] = at.name;
     labels[u] = basic_text<160>(label);
@@ -224,9 +224,9 @@ class arch_builder {
   // A leaf block: its parameters and module.
   template <std::size_t N>
   constexpr int leaf(const slot& at, const std::array<block_param, N>& params, module_factory make, std::string_view name,
-                     std::string_view label = {}, details_fn details = nullptr, std::int64_t setting = 0) {
+                     std::string_view label = {}, details_fn details = nullptr, knobs_ref knobs = {}) {
     for (const block_param& p : params) param(at, p);
-    return node(at, make, {}, name, label.empty() ? name : label, details, setting);
+    return node(at, make, {}, name, label.empty() ? name : label, details, knobs);
   }
 };
 

@@ -48,8 +48,14 @@ enum class delta_net_storage : std::int8_t { grouped, split };
 // at zero in each sequence: padded rows as transformers masks them, packed sequences each from its
 // own start. Under context parallelism (Ulysses) an all-to-all gives each cp rank whole sequences
 // of a share of its tp rank's key heads for the conv and the rule, and one brings the output back.
+struct delta_net_knobs {
+  static constexpr std::string_view knobs_name = "delta_net_knobs";
+  delta_net_storage storage = delta_net_storage::grouped;
+};
+
 template <delta_net_storage S = delta_net_storage::grouped>
 struct gated_delta_net {
+  static constexpr delta_net_knobs knobs{S};
   static constexpr std::int64_t key_width(const shape& s) { return s.linear_key_heads.get() * s.linear_key_dim.get(); }
   static constexpr std::int64_t value_width(const shape& s) { return s.linear_value_heads.get() * s.linear_value_dim.get(); }
   static constexpr row_dims qkvz(const shape& s) { return {2 * key_width(s) + 2 * value_width(s), s.hidden.get()}; }
@@ -97,7 +103,7 @@ struct gated_delta_net {
     matrix("out_proj.weight", shard_kind::row, &out);
     b.rule(&gated_delta_net_rule);
     const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
-                            "gated_delta_net (linear attention)", &details, S == delta_net_storage::split ? 1 : 0);
+                            "gated_delta_net (linear attention)", &details, knobs_of(knobs));
     return b.cp_traffic(b.per_token(b.costs(node, &keeps), &rule_flops), &cp_sent);
   }
   // What it keeps for the backward, per token in bytes over h (16-bit activations), as measured:

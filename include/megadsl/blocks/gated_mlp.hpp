@@ -20,8 +20,15 @@ inline constexpr hf_module mlp_module{"mlp"}, feed_forward_module{"feed_forward"
 // down(act(gate(x)) * up(x)), gate and up column-parallel (fused per rank), down row-parallel.
 // HF stores gate and up separately (gate_proj, up_proj) or concatenated (gate_up_proj); Llama's
 // mlp_bias adds biases on all three (separate storage).
+// What an MLP's module is told (gated_mlp, plain_mlp): its activation.
+struct mlp_knobs {
+  static constexpr std::string_view knobs_name = "mlp_knobs";
+  activation act = activation::silu;
+};
+
 template <activation A = activation::silu, tensor_storage S = tensor_storage::separate, const hf_module& M = mlp_module>
 struct gated_mlp {
+  static constexpr mlp_knobs knobs{A};
   static_assert(S != tensor_storage::interleaved, "megadsl: a gated MLP has no interleaved form (separate or concatenated)");
   static constexpr tensor_storage hf_storage = S;
   static constexpr void details(const shape& s, basic_text<256>& t) {
@@ -44,7 +51,7 @@ struct gated_mlp {
     b.uses(A);
     basic_text<64> name("gated_mlp<");
     name.add(name_of(A), ">");
-    return b.costs(b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, static_cast<std::int64_t>(A)),
+    return b.costs(b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, knobs_of(knobs)),
                    mlp_keeps);
   }
 };

@@ -18,11 +18,23 @@ struct moe_knobs {
 // etp = tp like a gated MLP; tokens travel to their experts by all-to-all (layers/moe.hpp). The
 // router is replicated; under tp its gradient is summed over tp, since the experts' outputs it
 // weighs are partial sums there.
+// What the mixture's module is told: the experts' activation and what the block's knobs and names
+// decide of the router and the experts.
+struct moe_module_knobs {
+  static constexpr std::string_view knobs_name = "moe_module_knobs";
+  activation act = activation::silu;
+  bool fp32_router = false;     // the softmax router's logits in fp32 (HunYuan)
+  bool clamped_swiglu = false;  // gpt-oss's experts (the shape's swiglu_alpha, swiglu_limit)
+  bool input_router = false;    // Llama 4: top-k of the logits, the experts' input scaled by sigmoid(logit)
+  bool biased_softmax = false;  // ERNIE 4.5: softmax scores, the expert bias added to select only
+};
+
 template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
   static constexpr bool mixtral = K.names == moe_names::mixtral;
   static constexpr bool gpt_oss = K.names == moe_names::gpt_oss;
   static constexpr bool llama4 = K.names == moe_names::llama4;
+  static constexpr moe_module_knobs knobs{A, K.fp32_router, gpt_oss, llama4, K.router == moe_router::softmax_biased};
   static constexpr void details(const shape& s, basic_text<256>& t) {
     const auto known = [](const dim& v) { return v.is_static() ? v.get() : std::int64_t{-1}; };
     if constexpr (gpt_oss)
@@ -155,9 +167,7 @@ struct moe_mlp {
     // The dense MLP's estimate (the paper has no mixture): the experts' activations per token are
     // top_k of them, each narrower.
     return b.costs(b.node(at, &modules::moe_mlp, {}, name.view(), label.view(), &details,
-                          static_cast<std::int64_t>(A) | (K.fp32_router ? modules::moe_fp32_router_bit : 0) |
-                              (gpt_oss ? modules::moe_clamped_swiglu_bit : 0) | (llama4 ? modules::moe_input_router_bit : 0) |
-                              (K.router == moe_router::softmax_biased ? modules::moe_biased_softmax_bit : 0)),
+                          knobs_of(knobs)),
                    mlp_keeps);
   }
 };

@@ -10,6 +10,7 @@ namespace megadsl::blocks {
 // dense_4h_to_h; biases per the shape's out_bias).
 template <activation A = activation::gelu_tanh>
 struct plain_mlp {
+  static constexpr mlp_knobs knobs{A};
   template <bool Neox>
   static constexpr void details(const shape& s, basic_text<256>& t) {
     t.add(s.out_bias.is_static() && s.out_bias.get() ? " + biases" : "",
@@ -27,7 +28,7 @@ struct plain_mlp {
     basic_text<64> name("plain_mlp<");
     name.add(name_of(A), ">");
     return b.costs(b.node(at, &modules::plain_mlp, {}, name.view(), name.view(), neox ? &details<true> : &details<false>,
-                          static_cast<std::int64_t>(A)),
+                          knobs_of(knobs)),
                    mlp_keeps);
   }
 };

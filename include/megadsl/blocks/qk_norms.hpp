@@ -26,8 +26,16 @@ constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations
 // Qwen3: q and k normed over head_dim before RoPE, one weight each for every head (q_norm,
 // k_norm; replicated, their gradients partial over tp: each rank norms its own heads). HunYuan
 // norms them after RoPE (AfterRope) and names them query_layernorm / key_layernorm.
+// What a per-head q/k norm's module is told (modules::per_head_qk_norm).
+struct qk_norm_knobs {
+  static constexpr std::string_view knobs_name = "qk_norm_knobs";
+  bool after_rope = false;       // HunYuan: q and k rotated first, then normed
+  bool weight_per_head = false;  // Command R+: the weights (heads, d) and (kv_heads, d)
+};
+
 template <norm_block N, const qk_norm_names& Names = qwen3_qk_norm_names, bool AfterRope = false>
 struct per_head_qk_norm {
+  static constexpr qk_norm_knobs knobs{.after_rope = AfterRope};
   static constexpr std::string_view label = AfterRope ? ", q/k rms_norm per head after rope" : ", q/k rms_norm per head";
   static constexpr int lower(arch_builder& b, const slot& at) {
     int nodes[2]{};
@@ -38,8 +46,7 @@ struct per_head_qk_norm {
       nodes[i] = b.node(at.sub(ours[i], hf[i]), N::module, {}, N::label);
     }
     if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
-    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr,
-                  AfterRope ? modules::qk_norm_after_rope_bit : 0);
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr, knobs_of(knobs));
   }
 };
 
@@ -49,6 +56,7 @@ struct per_head_qk_norm {
 // replicated like its k rows, the replicas' gradients summed).
 template <norm_block N>
 struct headwise_qk_norm {
+  static constexpr qk_norm_knobs knobs{.weight_per_head = true};
   static constexpr std::string_view label = ", q/k norm per head, a weight per head";
   static constexpr int lower(arch_builder& b, const slot& at) {
     int nodes[2]{};
@@ -59,8 +67,7 @@ struct headwise_qk_norm {
                                            .size = sizes[i], .init = N::init});
       nodes[i] = b.node(at.sub(names[i], names[i]), N::module, {}, N::label);
     }
-    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr,
-                  modules::qk_norm_weight_per_head_bit);
+    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr, knobs_of(knobs));
   }
 };
 

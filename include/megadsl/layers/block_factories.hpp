@@ -27,15 +27,13 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm_no_bias(const b
 
 // q/k norms before RoPE (src/layers/qk_norms.cpp); children: the q norm, the k norm
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
-// per_head_qk_norm's setting: these bits for norms after RoPE (HunYuan) and a weight per head (Command R+)
-inline constexpr std::int64_t qk_norm_after_rope_bit = 1, qk_norm_weight_per_head_bit = 2;
+// per_head_qk_norm's knobs: blocks::qk_norm_knobs (after RoPE: HunYuan; a weight per head: Command R+)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const block_build& b);
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> l2_qk_norm(const block_build& b);
 
 // grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any;
-// setting: these bits for its knobs (blocks::attention_knobs)
+// knobs: blocks::attention_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_build& b);
-inline constexpr std::int64_t attention_nope_bit = 1, attention_chunked_bit = 2, attention_temperature_bit = 4;
 // multi-head latent attention (src/layers/mla.cpp)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
 // Qwen3-Next's gated DeltaNet (src/layers/gated_delta_net.cpp) and its output-gated attention
@@ -43,21 +41,13 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_delta_net(const block_build& b);
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_attention(const block_build& b);
 
-// MLPs; setting: the activation (architecture.hpp's `activation`)
+// MLPs; knobs: blocks::mlp_knobs (the activation), the mixture's blocks::moe_module_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> plain_mlp(const block_build& b);  // src/layers/plain_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> xielu_mlp(const block_build& b);  // src/layers/xielu_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
-// moe_mlp's setting: the activation, with this bit for a softmax router whose logits are in fp32
-inline constexpr std::int64_t moe_fp32_router_bit = 0x100;
-// ... and this bit for experts with gpt-oss's clamped SwiGLU (the shape's swiglu_alpha, swiglu_limit)
-inline constexpr std::int64_t moe_clamped_swiglu_bit = 0x200;
-// ... and this bit for Llama 4's router: top-k of the logits, the experts' input scaled by sigmoid(logit)
-inline constexpr std::int64_t moe_input_router_bit = 0x400;
-// ... and this bit for ERNIE 4.5's router: softmax scores, the expert bias added to select only
-inline constexpr std::int64_t moe_biased_softmax_bit = 0x800;
 
-// the embedding (src/layers/embedding.cpp); setting 1: scaled by sqrt(hidden)
+// the embedding (src/layers/embedding.cpp); knobs: blocks::embedding_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);
 
 // residual combinators (src/layers/residuals.cpp)

@@ -17,7 +17,7 @@ at::Tensor silu_activation(const at::Tensor& x);
 at::Tensor gelu_tanh_activation(const at::Tensor& x);
 at::Tensor gelu_activation(const at::Tensor& x);  // exact (erf)
 // The function of an MLP block's activation (its node's setting).
-activation_fn activation_fn_of(std::int64_t setting);
+activation_fn activation_fn_of(activation a);
 // act(gate) * up on a fused [gate ; up] projection output (T, 2f) -> (T, f).
 at::Tensor gated(const at::Tensor& gate_up, activation_fn act);
 // gpt-oss's clamped SwiGLU on [gate ; up] (T, 2f) -> (T, f): gate <= limit, up in [-limit, limit],

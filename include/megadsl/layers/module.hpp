@@ -159,7 +159,13 @@ class block_build {
   [[nodiscard]] std::string name(std::string_view local) const;
   [[nodiscard]] at::Tensor require(std::string_view local) const { return params.require(name(local)); }
   [[nodiscard]] at::Tensor find(std::string_view local) const { return params.find(name(local)); }
-  [[nodiscard]] std::int64_t setting() const { return node_.setting; }
+  // The block's constexpr knobs, as the type its module reads (blocks::attention_knobs, ...); a
+  // block that handed its module other knobs (or none) is a logic error, said in one line.
+  template <class T>
+  [[nodiscard]] const T& knobs() const {
+    if (node_.knobs.object == nullptr || node_.knobs.type != T::knobs_name) knobs_mismatch(T::knobs_name);
+    return *static_cast<const T*>(node_.knobs.object);
+  }
   [[nodiscard]] int children() const { return node_.child_count; }
   // The block's node number in its architecture: the same on every rank (dropout's place).
   [[nodiscard]] int node() const { return index_; }
@@ -178,6 +184,7 @@ class block_build {
 
  private:
   [[nodiscard]] std::string wrong_child(int i) const;
+  [[noreturn]] void knobs_mismatch(std::string_view wanted) const;
   const architecture& arch_;
   const module_node& node_;
   int index_;
