@@ -43,10 +43,7 @@ class moe_mlp final : public layer_module {
         shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
         act_(activation_fn_of(b.knobs<blocks::moe_module_knobs>().act)),
-        input_router_(b.knobs<blocks::moe_module_knobs>().input_router),
-        fp32_router_(b.knobs<blocks::moe_module_knobs>().fp32_router),
-        biased_softmax_(b.knobs<blocks::moe_module_knobs>().biased_softmax),
-        clamped_(b.knobs<blocks::moe_module_knobs>().clamped_swiglu), alpha_(b.s().swiglu_alpha.get()),
+        k_(b.knobs<blocks::moe_module_knobs>()), alpha_(b.s().swiglu_alpha.get()),
         limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
         s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.s().topk_sum_floor.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
@@ -69,16 +66,16 @@ class moe_mlp final : public layer_module {
     const at::Tensor full = c.to_tp(h2);                                        // (T', h)
     const std::int64_t stream = full.size(0);
     const at::Tensor x = stream != tokens ? full.narrow(0, 0, tokens) : full;  // (T, h): SP padding rows stay out
-    const bool sigmoid = load_.bias.defined() && !biased_softmax_;
+    const bool sigmoid = load_.bias.defined() && !k_.biased_softmax;
     // The sigmoid router in fp32 (HF casts x and the weight), the softmax router in the compute dtype
     // (in fp32 where the block says so: HunYuan's wg, ERNIE's gate).
     const bool invariant = c.l.invariant.get();
-    const at::Tensor logits = sigmoid || fp32_router_ ? linear_in(invariant, x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
+    const at::Tensor logits = sigmoid || k_.fp32_router ? linear_in(invariant, x.to(at::kFloat), router_.to(at::kFloat))  // (T, E)
                                                       : c.linear(x, router_, router_bias_);
     routing r = sigmoid        ? route_sigmoid_grouped(logits, load_.bias.detach(), s_.top_k, s_.groups, s_.group_top_k,
                                                        s_.norm_topk, s_.scale)
-                : input_router_ ? route_sigmoid_on_input(logits, s_.top_k)
-                : biased_softmax_ ? route_softmax_biased(logits, load_.bias.detach(), s_.top_k, s_.sum_floor)
+                : k_.input_router ? route_sigmoid_on_input(logits, s_.top_k)
+                : k_.biased_softmax ? route_softmax_biased(logits, load_.bias.detach(), s_.top_k, s_.sum_floor)
                                : route(logits, s_.top_k, s_.norm_topk, s_.sum_floor);  // (T, k) each
     if (c.replay.defined()) {
       // Router replay: the given experts (the live ones where a position holds -1), weighted by
@@ -88,7 +85,7 @@ class moe_mlp final : public layer_module {
       r.indices = at::where(live, r.indices, given);
       if (sigmoid) {
         r.weights = sigmoid_weights(logits, r.indices, s_.norm_topk, s_.scale);
-      } else if (input_router_) {
+      } else if (k_.input_router) {
         r.weights = sigmoid_weights(logits, r.indices, false, 1.0);
       } else {
         r.weights = softmax_weights(logits, r.indices, s_.norm_topk, s_.sum_floor);
@@ -111,7 +108,7 @@ class moe_mlp final : public layer_module {
     // The experts' outputs are partial sums over tp: their down bias is added on tp rank 0 only
     // (times 0 elsewhere, so that every rank's gradient of it is defined: 0 there).
     for (const at::Tensor& t : down_bias_) mine.down_bias.push_back(tp_rank_ == 0 ? c.w(t) : c.w(t) * 0);
-    if (clamped_)
+    if (k_.clamped_swiglu)
       mine.glu = [alpha = alpha_, limit = limit_](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, alpha, limit); };
     // Invariant arithmetic: the experts' and the shared expert's down projections by chunks of their
     // intermediate size, summed over tp in invariant_chunk_sum's tree before the combine: y whole
@@ -126,7 +123,7 @@ class moe_mlp final : public layer_module {
                                           : c.linear(inner, shared_down_);
       y = shared_gate_.defined() ? y + pointwise(c.linear(x, shared_gate_), [](const at::Tensor& t) { return at::sigmoid(t); }) * shared : y + shared;
     }
-    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid || input_router_));
+    if (aux) y = attach_loss(y, auxiliary_losses(logits, r, c, sigmoid || k_.input_router));
     if (stream != tokens) y = at::constant_pad_nd(y, {0, 0, 0, stream - tokens});  // (T', h)
     if (invariant) return c.tp != nullptr && c.sp ? scatter_to_sp(y, *c.tp) : y;
     return c.from_tp(y);
@@ -167,10 +164,7 @@ class moe_mlp final : public layer_module {
   std::vector<at::Tensor> gate_up_bias_, down_bias_;     // their biases (gpt-oss): (2 f/tp), (h) replicated; or none
   at::Tensor shared_gate_up_, shared_down_, shared_gate_;  // the shared expert (undefined: none; no gate: DeepSeek's)
   activation_fn act_;
-  bool input_router_ = false;  // Llama 4's router: top-k of the logits, sigmoid(logit) scaling the experts' input
-  bool fp32_router_ = false;  // the softmax router's logits in fp32 (the block's setting)
-  bool biased_softmax_ = false;  // ERNIE's router: softmax scores, the expert bias selecting
-  bool clamped_ = false;      // gpt-oss's clamped SwiGLU, not act(gate) * up
+  blocks::moe_module_knobs k_;  // the router's kind and the experts' SwiGLU, as the block says
   double alpha_ = 0, limit_ = 0;
   std::int64_t tp_rank_ = 0;
   moe_settings s_;

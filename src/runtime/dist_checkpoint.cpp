@@ -158,12 +158,6 @@ std::vector<needed_tensor> model_tensors(const runtime_config& c) {
 
 // ---- the model as metadata.json describes it -----------------------------------------------------
 
-template <class T>
-json value_json(const maybe<T>& v) {
-  if constexpr (std::is_enum_v<T>) return std::string(name_of(v.get()));
-  else return v.get();
-}
-
 json model_json(const runtime_config& c) {
   json shape_j = dist_metadata::shape_json(c.s);
   shape_j["head_dim"] = effective_head_dim(c.s).get();  // what it means, not how it was declared
@@ -175,7 +169,7 @@ json model_json(const runtime_config& c) {
 
 json layout_json(const layout& l) {
   json j = json::object();
-  hana::for_each(hana::keys(l), [&](auto key) { j[hana::to<char const*>(key)] = value_json(hana::at_key(l, key)); });
+  hana::for_each(hana::keys(l), [&](auto key) { j[hana::to<char const*>(key)] = dist_metadata::value_json(hana::at_key(l, key)); });
   return j;
 }
 

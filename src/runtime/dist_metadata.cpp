@@ -71,12 +71,6 @@ constexpr legacy_family legacy_families[] = {
 };
 }  // namespace
 
-template <class T>
-json value_json(const maybe<T>& v) {
-  if constexpr (std::is_enum_v<T>) return std::string(name_of(v.get()));
-  else return v.get();
-}
-
 json shape_json(const shape& s) {
   json out = json::object();
   hana::for_each(hana::keys(s), [&](auto key) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <type_traits>
 
 #include "megadsl/runtime/trainer.hpp"
 
@@ -76,6 +77,13 @@ struct manifest {
 
 // metadata.json's text -> the manifest; every problem is a one-line checkpoint_error. Names from
 // the file are escaped (printable) before they reach a message.
+// A layout's or shape's field as metadata.json holds it: its value, an enum by its name.
+template <class T>
+nlohmann::json value_json(const maybe<T>& v) {
+  if constexpr (std::is_enum_v<T>) return std::string(name_of(v.get()));
+  else return v.get();
+}
+
 // A shape as metadata.json's model.shape holds it: every field that has a value, by its name in
 // `shape` (Hana's reflection, megadsl/reflection.hpp), enums by their names.
 nlohmann::json shape_json(const shape& s);
