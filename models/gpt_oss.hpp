@@ -34,12 +34,10 @@ inline constexpr config_key_rule gpt_oss_keys[] = {
     {"num_local_experts", key_use::read},
     {"num_experts", key_use::read},
     {"num_experts_per_tok", key_use::read},
-    {"swiglu_alpha", key_use::read},
-    {"swiglu_limit", key_use::read},
     {"sliding_window", key_use::read},
     {"layer_types", key_use::read},
     // The experts apply their clamped SwiGLU whatever hidden_act says (GptOssExperts reads only
-    // swiglu_alpha and swiglu_limit).
+    // swiglu_alpha and swiglu_limit: the mixture block's own keys, blocks/moe_mlp.hpp).
     {"hidden_act", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},
@@ -47,7 +45,7 @@ inline constexpr config_key_rule gpt_oss_keys[] = {
 inline constexpr family_config gpt_oss_config{
     .model_type = "gpt_oss", .hf_class = "GptOss", .display = "gpt-oss",
     .arch = &architecture_of<gpt_oss_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
-    .head_dim = 64, .bias = bias_rule::attention_bias_on, .reads_swiglu = true, .default_window = 128,
+    .head_dim = 64, .bias = bias_rule::attention_bias_on, .default_window = 128,
     .window = window_rule::alternate, .reads_layer_types = true,
     .rope_must_be_stated = "gives no RoPE: GptOssConfig then substitutes YaRN (factor 32 over 4096 positions), which "
                            "megadsl reads only when stated; add the checkpoint's \"rope_parameters\"",
@@ -66,7 +64,7 @@ inline constexpr shape gpt_oss_shape{
     .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
     .rope = {.type = rope_type::yarn, .factor = 32.0, .original_max_positions = 4096, .beta_fast = 32.0,
              .beta_slow = 1.0, .truncate = false},
-    .qkv_bias = true, .out_bias = true, .top_k = 4, .norm_topk = true, .swiglu_alpha = 1.702, .swiglu_limit = 7.0};
+    .qkv_bias = true, .out_bias = true, .top_k = 4, .norm_topk = true};
 
 constexpr shape gpt_oss_with(std::int64_t layers, std::int64_t experts) {
   shape s = gpt_oss_shape;

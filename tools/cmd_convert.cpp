@@ -101,6 +101,15 @@ shape shape_from_json(const json& j, const std::string& file) {
         read(v, j.at(name), name);
       }
     });
+    // The blocks' own config keys (a model whose composition declares them), by key.
+    if (j.contains("settings"))
+      for (const auto& [key, value] : j.at("settings").items()) {
+        const int i = setting_index(*s.arch, key);
+        if (i < 0 || !value.is_number())
+          bad(file + ": model.shape.settings." + printable(key) + " is no number of a config key the composition's blocks declare");
+        s.settings.value[static_cast<std::size_t>(i)] = value.get<double>();
+        s.settings.given |= 1U << i;
+      }
   } catch (const json::exception& e) {
     bad(file + ": model.shape is not what save_distributed writes (" + e.what() + ")");
   }

@@ -2,6 +2,7 @@
 // per-rank fused QKV, all read from plan_params() / chunk_layers() / qkv_layout().
 #include <cstdio>
 #include <ostream>
+#include <sstream>
 #include <string>
 
 #include "cli.hpp"
@@ -98,7 +99,7 @@ void describe_experts(const shape& s, const layout& l, head_info head, std::ostr
   const std::int64_t ep = l.ep, experts = s.experts, per = experts / ep, etp = expert_tp(l);
   const std::int64_t f = expert_ffn_of(s).get(), h = s.hidden;
   out << "\nexperts (" << experts << " per layer, top " << s.top_k.get() << (s.norm_topk.get() ? " renormalised" : "")
-      << ", each a gated MLP of " << f << (has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() > 0 ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
+      << ", each a gated MLP of " << f << (has_shared_expert(s) && s.shared_expert_ffn.get() > 0 ? ", beside a shared expert of " + std::to_string(s.shared_expert_ffn.get()) : std::string())
       << ")\n";
   table t({"ep rank", "experts held", "gate_up per expert", "down per expert", "parameters per rank (pp 0)"});
   for (std::int64_t r = 0; r < ep; ++r) {
@@ -177,12 +178,24 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
   // ---- composition ----
   out << "composition (blocks of layers/blocks.hpp; [HF module names])\n"
       << composition_tree(s).view() << '\n';
+  // The blocks' own config.json keys (architecture.hpp's config_setting), as this model has them.
+  if (!arch_of(s).settings.empty()) {
+    out << "config keys the blocks read themselves\n";
+    for (const config_setting& c : arch_of(s).settings) {
+      std::ostringstream v;
+      v << setting(s, c.key);
+      std::ostringstream d;
+      d << c.fallback;
+      out << "  " << c.key << " = " << v.str() << " (default " << d.str() << "): " << c.meaning << '\n';
+    }
+    out << '\n';
+  }
 
   // ---- parameters ----
   out << "parameters (global: the tp shards side by side; local: one tp rank's shard)\n";
   table params({"megadsl name", "HF name", "kind", "HF shape", "global", "tp split", "local", "pipeline"});
   for (const param_plan& p : plan)
-    params.add({std::string(p.row->name), hf_names_of(p), std::string(name_of(p.row->kind)), hf_shapes_of(p, s),
+    params.add({std::string(p.row->name), hf_names_of(p), std::string(p.geo.kind_name()), hf_shapes_of(p, s),
                 to_string(p.global), split_of(p), to_string(p.local), where_of(p, s, l)});
   params.print(out);
   if (!o.head.actor)

@@ -16,10 +16,10 @@ namespace example {
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<megadsl::block_module> make_relu2_mlp(const megadsl::block_build& b);
 
 struct relu2_mlp {
-  // up: column-parallel (ffn rows split over tp); down: row-parallel, reduced over tp.
+  // up: column-parallel (ffn rows split over tp); down: row-parallel, reduced over tp (geometry.hpp).
   static constexpr std::array<megadsl::block_param, 2> params{{
-      {"up.weight", megadsl::shard_kind::column, {"up_proj.weight"}, 1, megadsl::extent::ffn_rows},
-      {"down.weight", megadsl::shard_kind::row, {"down_proj.weight"}, 1, megadsl::extent::ffn},
+      {"up.weight", &megadsl::geo::ffn_rows<false>, {"up_proj.weight"}, 1},
+      {"down.weight", &megadsl::geo::down<&megadsl::geo::dense_ffn>, {"down_proj.weight"}, 1},
   }};
   static constexpr int lower(megadsl::blocks::arch_builder& b, const megadsl::blocks::slot& layer) {
     return b.leaf(layer.module("mlp"), params, &make_relu2_mlp, "relu2_mlp",

@@ -17,11 +17,13 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
 
+#include "megadsl/geometry.hpp"
 #include "megadsl/shape.hpp"
 #include "megadsl/text.hpp"
 
@@ -31,30 +33,6 @@ struct layout;
 struct violations;
 class block_module;
 class block_build;
-
-enum class shard_kind : std::int8_t {
-  column,         // split dim 0 over tp
-  row,            // split dim 1 over tp
-  vocab,          // split dim 0 over tp after padding the vocab
-  replicated,     // whole on every tp rank
-  fused_qkv,      // column; per rank, per local kv group: [q heads | k | v]
-  fused_gate_up,  // column; per rank [gate_r ; up_r]
-  column_slots,   // column; HF's rows are up to three slots of their own sizes (the row's slots_of),
-                  // each split over tp: per rank [slot0_r ; slot1_r ; slot2_r] (Qwen3.5's in_proj_qkv)
-};
-
-constexpr std::string_view name_of(shard_kind k) {
-  switch (k) {
-    case shard_kind::column: return "column";
-    case shard_kind::row: return "row";
-    case shard_kind::vocab: return "vocab";
-    case shard_kind::replicated: return "replicated";
-    case shard_kind::fused_qkv: return "fused q/k/v";
-    case shard_kind::fused_gate_up: return "fused gate/up";
-    case shard_kind::column_slots: return "column slots";
-  }
-  return "?";
-}
 
 // When a declared row exists in a model: always, or per a config.json switch or the head. (Which
 // blocks a model has is its architecture; these are the numbers config.json gives.)
@@ -72,37 +50,6 @@ enum class presence : std::int8_t {
 // Where a parameter lives: in the pipeline (first stage, its layer's stage, last stage), and for an
 // expert's weights also in the expert-parallel group (the rank holding that expert).
 enum class placement : std::int8_t { first_stage, layer, last_stage, expert };
-
-// The extent of the dimension a row's HF tensors do not split: what `plan_of` sizes it by.
-enum class extent : std::int8_t {
-  hidden,      // (h) norm weights; (h, in) row-parallel outputs
-  head_dim,    // (d) per-head q/k norm weights
-  q_width,     // (heads * d) full-width q norm weight, split over tp like the q heads
-  k_width,     // (kv_heads * d) full-width k norm weight, split over tp like the kv heads
-  q_head_weights,   // (heads, d) a weight per query head (Command R+'s q norm), split over tp with the heads
-  kv_head_weights,  // (kv_heads, d) a weight per kv head (its k norm), split with the kv heads: with
-                    // kv_heads < tp each rank holds its group's one, replicated like k_proj's rows
-  attn_width,  // row-parallel input heads * head_dim (o_proj)
-  ffn,         // row-parallel input intermediate_size (down)
-  ffn_rows,    // column-parallel output intermediate_size (a plain MLP's fc and its bias)
-  qkv_rows,    // column-parallel output (heads + 2 kv_heads) * head_dim, q/k/v interleaved per head
-  experts,     // (experts, h): the router
-  expert_vector,  // (experts): a router's expert bias (DeepSeek's e_score_correction_bias)
-  one_row,     // (1, h): the shared expert's gate
-  expert_ffn,  // an expert's intermediate size (gate_up rows, down's input)
-  shared_ffn,  // the shared expert's intermediate size
-  none,        // the shape follows from the kind alone
-};
-
-// A row's whole HF shape computed from the model's shape, for a block whose tensors no extent
-// above describes (MLA's low-rank projections): `cols` 0 is a vector of `rows`. Column rows split
-// `rows` over tp, row rows `cols`, replicated rows neither.
-struct row_dims {
-  std::int64_t rows = 0, cols = 0;
-};
-using row_dims_fn = row_dims (*)(const shape&);
-// The rows of each slot of a shard_kind::column_slots row's HF tensor, in order (0: no such slot).
-using row_slots_fn = std::array<std::int64_t, 3> (*)(const shape&);
 
 // How a parameter starts when a model is built without a checkpoint.
 enum class param_init : std::int8_t {
@@ -126,46 +73,41 @@ enum class hf_stacking : std::int8_t { none, experts, experts_interleaved };
 enum class hf_form : std::int8_t { as_held, scalar, conv, one_row };
 
 // A parameter as a block declares it, relative to the block's slot: its name under the block's
-// megadsl prefix, its HF sources under the block's HF module (in fused-slot order).
+// megadsl prefix, its shard geometry (geometry.hpp: its HF dims, the dim split over tp, its replica
+// rule), its HF sources under the block's HF module (in fused-slot order).
 struct block_param {
   std::string_view name;  // "weight", "qkv.weight", "experts.{expert}.down.weight"
-  shard_kind kind;
+  row_geometry_fn geometry;
   std::array<std::string_view, 3> hf;  // "q_proj.weight", ...
   int hf_count = 1;
-  extent size = extent::none;
   presence when = presence::always;
-  bool concatenated = false;  // the slots are rows of the one HF tensor `hf[0]`, in slot order
+  bool concatenated = false;  // the sources are rows of the one HF tensor `hf[0]`, in source order
   // Replicated, but each tp rank's gradient is a partial sum (summed over tp): a per-head q/k norm
   // applied to each rank's own heads, a router or gate weighing outputs that are partial over tp.
   bool grad_partial_over_tp = false;
   param_init init = param_init::normal;
   bool per_expert = false;  // one copy per expert of its layer (placement::expert)
-  row_dims_fn dims_of = nullptr;  // the HF shape from the model's shape (size is then extent::none)
   double init_value = 0;    // param_init::constant's value
   hf_form form = hf_form::as_held;           // how HF's file holds it (a scalar, a conv, one row)
   hf_stacking stacking = hf_stacking::none;  // (per_expert rows) how HF stores the layer's experts
-  row_slots_fn slots_of = nullptr;  // (shard_kind::column_slots) its slots' rows
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
 // layer index, `{expert}` for the expert's index in its layer.
 struct param_row {
   std::string_view name;  // megadsl parameter name (checkpoint key of a distributed checkpoint)
-  shard_kind kind;
+  row_geometry_fn geometry;
   placement where;
   presence when;
   std::array<std::string_view, 3> hf;  // HF source names, in fused-slot order
   int hf_count;
-  extent size = extent::none;
   bool concatenated = false;
   bool grad_partial_over_tp = false;
   param_init init = param_init::normal;
   std::uint32_t layer_kinds = 0;  // layer rows: the kinds of layer that have it (bit k: kind k)
-  row_dims_fn dims_of = nullptr;  // (block_param::dims_of)
   double init_value = 0;          // (block_param::init_value)
   hf_form form = hf_form::as_held;           // (block_param::form)
   hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
-  row_slots_fn slots_of = nullptr;           // (block_param::slots_of)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder
@@ -265,6 +207,21 @@ constexpr std::string_view name_of(activation a) {
   return a == activation::silu ? "silu" : a == activation::gelu_tanh ? "gelu_tanh" : a == activation::gelu ? "gelu" : "xielu";
 }
 
+// A config.json key a block reads itself (the block lists it in `lower`: b.setting(...)): the
+// generic reader takes it from config.json (or an older spelling), checks it, and writes it back;
+// the block's module (block_build::setting) and its rows' geometry (megadsl::setting) read the
+// value. No family and no core file names it.
+enum class setting_kind : std::int8_t { number, integer, flag };
+struct config_setting {
+  std::string_view key;                     // config.json's key
+  double fallback = 0;                      // its value where config.json is silent (the config class's default)
+  setting_kind kind = setting_kind::number;
+  double least = -1e308, most = 1e308;      // the values it accepts; others are refused, naming the key
+  std::string_view meaning;                 // what it does (for messages and `describe`)
+  std::array<std::string_view, 2> also{};   // other spellings it is read under (an older transformers')
+  constexpr bool operator==(const config_setting&) const = default;
+};
+
 struct architecture {
   std::string_view name;  // the composition, for messages and checkpoint metadata
   std::span<const param_row> rows;
@@ -277,6 +234,7 @@ struct architecture {
   std::string_view hf_layers;  // HF's prefix of the layers' names: "model.layers."
   activation act = activation::silu;  // the MLPs' activation (config.json's hidden_act)
   bool has_act = false;
+  std::span<const config_setting> settings{};  // the blocks' own config keys, in declaration order
 };
 
 // The architecture of a shape: its family's, or config.json's model_type's once resolved. Read
@@ -368,19 +326,49 @@ constexpr activation_terms layer_activation_terms(const shape& s, std::int64_t l
   return t;
 }
 
-// Whether the architecture declares a row sized by `e` (a shared expert, an expert's width, ...).
-constexpr bool has_extent(const shape& s, extent e) {
+// Whether the architecture declares a row of geometry `g` (a shared expert's down projection, a
+// router's expert bias, ...).
+constexpr bool has_geometry(const shape& s, row_geometry_fn g) {
   for (const param_row& r : arch_of(s).rows)
-    if (r.size == e) return true;
+    if (r.geometry == g) return true;
   return false;
 }
+// Whether the composition has a shared expert (its rows are sized by shared_expert_ffn).
+constexpr bool has_shared_expert(const shape& s) { return has_geometry(s, &geo::down<&geo::shared_ffn>); }
 // Whether the composition's shared expert is always there (Qwen's, HunYuan's, Llama 4's), not only
 // when shared_expert_ffn > 0 (DeepSeek's ungated shared experts: presence::shared_experts).
 constexpr bool shared_ffn_required(const shape& s) {
   for (const param_row& r : arch_of(s).rows)
-    if (r.size == extent::shared_ffn && r.when == presence::always) return true;
+    if (r.geometry == &geo::down<&geo::shared_ffn> && r.when == presence::always) return true;
   return false;
 }
+// The index of the architecture's setting `key` (config_setting), or -1.
+constexpr int setting_index(const architecture& a, std::string_view key) {
+  for (std::size_t i = 0; i < a.settings.size(); ++i)
+    if (a.settings[i].key == key) return static_cast<int>(i);
+  return -1;
+}
+// The value of the blocks' config setting `key` in this model: config.json's (or the
+// declaration's), else the setting's default.
+constexpr double setting(const shape& s, std::string_view key) {
+  const architecture& a = arch_of(s);
+  const int i = setting_index(a, key);
+  if (i < 0) throw "megadsl: no block of the composition declares this config setting (b.setting in its lower)";
+  const auto u = static_cast<std::size_t>(i);
+  return ((s.settings.given >> i) & 1U) != 0 ? s.settings.value[u] : a.settings[u].fallback;
+}
+// Settings given by key, for a shape literal: `.settings = settings_for(architecture_of<C>, {{"key", 2.5}})`.
+constexpr block_settings settings_for(const architecture& a, std::initializer_list<std::pair<std::string_view, double>> given) {
+  block_settings out;
+  for (const auto& [key, value] : given) {
+    const int i = setting_index(a, key);
+    if (i < 0) throw "megadsl: settings_for: no block of the composition declares this config setting";
+    out.value[static_cast<std::size_t>(i)] = value;
+    out.given |= 1U << i;
+  }
+  return out;
+}
+
 // The row named `name`, or nullptr.
 constexpr const param_row* find_row(const architecture& a, std::string_view name) {
   for (const param_row& r : a.rows)

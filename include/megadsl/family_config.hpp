@@ -144,8 +144,6 @@ struct family_config {
   bool multipliers = false;
   // Cohere's `logit_scale` (the logits multiplied by it; this its class default): the shape's logit_scale.
   bool reads_logit_scale = false;
-  // gpt-oss's `swiglu_alpha` and `swiglu_limit` (1.702 and 7.0 by default): the shape's fields.
-  bool reads_swiglu = false;
   double logit_scale_default = 0.0625;
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
   double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)

@@ -198,9 +198,7 @@ namespace detail {
 // the value head; no vector (biases, norms) and no norm's weight per head (Command R+'s (heads, d)).
 constexpr bool multiplies_tokens(const param_plan& p) {
   const param_row& r = *p.row;
-  return p.global.rank == 2 && r.where != placement::first_stage && r.size != extent::experts &&
-         r.size != extent::one_row && r.size != extent::q_head_weights && r.size != extent::kv_head_weights &&
-         r.when != presence::critic;
+  return p.global.rank == 2 && p.geo.token_matrix && r.where != placement::first_stage && r.when != presence::critic;
 }
 // Megatron's per-token FLOPs without the attention-score term: 6 (forward 2, backward 4) per
 // element of those weights, so a gated MLP adds 18 h ffn per layer and a plain one 12 h ffn, and
@@ -238,8 +236,8 @@ constexpr std::int64_t verl_dense_parameters(const shape& s) {
                      d = effective_head_dim(s);
   const std::int64_t sparse_mlp = routes_any(s)
                                       ? h * s.experts.get() + 3 * h * (expert_ffn_of(s).get() * s.top_k.get() +
-                                                                       (has_extent(s, extent::shared_ffn) ? s.shared_expert_ffn.get() : 0)) +
-                                            (has_extent(s, extent::one_row) ? h : 0)  // the shared expert's gate
+                                                                       (has_shared_expert(s) ? s.shared_expert_ffn.get() : 0)) +
+                                            (has_geometry(s, &geo::one_row) ? h : 0)  // the shared expert's gate
                                       : 0;
   std::int64_t mlp = 0;
   std::int64_t mixers = 0;

@@ -67,8 +67,6 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(attention_multiplier),
         MEGADSL_SHAPE_FIELD(logits_scaling),
         MEGADSL_SHAPE_FIELD(logit_scale),
-        MEGADSL_SHAPE_FIELD(swiglu_alpha),
-        MEGADSL_SHAPE_FIELD(swiglu_limit),
         MEGADSL_SHAPE_FIELD(attention_chunk),
         MEGADSL_SHAPE_FIELD(qk_l2_norm),
         MEGADSL_SHAPE_FIELD(use_qk_norm),

@@ -260,7 +260,7 @@ constexpr void check_shape(const shape& s, violations& out) {
       out.add("moe_routing_valid", {f.get()}).add("each expert's intermediate size is ", f.get(), "; it must be positive");
     // The grouped sigmoid router (DeepSeek-V3): experts in expert_groups equal groups, each scored by
     // its two best experts, a token's top_k experts from its group_top_k best groups.
-    if (has_extent(s, extent::expert_vector) && known(s.experts, s.top_k, s.expert_groups, s.group_top_k)) {
+    if (has_geometry(s, &geo::expert_vector) && known(s.experts, s.top_k, s.expert_groups, s.group_top_k)) {
       const std::int64_t e = s.experts.get(), g = s.expert_groups.get(), k = s.group_top_k.get();
       if (g < 1 || e % g != 0 || (g > 1 && e / g < 2))
         out.add("moe_routing_valid", {g, e})
@@ -323,7 +323,7 @@ constexpr void check_experts(const shape& s, const layout& l, violations& out) {
     m.add("each expert's intermediate size ", f.get(), " is not divisible by etp = ", etp, "; valid etp: ");
     list_values(m, f.get() < 64 ? f.get() : 64, [&](std::int64_t t) { return f.get() % t == 0; });
   }
-  if (has_extent(s, extent::shared_ffn) && positive(s.shared_expert_ffn) &&
+  if (has_shared_expert(s) && positive(s.shared_expert_ffn) &&
       s.shared_expert_ffn.get() % l.tp.get() != 0) {
     const std::int64_t f = s.shared_expert_ffn.get(), tp = l.tp.get();
     text& m = out.add("expert_ffn_divisible_by_etp", {f, tp});

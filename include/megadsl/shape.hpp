@@ -67,6 +67,19 @@ inline double rope_attention_factor(const rope_scaling& r) {
   return yarn_mscale(r.factor.get());
 }
 
+// Numbers blocks read from config.json under keys they declare themselves (architecture.hpp's
+// config_setting), in the order the composition declares them: value i is the architecture's
+// setting i where bit i of `given` says config.json (or the declaration) gave it; else that
+// setting's default applies (megadsl::setting). `dynamic`: not known until config.json gives them
+// (dynamic_shape's), so any value config.json holds is taken.
+inline constexpr int max_settings = 8;
+struct block_settings {
+  std::array<double, max_settings> value{};
+  std::uint32_t given = 0;
+  bool dynamic = false;
+  constexpr bool operator==(const block_settings&) const = default;
+};
+
 struct shape {
   dim hidden = dynamic;
   dim layers = dynamic;
@@ -135,10 +148,6 @@ struct shape {
   real logits_scaling = 1.0;
   // The logits multiplied by this before log-softmax (Cohere's logit_scale; 1 elsewhere).
   real logit_scale = 1.0;
-  // gpt-oss's experts' clamped SwiGLU (swiglu_alpha, swiglu_limit; 0 elsewhere): gate <= limit, up in
-  // [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
-  real swiglu_alpha = 0.0;
-  real swiglu_limit = 0.0;
   // Llama 4's attention: the RoPE layers attend within chunks of attention_chunk tokens of their
   // sequence (key j visible to query i when both positions fall in one chunk; 0: no chunks), their q
   // and k L2-normed per head without a weight (use_qk_norm: qk_l2_norm); the NoPE layers scale q
@@ -165,6 +174,9 @@ struct shape {
   dim linear_key_dim = 0;
   dim linear_value_dim = 0;
   dim linear_conv_kernel = 0;
+  // The blocks' own config keys (block_settings above): read and written by the generic reader,
+  // whatever the family.
+  block_settings settings = {};
   // The family's composition lowered (architecture.hpp): its parameters, modules and layer kinds.
   // Set by the family (decoder_family), or from config.json's model_type; null: not known yet.
   const architecture* arch = nullptr;
@@ -186,10 +198,10 @@ inline constexpr shape dynamic_shape = {
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .topk_sum_floor = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
-    .logits_scaling = dynamic, .logit_scale = dynamic, .swiglu_alpha = dynamic, .swiglu_limit = dynamic,
+    .logits_scaling = dynamic, .logit_scale = dynamic,
     .attention_chunk = dynamic, .qk_l2_norm = dynamic, .use_qk_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic,
     .linear_layers = dynamic, .linear_key_heads = dynamic, .linear_value_heads = dynamic, .linear_key_dim = dynamic,
-    .linear_value_dim = dynamic, .linear_conv_kernel = dynamic};
+    .linear_value_dim = dynamic, .linear_conv_kernel = dynamic, .settings = {.dynamic = true}};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

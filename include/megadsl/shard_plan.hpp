@@ -70,11 +70,18 @@ constexpr qkv_rank_layout qkv_layout(const shape& s, const layout& l, std::int64
   return q;
 }
 
-constexpr bool kv_replicated(const shape& s, const layout& l) { return s.kv_heads.get() < l.tp.get(); }
-// Whether a row holds kv heads, each replicated over tp / kv_heads ranks when kv_heads < tp: the
-// fused q/k/v (its k and v rows), a weight per kv head (Command R+'s k norm).
-constexpr bool holds_kv_heads(const param_row& row) {
-  return row.kind == shard_kind::fused_qkv || row.size == extent::kv_head_weights;
+// Units of source `x` a tp rank holds: its share, or its group's one unit when the source has fewer
+// units than tp ranks and allows replicas (a kv head, each on tp / kv_heads ranks).
+constexpr std::int64_t local_units(const geometry_source& x, std::int64_t tp) {
+  return x.replicated_when_fewer && x.units < tp ? 1 : x.units / tp;
+}
+// Whether a row holds units replicated over several tp ranks (kv heads when kv_heads < tp): their
+// gradients are summed over the ranks sharing them, and one of them is the main replica.
+constexpr bool has_replicas(const row_geometry& g, std::int64_t tp) {
+  if (g.split < 0) return false;
+  for (const geometry_source& x : g.sources)
+    if (x.units > 0 && x.replicated_when_fewer && x.units < tp) return true;
+  return false;
 }
 
 // Whether a row of the model's architecture exists under the shape's config switches and the head.
@@ -96,6 +103,7 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
 
 struct param_plan {
   const param_row* row = nullptr;
+  row_geometry geo{};               // the row's geometry at the model's shape (geometry.hpp)
   std::array<dims, 3> hf_shapes{};  // shapes of the HF source tensors (true vocab)
   dims local{};                     // per tp rank, in the sharded model
   dims global{};                    // all tp shards side by side (padded vocab, replicated kv)
@@ -119,14 +127,6 @@ constexpr stored_dims hf_stored_shape(const param_plan& p, int i, const shape& s
   if (p.row->stacking != hf_stacking::none)
     return d.rank == 1 ? stored_dims{{s.experts.get(), d.rows, 0}, 2} : stored_dims{{s.experts.get(), d.cols, d.rows}, 3};
   return d.rank == 1 ? stored_dims{{d.rows, 0, 0}, 1} : stored_dims{{d.rows, d.cols, 0}, 2};
-}
-
-// The intermediate width of the MLP a row belongs to: the dense MLP's, an expert's or the shared
-// expert's.
-constexpr std::int64_t mlp_width(const param_row& row, const shape& s) {
-  if (row.size == extent::expert_ffn) return expert_ffn_of(s);
-  if (row.size == extent::shared_ffn) return s.shared_expert_ffn;
-  return s.ffn;
 }
 
 // Copies of a row in the model: one, one per layer, or one per expert of each layer.
@@ -171,109 +171,31 @@ constexpr std::int64_t existing_instances(const param_row& row, const shape& s) 
   return row.where == placement::expert ? layers * s.experts.get() : layers;
 }
 
+// A row's plan, from its geometry alone: the HF sources' shapes, each tp rank's shard (each
+// source's local units side by side along the split dim), all shards side by side.
 constexpr param_plan plan_of(const param_row& row, const shape& s, const layout& l) {
-  const std::int64_t h = s.hidden, tp = l.tp, hd = effective_head_dim(s);
-  const std::int64_t heads = s.heads, kv = s.kv_heads;
   param_plan p;
   p.row = &row;
-  if (row.dims_of != nullptr) {  // a block's own shape (column: rows split over tp; row: columns)
-    const row_dims d = row.dims_of(s);
-    p.hf_shapes[0] = p.global = d.cols == 0 ? vec(d.rows) : mat(d.rows, d.cols);
-    p.local = p.global;
-    if (row.kind == shard_kind::column || row.kind == shard_kind::column_slots) {
-      p.local = d.cols == 0 ? vec(d.rows / tp) : mat(d.rows / tp, d.cols);
-      p.split_dim = 0;
-    } else if (row.kind == shard_kind::row) {
-      p.local = mat(d.rows, d.cols / tp);
-      p.split_dim = 1;
-    }
-    return p;
+  p.geo = row.geometry(s);
+  const row_geometry& g = p.geo;
+  const std::int64_t tp = g.split < 0 ? 1 : l.tp.get();
+  const auto shaped = [&](std::int64_t along) {
+    return g.split == 1 ? mat(g.across, along) : g.across == 0 ? vec(along) : mat(along, g.across);
+  };
+  std::int64_t local = 0;
+  for (std::size_t i = 0; i < g.sources.size(); ++i) {
+    const geometry_source& x = g.sources[i];
+    if (x.units == 0) continue;
+    p.hf_shapes[i] = shaped(x.extent());
+    local += local_units(x, tp) * x.unit;
   }
-  switch (row.kind) {
-    case shard_kind::vocab: {  // the vocabulary is read only here: a layer's rows do not need it
-      const std::int64_t vocab = s.vocab, vpad = padded_vocab(s, l);
-      p.hf_shapes[0] = mat(vocab, h);
-      p.local = mat(vpad / tp, h);
-      p.global = mat(vpad, h);
-      p.split_dim = 0;
-      p.tied = is_lm_head_row(row) && s.tie_embeddings.get();
-      if (p.tied) p.tied_source = find_row(arch_of(s), "embed.weight")->hf[0];
-      break;
-    }
-    case shard_kind::replicated:
-      if (row.size == extent::experts) p.hf_shapes[0] = p.local = p.global = mat(s.experts, h);
-      else if (row.size == extent::one_row) p.hf_shapes[0] = p.local = p.global = mat(1, h);
-      else if (row.size == extent::expert_vector) p.hf_shapes[0] = p.local = p.global = vec(s.experts);
-      else if (row.when == presence::critic) p.hf_shapes[0] = p.local = p.global = mat(1, h);
-      else if (row.when == presence::critic_bias) p.hf_shapes[0] = p.local = p.global = vec(1);
-      else p.hf_shapes[0] = p.local = p.global = vec(row.size == extent::head_dim ? hd : h);
-      break;
-    case shard_kind::fused_qkv: {
-      const std::int64_t rows = qkv_layout(s, l, 0).rows();
-      const bool bias = is_bias(row);
-      p.hf_shapes = bias ? std::array<dims, 3>{vec(heads * hd), vec(kv * hd), vec(kv * hd)}
-                         : std::array<dims, 3>{mat(heads * hd, h), mat(kv * hd, h), mat(kv * hd, h)};
-      p.local = bias ? vec(rows) : mat(rows, h);
-      p.global = bias ? vec(rows * tp) : mat(rows * tp, h);
-      p.split_dim = 0;
-      if (row.concatenated) p.hf_shapes = {mat((heads + 2 * kv) * hd, h), dims{}, dims{}};  // [Q; K; V]
-      break;
-    }
-    case shard_kind::fused_gate_up: {
-      const std::int64_t f = mlp_width(row, s);
-      if (is_bias(row)) {  // (mlp_bias) gate and up biases (f) each; per rank [gate_r ; up_r]
-        p.hf_shapes = row.concatenated ? std::array<dims, 3>{vec(2 * f), dims{}, dims{}}  // [gate; up] (gpt-oss's)
-                                       : std::array<dims, 3>{vec(f), vec(f), dims{}};
-        p.local = vec(2 * f / tp);
-        p.global = vec(2 * f);
-        p.split_dim = 0;
-        break;
-      }
-      p.hf_shapes = row.concatenated ? std::array<dims, 3>{mat(2 * f, h), dims{}, dims{}}  // [gate; up]
-                                     : std::array<dims, 3>{mat(f, h), mat(f, h), dims{}};
-      p.local = mat(2 * f / tp, h);
-      p.global = mat(2 * f, h);
-      p.split_dim = 0;
-      break;
-    }
-    case shard_kind::row: {
-      const std::int64_t in = row.size == extent::attn_width ? heads * hd : mlp_width(row, s);
-      p.hf_shapes[0] = p.global = mat(h, in);
-      p.local = mat(h, in / tp);
-      p.split_dim = 1;
-      break;
-    }
-    case shard_kind::column_slots: break;  // always sized by its dims_of (above)
-    case shard_kind::column: {
-      // A plain MLP's fc weight (ffn, h) and bias (ffn); NeoX's query_key_value ((heads + 2 kv) d, h)
-      // and its bias, whose rows are grouped per head, so each rank's heads are contiguous.
-      if (row.size == extent::ffn_rows || row.size == extent::qkv_rows) {
-        const std::int64_t rows = row.size == extent::ffn_rows ? s.ffn.get() : (heads + 2 * kv) * hd;
-        const bool bias = is_bias(row);
-        p.hf_shapes[0] = p.global = bias ? vec(rows) : mat(rows, h);
-        p.local = bias ? vec(rows / tp) : mat(rows / tp, h);
-        p.split_dim = 0;
-        break;
-      }
-      // A weight per head (Command R+'s q/k norms): (heads, d) split with the query heads; (kv_heads, d)
-      // with the kv heads, each rank its group's one when kv_heads < tp (replicated like k_proj's rows).
-      if (row.size == extent::q_head_weights || row.size == extent::kv_head_weights) {
-        const bool q = row.size == extent::q_head_weights;
-        const std::int64_t local = q ? heads / tp : kv_replicated(s, l) ? 1 : kv / tp;
-        p.hf_shapes[0] = mat(q ? heads : kv, hd);
-        p.local = mat(local, hd);
-        p.global = mat(local * tp, hd);
-        p.split_dim = 0;
-        break;
-      }
-      // Full-width q/k norm weights: rows of the heads each rank holds (kv_heads >= tp, a rule).
-      const std::int64_t rows = row.size == extent::q_width ? heads * hd : kv * hd;
-      p.hf_shapes[0] = p.global = vec(rows);
-      p.local = vec(rows / tp);
-      p.split_dim = 0;
-      break;
-    }
-  }
+  if (row.concatenated) p.hf_shapes = {shaped(g.total()), dims{}, dims{}};  // [Q; K; V], [gate; up]
+  if (g.vocab) local = padded_vocab(s, l) / tp;  // the vocabulary is read only here
+  p.local = shaped(local);
+  p.global = shaped(local * tp);
+  p.split_dim = g.split;
+  p.tied = is_lm_head_row(row) && s.tie_embeddings.get();
+  if (p.tied) p.tied_source = find_row(arch_of(s), "embed.weight")->hf[0];
   return p;
 }
 

@@ -94,7 +94,7 @@ class gated_delta_net final : public layer_module {
     const auto parts = laid.unpack(heads).split_with_sizes({dk, dk, r * dv, r, r}, -1);
     const at::Tensor mixed = at::cat({parts[0].reshape({batch, len, nkc * dk}), parts[1].reshape({batch, len, nkc * dk}),
                                       parts[2].reshape({batch, len, nvc * dv})}, -1);  // the conv's channels [q | k | v]
-    // The conv's rows here are [q_r | k_r | v_r] (shard_kind::column_slots); of each, this cp rank's heads'.
+    // The conv's rows here are [q_r | k_r | v_r] (geo::column_slots); of each, this cp rank's heads'.
     at::Tensor w = c.w(conv_);  // (2 nk dk + nv dv, K) of this tp rank
     if (cp > 1)
       w = at::cat({w.narrow(0, cp_rank * nkc * dk, nkc * dk), w.narrow(0, nk * dk + cp_rank * nkc * dk, nkc * dk),

@@ -40,6 +40,11 @@ std::string block_build::wrong_child(int i) const {
          "sublayer is); check the composition in layers/blocks.hpp terms";
 }
 
+void block_build::no_setting(std::string_view key) const {
+  throw std::logic_error("megadsl: the module of " + std::string(node_.prefix) + " reads config setting \"" + std::string(key) +
+                         "\", which no block of the composition declares; declare it in the block's lower (b.setting)");
+}
+
 void block_build::knobs_mismatch(std::string_view wanted) const {
   throw std::logic_error("megadsl: the module of block " + std::string(node_.label.empty() ? node_.prefix : node_.label) +
                          " reads its knobs as " + std::string(wanted) + ", and its block handed it " +

@@ -43,8 +43,8 @@ class moe_mlp final : public layer_module {
         shared_gate_up_(b.find("shared_expert.gate_up.weight")),
         shared_down_(b.find("shared_expert.down.weight")), shared_gate_(b.find("shared_expert_gate.weight")),
         act_(activation_fn_of(b.knobs<blocks::moe_module_knobs>().act)),
-        k_(b.knobs<blocks::moe_module_knobs>()), alpha_(b.s().swiglu_alpha.get()),
-        limit_(b.s().swiglu_limit.get()), tp_rank_(b.args.tp_rank),
+        k_(b.knobs<blocks::moe_module_knobs>()), alpha_(k_.clamped_swiglu ? b.setting("swiglu_alpha") : 0.0),
+        limit_(k_.clamped_swiglu ? b.setting("swiglu_limit") : 0.0), tp_rank_(b.args.tp_rank),
         s_{b.s().experts.get(), b.s().top_k.get(), b.s().norm_topk.get(), b.s().topk_sum_floor.get(), b.args.first_expert, b.args.experts_per_rank,
            b.s().expert_groups.get(), b.s().group_top_k.get(), b.s().routed_scale.get()} {
     if (const at::Tensor bias = b.find("router.expert_bias"); bias.defined()) {

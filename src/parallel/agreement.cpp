@@ -145,6 +145,13 @@ field_list fields_of(const layout& l) {
 field_list fields_of(const runtime_config& c) {
   field_list out;
   add_fields(out, "", c.s);
+  if (c.s.arch != nullptr && !c.s.settings.dynamic)
+    for (const config_setting& k : c.s.arch->settings) {
+      std::ostringstream os;
+      os.precision(17);
+      os << setting(c.s, k.key);
+      out.emplace_back("settings." + std::string(k.key), os.str());
+    }
   out.emplace_back("architecture", c.s.arch != nullptr ? std::string(c.s.arch->name) : std::string("dynamic"));
   add_fields(out, "layout.", c.l);
   const model_options& o = c.options;

@@ -214,7 +214,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (over_dp) (expert && groups_->edp != nullptr ? *groups_->edp : groups_->gradient_dp()).all_reduce(g);
       if constexpr (Tp) {
         if (p.tp_partial_grad) tp_->all_reduce(g);
-        if (holds_kv_heads(*p.plan->row) && cfg_.s.kv_heads.get() < tp_size_) sum_kv_replicas(*p.plan->row, g);
+        if (has_replicas(p.plan->geo, tp_size_)) sum_replicas(*p.plan, g);
       }
     }
     // Tied embeddings across stages: the first stage's embedding and the last stage's copy.
@@ -263,12 +263,13 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (p.plan->row->where == placement::expert) {
         // Split over tp, or replicated and counted on tp rank 0 (gpt-oss's down bias).
         out.push_back(p.counted_in_norm ? n : 0);
-      } else if (p.plan->row->kind == shard_kind::fused_qkv) {
-        // kv rows that are another rank's replicas: only this rank's query rows count.
-        const bool replica = cfg_.s.kv_heads.get() < tp_size_ && !owns_kv();
-        out.push_back(replica ? qkv_.q_per_group * qkv_.head_dim * (n / p.tensor.size(0)) : n);
-      } else if (p.plan->row->size == extent::kv_head_weights) {
-        out.push_back(cfg_.s.kv_heads.get() < tp_size_ && !owns_kv() ? 0 : n);  // another rank's kv head
+      } else if (has_replicas(p.plan->geo, tp_size_)) {
+        // Units that are another rank's replicas (its kv heads) do not count: this rank's main pieces.
+        const std::int64_t per_row = n / p.tensor.size(p.plan->split_dim);
+        std::int64_t mine = 0;
+        for (const shard_piece& x : shard_pieces(*p.plan, cfg_.s, cfg_.l, tp_rank_, piece_set::main_replica))
+          mine += x.extent * per_row;
+        out.push_back(mine);
       } else {
         out.push_back(p.counted_in_norm ? n : 0);
       }
@@ -562,21 +563,32 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return out;
   }
 
-  bool owns_kv() const { return (tp_rank_ * cfg_.s.kv_heads.get()) % tp_size_ == 0; }
-
-  // With kv_heads < tp a kv head lives on tp / kv_heads ranks, each of which sees only the
-  // gradient from its own query heads: the copies' k/v gradients (a fused q/k/v's k and v rows, a
-  // k norm's weight) are summed, so they stay equal.
-  void sum_kv_replicas(const param_row& row, at::Tensor& grad) {
-    const std::int64_t d = qkv_.head_dim, kv_rows = qkv_.q_per_group * d;
-    at::Tensor mine = row.kind == shard_kind::fused_qkv ? grad.narrow(0, kv_rows, 2 * d)  // (2d[, h]) k and v rows
-                                                         : grad;                          // (1, d) the k norm's weight
-    const at::Tensor all = tp_->all_gather(mine.contiguous().unsqueeze(0), 0);   // (tp, 2d[, h]) or (tp, 1, d)
-    const std::int64_t kv = cfg_.s.kv_heads.get(), my_head = tp_rank_ * kv / tp_size_;
+  // A source with fewer units than tp ranks (kv heads when kv_heads < tp) lives on several ranks,
+  // each of which sees only the gradient from its own query heads: the copies' gradients (a fused
+  // q/k/v's k and v rows, a k norm's weight per kv head) are summed, so they stay equal.
+  void sum_replicas(const param_plan& p, at::Tensor& grad) {
+    const row_geometry& g = p.geo;
+    std::vector<at::Tensor> views;  // this rank's replicated pieces of the gradient
+    std::int64_t units = 0;
+    for (const shard_piece& x : shard_pieces(p, cfg_.s, cfg_.l, tp_rank_, piece_set::all)) {
+      const geometry_source& src = g.sources[static_cast<std::size_t>(x.source)];
+      if (!src.replicated_when_fewer || src.units >= tp_size_) continue;
+      if (units != 0 && units != src.units)
+        throw std::logic_error("megadsl: " + std::string(p.row->name) + ": replicated sources of different unit counts");
+      units = src.units;
+      views.push_back(grad.narrow(x.dim, x.local_offset, x.extent));
+    }
+    const at::Tensor mine = at::cat(views, p.split_dim);
+    const at::Tensor all = tp_->all_gather(mine.contiguous().unsqueeze(0), 0);  // (tp, mine...)
+    const std::int64_t my_unit = tp_rank_ * units / tp_size_;
     at::Tensor sum = at::zeros_like(mine);
     for (std::int64_t r = 0; r < tp_size_; ++r)
-      if (r * kv / tp_size_ == my_head) sum += all[r];
-    mine.copy_(sum);
+      if (r * units / tp_size_ == my_unit) sum += all[r];
+    std::int64_t at = 0;
+    for (at::Tensor& v : views) {
+      v.copy_(sum.narrow(p.split_dim, at, v.size(p.split_dim)));
+      at += v.size(p.split_dim);
+    }
   }
 
   const comm_group* tp_group() const {
@@ -619,7 +631,6 @@ class decoder_stage final : public model_core, public pipeline_stage {
   void build_parameters() {
     const shape& s = cfg_.s;
     const layout& l = cfg_.l;
-    qkv_ = qkv_layout(s, l, tp_rank_);
     const bool sp = cfg_.l.sp.get();
     // Each held layer's parameters by local name, and the rest (embedding, final norm, heads).
     std::vector<module_params> layer_params(static_cast<std::size_t>(s.layers.get()));
@@ -657,7 +668,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
         // Gradients that are partial per tp rank (summed over tp by finalize_grads): replicated
         // weights applied to SP shards, and the rows that say so (a per-head q/k norm applied to
         // each rank's own heads; a router or gate weighing outputs that are partial sums over tp).
-        const bool partial = row.kind == shard_kind::replicated && (sp || (row.grad_partial_over_tp && tp_size_ > 1));
+        const bool partial = p.split_dim < 0 && (sp || (row.grad_partial_over_tp && tp_size_ > 1));
         params_.push_back({name, t, &p, partial, counted, inst});
       }
     }
@@ -714,7 +725,6 @@ class decoder_stage final : public model_core, public pipeline_stage {
     rerun_scope& operator=(const rerun_scope&) = delete;
   };
   std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
-  qkv_rank_layout qkv_{};
   std::unique_ptr<layer_module> embedding_, final_norm_;  // on the first and the last stage
   at::Tensor lm_head_, value_w_, value_b_;               // (V'/tp, h); (1, h), (1)
   std::vector<std::unique_ptr<layer_module>> layers_;     // by global layer; null where another stage holds it

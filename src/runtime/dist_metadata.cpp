@@ -85,10 +85,19 @@ json shape_json(const shape& s) {
       out[hana::to<char const*>(key)] = value_json(v);
     }
   });
+  // The blocks' own config keys, by key: what each means in this model.
+  if (s.arch != nullptr && !s.settings.dynamic && !s.arch->settings.empty()) {
+    json settings = json::object();
+    for (const config_setting& c : s.arch->settings) settings[std::string(c.key)] = setting(s, c.key);
+    out["settings"] = settings;
+  }
   return out;
 }
 
-void fill_fields_added_later(json& shape) {
+namespace {
+
+// Fields added to shape since the first format, and the architecture of the oldest checkpoints.
+void fill_shape_fields(json& shape) {
   // The flag's first name (written for a few days in 2026-11, by GLM-4.5's q/k norms only).
   if (shape.contains("qk_rms_norm") && !shape.contains("use_qk_norm")) shape["use_qk_norm"] = shape["qk_rms_norm"];
   shape.erase("qk_rms_norm");
@@ -123,6 +132,38 @@ void fill_fields_added_later(json& shape) {
     }
   }
   shape["architecture"] = "(block knobs of no family: " + mine[0] + ", " + mine[4] + ", " + mine[6] + ")";
+}
+
+// Shape fields that became a block's own config key (shape.settings): an older checkpoint's value
+// moves there under its key where the composition declares it, and is dropped elsewhere (where it
+// held its neutral 0).
+constexpr std::string_view fields_now_settings[] = {"swiglu_alpha", "swiglu_limit"};
+
+void fill_settings(json& shape) {
+  const architecture* arch = nullptr;
+  if (shape.contains("architecture") && shape["architecture"].is_string())
+    for (const family_config* f : families)
+      if (f->arch->name == shape["architecture"].get<std::string>()) arch = f->arch;
+  for (const std::string_view field : fields_now_settings) {
+    const std::string key(field);
+    if (!shape.contains(key)) continue;
+    if (arch != nullptr && setting_index(*arch, field) >= 0 && !(shape.contains("settings") && shape["settings"].contains(key)))
+      shape["settings"][key] = shape[key];
+    shape.erase(key);
+  }
+  // The composition's keys a checkpoint written before them does not record: their defaults.
+  if (arch != nullptr)
+    for (const config_setting& c : arch->settings) {
+      const std::string key(c.key);
+      if (!shape.contains("settings") || !shape["settings"].contains(key)) shape["settings"][key] = c.fallback;
+    }
+}
+
+}  // namespace
+
+void fill_fields_added_later(json& shape) {
+  fill_shape_fields(shape);
+  fill_settings(shape);
 }
 
 manifest parse_manifest(std::string_view text, const fs::path& dir) {

@@ -180,11 +180,11 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
 
   // An estimate in doubles from the architecture's facts (a plain MLP has two matrices, a gated
   // three; a mixture every expert, its router and shared expert), not the plan's integer products.
-  const double mlp_matrices = has_extent(s, extent::ffn_rows) ? 2 : 3;
+  const double mlp_matrices = has_geometry(s, &geo::ffn_rows<false>) ? 2 : 3;
   const bool moe = routes_any(s);
   const double experts = static_cast<double>(s.experts.get());
   const double mlp = moe ? experts * (h + 3 * h * static_cast<double>(expert_ffn_of(s).get())) +
-                               (has_extent(s, extent::shared_ffn) ? 3 * h * static_cast<double>(s.shared_expert_ffn.get()) + h : 0)
+                               (has_shared_expert(s) ? 3 * h * static_cast<double>(s.shared_expert_ffn.get()) + h : 0)
                          : mlp_matrices * h * f;
   const double per_layer = h * (q + 2 * kv) + q * h + mlp + 2 * h + (s.qkv_bias.get() ? q + 2 * kv : 0);
   const double head_params = head.actor ? (s.tie_embeddings.get() ? 0 : v * h) : h + 1;

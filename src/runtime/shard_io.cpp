@@ -142,79 +142,60 @@ void expect_shape(const at::Tensor& t, const dims& d, std::string_view what) {
 std::vector<shard_piece> shard_pieces(const param_plan& p, const shape& s, const layout& l,
                                       std::int64_t tp_rank, piece_set which) {
   const param_row& row = *p.row;
+  const row_geometry& g = p.geo;
   const bool main = which == piece_set::main_replica;
-  const std::int64_t tp = l.tp;
   std::vector<shard_piece> out;
-  switch (row.kind) {
-    case shard_kind::replicated:
-      if (!main || tp_rank == 0) out.push_back({0, 0, 0, 0, p.local.rows});
-      break;
-    case shard_kind::vocab: {
-      if (main && p.tied) break;  // the embedding's copy: the embedding is the main replica
-      const std::int64_t rows = p.local.rows, begin = tp_rank * rows;
-      const std::int64_t take = std::max<std::int64_t>(0, std::min(rows, p.hf_shapes[0].rows - begin));
-      if (take > 0) out.push_back({0, 0, 0, begin, take});  // rows past the true vocab: padding
-      break;
-    }
-    case shard_kind::row: {
-      const std::int64_t cols = p.local.cols;
-      out.push_back({0, 1, 0, tp_rank * cols, cols});
-      break;
-    }
-    case shard_kind::column: {
-      const std::int64_t rows = p.local.rows;
-      if (row.size == extent::kv_head_weights && kv_replicated(s, l)) {
-        // One kv head's weight per rank, replicated over tp / kv_heads ranks; the first is main.
-        const std::int64_t kv = s.kv_heads.get();
-        if (!main || (tp_rank * kv) % tp == 0) out.push_back({0, 0, 0, tp_rank * kv / tp, 1});
-        break;
+  if (g.split < 0) {  // whole on every rank; tp rank 0's is the main replica
+    if (main && tp_rank != 0) return out;
+    std::int64_t local = 0;
+    for (std::size_t i = 0; i < g.sources.size(); ++i)
+      if (g.sources[i].units > 0) {
+        out.push_back({static_cast<int>(i), 0, local, 0, g.sources[i].extent(), static_cast<int>(i)});
+        local += g.sources[i].extent();
       }
-      out.push_back({0, 0, 0, tp_rank * rows, rows});
-      break;
+  } else if (g.vocab) {
+    if (main && p.tied) return out;  // the embedding's copy: the embedding is the main replica
+    const std::int64_t rows = p.local.rows, begin = tp_rank * rows;
+    const std::int64_t take = std::max<std::int64_t>(0, std::min(rows, p.hf_shapes[0].rows - begin));
+    if (take > 0) out.push_back({0, 0, 0, begin, take});  // rows past the true vocab: padding
+  } else {
+    // Each source's units on this rank: its share, or its group's one replica (the main one on the
+    // first rank of the group).
+    const std::int64_t tp = l.tp;
+    struct share {
+      std::int64_t first = 0, count = 0;
+      bool main = true;
+    };
+    std::array<share, 3> mine{};
+    int last = 0;
+    for (std::size_t i = 0; i < g.sources.size(); ++i) {
+      const geometry_source& x = g.sources[i];
+      if (x.units == 0) continue;
+      last = static_cast<int>(i);
+      if (x.replicated_when_fewer && x.units < tp) mine[i] = {tp_rank * x.units / tp, 1, (tp_rank * x.units) % tp == 0};
+      else mine[i] = {tp_rank * (x.units / tp), x.units / tp, true};
     }
-    case shard_kind::fused_gate_up: {
-      const std::int64_t half = p.local.rows / 2;  // [gate_r ; up_r]
-      out.push_back({0, 0, 0, tp_rank * half, half});
-      out.push_back({1, 0, half, tp_rank * half, half});
-      break;
-    }
-    case shard_kind::column_slots: {  // each slot's share, side by side: [slot0_r ; slot1_r ; slot2_r]
-      const auto slots = row.slots_of(s);
-      std::int64_t local = 0;
-      for (const slot_share& x : slot_shares({slots.begin(), slots.end()}, tp, tp_rank)) {
-        out.push_back({0, 0, local, x.first, x.rows});
-        local += x.rows;
+    // Grouped: per unit of the last source, each source's share of it ([q heads | k | v] per kv
+    // group); else each source's whole share, side by side.
+    const std::int64_t groups = g.grouped ? mine[static_cast<std::size_t>(last)].count : 1;
+    std::int64_t local = 0;
+    for (std::int64_t grp = 0; grp < groups; ++grp)
+      for (std::size_t i = 0; i < g.sources.size(); ++i) {
+        const geometry_source& x = g.sources[i];
+        if (x.units == 0) continue;
+        const std::int64_t n = mine[i].count / groups, rows = n * x.unit;
+        if (!main || mine[i].main)
+          out.push_back({static_cast<int>(i), g.split, local, (mine[i].first + grp * n) * x.unit, rows, static_cast<int>(i)});
+        local += rows;
       }
-      break;
-    }
-    case shard_kind::fused_qkv: {
-      const qkv_rank_layout q = qkv_layout(s, l, tp_rank);
-      const std::int64_t d = q.head_dim, block = (q.q_per_group + 2) * d, qrows = q.q_per_group * d;
-      // With kv_heads < tp a kv head is replicated over tp / kv_heads ranks; the first is main.
-      const bool owns_kv = !main || s.kv_heads.get() >= tp || (tp_rank * s.kv_heads.get()) % tp == 0;
-      for (std::int64_t g = 0; g < q.groups; ++g) {
-        const std::int64_t first_q = q.first_q_head + g * q.q_per_group, kv = q.first_kv_head + g;
-        out.push_back({0, 0, g * block, first_q * d, qrows});  // q heads of the group
-        if (owns_kv) {
-          out.push_back({1, 0, g * block + qrows, kv * d, d});      // its k head
-          out.push_back({2, 0, g * block + qrows + d, kv * d, d});  // its v head
-        }
-      }
-      break;
-    }
   }
-  // HF stores the slots as one tensor, rows concatenated in slot order (Phi-3's qkv_proj =
-  // [Q; K; V], gate_up_proj = [gate; up]): the same pieces, at the slot's row offset in it.
-  if (row.concatenated) {
-    const std::int64_t d = effective_head_dim(s);
-    const std::int64_t q_rows = s.heads.get() * d, kv_rows = s.kv_heads.get() * d;
+  // HF stores the sources as one tensor, concatenated in order (Phi-3's qkv_proj = [Q; K; V],
+  // gate_up_proj = [gate; up], Qwen3.5's in_proj_qkv): the same pieces, at the source's offset in it.
+  if (row.concatenated)
     for (shard_piece& x : out) {
-      const std::int64_t base = row.kind == shard_kind::fused_qkv ? (x.slot == 0 ? 0 : x.slot == 1 ? q_rows : q_rows + kv_rows)
-                                                                   : x.slot * mlp_width(row, s);
-      x.global_offset += base;
+      for (int i = 0; i < x.slot; ++i) x.global_offset += g.sources[static_cast<std::size_t>(i)].extent();
       x.slot = 0;
     }
-  }
   return out;
 }
 
@@ -241,7 +222,7 @@ std::vector<at::Tensor> hf_from_shards(const param_plan& p, const shape& s, cons
                                        const std::vector<at::Tensor>& shards) {
   const param_row& row = *p.row;
   const std::int64_t tp = l.tp;
-  if (row.kind == shard_kind::replicated && !shards.empty()) return {shards[0].clone()};
+  if (p.split_dim < 0 && !shards.empty()) return {shards[0].clone()};
   if (static_cast<std::int64_t>(shards.size()) != tp)
     throw std::invalid_argument("megadsl: " + std::string(row.name) + " needs one shard per tp rank");
   std::vector<at::Tensor> out;

@@ -32,7 +32,7 @@ struct entry {
   std::vector<std::int64_t> shape;
   int split_dim = -1;
   std::int64_t head = 0;  // 0, or the head size of a k or v; -1: several projections in one HF tensor
-  std::vector<std::int64_t> slots;  // shard_kind::column_slots: each slot's rows, split apart
+  std::vector<std::int64_t> slots;  // one HF tensor of sources side by side: each source's rows, split apart
 };
 
 std::string header_text(const std::vector<entry>& es, bool stage_done) {
@@ -170,7 +170,6 @@ hf_tensor_list weight_stream::next() {
   if (s.stage >= pp) return {};
   const comm_group& stages = *s.g->pp;
   const bool owner = stages.rank() == s.stage;
-  const std::int64_t head_dim = effective_head_dim(s.c.s).get();
 
   // The owner stage gathers parameters until the bucket is full, into one byte buffer.
   std::vector<entry> entries;
@@ -210,22 +209,24 @@ hf_tensor_list weight_stream::next() {
         gathered = std::move(stack_parts);
         stack_parts.clear();
       }
+      const row_geometry& geo = p.plan->geo;
+      std::size_t source = 0;  // which of the row's HF sources `name` is (in order)
       for (auto& [name, t] : gathered) {
-        // Separate HF k/v tensors carry their head size (replicated when fewer heads than rollout
-        // ranks), a k norm's weight per kv head its one row; one HF tensor holding several projections
-        // (Phi-3, GPT-NeoX) cannot be sliced evenly.
-        const shard_kind kind = p.plan->row->kind;
-        const bool fused = kind == shard_kind::fused_qkv || kind == shard_kind::fused_gate_up;
-        const std::int64_t head = fused && p.plan->row->hf_count == 1          ? -1
-                                  : kind == shard_kind::fused_qkv && name.find("q_proj") == std::string::npos ? head_dim
-                                  : p.plan->row->size == extent::kv_head_weights                           ? 1
-                                                                                                           : 0;
+        // A source replicated over tp ranks when it has fewer units than ranks (a k or v projection,
+        // a k norm's weight per kv head) carries its unit; one HF tensor of several sources side by
+        // side (Phi-3's gate_up_proj, Qwen3.5's in_proj_qkv) its sources' rows, split apart; one
+        // grouped per kv head (Phi-3's qkv_proj) cannot be sliced evenly.
+        const bool one_tensor = p.plan->row->concatenated && geo.source_count() > 1;
+        const geometry_source& x = geo.sources[std::min<std::size_t>(source++, 2)];
+        const std::int64_t head = one_tensor && geo.grouped         ? -1
+                                  : !one_tensor && x.replicated_when_fewer ? x.unit
+                                                                             : 0;
         // A stack of experts goes whole to every rollout rank (its engine splits its experts itself).
         const int split = p.plan->row->stacking != hf_stacking::none ? -1 : p.plan->split_dim;
         std::vector<std::int64_t> slots;
-        if (kind == shard_kind::column_slots)
-          for (const std::int64_t rows : p.plan->row->slots_of(s.c.s))
-            if (rows > 0) slots.push_back(rows);
+        if (one_tensor && !geo.grouped)
+          for (const geometry_source& y : geo.sources)
+            if (y.units > 0) slots.push_back(y.extent());
         entries.push_back({name, t.scalar_type(), t.sizes().vec(), split, head, std::move(slots)});
         const std::int64_t n = t.numel() * t.element_size();
         flat.narrow(0, at, n).copy_(t.reshape({-1}).view(at::kByte));

@@ -113,8 +113,6 @@ constexpr key_name key_names[] = {
     {"attention_multiplier", "attention_multiplier"},
     {"logits_scaling", "logits_scaling"},
     {"logit_scale", "logit_scale"},
-    {"swiglu_alpha", "swiglu_alpha"},
-    {"swiglu_limit", "swiglu_limit"},
     {"attention_chunk", "attention_chunk_size"},
     {"qk_l2_norm", "use_qk_norm"},
     {"use_qk_norm", "use_qk_norm"},
@@ -613,12 +611,26 @@ dropout_rates read_dropout(const reader& r, const family_config& family, std::ve
   return out;
 }
 
+// The key (or an older spelling) under which config.json gives a block's own setting, or "".
+std::string_view setting_key_in(const json& root, const config_setting& c) {
+  if (root.contains(std::string(c.key))) return c.key;
+  for (const std::string_view k : c.also)
+    if (!k.empty() && root.contains(std::string(k))) return k;
+  return {};
+}
+bool is_setting_key(const architecture& a, std::string_view key) {
+  for (const config_setting& c : a.settings)
+    if (c.key == key || c.also[0] == key || c.also[1] == key) return true;
+  return false;
+}
+
 // Refused keys must hold their neutral value; unknown keys get a note (transformers ignores them
 // too, since its config class has no such field).
 void check_keys(const reader& r, const family_config& family, std::vector<std::string>& notes) {
   std::vector<std::string> unknown;
   for (const auto& [key, value] : r.root().items()) {
     if (dropout_key_named(family, key) != nullptr) continue;  // read by read_dropout
+    if (is_setting_key(*family.arch, key)) continue;          // a block's own, read by read_block_settings
     const config_key_rule* k = find_key(family, key);
     if (k == nullptr) {
       unknown.push_back(printable(key));
@@ -649,6 +661,36 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
     for (std::size_t i = 0; i < unknown.size(); ++i) list += (i ? ", " : "") + unknown[i];
     notes.push_back("keys unknown to transformers' " + std::string(family.model_type) +
                     " config, ignored as transformers ignores them: " + list);
+  }
+}
+
+// The blocks' own config keys (architecture.hpp's config_setting), whatever the family: each read
+// and checked as its block declares it; a key config.json does not give keeps its default.
+void read_block_settings(const reader& r, const architecture& a, shape& s) {
+  s.settings = {};
+  for (std::size_t i = 0; i < a.settings.size(); ++i) {
+    const config_setting& c = a.settings[i];
+    const std::string_view key = setting_key_in(r.root(), c);
+    const json* v = key.empty() ? nullptr : r.find(r.root(), key);
+    if (v == nullptr) continue;
+    const std::string what = std::string(c.meaning.empty() ? "" : " (" + std::string(c.meaning) + ")");
+    double x = 0;
+    if (c.kind == setting_kind::flag) {
+      x = r.boolean(*v, key) ? 1.0 : 0.0;
+    } else {
+      if (!v->is_number()) r.fail(key, "expected a number, got " + describe_json(*v) + what, "write it as a plain JSON number");
+      x = v->get<double>();
+      if (c.kind == setting_kind::integer && std::trunc(x) != x)
+        r.fail(key, "expected an integer, got " + describe_json(*v) + what, "write it as a plain JSON integer");
+      if (!std::isfinite(x) || x < c.least || x > c.most)
+        r.fail(key, "is " + describe_json(*v) + what + ", where the block takes " +
+                        (c.least <= -1e300 ? "at most " + format_double(c.most)
+                         : c.most >= 1e300 ? "at least " + format_double(c.least)
+                                           : "[" + format_double(c.least) + ", " + format_double(c.most) + "]"),
+               "give a value in that range (default " + format_double(c.fallback) + ")");
+    }
+    s.settings.value[i] = x;
+    s.settings.given |= 1U << i;
   }
 }
 
@@ -922,17 +964,17 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   s.norm_topk = m.reads_norm_topk ? r.optional<bool>("norm_topk_prob", m.norm_topk,
                                                      [&](const json& v, std::string_view k) { return r.boolean(v, k); })
                                   : m.norm_topk;
-  if (has_extent(s, extent::shared_ffn) && !m.shared_count_key.empty())
+  if (has_shared_expert(s) && !m.shared_count_key.empty())
     s.shared_expert_ffn = s.expert_ffn.get() * r.optional<std::int64_t>(m.shared_count_key, m.shared_count,
         [&](const json& v, std::string_view k) { return r.integer(v, k, m.shared_count_least); });
   else if (m.shared_as_wide_as_experts)
     s.shared_expert_ffn = s.expert_ffn;  // Llama 4's shared expert: intermediate_size, as each expert
-  else if (has_extent(s, extent::shared_ffn))
+  else if (has_shared_expert(s))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   // DeepSeek's grouped sigmoid router (the composition's expert bias; ERNIE's biased softmax router,
   // whose keys have the floor, has none of these).
-  if (has_extent(s, extent::expert_vector) && m.sum_floor_key.empty()) {
+  if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {
     s.routed_scale = r.optional<double>("routed_scaling_factor", m.routed_scale, [&](const json& v, std::string_view k) { return r.number(v, k); });
     s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
     s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
@@ -1290,23 +1332,12 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
       r.fail("attention_multiplier", "is 0: every score would be 0 and attention uniform",
              "give the checkpoint's value (Granite 3's is 1/head_dim, e.g. 0.0078125)");
   }
-  // gpt-oss's clamped SwiGLU (its experts'): 0 and 0 in every other family.
-  s.swiglu_alpha = s.swiglu_limit = 0.0;
-  if (fam->reads_swiglu) {
-    const auto number = [&](std::string_view key, double fallback) {
-      return r.optional<double>(key, fallback, [&](const json& v, std::string_view k) { return r.number(v, k); });
-    };
-    s.swiglu_alpha = number("swiglu_alpha", 1.702);
-    s.swiglu_limit = number("swiglu_limit", 7.0);
-    if (!(s.swiglu_limit.get() > 0))
-      r.fail("swiglu_limit", "is " + show(s.swiglu_limit) + ": the experts clamp up to [-limit, limit], which needs a positive limit",
-             "give the checkpoint's value (gpt-oss's is 7.0)");
-  }
   // Cohere's logit_scale (multiplied): 1 in every other family.
   if (fam->reads_logit_scale)
     s.logit_scale = r.optional<double>("logit_scale", fam->logit_scale_default,
                                        [&](const json& v, std::string_view k) { return r.number(v, k); });
   s.arch = fam->arch;
+  read_block_settings(r, *fam->arch, s);
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s, fam->empty_no_rope_is_default);
@@ -1411,6 +1442,12 @@ std::vector<std::string> mismatches(const shape& declared, const shape& config, 
       report(field, show(d), show(c));
     }
   });
+  // The blocks' own keys: what each side means (its value, or the block's default).
+  if (!declared.settings.dynamic && !config.settings.dynamic && declared.arch != nullptr && declared.arch == config.arch)
+    for (const config_setting& c : declared.arch->settings)
+      if (setting(declared, c.key) != setting(config, c.key))
+        out.push_back(std::string(c.key) + " (a block's own key): declared " + format_double(setting(declared, c.key)) + ", " +
+                      std::string(file) + " has " + format_double(setting(config, c.key)));
   if (declared.arch != nullptr && config.arch != nullptr && declared.arch != config.arch)
     out.push_back("architecture (model_type): declared " + std::string(declared.arch->name) + ", " + std::string(file) +
                   " has " + std::string(config.arch->name));
@@ -1435,6 +1472,7 @@ shape resolve(const shape& declared, const shape& config, std::string_view file,
     fill(d, c);
   });
   if (out.arch == nullptr) out.arch = config.arch;
+  if (out.settings.dynamic) out.settings = config.settings;
   return out;
 }
 
@@ -1462,6 +1500,8 @@ std::string to_string(const shape& s) {
       out += show(v);
     }
   });
+  if (s.arch != nullptr && !s.settings.dynamic)
+    for (const config_setting& c : s.arch->settings) out += ", ." + std::string(c.key) + " = " + format_double(setting(s, c.key));
   return out + ", .arch = " + (s.arch != nullptr ? std::string(s.arch->name) : std::string("dynamic")) + "}";
 }
 
@@ -1576,9 +1616,6 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config has none of Granite's multipliers, and this model has them (embedding_multiplier " +
            show(s.embedding_multiplier) + ", residual_multiplier " + show(s.residual_multiplier) + ", attention_multiplier " +
            show(s.attention_multiplier) + ", logits_scaling " + show(s.logits_scaling) + ")";
-  if (family.reads_swiglu != (s.swiglu_limit.get() != 0))
-    return family.reads_swiglu ? "a " + f + " config's experts clamp their SwiGLU, and this model's do not"
-                               : "a " + f + " config has no clamped SwiGLU, and this model has one (swiglu_limit " + show(s.swiglu_limit) + ")";
   if (!family.reads_logit_scale && s.logit_scale.get() != 1)
     return "a " + f + " config does not scale the logits, and this model multiplies them by " + show(s.logit_scale);
   const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
@@ -1757,6 +1794,10 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   j["num_key_value_heads"] = s.kv_heads.get();
   j[std::string(fam->ffn_key)] = s.ffn.get();
   j["vocab_size"] = s.vocab.get();
+  for (const config_setting& c : s.arch->settings) {  // the blocks' own keys
+    const double v = setting(s, c.key);
+    j[std::string(c.key)] = c.kind == setting_kind::flag ? json(v != 0) : c.kind == setting_kind::integer ? int_if_whole(v) : json(v);
+  }
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
   j[std::string(fam->eps_key)] = s.rms_eps.get();
@@ -1784,10 +1825,6 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
   }
   if (fam->reads_logit_scale) j["logit_scale"] = s.logit_scale.get();
-  if (fam->reads_swiglu) {
-    j["swiglu_alpha"] = s.swiglu_alpha.get();
-    j["swiglu_limit"] = s.swiglu_limit.get();
-  }
   if (fam->multipliers) {  // attention_multiplier 0 (a shape's default): the usual head_dim^-0.5, as Python computes it
     j["embedding_multiplier"] = s.embedding_multiplier.get();
     j["residual_multiplier"] = s.residual_multiplier.get();
@@ -1849,7 +1886,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
       else if (m.shared_expert_ffn != 0 && !m.shared_as_wide_as_experts) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
       if (!m.sum_floor_key.empty()) j[std::string(m.sum_floor_key)] = s.topk_sum_floor.get();
-      if (has_extent(s, extent::expert_vector) && m.sum_floor_key.empty()) {  // (DeepSeek's router)
+      if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {  // (DeepSeek's router)
         j["routed_scaling_factor"] = s.routed_scale.get();
         j["n_group"] = s.expert_groups.get();
         j["topk_group"] = s.group_top_k.get();

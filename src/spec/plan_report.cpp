@@ -142,7 +142,7 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
     model.row({"experts", std::to_string(s.experts.get()) + " x " + grouped(expert_ffn_of(s).get()) + ", top " +
                               std::to_string(s.top_k.get()),
                std::to_string(s.experts.get() / ep) + " per rank of an ep group of " + std::to_string(ep) +
-                   (has_extent(s, extent::shared_ffn) && s.shared_expert_ffn.get() > 0
+                   (has_shared_expert(s) && s.shared_expert_ffn.get() > 0
                         ? ", shared expert " + grouped(s.shared_expert_ffn.get())
                         : std::string())});
     model.row({"all-to-all per micro-batch", bytes,

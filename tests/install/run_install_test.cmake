@@ -1,6 +1,6 @@
 # Installs the build into a fresh prefix, then configures, builds and runs a separate project that
 # uses it through find_package(megadsl): the spec target and the runtime target; then builds and
-# runs examples/04_custom_block (a user's block) the same way.
+# runs examples/04_custom_block and examples/05_custom_attention (a user's blocks) the same way.
 file(REMOVE_RECURSE ${WORK})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
@@ -23,20 +23,25 @@ execute_process(COMMAND ${WORK}/build/runtime --ranks 2 RESULT_VARIABLE rc OUTPU
 if(NOT rc EQUAL 0 OR NOT out MATCHES "ok \\[2, 8\\]")
   message(FATAL_ERROR "runtime consumer failed (${rc}): ${out}${err}")
 endif()
-# examples/04_custom_block: a block and a family in a user's own files, built as a user would.
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${EXAMPLE} -B ${WORK}/example -DCMAKE_PREFIX_PATH=${WORK}/prefix
-                        -DCMAKE_CXX_COMPILER=${CXX} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "examples/04_custom_block did not configure against the installed megadsl:\n${out}${err}")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/example RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "examples/04_custom_block did not build against the installed megadsl:\n${out}${err}")
-endif()
-execute_process(COMMAND ${WORK}/example/04_custom_block --ranks 4 --out ${WORK}/example/hf
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "equals the single-process model and round-trips through HF")
-  message(FATAL_ERROR "examples/04_custom_block failed (${rc}): ${out}${err}")
-endif()
-message(STATUS "${out}")
-message(STATUS "find_package(megadsl) consumer and examples/04_custom_block: ok")
+# examples/04_custom_block and 05_custom_attention: blocks and families in a user's own files,
+# built as a user would.
+function(run_example dir program expect)
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${dir} -B ${WORK}/${program} -DCMAKE_PREFIX_PATH=${WORK}/prefix
+                          -DCMAKE_CXX_COMPILER=${CXX} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "examples/${program} did not configure against the installed megadsl:\n${out}${err}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/${program} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "examples/${program} did not build against the installed megadsl:\n${out}${err}")
+  endif()
+  execute_process(COMMAND ${WORK}/${program}/${program} --ranks 4 --out ${WORK}/${program}/hf
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "${expect}")
+    message(FATAL_ERROR "examples/${program} failed (${rc}): ${out}${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+run_example(${EXAMPLE} 04_custom_block "equals the single-process model and round-trips through HF")
+run_example(${EXAMPLE05} 05_custom_attention "the custom attention equals the single-process model and round-trips through HF")
+message(STATUS "find_package(megadsl) consumer, examples/04_custom_block and examples/05_custom_attention: ok")

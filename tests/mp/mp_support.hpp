@@ -228,7 +228,7 @@ struct tiny8_gpt_oss : gpt_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
                                      .rope = {.type = rope_type::yarn, .factor = 4.0, .original_max_positions = 32,
                                               .beta_fast = 32.0, .beta_slow = 1.0, .truncate = false},
                                      .qkv_bias = true, .out_bias = true, .experts = 8, .top_k = 2, .norm_topk = true,
-                                     .swiglu_alpha = 1.702, .swiglu_limit = 0.5}> {
+                                     .settings = settings_for(architecture_of<gpt_oss_blocks>, {{"swiglu_limit", 0.5}})}> {
   static constexpr std::string_view name = "tiny8-gpt-oss";
   static constexpr std::int64_t window = 5;
 };

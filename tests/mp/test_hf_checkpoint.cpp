@@ -68,7 +68,7 @@ struct declared : llama<shape{.hidden = 64, .layers = 2, .heads = 4, .kv_heads =
 // causal conv, the gated norm; two value heads per key head) beside its output-gated attention with
 // zero-centred q/k norms and RoPE on a quarter of each head, mixtures with the gated shared expert
 // and dense layers; Qwen3.5's (dense, and MoE in every layer) with the DeltaNet's projections
-// stored apart, in_proj_qkv's q, k and v each split over tp (shard_kind::column_slots).
+// stored apart, in_proj_qkv's q, k and v each split over tp (geo::column_slots).
 constexpr const char* fixture_names[] = {"llama-gqa", "qwen2-tied-bias", "llama3-rope", "llama-headdim",
                                         "llama31-rope-tf5", "llama-bias-tf5", "mistral-window-tf5", "qwen3-tf5", "gemma-tf5",
                                         "gemma2-tf5", "olmo2-tf5", "phi3-tf5", "starcoder2-tf5", "gpt-neox-tf5",
@@ -481,6 +481,12 @@ TEST_CASE("weight export streams the checkpoint's tensors, bit for bit, to every
     normed += n.ends_with("q_norm.weight") || n.ends_with("k_norm.weight");
   });
   CHECK(normed == 4 * 2 * cs.layers.get());  // each rollout rank: both norms of every layer
+
+  // Phi-3's qkv_proj holds q, k and v grouped per kv head in one tensor (its geometry's sources):
+  // no rollout tp slices it evenly, so the stream refuses, naming it, and says what works.
+  CHECK_THROWS_WITH(for_each_rollout_slice<layout{.tp = 2}>("phi3-tf5", 2, [](std::int64_t, const std::string&, const at::Tensor&,
+                                                                             const at::Tensor&) {}),
+                    Catch::Contains("qkv_proj") && Catch::Contains("shard_tp = 1"));
 }
 
 TEST_CASE("a critic loads from an actor checkpoint and reports its new value head", "[world4][hf]") {

@@ -266,7 +266,7 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           // (GLM-4.5's only where use_qk_norm says; none on Qwen3-Next's DeltaNet layers).
           const auto* q_norm = row("layers.{layer}.q_norm.weight");
           std::int64_t qk_norms = 0;
-          if (q_norm != nullptr && q_norm->kind == megadsl::shard_kind::replicated)
+          if (q_norm != nullptr && q_norm->geometry(s).split < 0)
             for (std::int64_t i = 0; i < L; ++i)
               if ((q_norm->layer_kinds >> megadsl::kind_of_layer(s, i)) & 1u) qk_norms += 2 * d;
           // Norm weights (and LayerNorm biases): two per layer, four in sandwich form, one where

@@ -252,7 +252,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
-        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, .swiglu_alpha = 0.0, .swiglu_limit = 0.0, "
+        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, "
         ".attention_chunk = 0, .qk_l2_norm = false, .use_qk_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
         ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
         ".linear_conv_kernel = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
@@ -411,7 +411,7 @@ TEST_CASE("mixtures of experts: the published configs read into the presets, and
   CHECK(same_shape(mixtral.s, megadsl::mixtral_8x7b::shape));
   const auto qwen2 = megadsl::read_hf_config(data_dir / "qwen1.5-moe-a2.7b");
   CHECK(same_shape(qwen2.s, megadsl::qwen1_5_moe_a2_7b::shape));
-  CHECK(megadsl::has_extent(qwen2.s, megadsl::extent::shared_ffn));
+  CHECK(megadsl::has_shared_expert(qwen2.s));
   CHECK(!qwen2.attention_window.any());  // sliding_window 32768, but use_sliding_window false
   const auto qwen3 = megadsl::read_hf_config(data_dir / "qwen3-30b-a3b");
   CHECK(same_shape(qwen3.s, megadsl::qwen3_30b_a3b::shape));
@@ -981,7 +981,7 @@ TEST_CASE("gpt-oss: biases on unless said, window 128 on alternate layers, the c
   const auto c = parse_hf_config(g, "x");
   CHECK((c.s.qkv_bias.get() && c.s.out_bias.get() && !c.s.tie_embeddings.get()));  // attention_bias: true by default
   CHECK((c.s.experts.get() == 4 && c.s.top_k.get() == 2 && c.s.norm_topk.get() && megadsl::expert_ffn_of(c.s).get() == 48));
-  CHECK((c.s.swiglu_alpha.get() == 1.702 && c.s.swiglu_limit.get() == 1.0));
+  CHECK((megadsl::setting(c.s, "swiglu_alpha") == 1.702 && megadsl::setting(c.s, "swiglu_limit") == 1.0));
   CHECK((c.s.rope.type.get() == megadsl::rope_type::yarn && !c.s.rope.truncate.get() && c.s.rope_theta.get() == 150000.0));
   // Layer 0 slides, layer 1 attends in full, ...; the window is the class default, 128.
   CHECK((c.attention_window.size == 128 && c.attention_window.of(0) == 128 && c.attention_window.of(1) == 0 &&
@@ -993,7 +993,7 @@ TEST_CASE("gpt-oss: biases on unless said, window 128 on alternate layers, the c
   CHECK(megadsl::mismatches(back.s, c.s).empty());
   CHECK(back.attention_window == c.attention_window);
   // hidden_act changes nothing (the experts' SwiGLU is their own); a limit must be positive.
-  CHECK(parse_hf_config(edited(g, "\"silu\"", "\"gelu\""), "x").s.swiglu_limit.get() == 1.0);
+  CHECK(megadsl::setting(parse_hf_config(edited(g, "\"silu\"", "\"gelu\""), "x").s, "swiglu_limit") == 1.0);
   CHECK_THAT(error_of(edited(g, "\"swiglu_limit\": 1.0", "\"swiglu_limit\": 0.0")), Catch::Contains("swiglu_limit"));
   const auto off = parse_hf_config(edited(g, "\"hidden_act\"", "\"attention_bias\": false, \"hidden_act\""), "x");
   CHECK((!off.s.qkv_bias.get() && !off.s.out_bias.get()));
@@ -1001,12 +1001,13 @@ TEST_CASE("gpt-oss: biases on unless said, window 128 on alternate layers, the c
   const std::string no_rope = R"({"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "intermediate_size": 48, "vocab_size": 100, "num_local_experts": 4})";
   CHECK_THAT(error_of(no_rope), Catch::Contains("rope_parameters"));
-  // A family without the clamped SwiGLU cannot describe a model that has it.
-  megadsl::shape clamped = parse_hf_config(R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "intermediate_size": 48, "vocab_size": 100, "num_local_experts": 4})", "m").s;
-  clamped.swiglu_alpha = 1.702;
-  clamped.swiglu_limit = 7.0;
-  CHECK_THROWS_WITH(megadsl::hf_config_json(clamped, "mixtral", false, "float32", {}), Catch::Contains("clamped SwiGLU"));
+  // The keys are the mixture block's own (a block's config_setting): gpt-oss's composition declares
+  // them, Mixtral's does not (there swiglu_limit is a key transformers ignores, and so megadsl).
+  CHECK(megadsl::setting_index(*c.s.arch, "swiglu_limit") >= 0);
+  const auto mixtral = parse_hf_config(R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 48, "vocab_size": 100, "num_local_experts": 4, "swiglu_limit": 7.0})", "m");
+  CHECK(megadsl::setting_index(*mixtral.s.arch, "swiglu_limit") < 0);
+  CHECK_THAT(megadsl::hf_config_json(mixtral.s, "mixtral", false, "float32", {}), !Catch::Contains("swiglu"));
 }
 
 TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers, chunks, q/k norm and temperature", "[spec][hf_config]") {

@@ -70,29 +70,27 @@ struct attention {
             "(and they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox";
     const slot at = layer.module(interleaved ? "attention" : "self_attn");
     if constexpr (K.storage == tensor_storage::separate) {
-      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 3});
-      b.param(at, {"qkv.bias", shard_kind::fused_qkv, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}, 3, extent::none,
-                   presence::qkv_bias});
+      b.param(at, {"qkv.weight", &geo::qkv<false>, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 3});
+      b.param(at, {"qkv.bias", &geo::qkv<true>, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}, 3, presence::qkv_bias});
     } else if constexpr (K.storage == tensor_storage::concatenated) {
-      b.param(at, {"qkv.weight", shard_kind::fused_qkv, {"qkv_proj.weight"}, 1, extent::none, presence::always, true});
+      b.param(at, {"qkv.weight", &geo::qkv<false>, {"qkv_proj.weight"}, 1, presence::always, true});
       b.rule(&concatenated_qkv_rule);
     } else {
       // query_key_value holds [q_h; k_h; v_h] per head (kv_heads == heads), so each tp rank's heads
       // are one contiguous block of its rows: a column split of the HF tensor.
-      b.param(at, {"qkv.weight", shard_kind::column, {"query_key_value.weight"}, 1, extent::qkv_rows});
-      b.param(at, {"qkv.bias", shard_kind::column, {"query_key_value.bias"}, 1, extent::qkv_rows, presence::qkv_bias});
+      b.param(at, {"qkv.weight", &geo::neox_qkv<false>, {"query_key_value.weight"}, 1});
+      b.param(at, {"qkv.bias", &geo::neox_qkv<true>, {"query_key_value.bias"}, 1, presence::qkv_bias});
       b.rule(&interleaved_qkv_rule);
     }
     // One logit per query head, in the softmax of each of its rows (gpt-oss): split over tp with the
     // heads (each rank's are contiguous), and over cp with the heads the core sees.
     if constexpr (K.sinks)
-      b.param(at, {"sinks", shard_kind::column, {"sinks"}, 1, extent::none, presence::always, false, false,
-                   param_init::normal, false, &sink_dims});
+      b.param(at, {"sinks", &geo::column<&sink_dims>, {"sinks"}, 1});
     int qk = -1;
     if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
     const std::string_view o = interleaved ? "dense" : "o_proj";
-    b.param(at.sub("o_proj", o), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
-    b.param(at.sub("o_proj", o), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    b.param(at.sub("o_proj", o), {"weight", &geo::attn_out, {"weight"}, 1});
+    b.param(at.sub("o_proj", o), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     basic_text<64> name("attention<");
     name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks" : "", K.chunked ? ", chunked" : "",
              K.temperature ? ", temperature>" : ">");

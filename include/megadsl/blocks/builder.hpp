@@ -127,9 +127,24 @@ class arch_builder {
   activation act = activation::silu;
   bool has_act = false;
   bool routes = false;  // a block of the kind being lowered routes tokens to experts
+  std::array<config_setting, max_settings> settings{};
+  int setting_count = 0;
+
+  // A config.json key the block reads itself (architecture.hpp's config_setting): once, however
+  // many layers have the block; two blocks declaring one key must declare it alike.
+  constexpr void setting(const config_setting& c) {
+    for (int i = 0; i < setting_count; ++i)
+      if (settings[static_cast<std::size_t>(i)].key == c.key) {
+        if (!(settings[static_cast<std::size_t>(i)] == c)) throw "megadsl: two blocks declare one config key differently";
+        return;
+      }
+    if (setting_count == max_settings) throw "megadsl: the composition declares more config settings than max_settings (shape.hpp)";
+    settings[static_cast<std::size_t>(setting_count++)] = c;
+  }
 
   // A parameter of the block at `at`. The same parameter in several kinds of layer is one row.
   constexpr void param(const slot& at, const block_param& p) {
+    if (p.geometry == nullptr) throw "megadsl: a block parameter states no geometry (geometry.hpp)";
     row_text t;
     t.name = basic_text<80>(at.scope);  // "layers.{layer}." or ""
     t.name.append(joined<80>(at.name.view(), p.name).view());
@@ -137,7 +152,7 @@ class arch_builder {
     for (int i = 0; i < row_count; ++i) {
       const auto u = static_cast<std::size_t>(i);
       if (texts[u].name.view() != t.name.view()) continue;
-      if (texts[u].hf[0].view() != t.hf[0].view() || rows[u].kind != p.kind || rows[u].size != p.size)
+      if (texts[u].hf[0].view() != t.hf[0].view() || rows[u].geometry != p.geometry)
         throw "megadsl: two blocks declare one megadsl parameter name with different HF names or shapes";
       rows[u].layer_kinds |= at.kinds;
       return;
@@ -150,9 +165,8 @@ class arch_builder {
     if (row_count == max_rows) throw "megadsl: the composition declares more parameters than max_rows (architecture.hpp)";
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
-    rows[u] = param_row{{}, p.kind, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count, p.size,
-                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.dims_of, p.init_value, p.form,
-                        p.stacking, p.slots_of};
+    rows[u] = param_row{{}, p.geometry, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count,
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.init_value, p.form, p.stacking};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and

@@ -88,12 +88,12 @@ struct decoder {
     // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
     slot lm = outer.sub("lm_head", neox ? "embed_out" : "lm_head");
     lm.where = placement::last_stage;
-    b.param(lm, {"weight", shard_kind::vocab, {"weight"}, 1, extent::none, presence::actor});
+    b.param(lm, {"weight", &geo::vocab, {"weight"}, 1, presence::actor});
     // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
     slot value = outer.sub("value_head", neox ? "classifier" : "score");
     value.where = placement::last_stage;
-    b.param(value, {"weight", shard_kind::replicated, {"weight"}, 1, extent::none, presence::critic});
-    b.param(value, {"bias", shard_kind::replicated, {"bias"}, 1, extent::none, presence::critic_bias});
+    b.param(value, {"weight", &geo::value_weight, {"weight"}, 1, presence::critic});
+    b.param(value, {"bias", &geo::value_bias, {"bias"}, 1, presence::critic_bias});
 
     b.name.add("decoder(", b.signature(b.embedding), ", ", std::tuple_size_v<typename group::kinds> > 1 ? "layers(" : "",
                kinds.view(), std::tuple_size_v<typename group::kinds> > 1 ? ")" : "", ", ", b.signature(b.final_norm),

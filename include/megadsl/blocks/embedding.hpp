@@ -17,7 +17,7 @@ template <embed_scale_kind E = embed_scale_kind::none>
 struct embedding {
   static constexpr embedding_knobs knobs{E};
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.leaf(at, std::array{block_param{"weight", shard_kind::vocab, {"weight"}, 1}}, &modules::embedding,
+    return b.leaf(at, std::array{block_param{"weight", &geo::vocab, {"weight"}, 1}}, &modules::embedding,
                   E == embed_scale_kind::sqrt_hidden ? "embedding<sqrt_hidden>" : "embedding",
                   E == embed_scale_kind::sqrt_hidden ? "embedding  (* sqrt(hidden))" : "embedding", nullptr,
                   knobs_of(knobs));

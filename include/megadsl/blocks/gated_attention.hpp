@@ -28,22 +28,19 @@ struct gated_attention {
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module("self_attn");
-    const auto param = [&](std::string_view name, shard_kind k, presence when, row_dims_fn dims) {
-      b.param(at, {name, k, {name}, 1, extent::none, when, false, false, param_init::normal, false, dims});
+    b.param(at, {"q_proj.weight", &geo::column<&q>, {"q_proj.weight"}, 1});
+    const auto replicated = [&](std::string_view name, presence when, row_geometry_fn g, param_init init) {
+      b.param(at, {name, g, {name}, 1, when, false, true, init});
     };
-    param("q_proj.weight", shard_kind::column, presence::always, &q);
-    const auto replicated = [&](std::string_view name, presence when, row_dims_fn dims, param_init init) {
-      b.param(at, {name, shard_kind::replicated, {name}, 1, extent::none, when, false, true, init, false, dims});
-    };
-    replicated("k_proj.weight", presence::always, &kv, param_init::normal);
-    replicated("v_proj.weight", presence::always, &kv, param_init::normal);
-    b.param(at, {"q_proj.bias", shard_kind::column, {"q_proj.bias"}, 1, extent::none, presence::qkv_bias, false, false,
-                 param_init::zeros, false, &q_bias});
-    replicated("k_proj.bias", presence::qkv_bias, &kv_bias, param_init::zeros);
-    replicated("v_proj.bias", presence::qkv_bias, &kv_bias, param_init::zeros);
+    replicated("k_proj.weight", presence::always, &geo::whole<&kv>, param_init::normal);
+    replicated("v_proj.weight", presence::always, &geo::whole<&kv>, param_init::normal);
+    b.param(at, {"q_proj.bias", &geo::column<&q_bias>, {"q_proj.bias"}, 1, presence::qkv_bias, false, false,
+                 param_init::zeros});
+    replicated("k_proj.bias", presence::qkv_bias, &geo::whole<&kv_bias>, param_init::zeros);
+    replicated("v_proj.bias", presence::qkv_bias, &geo::whole<&kv_bias>, param_init::zeros);
     const int qk = lower_block<QkNorm>(b, at);
-    b.param(at.sub("o_proj", "o_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::attn_width});
-    b.param(at.sub("o_proj", "o_proj"), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    b.param(at.sub("o_proj", "o_proj"), {"weight", &geo::attn_out, {"weight"}, 1});
+    b.param(at.sub("o_proj", "o_proj"), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     const int node = b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details);
     return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights),
                         &gqa_cp_sent);

@@ -39,7 +39,7 @@ enum class delta_net_storage : std::int8_t { grouped, split };
 // The gated DeltaNet (Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet), a linear-attention layer: the
 // input projections (column-parallel by whole key heads with their value heads: grouped per key
 // head, HF's rows are contiguous per rank; split, each of q, k and v is its own slot of in_proj_qkv,
-// shard_kind::column_slots); a causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over
+// geo::column_slots); a causal depthwise conv (conv1d, linear_conv_kernel taps) and SiLU over
 // the channels [q | k | v]; q and k L2-normed per head, q scaled by linear_key_dim^-1/2; the gated
 // delta rule with decay g = -exp(A_log) softplus(a + dt_bias) and rate beta = sigmoid(b), each value
 // head reading its key head; the output RMS-normed per head (weight per dim) times SiLU(z), then
@@ -77,30 +77,28 @@ struct gated_delta_net {
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module("linear_attn");
-    const auto matrix = [&](std::string_view name, shard_kind k, row_dims_fn dims) {
-      b.param(at, {name, k, {name}, 1, extent::none, presence::always, false, false, param_init::normal, false, dims});
-    };
+    const auto matrix = [&](std::string_view name, row_geometry_fn g) { b.param(at, {name, g, {name}, 1}); };
     if constexpr (S == delta_net_storage::grouped) {
-      matrix("in_proj_qkvz.weight", shard_kind::column, &qkvz);
-      matrix("in_proj_ba.weight", shard_kind::column, &ba);
+      matrix("in_proj_qkvz.weight", &geo::column<&qkvz>);
+      matrix("in_proj_ba.weight", &geo::column<&ba>);
     } else {
-      b.param(at, {"in_proj_qkv.weight", shard_kind::column_slots, {"in_proj_qkv.weight"}, 1, extent::none, presence::always,
-                   false, false, param_init::normal, false, &qkv, 0, hf_form::as_held, hf_stacking::none, &qkv_slots});
-      matrix("in_proj_z.weight", shard_kind::column, &z);
-      matrix("in_proj_b.weight", shard_kind::column, &gate);
-      matrix("in_proj_a.weight", shard_kind::column, &gate);
+      b.param(at, {"in_proj_qkv.weight", &geo::column_slots<&qkv, &qkv_slots>, {"in_proj_qkv.weight"}, 1, presence::always,
+                   true});  // [q | k | v] in one HF tensor
+      matrix("in_proj_z.weight", &geo::column<&z>);
+      matrix("in_proj_b.weight", &geo::column<&gate>);
+      matrix("in_proj_a.weight", &geo::column<&gate>);
     }
     // The conv's channels are in_proj_qkv's three slots: each rank holds its heads' q, k and v taps.
-    b.param(at, {"conv1d.weight", shard_kind::column_slots, {"conv1d.weight"}, 1, extent::none, presence::always, false, false,
-                 param_init::normal, false, &conv, 0, hf_form::conv, hf_stacking::none, &qkv_slots});
-    b.param(at, {"dt_bias", shard_kind::column, {"dt_bias"}, 1, extent::none, presence::always, false, false,
-                 param_init::ones, false, &per_value_head});
+    b.param(at, {"conv1d.weight", &geo::column_slots<&conv, &qkv_slots>, {"conv1d.weight"}, 1, presence::always, true,
+                 false, param_init::normal, false, 0, hf_form::conv});
+    b.param(at, {"dt_bias", &geo::column<&per_value_head>, {"dt_bias"}, 1, presence::always, false, false,
+                 param_init::ones});
     // A = exp(A_log); HF draws A uniformly from [0.01, 16] where no checkpoint gives it: e^2 here.
-    b.param(at, {"A_log", shard_kind::column, {"A_log"}, 1, extent::none, presence::always, false, false,
-                 param_init::constant, false, &per_value_head, 2.0});
-    b.param(at, {"linear_norm.weight", shard_kind::replicated, {"norm.weight"}, 1, extent::none, presence::always, false, true,
-                 param_init::ones, false, &norm});
-    matrix("out_proj.weight", shard_kind::row, &out);
+    b.param(at, {"A_log", &geo::column<&per_value_head>, {"A_log"}, 1, presence::always, false, false,
+                 param_init::constant, false, 2.0});
+    b.param(at, {"linear_norm.weight", &geo::whole<&norm>, {"norm.weight"}, 1, presence::always, false, true,
+                 param_init::ones});
+    matrix("out_proj.weight", &geo::row<&out>);
     b.rule(&gated_delta_net_rule);
     const int node = b.node(at, &modules::gated_delta_net, {}, S == delta_net_storage::grouped ? "gated_delta_net" : "gated_delta_net<split>",
                             "gated_delta_net (linear attention)", &details, knobs_of(knobs));

@@ -38,15 +38,15 @@ struct gated_mlp {
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module(M.name);
     if constexpr (S == tensor_storage::separate)
-      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_proj.weight", "up_proj.weight"}, 2});
+      b.param(at, {"gate_up.weight", &geo::gate_up<&geo::dense_ffn, false>, {"gate_proj.weight", "up_proj.weight"}, 2});
     else
-      b.param(at, {"gate_up.weight", shard_kind::fused_gate_up, {"gate_up_proj.weight"}, 1, extent::none,
-                   presence::always, true});
-    b.param(at, {"down.weight", shard_kind::row, {"down_proj.weight"}, 1, extent::ffn});
+      b.param(at, {"gate_up.weight", &geo::gate_up<&geo::dense_ffn, false>, {"gate_up_proj.weight"}, 1, presence::always,
+                   true});
+    b.param(at, {"down.weight", &geo::down<&geo::dense_ffn>, {"down_proj.weight"}, 1});
     if constexpr (S == tensor_storage::separate) {
-      b.param(at, {"gate_up.bias", shard_kind::fused_gate_up, {"gate_proj.bias", "up_proj.bias"}, 2, extent::none,
+      b.param(at, {"gate_up.bias", &geo::gate_up<&geo::dense_ffn, true>, {"gate_proj.bias", "up_proj.bias"}, 2,
                    presence::mlp_bias});
-      b.param(at, {"down.bias", shard_kind::replicated, {"down_proj.bias"}, 1, extent::hidden, presence::mlp_bias});
+      b.param(at, {"down.bias", &geo::hidden, {"down_proj.bias"}, 1, presence::mlp_bias});
     }
     b.uses(A);
     basic_text<64> name("gated_mlp<");

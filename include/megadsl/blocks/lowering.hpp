@@ -60,7 +60,9 @@ inline constexpr architecture architecture_of{
                                 static_cast<std::size_t>(blocks::lowered<Composition>::built.rule_count)),
     blocks::lowered<Composition>::built.hf_layers.view(),
     blocks::lowered<Composition>::built.act,
-    blocks::lowered<Composition>::built.has_act};
+    blocks::lowered<Composition>::built.has_act,
+    std::span<const config_setting>(blocks::lowered<Composition>::built.settings.data(),
+                                    static_cast<std::size_t>(blocks::lowered<Composition>::built.setting_count))};
 
 constexpr shape with_architecture(shape s, const architecture* a) {
   s.arch = a;

@@ -51,18 +51,18 @@ struct mla {
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module("self_attn");
-    const auto param = [&](std::string_view name, std::string_view hf, shard_kind k, presence when, row_dims_fn dims,
-                           bool partial, param_init init = param_init::normal) {
-      b.param(at.sub(name, hf), {"weight", k, {"weight"}, 1, extent::none, when, false, partial, init, false, dims});
+    const auto param = [&](std::string_view name, std::string_view hf, row_geometry_fn g, presence when, bool partial,
+                           param_init init = param_init::normal) {
+      b.param(at.sub(name, hf), {"weight", g, {"weight"}, 1, when, false, partial, init});
     };
-    param("q_down", "q_a_proj", shard_kind::replicated, presence::q_lora, &q_down, true);
-    param("q_latent_norm", "q_a_layernorm", shard_kind::replicated, presence::q_lora, &q_norm, true, param_init::ones);
-    param("q_up", "q_b_proj", shard_kind::column, presence::q_lora, &q_up, false);
-    param("q_proj", "q_proj", shard_kind::column, presence::q_direct, &q_full, false);
-    param("kv_down", "kv_a_proj_with_mqa", shard_kind::replicated, presence::always, &kv_down, true);
-    param("kv_latent_norm", "kv_a_layernorm", shard_kind::replicated, presence::always, &kv_norm, true, param_init::ones);
-    param("kv_up", "kv_b_proj", shard_kind::column, presence::always, &kv_up, false);
-    param("o_proj", "o_proj", shard_kind::row, presence::always, &out, false);
+    param("q_down", "q_a_proj", &geo::whole<&q_down>, presence::q_lora, true);
+    param("q_latent_norm", "q_a_layernorm", &geo::whole<&q_norm>, presence::q_lora, true, param_init::ones);
+    param("q_up", "q_b_proj", &geo::column<&q_up>, presence::q_lora, false);
+    param("q_proj", "q_proj", &geo::column<&q_full>, presence::q_direct, false);
+    param("kv_down", "kv_a_proj_with_mqa", &geo::whole<&kv_down>, presence::always, true);
+    param("kv_latent_norm", "kv_a_layernorm", &geo::whole<&kv_norm>, presence::always, true, param_init::ones);
+    param("kv_up", "kv_b_proj", &geo::column<&kv_up>, presence::always, false);
+    param("o_proj", "o_proj", &geo::row<&out>, presence::always, false);
     b.rule(&mla_rule);
     return b.cp_traffic(b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
                                 {.whole = 3, .split = 8, .scores = 5}, &score_units),

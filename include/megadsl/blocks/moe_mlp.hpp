@@ -24,7 +24,7 @@ struct moe_module_knobs {
   static constexpr std::string_view knobs_name = "moe_module_knobs";
   activation act = activation::silu;
   bool fp32_router = false;     // the softmax router's logits in fp32 (HunYuan)
-  bool clamped_swiglu = false;  // gpt-oss's experts (the shape's swiglu_alpha, swiglu_limit)
+  bool clamped_swiglu = false;  // gpt-oss's experts (the block's own keys swiglu_alpha, swiglu_limit)
   bool input_router = false;    // Llama 4: top-k of the logits, the experts' input scaled by sigmoid(logit)
   bool biased_softmax = false;  // ERNIE 4.5: softmax scores, the expert bias added to select only
 };
@@ -33,6 +33,12 @@ template <activation A = activation::silu, moe_knobs K = moe_knobs{}>
 struct moe_mlp {
   static constexpr bool mixtral = K.names == moe_names::mixtral;
   static constexpr bool gpt_oss = K.names == moe_names::gpt_oss;
+  // gpt-oss's experts' clamped SwiGLU, its config.json keys (GptOssExperts' alpha and limit): gate
+  // <= limit, up in [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
+  static constexpr config_setting swiglu_alpha{.key = "swiglu_alpha", .fallback = 1.702, .least = 1e-6,
+                                               .meaning = "the clamped SwiGLU's sigmoid(alpha * gate)"};
+  static constexpr config_setting swiglu_limit{.key = "swiglu_limit", .fallback = 7.0, .least = 1e-6,
+                                               .meaning = "the experts clamp gate and up to [-limit, limit]"};
   static constexpr bool llama4 = K.names == moe_names::llama4;
   static constexpr moe_module_knobs knobs{A, K.fp32_router, gpt_oss, llama4, K.router == moe_router::softmax_biased};
   static constexpr void details(const shape& s, basic_text<256>& t) {
@@ -65,6 +71,10 @@ struct moe_mlp {
     if (K.names == moe_names::hunyuan) t.add("; + shared gated_mlp  [mlp: shared_mlp]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
+    if constexpr (gpt_oss) {
+      b.setting(swiglu_alpha);
+      b.setting(swiglu_limit);
+    }
     const slot at = layer.module(mixtral ? "block_sparse_moe" : llama4 ? "feed_forward" : "mlp");
     static_assert(llama4 == (K.router == moe_router::sigmoid_on_input) && (!llama4 || (!K.shared_expert && !K.shared_experts && !K.fp32_router)),
                   "megadsl: Llama 4's mixture is its router on the experts' input with its own ungated shared expert");
@@ -76,79 +86,75 @@ struct moe_mlp {
     static_assert((K.names == moe_names::ernie) == (K.router == moe_router::softmax_biased) &&
                       (K.router != moe_router::softmax_biased || K.fp32_router),
                   "megadsl: ERNIE 4.5's names hold its biased softmax router, whose logits are in fp32");
-    b.param(at, {"router.weight", shard_kind::replicated,
+    b.param(at, {"router.weight", &geo::router,
                  {K.names == moe_names::hunyuan ? "gate.wg.weight" : gpt_oss || llama4 ? "router.weight" : "gate.weight"}, 1,
-                 extent::experts, presence::always, false, true});
+                 presence::always, false, true});
     if constexpr (gpt_oss)  // applied on every tp rank alike: replicated, its gradient partial over tp like the weight's
-      b.param(at, {"router.bias", shard_kind::replicated, {"router.bias"}, 1, extent::expert_vector, presence::always,
+      b.param(at, {"router.bias", &geo::expert_vector, {"router.bias"}, 1, presence::always,
                    false, true});
     // The expert bias selects, never weighs: no gradient reaches it (zero, and no weight decay on a
     // vector, so AdamW leaves it as it is); the trainer's balancing update moves it (finalize_grads).
     if constexpr (K.router == moe_router::sigmoid_grouped)
-      b.param(at, {"router.expert_bias", shard_kind::replicated, {"gate.e_score_correction_bias"}, 1, extent::expert_vector,
+      b.param(at, {"router.expert_bias", &geo::expert_vector, {"gate.e_score_correction_bias"}, 1,
                    presence::always, false, false, param_init::zeros});
     if constexpr (K.router == moe_router::softmax_biased)  // (1, E) in HF's file
-      b.param(at, {"router.expert_bias", shard_kind::replicated, {"moe_statics.e_score_correction_bias"}, 1,
-                   extent::expert_vector, presence::always, false, false, param_init::zeros, false, nullptr, 0,
-                   hf_form::one_row});
+      b.param(at, {"router.expert_bias", &geo::expert_vector, {"moe_statics.e_score_correction_bias"}, 1, presence::always,
+                   false, false, param_init::zeros, false, 0, hf_form::one_row});
     if constexpr (gpt_oss) {
       // One tensor per layer and projection holds every expert (HF's stored layout, no converter):
       // gate_up_proj (E, h, 2 f) with gate and up columns interleaved, down_proj (E, f, h), and
       // their biases (E, 2 f) interleaved alike and (E, h). The down bias is added once (tp rank 0:
       // the experts' outputs are partial sums over tp), its gradient summed over tp.
-      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, hf_form::as_held,
-                   hf_stacking::experts_interleaved});
-      b.param(at, {"experts.{expert}.gate_up.bias", shard_kind::fused_gate_up, {"experts.gate_up_proj_bias"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::zeros, true, nullptr, 0, hf_form::as_held,
-                   hf_stacking::experts_interleaved});
-      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
-                   presence::always, false, false, param_init::normal, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
-      b.param(at, {"experts.{expert}.down.bias", shard_kind::replicated, {"experts.down_proj_bias"}, 1, extent::hidden,
-                   presence::always, false, true, param_init::zeros, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
+      b.param(at, {"experts.{expert}.gate_up.weight", &geo::gate_up<&geo::expert_ffn, false>, {"experts.gate_up_proj"}, 1,
+                   presence::always, true, false, param_init::normal, true, 0, hf_form::as_held, hf_stacking::experts_interleaved});
+      b.param(at, {"experts.{expert}.gate_up.bias", &geo::gate_up<&geo::expert_ffn, true>, {"experts.gate_up_proj_bias"}, 1,
+                   presence::always, true, false, param_init::zeros, true, 0, hf_form::as_held, hf_stacking::experts_interleaved});
+      b.param(at, {"experts.{expert}.down.weight", &geo::down<&geo::expert_ffn>, {"experts.down_proj"}, 1,
+                   presence::always, false, false, param_init::normal, true, 0, hf_form::as_held, hf_stacking::experts});
+      b.param(at, {"experts.{expert}.down.bias", &geo::hidden, {"experts.down_proj_bias"}, 1,
+                   presence::always, false, true, param_init::zeros, true, 0, hf_form::as_held, hf_stacking::experts});
     } else if constexpr (llama4) {
       // Stacked like gpt-oss's, without biases: gate_up_proj (E, h, 2 f) with the gate's columns
       // first, then the up's; down_proj (E, f, h).
-      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up, {"experts.gate_up_proj"}, 1,
-                   extent::expert_ffn, presence::always, true, false, param_init::normal, true, nullptr, 0, hf_form::as_held,
-                   hf_stacking::experts});
-      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.down_proj"}, 1, extent::expert_ffn,
-                   presence::always, false, false, param_init::normal, true, nullptr, 0, hf_form::as_held, hf_stacking::experts});
-      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
-                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2, extent::shared_ffn});
-      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_expert.down_proj.weight"}, 1, extent::shared_ffn});
+      b.param(at, {"experts.{expert}.gate_up.weight", &geo::gate_up<&geo::expert_ffn, false>, {"experts.gate_up_proj"}, 1,
+                   presence::always, true, false, param_init::normal, true, 0, hf_form::as_held, hf_stacking::experts});
+      b.param(at, {"experts.{expert}.down.weight", &geo::down<&geo::expert_ffn>, {"experts.down_proj"}, 1,
+                   presence::always, false, false, param_init::normal, true, 0, hf_form::as_held, hf_stacking::experts});
+      b.param(at, {"shared_expert.gate_up.weight", &geo::gate_up<&geo::shared_ffn, false>,
+                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2});
+      b.param(at, {"shared_expert.down.weight", &geo::down<&geo::shared_ffn>, {"shared_expert.down_proj.weight"}, 1});
     } else if constexpr (mixtral) {
-      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
-                   {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2, extent::expert_ffn,
+      b.param(at, {"experts.{expert}.gate_up.weight", &geo::gate_up<&geo::expert_ffn, false>,
+                   {"experts.{expert}.w1.weight", "experts.{expert}.w3.weight"}, 2,
                    presence::always, false, false, param_init::normal, true});
-      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.{expert}.w2.weight"}, 1, extent::expert_ffn,
+      b.param(at, {"experts.{expert}.down.weight", &geo::down<&geo::expert_ffn>, {"experts.{expert}.w2.weight"}, 1,
                    presence::always, false, false, param_init::normal, true});
     } else {
-      b.param(at, {"experts.{expert}.gate_up.weight", shard_kind::fused_gate_up,
-                   {"experts.{expert}.gate_proj.weight", "experts.{expert}.up_proj.weight"}, 2, extent::expert_ffn,
+      b.param(at, {"experts.{expert}.gate_up.weight", &geo::gate_up<&geo::expert_ffn, false>,
+                   {"experts.{expert}.gate_proj.weight", "experts.{expert}.up_proj.weight"}, 2,
                    presence::always, false, false, param_init::normal, true});
-      b.param(at, {"experts.{expert}.down.weight", shard_kind::row, {"experts.{expert}.down_proj.weight"}, 1,
-                   extent::expert_ffn, presence::always, false, false, param_init::normal, true});
+      b.param(at, {"experts.{expert}.down.weight", &geo::down<&geo::expert_ffn>, {"experts.{expert}.down_proj.weight"}, 1,
+                   presence::always, false, false, param_init::normal, true});
     }
     if constexpr (K.shared_expert) {
-      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
-                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2, extent::shared_ffn});
-      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_expert.down_proj.weight"}, 1, extent::shared_ffn});
+      b.param(at, {"shared_expert.gate_up.weight", &geo::gate_up<&geo::shared_ffn, false>,
+                   {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"}, 2});
+      b.param(at, {"shared_expert.down.weight", &geo::down<&geo::shared_ffn>, {"shared_expert.down_proj.weight"}, 1});
       // Applied to the whole (gathered) input on every tp rank: replicated, its gradient partial
       // per tp rank (it scales the shared expert's partial sums).
-      b.param(at, {"shared_expert_gate.weight", shard_kind::replicated, {"shared_expert_gate.weight"}, 1, extent::one_row,
+      b.param(at, {"shared_expert_gate.weight", &geo::one_row, {"shared_expert_gate.weight"}, 1,
                    presence::always, false, true});
     }
     if constexpr (K.names == moe_names::hunyuan) {  // the same rows under HunYuan's names, without a gate
-      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
-                   {"shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"}, 2, extent::shared_ffn});
-      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_mlp.down_proj.weight"}, 1, extent::shared_ffn});
+      b.param(at, {"shared_expert.gate_up.weight", &geo::gate_up<&geo::shared_ffn, false>,
+                   {"shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"}, 2});
+      b.param(at, {"shared_expert.down.weight", &geo::down<&geo::shared_ffn>, {"shared_mlp.down_proj.weight"}, 1});
     }
     if constexpr (K.shared_experts) {  // the same rows under DeepSeek's names, without a gate; none at width 0
-      b.param(at, {"shared_expert.gate_up.weight", shard_kind::fused_gate_up,
-                   {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2, extent::shared_ffn,
+      b.param(at, {"shared_expert.gate_up.weight", &geo::gate_up<&geo::shared_ffn, false>,
+                   {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"}, 2,
                    presence::shared_experts});
-      b.param(at, {"shared_expert.down.weight", shard_kind::row, {"shared_experts.down_proj.weight"}, 1, extent::shared_ffn,
+      b.param(at, {"shared_expert.down.weight", &geo::down<&geo::shared_ffn>, {"shared_experts.down_proj.weight"}, 1,
                    presence::shared_experts});
     }
     if constexpr (!gpt_oss) b.uses(A);  // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says

@@ -15,8 +15,7 @@ struct rms_norm {
                                                                     : &modules::rms_norm_wmul;
   static constexpr param_init init = K == norm_kind::rms_1p ? param_init::zeros : param_init::ones;  // (1 + w): zero-centred
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
-                                                     presence::always, false, false, init}},
+    return b.costs(b.leaf(at, std::array{block_param{"weight", &geo::hidden, {"weight"}, 1, presence::always, false, false, init}},
                           module, label),
                    {.whole = 2});  // its input
   }
@@ -28,10 +27,9 @@ struct layer_norm {
   static constexpr module_factory module = &modules::layer_norm;
   static constexpr param_init init = param_init::ones;
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
-                                                     presence::always, false, false, param_init::ones},
-                                         block_param{"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden,
-                                                     presence::always, false, false, param_init::zeros}},
+    return b.costs(b.leaf(at, std::array{block_param{"weight", &geo::hidden, {"weight"}, 1, presence::always, false, false,
+                                                     param_init::ones},
+                                         block_param{"bias", &geo::hidden, {"bias"}, 1, presence::always, false, false, param_init::zeros}},
                           module, "layer_norm", label),
                    {.whole = 2});  // its input
   }
@@ -43,8 +41,8 @@ struct layer_norm_no_bias {
   static constexpr module_factory module = &modules::layer_norm_no_bias;
   static constexpr param_init init = param_init::ones;
   static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.costs(b.leaf(at, std::array{block_param{"weight", shard_kind::replicated, {"weight"}, 1, extent::hidden,
-                                                     presence::always, false, false, param_init::ones}},
+    return b.costs(b.leaf(at, std::array{block_param{"weight", &geo::hidden, {"weight"}, 1, presence::always, false, false,
+                                                     param_init::ones}},
                           module, "layer_norm_no_bias", label),
                    {.whole = 2});  // its input
   }

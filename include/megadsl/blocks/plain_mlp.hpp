@@ -20,10 +20,10 @@ struct plain_mlp {
     const bool neox = layer.names == name_scheme::gpt_neox;
     const slot at = layer.module("mlp");
     const std::string_view fc = neox ? "dense_h_to_4h" : "c_fc", proj = neox ? "dense_4h_to_h" : "c_proj";
-    b.param(at.sub("fc", fc), {"weight", shard_kind::column, {"weight"}, 1, extent::ffn_rows});
-    b.param(at.sub("fc", fc), {"bias", shard_kind::column, {"bias"}, 1, extent::ffn_rows, presence::out_bias});
-    b.param(at.sub("down", proj), {"weight", shard_kind::row, {"weight"}, 1, extent::ffn});
-    b.param(at.sub("down", proj), {"bias", shard_kind::replicated, {"bias"}, 1, extent::hidden, presence::out_bias});
+    b.param(at.sub("fc", fc), {"weight", &geo::ffn_rows<false>, {"weight"}, 1});
+    b.param(at.sub("fc", fc), {"bias", &geo::ffn_rows<true>, {"bias"}, 1, presence::out_bias});
+    b.param(at.sub("down", proj), {"weight", &geo::down<&geo::dense_ffn>, {"weight"}, 1});
+    b.param(at.sub("down", proj), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     b.uses(A);
     basic_text<64> name("plain_mlp<");
     name.add(name_of(A), ">");

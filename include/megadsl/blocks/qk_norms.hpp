@@ -41,8 +41,8 @@ struct per_head_qk_norm {
     int nodes[2]{};
     const std::string_view ours[2] = {"q_norm", "k_norm"}, hf[2] = {Names.q, Names.k};
     for (int i = 0; i < 2; ++i) {
-      b.param(at.sub(ours[i], hf[i]), {"weight", shard_kind::replicated, {"weight"}, 1, extent::head_dim, presence::always,
-                                       false, true, N::init});
+      b.param(at.sub(ours[i], hf[i]), {"weight", &geo::head_dim, {"weight"}, 1, presence::always, false, true,
+                                       N::init});
       nodes[i] = b.node(at.sub(ours[i], hf[i]), N::module, {}, N::label);
     }
     if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
@@ -61,10 +61,10 @@ struct headwise_qk_norm {
   static constexpr int lower(arch_builder& b, const slot& at) {
     int nodes[2]{};
     const std::string_view names[2] = {"q_norm", "k_norm"};
-    const extent sizes[2] = {extent::q_head_weights, extent::kv_head_weights};
+    const row_geometry_fn geometries[2] = {&geo::q_head_weights, &geo::kv_head_weights};
     for (int i = 0; i < 2; ++i) {
-      b.param(at.sub(names[i], names[i]), {.name = "weight", .kind = shard_kind::column, .hf = {"weight"}, .hf_count = 1,
-                                           .size = sizes[i], .init = N::init});
+      b.param(at.sub(names[i], names[i]), {.name = "weight", .geometry = geometries[i], .hf = {"weight"},
+                                           .hf_count = 1, .init = N::init});
       nodes[i] = b.node(at.sub(names[i], names[i]), N::module, {}, N::label);
     }
     return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr, knobs_of(knobs));
@@ -92,10 +92,10 @@ template <norm_block N>
 struct full_width_qk_norm {
   static constexpr std::string_view label = ", q/k rms_norm over the full width";
   static constexpr int lower(arch_builder& b, const slot& at) {
-    b.param(at.sub("q_norm", "q_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::q_width, presence::always,
-                                         false, false, N::init});
-    b.param(at.sub("k_norm", "k_norm"), {"weight", shard_kind::column, {"weight"}, 1, extent::k_width, presence::always,
-                                         false, false, N::init});
+    b.param(at.sub("q_norm", "q_norm"), {"weight", &geo::q_width, {"weight"}, 1, presence::always, false, false,
+                                         N::init});
+    b.param(at.sub("k_norm", "k_norm"), {"weight", &geo::k_width, {"weight"}, 1, presence::always, false, false,
+                                         N::init});
     b.rule(&full_width_qk_norm_rule);
     const int q = b.node(at.sub("q_norm", "q_norm"), N::module, {}, N::label);
     const int k = b.node(at.sub("k_norm", "k_norm"), N::module, {}, N::label);

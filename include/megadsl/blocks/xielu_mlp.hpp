@@ -11,24 +11,23 @@ namespace megadsl::blocks {
 // out of the gradient):
 //   xielu(x) = x > 0 ? softplus(alpha_p) x^2 + beta x : (expm1(min(x, eps)) - x)(beta + softplus(alpha_n)) + beta x
 struct xielu_mlp {
-  static constexpr row_dims one_value(const shape&) { return {1, 0}; }
   static constexpr void details(const shape&, basic_text<256>& t) {
     t.append("  [mlp: up_proj, act_fn (alpha_p, alpha_n, beta, eps), down_proj]");
   }
   static constexpr int lower(arch_builder& b, const slot& layer) {
     const slot at = layer.module("mlp");
-    b.param(at.sub("up", "up_proj"), {"weight", shard_kind::column, {"weight"}, 1, extent::ffn_rows});
-    b.param(at.sub("down", "down_proj"), {"weight", shard_kind::row, {"weight"}, 1, extent::ffn});
+    b.param(at.sub("up", "up_proj"), {"weight", &geo::ffn_rows<false>, {"weight"}, 1});
+    b.param(at.sub("down", "down_proj"), {"weight", &geo::down<&geo::dense_ffn>, {"weight"}, 1});
     // Their starting values are XIELUActivation's: alpha_p = log(expm1(0.8)), alpha_n = log(expm1(0.8 - beta)).
     const slot act = at.sub("act", "act_fn");
-    b.param(act, {"alpha_p", shard_kind::replicated, {"alpha_p"}, 1, extent::none, presence::always, false, true,
-                  param_init::constant, false, &one_value, 0.20338237285614014});
-    b.param(act, {"alpha_n", shard_kind::replicated, {"alpha_n"}, 1, extent::none, presence::always, false, true,
-                  param_init::constant, false, &one_value, -1.0502256155014038});
-    b.param(act, {"beta", shard_kind::replicated, {"beta"}, 1, extent::none, presence::always, false, false,
-                  param_init::constant, false, &one_value, 0.5, hf_form::scalar});
-    b.param(act, {"eps", shard_kind::replicated, {"eps"}, 1, extent::none, presence::always, false, false,
-                  param_init::constant, false, &one_value, -1e-6, hf_form::scalar});
+    b.param(act, {"alpha_p", &geo::scalar, {"alpha_p"}, 1, presence::always, false, true,
+                  param_init::constant, false, 0.20338237285614014});
+    b.param(act, {"alpha_n", &geo::scalar, {"alpha_n"}, 1, presence::always, false, true,
+                  param_init::constant, false, -1.0502256155014038});
+    b.param(act, {"beta", &geo::scalar, {"beta"}, 1, presence::always, false, false,
+                  param_init::constant, false, 0.5, hf_form::scalar});
+    b.param(act, {"eps", &geo::scalar, {"eps"}, 1, presence::always, false, false,
+                  param_init::constant, false, -1e-6, hf_form::scalar});
     b.uses(activation::xielu);
     return b.costs(b.node(at, &modules::xielu_mlp, {}, "xielu_mlp", "xielu_mlp", &details), mlp_keeps);
   }

@@ -166,6 +166,12 @@ class block_build {
     if (node_.knobs.object == nullptr || node_.knobs.type != T::knobs_name) knobs_mismatch(T::knobs_name);
     return *static_cast<const T*>(node_.knobs.object);
   }
+  // The value of a config.json key the composition's blocks declare (architecture.hpp's
+  // config_setting): config.json's, or the key's default.
+  [[nodiscard]] double setting(std::string_view key) const {
+    if (s().arch == nullptr || setting_index(*s().arch, key) < 0) no_setting(key);
+    return megadsl::setting(s(), key);
+  }
   [[nodiscard]] int children() const { return node_.child_count; }
   // The block's node number in its architecture: the same on every rank (dropout's place).
   [[nodiscard]] int node() const { return index_; }
@@ -185,6 +191,7 @@ class block_build {
  private:
   [[nodiscard]] std::string wrong_child(int i) const;
   [[noreturn]] void knobs_mismatch(std::string_view wanted) const;
+  [[noreturn]] void no_setting(std::string_view key) const;
   const architecture& arch_;
   const module_node& node_;
   int index_;

@@ -25,6 +25,7 @@ struct shard_piece {
   std::int64_t local_offset = 0;
   std::int64_t global_offset = 0;
   std::int64_t extent = 0;
+  int source = 0;  // the row's geometry source it comes from (slot is 0 for every source of one HF tensor)
 
   bool operator==(const shard_piece&) const = default;
 };
@@ -82,7 +83,7 @@ void merge_stacked(std::vector<std::pair<std::string, at::Tensor>>& tensors);
 //   hf_stored_form  the inverse, and an expert's tensor of a stacked row as its slice of the stack
 at::Tensor held_form(const param_row& row, const at::Tensor& stored);
 
-// The share of tp rank `rank` of `tp` in a tensor of slots (shard_kind::column_slots: Qwen3.5's
+// The share of tp rank `rank` of `tp` in a tensor of slots (geo::column_slots: Qwen3.5's
 // in_proj_qkv, the DeltaNet's conv; rows of each slot, 0 for none): each slot's first row in the
 // whole tensor and its rows here, in slot order; side by side they are [slot0_r ; slot1_r ; ...].
 // Every slot's rows must split over tp (the caller checks).

@@ -159,6 +159,8 @@ expect_out("\n  layers\\.{layer}\\.sinks +model\\.layers\\.{layer}\\.self_attn\\
 expect_out("\n  layers\\.{layer}\\.experts\\.{expert}\\.gate_up\\.weight +model\\.layers\\.{layer}\\.mlp\\.experts\\.gate_up_proj +fused gate/up +\\(4, 64, 96\\) stacked +\\(96, 64\\) +dim 0 +\\(48, 64\\) ")
 expect_out("\n  layers\\.{layer}\\.experts\\.{expert}\\.down\\.bias +model\\.layers\\.{layer}\\.mlp\\.experts\\.down_proj_bias +replicated +\\(4, 64\\) stacked ")
 expect_out("parameters: 239,968 ")
+# The mixture block's own config keys, as the fixture's config.json gives them (swiglu_limit 1).
+expect_out("config keys the blocks read themselves\n  swiglu_alpha = 1.702 \\(default 1.702\\): [^\n]+\n  swiglu_limit = 1 \\(default 7\\): ")
 
 megadsl(describe gpt-oss-120b --tp 8 --ep 8)
 expect_exit(0)
