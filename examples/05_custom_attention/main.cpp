@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "megadsl/family_config.hpp"
@@ -180,6 +182,30 @@ int main(int argc, char** argv) {
     const double before = (loaded.forward(batch).log_probs - lp).abs().max().item<double>();
     md::load_hf(loaded, single, out);
     const double after = (loaded.forward(batch).log_probs - lp).abs().max().item<double>();
+    // The key as config.json may hold it: under its older spelling, out of its range, not a number.
+    std::string text;
+    {
+      std::ifstream in(out / "config.json");
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const auto with = [&](const std::string& from, const std::string& to) {
+      std::string t = text;
+      t.replace(t.find(from), from.size(), to);
+      return t;
+    };
+    const double old_spelling =
+        md::setting(md::parse_hf_config(with("\"qk_scale_cap\"", "\"qk_scales_cap\""), "old.json").s, "qk_scale_cap");
+    std::string out_of_range, not_a_number;
+    try {
+      md::parse_hf_config(with("\"qk_scale_cap\": 1.5", "\"qk_scale_cap\": 100.0"), "range.json");
+    } catch (const std::exception& e) {
+      out_of_range = e.what();
+    }
+    try {
+      md::parse_hf_config(with("\"qk_scale_cap\": 1.5", "\"qk_scale_cap\": \"big\""), "type.json");
+    } catch (const std::exception& e) {
+      not_a_number = e.what();
+    }
     std::string refusal = "(not refused)";
     try {
       md::parallel_model<md::causal_lm<tiny_default_cap>> other(single, options);
@@ -199,8 +225,11 @@ int main(int argc, char** argv) {
       std::printf("HF checkpoint %s: config.json's qk_scale_cap read back as %g; a model of other weights differed "
                   "by %.2e, after load_hf by %.2e\n", out.string().c_str(), cap_read, before, after);
       std::printf("a model declaring the default cap is refused: %s\n", refusal.c_str());
+      std::printf("qk_scales_cap (its older spelling) read as %g; refused: %s | %s\n", old_spelling, out_of_range.c_str(),
+                  not_a_number.c_str());
       const bool ok = lp0 < 1e-5 && v0 < 1e-5 && grads < 1e-5 && moved > 1e-4 && lp1 < 1e-5 && v1 < 1e-5 && cap_read == 1.5 && after < 1e-5 &&
-                      before > 1e-3 && refusal.find("qk_scale_cap") != std::string::npos;
+                      before > 1e-3 && refusal.find("qk_scale_cap") != std::string::npos && old_spelling == 1.5 &&
+                      out_of_range.find("qk_scale_cap") != std::string::npos && not_a_number.find("qk_scale_cap") != std::string::npos;
       std::printf("%s\n", ok ? "the custom attention equals the single-process model and round-trips through HF"
                              : "MISMATCH");
       return ok ? 0 : 1;

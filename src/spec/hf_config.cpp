@@ -683,7 +683,7 @@ void read_block_settings(const reader& r, const architecture& a, shape& s) {
       if (c.kind == setting_kind::integer && std::trunc(x) != x)
         r.fail(key, "expected an integer, got " + describe_json(*v) + what, "write it as a plain JSON integer");
       if (!std::isfinite(x) || x < c.least || x > c.most)
-        r.fail(key, "is " + describe_json(*v) + what + ", where the block takes " +
+        r.fail(key, "is " + format_double(x) + what + ", where the block takes " +
                         (c.least <= -1e300 ? "at most " + format_double(c.most)
                          : c.most >= 1e300 ? "at least " + format_double(c.least)
                                            : "[" + format_double(c.least) + ", " + format_double(c.most) + "]"),
