@@ -1,9 +1,10 @@
 // What a family's composition of blocks lowers to (DESIGN decision 16): one constexpr value that
 // the rest of megadsl reads and that names no block kind.
 //
-//   rows    every parameter the blocks declare, with its megadsl and HF names, shard kind,
-//           placement, init and the layer kinds that have it (the table the shard plan, the
-//           loaders and savers, distributed checkpoints and the formulas iterate)
+//   rows    every parameter the blocks declare, with its megadsl and HF names, shard geometry
+//           (geometry.hpp), placement, init and the layer kinds that have it (the table the shard
+//           plan, the loaders and savers, distributed checkpoints and the formulas iterate)
+//   settings  the config.json keys the blocks read themselves (config_setting)
 //   nodes   each block's run-time module: a factory compiled once in the block's own source
 //           file, and the node indices of the blocks it wraps (the stage builds a layer by
 //           walking its kind's tree: no switch over block kinds)

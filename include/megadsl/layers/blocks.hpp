@@ -8,7 +8,8 @@
 //
 // A block is a type with `static constexpr int lower(arch_builder&, const slot&)`: it declares its
 // parameters (names relative to the slot it is given, HF names relative to its HF module, shard
-// kind, extent, init, the config switch that adds them), the layout rules it adds, its FLOPs beyond
+// geometry, init, the config switch that adds them), the config.json keys it reads itself
+// (b.setting), the layout rules it adds, its FLOPs beyond
 // its matrices' (an attention's scores: `score_units`), and its run-time module (a factory compiled
 // once in its own source file, layers/block_factories.hpp), and lowers the blocks it wraps. A composition lowers to one `architecture` (architecture.hpp), which the
 // shard plan, the formulas, the loaders and savers and the stage read; nothing else in megadsl
