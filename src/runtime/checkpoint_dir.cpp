@@ -146,6 +146,17 @@ void remove_stale_staging(const fs::path& target) {
       ::close(fd);
     }
   }
+  // Another target's lock that no process holds, without a staging directory: its writer was killed
+  // after its new state was in place and its staging directory gone, before it removed the lock.
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.ends_with(".lock") || name == mine + ".lock" || !e.is_regular_file(ec)) continue;
+    if (!fs::exists(parent / name.substr(0, name.size() - 5), ec)) continue;  // a lock of no target megadsl wrote
+    const int fd = try_lock(e.path(), false);
+    if (fd < 0) continue;  // held: being written
+    if (fs::file_size(e.path(), ec) == 0) ::unlink(e.path().c_str());
+    ::close(fd);
+  }
 }
 
 target_lock::target_lock(const fs::path& target) {

@@ -563,6 +563,25 @@ TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tok
   }
   CHECK(names_in(out) == std::set<std::string>{"config.json", "model.safetensors"});
 
+  // A writer killed after its new state was in place, before it removed its lock, leaves only the
+  // lock: the next write beside it removes it, unless a process holds it.
+  {
+    const fs::path killed = scratch("hf-killed"), busy = scratch("hf-busy");
+    fs::path killed_lock = killed, busy_lock = busy;
+    killed_lock += ".lock";
+    busy_lock += ".lock";
+    fs::create_directories(killed);
+    fs::create_directories(busy);
+    std::ofstream{killed_lock};
+    const int fd = ::open(busy_lock.c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX) == 0);
+    save_hf(actor, single, out);
+    CHECK(!fs::exists(killed_lock));
+    CHECK(fs::exists(busy_lock));
+    ::close(fd);
+  }
+
   // A directory of other files is not overwritten.
   const fs::path foreign = scratch("hf-foreign");
   fs::create_directories(foreign);
