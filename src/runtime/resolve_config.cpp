@@ -67,14 +67,16 @@ runtime_config resolve_config(const shape& declared_shape, const layout& declare
   merge(declared, actual, c.s, "", diff);
   // The architecture (the family's composition): the type's, or the run-time one's when dynamic.
   if (declared.arch == nullptr) c.s.arch = actual.arch;
+  else if (actual.arch != nullptr && actual.arch != declared.arch)
+    diff << "architecture: the type says " << declared.arch->name << ", the run-time value is " << actual.arch->name << "; ";
   // The blocks' own config keys: the type's, or the run-time ones where the type leaves them dynamic.
-  if (declared.settings.dynamic) c.s.settings = actual.settings;
-  else if (!actual.settings.dynamic && c.s.arch != nullptr && declared.arch == actual.arch)
+  if (declared.settings.dynamic) {
+    c.s.settings = actual.settings;
+  } else if (!actual.settings.dynamic && c.s.arch != nullptr && declared.arch == actual.arch) {
     for (const config_setting& k : c.s.arch->settings)
       if (setting(declared, k.key) != setting(actual, k.key))
         diff << k.key << ": the type says " << setting(declared, k.key) << ", the run-time value is " << setting(actual, k.key) << "; ";
-  else if (actual.arch != nullptr && actual.arch != declared.arch)
-    diff << "architecture: the type says " << declared.arch->name << ", the run-time value is " << actual.arch->name << "; ";
+  }
   merge(declared_layout, actual_layout, c.l, "layout.", diff);
   if (!diff.str().empty())
     throw std::invalid_argument("megadsl: the run-time model does not match the declared type: " + diff.str() +
