@@ -101,14 +101,15 @@ shape shape_from_json(const json& j, const std::string& file) {
         read(v, j.at(name), name);
       }
     });
-    // The blocks' own config keys (a model whose composition declares them), by key.
+    // The blocks' own config keys (a model whose composition declares them), by key: known now,
+    // not dynamic (a dynamic shape's would take whatever a config gives, and the checkpoint's
+    // recorded ones would be missing from the model it describes).
+    s.settings = {};
     if (j.contains("settings"))
       for (const auto& [key, value] : j.at("settings").items()) {
-        const int i = setting_index(*s.arch, key);
-        if (i < 0 || !value.is_number())
+        if (setting_index(*s.arch, key) < 0 || !value.is_number())
           bad(file + ": model.shape.settings." + printable(key) + " is no number of a config key the composition's blocks declare");
-        s.settings.value[static_cast<std::size_t>(i)] = value.get<double>();
-        s.settings.given |= 1U << i;
+        s.settings.set(key, value.get<double>());
       }
   } catch (const json::exception& e) {
     bad(file + ": model.shape is not what save_distributed writes (" + e.what() + ")");
@@ -259,7 +260,11 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
     mo.dropout = cfg.dropout;
     check_before_load(p.src.dir, p.src.s, o.l, p.src.head, at::elementSize(mo.dtype), local_world_size());
   } else if (const fs::path carried = hf_files_of(p.src.dir); !carried.empty() && fs::is_regular_file(carried / "config.json")) {
-    mo.dropout = read_hf_config(carried).dropout;  // the HF checkpoint it was made from
+    // The HF checkpoint it was made from: its dropout, and its attention window (a windowed family's
+    // config class cannot describe the model without it).
+    const hf_config cfg = read_hf_config(carried);
+    mo.dropout = cfg.dropout;
+    mo.attention_window = cfg.attention_window;
   }
   parallel_model<Spec> model(groups, mo, p.src.s, o.l);
   progress bar(err, speak);

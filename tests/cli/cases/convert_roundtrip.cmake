@@ -56,6 +56,29 @@ megadsl(convert --from ${WORK}/bf16-dist --to ${WORK}/bf16-hf)
 expect_exit(0)
 expect_same(${WORK}/bf16 ${WORK}/bf16-hf)
 
+# A family with a sliding window on alternate layers and config keys its blocks read themselves
+# (gpt-oss: swiglu_limit, swiglu_alpha): dist -> HF writes the window and the keys back as the
+# source had them (the window is not in the distributed checkpoint's model: it comes from the HF
+# config.json the checkpoint carries), and the converted checkpoint gives the reference's log-probs.
+set(G ${FIXTURES}/gpt-oss-tf5)
+megadsl(convert --from ${G} --to ${WORK}/gdist --tp 2 --ranks 2)
+expect_exit(0)
+megadsl(convert --from ${WORK}/gdist --to ${WORK}/ghf)
+expect_exit(0)
+expect_same(${G} ${WORK}/ghf)
+file(READ ${WORK}/ghf/config.json written)
+foreach(kv "\"sliding_window\": 5" "\"sliding_attention\"" "\"swiglu_limit\": 1.0" "\"swiglu_alpha\": 1.702")
+  string(FIND "${written}" "${kv}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "dist -> HF of gpt-oss: config.json lacks ${kv}:\n${written}")
+  endif()
+endforeach()
+compare_tensors(extract ${G}/reference.safetensors ${WORK}/gleft.safetensors
+                left.input_ids:input_ids left.attention_mask:attention_mask)
+megadsl(run ${WORK}/ghf --input ${WORK}/gleft.safetensors --output ${WORK}/gout.safetensors)
+expect_exit(0)
+expect_same(${WORK}/gout.safetensors ${G}/reference.safetensors:left. --names log_probs --tol 1e-4)
+
 # Mistakes: one line each.
 megadsl(convert --from ${WORK} --to ${WORK}/x)
 expect_exit(1)
