@@ -22,15 +22,17 @@ using cohere2_block = blocks::parallel_shared_norm<blocks::layer_norm_no_bias,
                                                    blocks::attention<blocks::attention_knobs{.rope = Rope}>,
                                                    blocks::gated_mlp<activation::silu>>;
 
+// logit_scale (Cohere2Config's default 0.0625): the logits multiplied by it.
+inline constexpr config_setting cohere2_logit_scale{.key = "logit_scale", .fallback = 0.0625, .meaning = "the logits multiplied by it"};
+
 using cohere2_blocks = blocks::decoder<blocks::embedding<>,
                                        blocks::select<&cohere2_layer, cohere2_block<true>, cohere2_block<false>>,
-                                       blocks::layer_norm_no_bias>;
+                                       blocks::layer_norm_no_bias, name_scheme::llama, blocks::lm_head<&cohere2_logit_scale>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 
 inline constexpr config_key_rule cohere2_keys[] = {
     {"layer_norm_eps", key_use::read},
-    {"logit_scale", key_use::read},             // the logits multiplied by it
     {"attention_bias", key_use::read},          // q/k/v and o_proj biases
     {"sliding_window", key_use::read},
     {"sliding_window_pattern", key_use::read},  // every n-th layer full (layer_types wins)
@@ -39,7 +41,7 @@ inline constexpr config_key_rule cohere2_keys[] = {
 inline constexpr family_config cohere2_config{
     .model_type = "cohere2", .hf_class = "Cohere2", .display = "Command R7B, Command A",
     .arch = &architecture_of<cohere2_blocks>, .max_positions = 8192, .rms_eps = 1e-5, .tie_embeddings = true,
-    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .reads_logit_scale = true, .full_every = 4,
+    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .full_every = 4,
     .window = window_rule::alternate, .reads_layer_types = true, .rope_only_sliding = true, .interleaved_rope = true,
     .keys = cohere2_keys};
 
@@ -58,7 +60,8 @@ struct cohere2 : decoder_family<cohere2_blocks, S> {
 // of that shape, the hub's 8.03B.
 struct command_r7b : cohere2<shape{.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .ffn = 14336,
                                    .vocab = 256000, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0,
-                                   .tie_embeddings = true, .nope_layers = 0x88888888, .logit_scale = 0.25}> {
+                                   .tie_embeddings = true, .nope_layers = 0x88888888,
+                                   .settings = settings_given({{"logit_scale", 0.25}})}> {
   static constexpr std::string_view name = "command-r7b";
   static constexpr std::string_view hf_repo = "CohereForAI/c4ai-command-r7b-12-2024";
   static constexpr std::int64_t published_params = 8'028'033'024;

@@ -21,11 +21,17 @@ constexpr int dense_first_layer(const shape& s, std::int64_t layer) {
   return layer < 63 && ((s.dense_layers.get() >> layer) & 1) != 0 ? 0 : 1;
 }
 
-// Layer i's kind: dense_first_layer's (0 dense, 1 sparse), plus 2 where q and k are normed per
-// head (the shape's use_qk_norm, config.json's key).
+// use_qk_norm (Glm4MoeConfig's, off by default; tested for truth) picks the attention with q and k
+// RMS-normed per head.
+inline constexpr config_setting glm4_moe_use_qk_norm[] = {
+    {.key = "use_qk_norm", .fallback = 0, .kind = setting_kind::truthy,
+     .meaning = "q and k RMS-normed per head before RoPE (GLM-4.5, 4.6, 4.7; not GLM-4.5-Air)"}};
+
+// Layer i's kind: dense_first_layer's (0 dense, 1 sparse), plus 2 where q and k are normed per head.
 constexpr int glm4_moe_layer(const shape& s, std::int64_t layer) {
-  return dense_first_layer(s, layer) + (s.use_qk_norm.get() ? 2 : 0);
+  return dense_first_layer(s, layer) + (setting(s, "use_qk_norm") != 0 ? 2 : 0);
 }
+inline constexpr blocks::layer_choice glm4_moe_choice{&glm4_moe_layer, glm4_moe_use_qk_norm};
 
 using glm4_moe_attention_qk_norm = blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>;
 using glm4_moe_dense = blocks::gated_mlp<activation::silu>;
@@ -37,7 +43,7 @@ using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attent
 
 using glm4_moe_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::select<&glm4_moe_layer, glm4_moe_block<blocks::attention<>, glm4_moe_dense>,
+    blocks::select<&glm4_moe_choice, glm4_moe_block<blocks::attention<>, glm4_moe_dense>,
                    glm4_moe_block<blocks::attention<>, glm4_moe_sparse>,
                    glm4_moe_block<glm4_moe_attention_qk_norm, glm4_moe_dense>,
                    glm4_moe_block<glm4_moe_attention_qk_norm, glm4_moe_sparse>>,
@@ -61,7 +67,6 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
     {"n_group", key_use::read},
     {"topk_group", key_use::read},
     {"first_k_dense_replace", key_use::read},
-    {"use_qk_norm", key_use::read},             // per-head q/k RMS norms before RoPE (the shape's use_qk_norm)
     {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
     {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
     {"output_router_logits", key_use::no_effect},
@@ -71,7 +76,7 @@ inline constexpr family_config glm4_moe_config{
     .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
     .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
     .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
-    .reads_use_qk_norm = true, .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
+    .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
 
 // GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.
 template <shape S>
@@ -104,7 +109,8 @@ struct glm4_5 : glm4_moe<shape{.hidden = 5120, .layers = 92, .heads = 96, .kv_he
                                .vocab = 151552, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
                                .rope_theta = 1000000.0, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 160,
                                .top_k = 8, .expert_ffn = 1536, .shared_expert_ffn = 1536, .norm_topk = true,
-                               .routed_scale = 2.5, .dense_layers = 0b111, .use_qk_norm = true}> {
+                               .routed_scale = 2.5, .dense_layers = 0b111,
+                               .settings = settings_given({{"use_qk_norm", 1}})}> {
   static constexpr std::string_view name = "glm-4.5";
   static constexpr std::string_view hf_repo = "zai-org/GLM-4.5";
   static constexpr std::int64_t published_params = 352'797'829'024;

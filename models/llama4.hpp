@@ -19,11 +19,23 @@
 
 namespace megadsl {
 
+// use_qk_norm (Llama4TextConfig's, tested for truth: null is off) picks the RoPE layers' attention
+// with or without the q/k L2 norm.
+inline constexpr config_setting llama4_use_qk_norm[] = {
+    {.key = "use_qk_norm", .fallback = 1, .kind = setting_kind::truthy,
+     .meaning = "the RoPE layers L2-norm q and k per head, without a weight"}};
+
 // Layer i's kind: its attention (0 RoPE with the q/k norm, 1 RoPE without, 2 NoPE) plus 3 where
 // it routes.
 constexpr int llama4_layer(const shape& s, std::int64_t layer) {
-  const int attention = nope_layer(s, layer) ? 2 : s.qk_l2_norm.get() ? 0 : 1;
+  const int attention = nope_layer(s, layer) ? 2 : setting(s, "use_qk_norm") != 0 ? 0 : 1;
   return attention + 3 * qwen_sparse_layer(s, layer);
+}
+inline constexpr blocks::layer_choice llama4_choice{&llama4_layer, llama4_use_qk_norm};
+
+// The layer_types entry of layer i (config.json's, where given, must say it): the RoPE layers chunk.
+constexpr std::string_view llama4_layer_type(const shape& s, std::int64_t layer) {
+  return nope_layer(s, layer) ? "full_attention" : "chunked_attention";
 }
 
 using llama4_rope_attention = blocks::attention<blocks::attention_knobs{.chunked = true}, blocks::l2_qk_norm>;
@@ -37,7 +49,7 @@ using llama4_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attentio
 
 using llama4_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::select<&llama4_layer, llama4_block<llama4_rope_attention, llama4_dense_mlp>,
+    blocks::select<&llama4_choice, llama4_block<llama4_rope_attention, llama4_dense_mlp>,
                    llama4_block<llama4_rope_attention_unnormed, llama4_dense_mlp>, llama4_block<llama4_nope_attention, llama4_dense_mlp>,
                    llama4_block<llama4_rope_attention, llama4_moe>, llama4_block<llama4_rope_attention_unnormed, llama4_moe>,
                    llama4_block<llama4_nope_attention, llama4_moe>>,
@@ -62,11 +74,8 @@ inline constexpr config_key_rule llama4_keys[] = {
     {"no_rope_layers", key_use::read},
     {"no_rope_layer_interval", key_use::read},
     {"layer_types", key_use::read},
-    {"attention_chunk_size", key_use::read},
-    {"use_qk_norm", key_use::read},
-    {"attn_temperature_tuning", key_use::read},
-    {"floor_scale", key_use::read},
-    {"attn_scale", key_use::read},
+    // attention_chunk_size, attn_temperature_tuning, floor_scale and attn_scale: the attention
+    // blocks' own keys (blocks/attention.hpp); use_qk_norm: the layer choice's (above).
     // Llama4Router never reads it (no jitter in transformers' Llama 4).
     {"router_jitter_noise", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
@@ -77,7 +86,7 @@ inline constexpr family_config llama4_config{
     .model_type = "llama4_text", .hf_class = "Llama4", .display = "Llama 4 (text)",
     .arch = &architecture_of<llama4_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0,
     .head_dim = 128, .ffn_key = "intermediate_size_mlp", .bias = bias_rule::attention_bias, .reads_no_rope_layers = true,
-    .empty_no_rope_is_default = true, .llama4_attention = true, .interleaved_rope = true, .moe = &llama4_moe_config,
+    .empty_no_rope_is_default = true, .layer_type = &llama4_layer_type, .interleaved_rope = true, .moe = &llama4_moe_config,
     .keys = llama4_keys};
 
 // Llama 4 (text): chunked RoPE layers with the q/k L2 norm, temperature-tuned NoPE layers, dense
@@ -96,8 +105,10 @@ constexpr shape llama4_with(std::int64_t experts, std::int64_t sparse_step, bool
   shape s{.hidden = 5120, .layers = 48, .heads = 40, .kv_heads = 8, .ffn = 16384, .vocab = 202048, .head_dim = 128,
           .max_positions = max_positions, .rms_eps = 1e-5, .rope_theta = 500000.0, .rope = rope,
           .rope_interleave = true, .experts = experts, .top_k = 1, .expert_ffn = 8192, .shared_expert_ffn = 8192,
-          .sparse_step = sparse_step, .attention_chunk = 8192, .qk_l2_norm = qk_norm, .attn_floor_scale = 8192.0,
-          .attn_scale = 0.1};
+          .sparse_step = sparse_step};
+  // attention_chunk_size 8192, attn_temperature_tuning on with floor_scale 8192 and attn_scale 0.1:
+  // the blocks' defaults.
+  if (!qk_norm) s.settings = settings_given({{"use_qk_norm", 0}});
   for (std::int64_t i = 3; i < 48; i += 4) s.nope_layers = s.nope_layers.get() | (std::int64_t{1} << i);
   return s;
 }

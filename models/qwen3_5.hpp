@@ -99,8 +99,7 @@ struct qwen3_5_moe : decoder_family<qwen3_5_moe_blocks, S> {
 struct qwen3_5_9b
     : qwen3_5<shape{.hidden = 4096, .layers = 32, .heads = 16, .kv_heads = 4, .ffn = 12288, .vocab = 248320,
                     .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
-                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(32, 4), .linear_key_heads = 16,
-                    .linear_value_heads = 32, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(32, 4)}> {  // the DeltaNet's sizes: its keys' defaults
   static constexpr std::string_view name = "qwen3.5-9b";
   static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-9B";
   static constexpr std::int64_t published_params = 8'953'803'264;
@@ -111,8 +110,8 @@ struct qwen3_5_9b
 struct qwen3_5_27b
     : qwen3_5<shape{.hidden = 5120, .layers = 64, .heads = 24, .kv_heads = 4, .ffn = 17408, .vocab = 248320,
                     .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
-                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(64, 4), .linear_key_heads = 16,
-                    .linear_value_heads = 48, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+                    .rotary_fraction = 0.25, .linear_layers = linear_every_but(64, 4),
+                    .settings = settings_given({{"linear_num_value_heads", 48}})}> {
   static constexpr std::string_view name = "qwen3.5-27b";
   static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-27B";
   static constexpr std::int64_t published_params = 26'895'998'464;
@@ -122,8 +121,7 @@ struct qwen3_5_35b_a3b
     : qwen3_5_moe<shape{.hidden = 2048, .layers = 40, .heads = 16, .kv_heads = 2, .ffn = 512, .vocab = 248320,
                         .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
                         .rotary_fraction = 0.25, .experts = 256, .top_k = 8, .expert_ffn = 512, .shared_expert_ffn = 512,
-                        .norm_topk = true, .linear_layers = linear_every_but(40, 4), .linear_key_heads = 16,
-                        .linear_value_heads = 32, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+                        .norm_topk = true, .linear_layers = linear_every_but(40, 4)}> {  // the DeltaNet's sizes: its keys' defaults
   static constexpr std::string_view name = "qwen3.5-35b-a3b";
   static constexpr std::string_view hf_repo = "Qwen/Qwen3.5-35B-A3B";
   // transformers' Qwen3_5MoeForCausalLM of that config, built on the meta device.

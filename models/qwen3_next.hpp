@@ -83,8 +83,7 @@ struct qwen3_next_80b_a3b
     : qwen3_next<shape{.hidden = 2048, .layers = 48, .heads = 16, .kv_heads = 2, .ffn = 5120, .vocab = 151936,
                        .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
                        .rotary_fraction = 0.25, .experts = 512, .top_k = 10, .expert_ffn = 512, .shared_expert_ffn = 512,
-                       .norm_topk = true, .linear_layers = linear_every_but(48, 4), .linear_key_heads = 16,
-                       .linear_value_heads = 32, .linear_key_dim = 128, .linear_value_dim = 128, .linear_conv_kernel = 4}> {
+                       .norm_topk = true, .linear_layers = linear_every_but(48, 4)}> {  // the DeltaNet's sizes: its keys' defaults
   static constexpr std::string_view name = "qwen3-next-80b-a3b";
   static constexpr std::string_view hf_repo = "Qwen/Qwen3-Next-80B-A3B-Instruct";
   // transformers' Qwen3NextForCausalLM built from the published config on the meta device (the

@@ -54,7 +54,7 @@ struct llama_qk_scales : md::decoder_family<scaled_blocks, S> {
 // Eight query heads over one kv head, the scales capped at 1.5 (not the default 4).
 constexpr md::shape tiny{.hidden = 128, .layers = 4, .heads = 8, .kv_heads = 1, .ffn = 256, .vocab = 1000,
                          .max_positions = 256,
-                         .settings = md::settings_for(md::architecture_of<scaled_blocks>, {{"qk_scale_cap", 1.5}})};
+                         .settings = md::settings_given({{"qk_scale_cap", 1.5}})};
 struct tiny_scaled : llama_qk_scales<tiny> {
   static constexpr std::string_view name = "tiny-qk-scales";
 };

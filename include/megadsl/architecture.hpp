@@ -212,7 +212,11 @@ constexpr std::string_view name_of(activation a) {
 // generic reader takes it from config.json (or an older spelling), checks it, and writes it back;
 // the block's module (block_build::setting) and its rows' geometry (megadsl::setting) read the
 // value. No family and no core file names it.
-enum class setting_kind : std::int8_t { number, integer, flag };
+//   number, integer  a JSON number (an integer: whole); null is refused (the config classes would fail on it)
+//   flag             true or false
+//   truthy           tested for truth as the config class's Python does: true/false, a number (0:
+//                    false), null (false); written back as true or false
+enum class setting_kind : std::int8_t { number, integer, flag, truthy };
 struct config_setting {
   std::string_view key;                     // config.json's key
   double fallback = 0;                      // its value where config.json is silent (the config class's default)
@@ -220,7 +224,12 @@ struct config_setting {
   double least = -1e308, most = 1e308;      // the values it accepts; others are refused, naming the key
   std::string_view meaning;                 // what it does (for messages and `describe`)
   std::array<std::string_view, 2> also{};   // other spellings it is read under (an older transformers')
-  constexpr bool operator==(const config_setting&) const = default;
+  // What two declarations of one key must agree on. (Not the texts: g++ 12 refuses to read a
+  // constexpr object's string_views beside its key in a constant expression, "modification of ...
+  // is not a constant expression".)
+  constexpr bool same_value_as(const config_setting& o) const {
+    return key == o.key && fallback == o.fallback && kind == o.kind && least == o.least && most == o.most;
+  }
 };
 
 struct architecture {
@@ -236,6 +245,10 @@ struct architecture {
   activation act = activation::silu;  // the MLPs' activation (config.json's hidden_act)
   bool has_act = false;
   std::span<const config_setting> settings{};  // the blocks' own config keys, in declaration order
+  // The LM head's logits scaled by a config key (blocks::lm_head: Cohere's logit_scale times,
+  // Granite's logits_scaling divided by): its index in `settings`; -1: unscaled.
+  int logit_scale = -1;
+  bool logit_divides = false;
 };
 
 // The architecture of a shape: its family's, or config.json's model_type's once resolved. Read
@@ -355,19 +368,16 @@ constexpr double setting(const shape& s, std::string_view key) {
   const architecture& a = arch_of(s);
   const int i = setting_index(a, key);
   if (i < 0) throw "megadsl: no block of the composition declares this config setting (b.setting in its lower)";
-  const auto u = static_cast<std::size_t>(i);
-  return ((s.settings.given >> i) & 1U) != 0 ? s.settings.value[u] : a.settings[u].fallback;
+  if (const double* v = s.settings.find(key)) return *v;
+  return a.settings[static_cast<std::size_t>(i)].fallback;
 }
-// Settings given by key, for a shape literal: `.settings = settings_for(architecture_of<C>, {{"key", 2.5}})`.
-constexpr block_settings settings_for(const architecture& a, std::initializer_list<std::pair<std::string_view, double>> given) {
-  block_settings out;
-  for (const auto& [key, value] : given) {
-    const int i = setting_index(a, key);
-    if (i < 0) throw "megadsl: settings_for: no block of the composition declares this config setting";
-    out.value[static_cast<std::size_t>(i)] = value;
-    out.given |= 1U << i;
-  }
-  return out;
+// The first key the shape gives that no block of its composition declares, or "".
+constexpr std::string_view undeclared_setting(const shape& s) {
+  if (s.arch == nullptr) return {};
+  for (int i = 0; i < s.settings.count; ++i)
+    if (const std::string_view key = s.settings.given[static_cast<std::size_t>(i)].name(); setting_index(*s.arch, key) < 0)
+      return key;
+  return {};
 }
 
 // The row named `name`, or nullptr.
@@ -422,12 +432,12 @@ constexpr basic_text<4096> composition_tree(const shape& s) {
   }
   print(a.final_norm, 1, print);
   if (s.final_softcap.is_static() && s.final_softcap.get() != 0) t.append("  lm head: tanh soft-cap of the logits\n");
-  const auto set = [](const real& v, double neutral) { return v.is_static() && v.get() != neutral; };
-  const auto value = [](const real& v) { return v.is_static() ? v.get() : -1.0; };
-  if (set(s.embedding_multiplier, 1) || set(s.residual_multiplier, 1) || set(s.attention_multiplier, 0) || set(s.logits_scaling, 1))
-    t.add("  multipliers: embedding x ", value(s.embedding_multiplier), ", sublayer outputs x ", value(s.residual_multiplier),
-          ", scores x ", value(s.attention_multiplier), " (0: head_dim^-1/2), logits / ", value(s.logits_scaling), "\n");
-  if (set(s.logit_scale, 1)) t.add("  lm head: logits x ", value(s.logit_scale), "\n");
+  if (a.logit_scale >= 0) {
+    const std::string_view key = a.settings[static_cast<std::size_t>(a.logit_scale)].key;
+    t.add("  lm head: logits ", a.logit_divides ? "/ " : "x ", key);
+    if (!s.settings.dynamic) t.add(" (", setting(s, key), ")");
+    t.append("\n");
+  }
   return t;
 }
 

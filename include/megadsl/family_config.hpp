@@ -1,6 +1,6 @@
 // What a family's HF config.json holds and how megadsl reads it: the data each family declares in
 // its own header beside its composition and presets (models/<family>.hpp), listed once in the
-// registry (models/registry.hpp). The config reader (src/spec/hf_config.cpp) follows it and
+// registry (models/registry.hpp). The config reader (src/spec/hf_config.cpp, config_*.cpp) follows it and
 // compares no family name. Torch-free.
 //
 //   inline constexpr config_key_rule olmo2_keys[] = {{"rms_norm_eps", key_use::read}, {"attention_bias", key_use::read}};
@@ -20,7 +20,7 @@
 namespace megadsl {
 
 // What megadsl does with a config.json key. Every key of the family's transformers config class
-// is in the family's rows or in every family's (src/spec/hf_config.cpp); a key in none is unknown
+// is in the family's rows or in every family's (src/spec/config_keys.cpp); a key in none is unknown
 // to the class, ignored by transformers and so by megadsl, which says so in a note.
 enum class key_use : std::int8_t {
   read,       // honoured: it sets a shape field, the window, or is checked against the weights
@@ -139,12 +139,6 @@ struct family_config {
   // with the partial factor, and plain RoPE only (GPT-NeoX).
   bool legacy_rope_keys = false;
   std::span<const std::string_view> omitted_keys = {};  // shape keys the config class does not have
-  // Granite's embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling
-  // (each 1.0 by default): the shape's fields of those names.
-  bool multipliers = false;
-  // Cohere's `logit_scale` (the logits multiplied by it; this its class default): the shape's logit_scale.
-  bool reads_logit_scale = false;
-  double logit_scale_default = 0.0625;
   bool score_caps = false;                  // Gemma2's query_pre_attn_scalar and tanh soft-caps
   double attn_softcap_default = 50.0, final_softcap_default = 30.0;  // (Gemma2Config's; Gemma 3's are null)
   // RoPE per layer type (Gemma 3, OLMo 3): rope_parameters {full_attention: {...}, sliding_attention:
@@ -161,13 +155,9 @@ struct family_config {
   // (4 by default) without RoPE: the shape's nope_layers (SmolLM3).
   bool reads_no_rope_layers = false;
   bool empty_no_rope_is_default = false;    // an empty no_rope_layers means the interval's pattern (Llama 4)
-  // Llama 4's attention keys: attention_chunk_size (the RoPE layers' chunks), use_qk_norm (their
-  // q/k L2 norm), attn_temperature_tuning with floor_scale and attn_scale (the NoPE layers' q
-  // scale); layer_types must say chunked_attention exactly on the RoPE layers.
-  bool llama4_attention = false;
-  // `use_qk_norm` switches weighted per-head norms of q and k before RoPE (the shape's use_qk_norm;
-  // GLM-4.5's RMS norms, Cohere's LayerNorms: each composition chooses its attention by it).
-  bool reads_use_qk_norm = false;
+  // The layer_types entry each layer has in the composition (Llama 4's chunked_attention on the RoPE
+  // layers): an explicit layer_types must say it, and save_hf writes it. Null: none.
+  std::string_view (*layer_type)(const shape&, std::int64_t layer) = nullptr;
   // Qwen3-Next's gated DeltaNet keys: linear_num_key_heads, linear_num_value_heads,
   // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, and which layers are
   // linear: layer_types ("linear_attention" / "full_attention") or full_attention_interval.
@@ -202,6 +192,10 @@ struct family_config {
   // 0) is every family's unless listed here or given a rule of its own in `keys`.
   std::span<const dropout_key> dropouts = {};
   std::span<const config_key_rule> keys = {};  // the family's own keys (found before every family's)
+  // The composition megadsl's distributed checkpoints of this family recorded before its quirks
+  // became its blocks' keys (Granite's: Llama's): such a checkpoint, whose shape holds a value of
+  // one of this composition's keys, is read as this family's.
+  const architecture* earlier_arch = nullptr;
 };
 
 }  // namespace megadsl

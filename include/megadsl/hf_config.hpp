@@ -4,7 +4,7 @@
 //   auto cfg = megadsl::read_hf_config("Meta-Llama-3-8B");            // a directory or config.json
 //   megadsl::shape s = megadsl::resolve(llama3_8b::shape, cfg.s, cfg.file.string());
 //
-// Implemented in src/spec/hf_config.cpp (target megadsl::core: nlohmann_json, no LibTorch). Every
+// Implemented in src/spec/hf_config.cpp and its config_*.cpp (target megadsl::core: nlohmann_json, no LibTorch). Every
 // error is a `config_error` whose text names the file, the field and the fix.
 #pragma once
 

@@ -62,22 +62,7 @@ struct accessors_impl<megadsl::shape> {
         MEGADSL_SHAPE_FIELD(sparse_step),
         MEGADSL_SHAPE_FIELD(dense_layers),
         MEGADSL_SHAPE_FIELD(nope_layers),
-        MEGADSL_SHAPE_FIELD(embedding_multiplier),
-        MEGADSL_SHAPE_FIELD(residual_multiplier),
-        MEGADSL_SHAPE_FIELD(attention_multiplier),
-        MEGADSL_SHAPE_FIELD(logits_scaling),
-        MEGADSL_SHAPE_FIELD(logit_scale),
-        MEGADSL_SHAPE_FIELD(attention_chunk),
-        MEGADSL_SHAPE_FIELD(qk_l2_norm),
-        MEGADSL_SHAPE_FIELD(use_qk_norm),
-        MEGADSL_SHAPE_FIELD(attn_floor_scale),
-        MEGADSL_SHAPE_FIELD(attn_scale),
-        MEGADSL_SHAPE_FIELD(linear_layers),
-        MEGADSL_SHAPE_FIELD(linear_key_heads),
-        MEGADSL_SHAPE_FIELD(linear_value_heads),
-        MEGADSL_SHAPE_FIELD(linear_key_dim),
-        MEGADSL_SHAPE_FIELD(linear_value_dim),
-        MEGADSL_SHAPE_FIELD(linear_conv_kernel));
+        MEGADSL_SHAPE_FIELD(linear_layers));
   }
 };
 }  // namespace boost::hana

@@ -216,6 +216,13 @@ constexpr void check_positive(const shape& s, const layout& l, violations& out) 
     out.add("positive_sizes").add("first_stage_layers = ", l.first_stage_layers.get(), " must be >= 0 (0: even split)");
   if (l.last_stage_layers.is_static() && l.last_stage_layers.get() < 0)
     out.add("positive_sizes").add("last_stage_layers = ", l.last_stage_layers.get(), " must be >= 0 (0: even split)");
+  // The blocks' own keys (config_setting), in the range each block declares (config.json's are
+  // checked as they are read; a declared shape's here).
+  if (s.arch != nullptr && !s.settings.dynamic)
+    for (const config_setting& c : s.arch->settings)
+      if (const double v = setting(s, c.key); !(v >= c.least && v <= c.most))
+        out.add("positive_sizes").add(c.key, " = ", v, v < c.least ? " is below " : " is above ", v < c.least ? c.least : c.most,
+                                      v < c.least ? ", the least its block takes" : ", the most its block takes");
 }
 
 constexpr bool positive(const auto&... v) { return ((v.is_static() && v.get() > 0) && ...); }
@@ -437,10 +444,12 @@ constexpr void check_expert_grid(const layout& l, const run_facts& f, violations
 }
 
 // Invariant arithmetic (layers/invariant.hpp) sums a row-parallel linear's input in 8 fixed chunks,
-// whole on each tp rank, and the vocabulary in blocks of 128 columns, whole on each tp rank.
+// whole on each tp rank, and the vocabulary in blocks of 128 columns, whole on each tp rank. (A
+// block whose row-parallel input is sized by its own keys checks it in its rule: the gated DeltaNet.)
+inline constexpr std::int64_t invariant_chunks = 8;
 constexpr void check_invariant(const shape& s, const layout& l, violations& out) {
   if (!l.invariant.is_static() || !l.invariant.get()) return;
-  constexpr std::int64_t chunks = 8, block = 128;
+  constexpr std::int64_t chunks = invariant_chunks, block = 128;
   for (const auto& [name, degree] : {std::pair<std::string_view, dim>{"tp", l.tp}, {"etp", l.etp}})
     if (degree.is_static() && degree.get() > 0 && chunks % degree.get() != 0)
       out.add("invariant_chunks_fit", {degree.get()})
@@ -452,9 +461,7 @@ constexpr void check_invariant(const shape& s, const layout& l, violations& out)
       {"num_heads * v_head_dim (o_proj's input)", known(s.heads, s.v_head_dim) ? s.heads.get() * s.v_head_dim.get() : 0},
       {"intermediate_size", s.ffn.is_static() ? s.ffn.get() : 0},
       {"an expert's intermediate size", known(s.experts) && s.experts.get() > 0 && expert_ffn_of(s).is_static() ? expert_ffn_of(s).get() : 0},
-      {"the shared expert's intermediate size", s.shared_expert_ffn.is_static() ? s.shared_expert_ffn.get() : 0},
-      {"linear value heads * their dim (out_proj's input)",
-       known(s.linear_value_heads, s.linear_value_dim) ? s.linear_value_heads.get() * s.linear_value_dim.get() : 0}};
+      {"the shared expert's intermediate size", s.shared_expert_ffn.is_static() ? s.shared_expert_ffn.get() : 0}};
   for (const auto& [name, width] : inputs)
     if (width % chunks != 0)
       out.add("invariant_chunks_fit", {width})

@@ -11,7 +11,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
+#include <utility>
 
 #include "megadsl/static_value.hpp"
 
@@ -68,17 +70,59 @@ inline double rope_attention_factor(const rope_scaling& r) {
 }
 
 // Numbers blocks read from config.json under keys they declare themselves (architecture.hpp's
-// config_setting), in the order the composition declares them: value i is the architecture's
-// setting i where bit i of `given` says config.json (or the declaration) gave it; else that
-// setting's default applies (megadsl::setting). `dynamic`: not known until config.json gives them
-// (dynamic_shape's), so any value config.json holds is taken.
+// config_setting), by key: those config.json (or the declaration) gave; any other key the
+// composition declares has its default (megadsl::setting). `dynamic`: not known until config.json
+// gives them (dynamic_shape's), so any value config.json holds is taken. Keys are held as text of
+// their own (a shape is a template argument), in key order, so that equal settings compare equal.
+//
+//   .settings = settings_given({{"use_qk_norm", 1}, {"logit_scale", 0.25}})
 inline constexpr int max_settings = 8;
+inline constexpr std::size_t max_setting_key = 40;
+struct given_setting {
+  std::array<char, max_setting_key> key{};  // NUL-padded
+  double value = 0;
+  constexpr std::string_view name() const {
+    std::size_t n = 0;
+    while (n < key.size() && key[n] != '\0') ++n;
+    return {key.data(), n};
+  }
+  constexpr bool operator==(const given_setting&) const = default;
+};
 struct block_settings {
-  std::array<double, max_settings> value{};
-  std::uint32_t given = 0;
+  std::array<given_setting, max_settings> given{};
+  int count = 0;
   bool dynamic = false;
   constexpr bool operator==(const block_settings&) const = default;
+
+  // The value given for `key`, or null.
+  constexpr const double* find(std::string_view key) const {
+    for (int i = 0; i < count; ++i)
+      if (given[static_cast<std::size_t>(i)].name() == key) return &given[static_cast<std::size_t>(i)].value;
+    return nullptr;
+  }
+  constexpr void set(std::string_view key, double value) {
+    if (key.empty() || key.size() >= max_setting_key) throw "megadsl: a config setting's key is empty or longer than max_setting_key (shape.hpp)";
+    int at = 0;
+    while (at < count && given[static_cast<std::size_t>(at)].name() < key) ++at;
+    if (at < count && given[static_cast<std::size_t>(at)].name() == key) {
+      given[static_cast<std::size_t>(at)].value = value;
+      return;
+    }
+    if (count == max_settings) throw "megadsl: more config settings given than max_settings (shape.hpp)";
+    for (int i = count; i > at; --i) given[static_cast<std::size_t>(i)] = given[static_cast<std::size_t>(i - 1)];
+    given_setting g;
+    for (std::size_t i = 0; i < key.size(); ++i) g.key[i] = key[i];
+    g.value = value;
+    given[static_cast<std::size_t>(at)] = g;
+    ++count;
+  }
 };
+// Settings given by key, for a shape literal.
+constexpr block_settings settings_given(std::initializer_list<std::pair<std::string_view, double>> keys) {
+  block_settings out;
+  for (const auto& [key, value] : keys) out.set(key, value);
+  return out;
+}
 
 struct shape {
   dim hidden = dynamic;
@@ -138,42 +182,10 @@ struct shape {
   // bit 63 is the sign bit: read it as unsigned, nope_layer).
   // Read by the choice of layer kind of the families that have NoPE layers.
   dim nope_layers = 0;
-  // Granite's multipliers (their neutral values elsewhere): the embedding's output times
-  // embedding_multiplier, each sublayer's output times residual_multiplier before the residual add,
-  // the scores scaled by attention_multiplier outright (0: head_dim^-0.5 or query_pre_attn_scalar's),
-  // the logits divided by logits_scaling before log-softmax.
-  real embedding_multiplier = 1.0;
-  real residual_multiplier = 1.0;
-  real attention_multiplier = 0.0;
-  real logits_scaling = 1.0;
-  // The logits multiplied by this before log-softmax (Cohere's logit_scale; 1 elsewhere).
-  real logit_scale = 1.0;
-  // Llama 4's attention: the RoPE layers attend within chunks of attention_chunk tokens of their
-  // sequence (key j visible to query i when both positions fall in one chunk; 0: no chunks), their q
-  // and k L2-normed per head without a weight (use_qk_norm: qk_l2_norm); the NoPE layers scale q
-  // by 1 + attn_scale * ln(1 + floor((p + 1) / attn_floor_scale)) at position p (attention
-  // temperature tuning; attn_floor_scale 0: off). Read by the blocks whose knobs say so.
-  dim attention_chunk = 0;
-  flag qk_l2_norm = false;
-  // config.json's use_qk_norm where it adds weighted per-head norms of q and k before RoPE, of the
-  // family's kind: GLM-4.5's RMS norms (GLM-4.5, 4.6, 4.7: on; GLM-4.5-Air: off), Cohere's
-  // LayerNorms with a weight for every head (Command R+: on; Command R: off). Read by the
-  // compositions that choose their attention by it.
-  flag use_qk_norm = false;
-  real attn_floor_scale = 0.0;
-  real attn_scale = 0.0;
   // Qwen3-Next's gated DeltaNet layers (0 elsewhere): bit i of linear_layers says layer i (< 63)
-  // mixes tokens by the gated delta rule instead of attention (layer_types "linear_attention"),
-  // with linear_key_heads heads of linear_key_dim for q and k, linear_value_heads of
-  // linear_value_dim for v (a multiple of the key heads: each key head serves that many), and a
-  // causal depthwise conv of linear_conv_kernel taps over [q | k | v]. Read by the families'
-  // choice of layer kind and by the gated DeltaNet block.
+  // mixes tokens by the gated delta rule instead of attention (layer_types "linear_attention").
+  // Read by the families' choice of layer kind; the block's sizes are its own keys.
   dim linear_layers = 0;
-  dim linear_key_heads = 0;
-  dim linear_value_heads = 0;
-  dim linear_key_dim = 0;
-  dim linear_value_dim = 0;
-  dim linear_conv_kernel = 0;
   // The blocks' own config keys (block_settings above): read and written by the generic reader,
   // whatever the family.
   block_settings settings = {};
@@ -197,11 +209,7 @@ inline constexpr shape dynamic_shape = {
     .v_head_dim = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .topk_sum_floor = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
-    .embedding_multiplier = dynamic, .residual_multiplier = dynamic, .attention_multiplier = dynamic,
-    .logits_scaling = dynamic, .logit_scale = dynamic,
-    .attention_chunk = dynamic, .qk_l2_norm = dynamic, .use_qk_norm = dynamic, .attn_floor_scale = dynamic, .attn_scale = dynamic,
-    .linear_layers = dynamic, .linear_key_heads = dynamic, .linear_value_heads = dynamic, .linear_key_dim = dynamic,
-    .linear_value_dim = dynamic, .linear_conv_kernel = dynamic, .settings = {.dynamic = true}};
+    .linear_layers = dynamic, .settings = {.dynamic = true}};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.
 constexpr std::int64_t rotary_dim(std::int64_t head_dim, double fraction) {

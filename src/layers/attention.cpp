@@ -24,7 +24,7 @@ namespace megadsl {
 namespace {
 
 // What the attention reads from the model once: this rank's heads, the score scale (Gemma2's
-// query_pre_attn_scalar or Granite's attention_multiplier), soft-cap and
+// query_pre_attn_scalar, or the knobs' key: Granite's attention_multiplier), soft-cap and
 // window of its layer, and its q/k norm (the block's child, if any).
 struct attention_settings {
   qkv_rank_layout qkv;      // this rank's kv groups and query heads
@@ -43,15 +43,15 @@ struct attention_settings {
     const shape& s = b.s();
     // Gemma2 scales the scores by query_pre_attn_scalar^-1/2 (0: the kernels' 1 / sqrt(head_dim)).
     if (const double q = s.query_pre_attn_scalar.get(); q != 0) scale = std::pow(q, -0.5);  // as Python computes it
-    if (const double m = s.attention_multiplier.get(); m != 0) scale = m;  // Granite: the scale outright
     softcap = s.attn_softcap.get();
     window = b.args.options.attention_window.of(b.params.layer);
     const blocks::attention_knobs& k = b.knobs<blocks::attention_knobs>();
+    if (k.score_scale != nullptr) scale = b.setting(k.score_scale->key);  // Granite: the scale outright
     rope = k.rope;
-    if (k.chunked) chunk = s.attention_chunk.get();
-    if (k.temperature) {
-      floor_scale = s.attn_floor_scale.get();
-      temperature = s.attn_scale.get();
+    if (k.chunked) chunk = static_cast<std::int64_t>(b.setting(blocks::attention_chunk_size.key));
+    if (k.temperature && b.setting(blocks::attn_temperature_tuning.key) != 0) {
+      floor_scale = b.setting(blocks::floor_scale.key);
+      temperature = b.setting(blocks::attn_scale.key);
     }
     interleaved = s.rope_interleave.get();
     selective_recompute = b.args.l.recompute.get() == recompute_kind::selective;

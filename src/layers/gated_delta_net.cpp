@@ -39,10 +39,11 @@ class gated_delta_net final : public layer_module {
       ba_ = b.require("in_proj_ba.weight");
     }
     const shape& s = b.s();
-    key_heads_ = s.linear_key_heads.get() / b.args.l.tp.get();
-    per_key_ = s.linear_value_heads.get() / s.linear_key_heads.get();
-    dk_ = s.linear_key_dim.get();
-    dv_ = s.linear_value_dim.get();
+    const blocks::delta_net_sizes d = blocks::delta_net_sizes::of(s);  // its own keys
+    key_heads_ = d.key_heads / b.args.l.tp.get();
+    per_key_ = d.value_heads / d.key_heads;
+    dk_ = d.key_dim;
+    dv_ = d.value_dim;
     eps_ = s.rms_eps.get();
     selective_ = b.args.l.recompute.get() == recompute_kind::selective;
   }

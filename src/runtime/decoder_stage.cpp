@@ -505,9 +505,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
         at::Tensor l = linear_in(invariant_, full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
         // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
         if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
-        // Granite: logits / logits_scaling (HF's CausalLM output, before any temperature).
-        if (const double d = s.logits_scaling.get(); d != 1) l = l / d;
-        if (const double m = s.logit_scale.get(); m != 1) l = l * m;  // Cohere: logits * logit_scale
+        // The head's config key (blocks::lm_head; HF's CausalLM output, before any temperature):
+        // Granite's logits / logits_scaling, Cohere's logits * logit_scale.
+        if (logit_scale_ != 1) l = logit_divides_ ? l / logit_scale_ : l * logit_scale_;
         if (o.temperature != 1.0) l = l / o.temperature;
         if (temperature.defined()) l = l / temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
         return l;
@@ -686,6 +686,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (chunks_.back().last_stage) {
       final_norm_ = build_final_norm(outer, args);
       lm_head_ = outer.find("lm_head.weight");
+      if (const architecture& a = arch_of(cfg_.s); a.logit_scale >= 0) {
+        logit_scale_ = setting(cfg_.s, a.settings[static_cast<std::size_t>(a.logit_scale)].key);
+        logit_divides_ = a.logit_divides;
+      }
       value_w_ = outer.find("value_head.weight");
       value_b_ = outer.find("value_head.bias");
     }
@@ -727,6 +731,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
   std::int64_t experts_per_rank_ = 0, first_expert_ = 0;
   std::unique_ptr<layer_module> embedding_, final_norm_;  // on the first and the last stage
   at::Tensor lm_head_, value_w_, value_b_;               // (V'/tp, h); (1, h), (1)
+  double logit_scale_ = 1;     // the LM head's config key's value (blocks::lm_head); 1: none
+  bool logit_divides_ = false; // the logits divided by it, not multiplied
   std::vector<std::unique_ptr<layer_module>> layers_;     // by global layer; null where another stage holds it
   std::vector<named_parameter> params_;
 };

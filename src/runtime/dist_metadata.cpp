@@ -136,21 +136,83 @@ void fill_shape_fields(json& shape) {
 
 // Shape fields that became a block's own config key (shape.settings): an older checkpoint's value
 // moves there under its key where the composition declares it, and is dropped elsewhere (where it
-// held its neutral 0).
-constexpr std::string_view fields_now_settings[] = {"swiglu_alpha", "swiglu_limit"};
+// held its neutral 0). Llama 4's temperature tuning was off where attn_floor_scale was 0.
+enum class moved_as : std::int8_t { value, nonzero, value_unless_zero };
+struct moved_field {
+  std::string_view field, key;
+  moved_as as = moved_as::value;
+  double unless = 0;  // value_unless_zero: the key's value where the field held 0
+};
+constexpr moved_field fields_now_settings[] = {
+    {"swiglu_alpha", "swiglu_alpha"},
+    {"swiglu_limit", "swiglu_limit"},
+    {"attention_chunk", "attention_chunk_size"},
+    {"qk_l2_norm", "use_qk_norm"},
+    {"attn_floor_scale", "attn_temperature_tuning", moved_as::nonzero},
+    {"attn_floor_scale", "floor_scale", moved_as::value_unless_zero, 8192},
+    {"attn_scale", "attn_scale", moved_as::value_unless_zero, 0.1},
+    {"use_qk_norm", "use_qk_norm"},
+    {"logit_scale", "logit_scale"},
+    {"embedding_multiplier", "embedding_multiplier"},
+    {"residual_multiplier", "residual_multiplier"},
+    {"attention_multiplier", "attention_multiplier"},
+    {"logits_scaling", "logits_scaling"},
+    {"linear_key_heads", "linear_num_key_heads"},
+    {"linear_value_heads", "linear_num_value_heads"},
+    {"linear_key_dim", "linear_key_head_dim"},
+    {"linear_value_dim", "linear_value_head_dim"},
+    {"linear_conv_kernel", "linear_conv_kernel_dim"},
+};
+// Whether a field holds the value it had where its family had no such key (shape{}'s, before it moved).
+bool neutral(std::string_view field, const json& v) {
+  const double none = field == "embedding_multiplier" || field == "residual_multiplier" || field == "logits_scaling" ||
+                              field == "logit_scale"
+                          ? 1.0
+                          : 0.0;
+  return v.is_number() ? v.get<double>() == none : !(v.is_boolean() && v.get<bool>());
+}
+
+// The architecture recorded under `name`: a family's composition, or the one it had before its
+// keys became its blocks' (family_config::earlier_arch) where the shape holds a value of one of
+// them that the recorded composition does not declare (a Granite checkpoint recorded Llama's).
+const architecture* recorded_architecture(const json& shape, const std::string& name) {
+  const auto moved_here = [&](const architecture& a) {
+    for (const moved_field& m : fields_now_settings) {
+      const std::string field(m.field);
+      if (!shape.contains(field) || setting_index(a, m.key) < 0) continue;
+      if (!neutral(m.field, shape[field])) return true;
+    }
+    return false;
+  };
+  for (const family_config* f : families)
+    if (f->earlier_arch != nullptr && f->earlier_arch->name == name && moved_here(*f->arch)) return f->arch;
+  for (const family_config* f : families)
+    if (f->arch->name == name) return f->arch;
+  return nullptr;
+}
 
 void fill_settings(json& shape) {
   const architecture* arch = nullptr;
-  if (shape.contains("architecture") && shape["architecture"].is_string())
-    for (const family_config* f : families)
-      if (f->arch->name == shape["architecture"].get<std::string>()) arch = f->arch;
-  for (const std::string_view field : fields_now_settings) {
-    const std::string key(field);
-    if (!shape.contains(key)) continue;
-    if (arch != nullptr && setting_index(*arch, field) >= 0 && !(shape.contains("settings") && shape["settings"].contains(key)))
-      shape["settings"][key] = shape[key];
-    shape.erase(key);
+  if (shape.contains("architecture") && shape["architecture"].is_string()) {
+    arch = recorded_architecture(shape, shape["architecture"].get<std::string>());
+    if (arch != nullptr) shape["architecture"] = std::string(arch->name);
   }
+  // Values other than a field's neutral one first: two fields became one key (Llama 4's
+  // qk_l2_norm and GLM-4.5's and Cohere's use_qk_norm), and the other family's field is neutral.
+  for (const bool neutral_pass : {false, true})
+  for (const moved_field& m : fields_now_settings) {
+    const std::string field(m.field), key(m.key);
+    if (!shape.contains(field) || neutral(m.field, shape[field]) != neutral_pass) continue;
+    if (arch != nullptr && setting_index(*arch, m.key) >= 0 && !(shape.contains("settings") && shape["settings"].contains(key))) {
+      const json& v = shape[field];
+      const bool zero = v.is_number() ? v.get<double>() == 0 : v.is_boolean() && !v.get<bool>();
+      shape["settings"][key] = m.as == moved_as::nonzero                  ? json(zero ? 0.0 : 1.0)
+                               : m.as == moved_as::value_unless_zero && zero ? json(m.unless)
+                               : v.is_boolean()                            ? json(v.get<bool>() ? 1.0 : 0.0)
+                                                                           : v;
+    }
+  }
+  for (const moved_field& m : fields_now_settings) shape.erase(std::string(m.field));
   // The composition's keys a checkpoint written before them does not record: their defaults.
   if (arch != nullptr)
     for (const config_setting& c : arch->settings) {

@@ -141,7 +141,8 @@ struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .
 struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
                                      .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                     .routed_scale = 2.5, .dense_layers = 0b11, .use_qk_norm = true}> {
+                                     .routed_scale = 2.5, .dense_layers = 0b11,
+                                     .settings = settings_given({{"use_qk_norm", 1}})}> {
   static constexpr std::string_view name = "tiny8-glm4-5";
 };
 
@@ -228,7 +229,7 @@ struct tiny8_gpt_oss : gpt_oss<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
                                      .rope = {.type = rope_type::yarn, .factor = 4.0, .original_max_positions = 32,
                                               .beta_fast = 32.0, .beta_slow = 1.0, .truncate = false},
                                      .qkv_bias = true, .out_bias = true, .experts = 8, .top_k = 2, .norm_topk = true,
-                                     .settings = settings_for(architecture_of<gpt_oss_blocks>, {{"swiglu_limit", 0.5}})}> {
+                                     .settings = settings_given({{"swiglu_limit", 0.5}})}> {
   static constexpr std::string_view name = "tiny8-gpt-oss";
   static constexpr std::int64_t window = 5;
 };
@@ -241,8 +242,8 @@ struct tiny8_llama4 : llama4<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_h
                                    .head_dim = 32, .max_positions = 256, .rope_theta = 10000.0, .qkv_bias = true,
                                    .out_bias = true, .rope_interleave = true, .experts = 8, .top_k = 2, .expert_ffn = 64,
                                    .shared_expert_ffn = 64, .sparse_step = 2,
-                                   .nope_layers = (std::int64_t{1} << 3) | (std::int64_t{1} << 7), .attention_chunk = 5,
-                                   .qk_l2_norm = true, .attn_floor_scale = 4.0, .attn_scale = 0.3}> {
+                                   .nope_layers = (std::int64_t{1} << 3) | (std::int64_t{1} << 7),
+                                   .settings = settings_given({{"attention_chunk_size", 5}, {"floor_scale", 4.0}, {"attn_scale", 0.3}})}> {
   static constexpr std::string_view name = "tiny8-llama4";
 };
 
@@ -254,8 +255,10 @@ struct tiny8_qwen3_next
     : qwen3_next<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 96, .vocab = 500, .head_dim = 32,
                        .max_positions = 256, .rope_theta = 10000.0, .rotary_fraction = 0.25, .experts = 8, .top_k = 2,
                        .expert_ffn = 64, .shared_expert_ffn = 96, .norm_topk = true, .dense_layers = 0b10,
-                       .linear_layers = linear_every_but(8, 4), .linear_key_heads = 4, .linear_value_heads = 8,
-                       .linear_key_dim = 32, .linear_value_dim = 16, .linear_conv_kernel = 4}> {
+                       .linear_layers = linear_every_but(8, 4),
+                       .settings = settings_given({{"linear_num_key_heads", 4}, {"linear_num_value_heads", 8},
+                                                   {"linear_key_head_dim", 32}, {"linear_value_head_dim", 16},
+                                                   {"linear_conv_kernel_dim", 4}})}> {
   static constexpr std::string_view name = "tiny8-qwen3-next";
 };
 
@@ -265,8 +268,10 @@ struct tiny8_qwen3_5_moe
     : qwen3_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 64, .vocab = 500, .head_dim = 32,
                         .max_positions = 256, .rope_theta = 10000.0, .rotary_fraction = 0.25, .experts = 8, .top_k = 2,
                         .expert_ffn = 64, .shared_expert_ffn = 96, .norm_topk = true,
-                        .linear_layers = linear_every_but(8, 4), .linear_key_heads = 2, .linear_value_heads = 4,
-                        .linear_key_dim = 32, .linear_value_dim = 16, .linear_conv_kernel = 4}> {
+                        .linear_layers = linear_every_but(8, 4),
+                        .settings = settings_given({{"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
+                                                    {"linear_key_head_dim", 32}, {"linear_value_head_dim", 16},
+                                                    {"linear_conv_kernel_dim", 4}})}> {
   static constexpr std::string_view name = "tiny8-qwen3.5-moe";
 };
 
@@ -290,8 +295,8 @@ struct tiny8_ernie4_5_moe_unshared
 
 struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .tie_embeddings = true, .out_bias = true,
-                                     .embedding_multiplier = 4.0, .residual_multiplier = 0.4,
-                                     .attention_multiplier = 0.125, .logits_scaling = 3.0}> {
+                                     .settings = settings_given({{"embedding_multiplier", 4.0}, {"residual_multiplier", 0.4},
+                                                                 {"attention_multiplier", 0.125}, {"logits_scaling", 3.0}})}> {
   static constexpr std::string_view name = "tiny8-granite";
 };
 
@@ -299,7 +304,8 @@ struct tiny8_granite : granite<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
 // on the even (sliding) layers only, the logits scaled.
 struct tiny8_cohere2 : cohere2<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .rms_eps = 1e-5, .qkv_bias = true, .tie_embeddings = true,
-                                     .out_bias = true, .rope_interleave = true, .nope_layers = 0xAA, .logit_scale = 0.25}> {
+                                     .out_bias = true, .rope_interleave = true, .nope_layers = 0xAA,
+                                     .settings = settings_given({{"logit_scale", 0.25}})}> {
   static constexpr std::string_view name = "tiny8-cohere2";
   static constexpr std::int64_t window = 5;
 };
@@ -315,7 +321,7 @@ struct tiny8_hunyuan_moe : hunyuan_moe<shape{.hidden = 128, .layers = 8, .heads 
 // Cohere's composition: Cohere2's layer with RoPE on pairs on every layer.
 struct tiny8_cohere : cohere<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                    .max_positions = 256, .rms_eps = 1e-5, .tie_embeddings = true, .rope_interleave = true,
-                                   .logit_scale = 0.25}> {
+                                   .settings = settings_given({{"logit_scale", 0.25}})}> {
   static constexpr std::string_view name = "tiny8-cohere";
 };
 
@@ -324,7 +330,8 @@ struct tiny8_cohere : cohere<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_h
 // replicated over 2 ranks); q/k/v and o_proj biases.
 struct tiny8_cohere_plus : cohere<shape{.hidden = 128, .layers = 8, .heads = 8, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                         .max_positions = 256, .rms_eps = 1e-5, .qkv_bias = true, .tie_embeddings = true,
-                                        .out_bias = true, .rope_interleave = true, .logit_scale = 0.25, .use_qk_norm = true}> {
+                                        .out_bias = true, .rope_interleave = true,
+                                        .settings = settings_given({{"logit_scale", 0.25}, {"use_qk_norm", 1}})}> {
   static constexpr std::string_view name = "tiny8-cohere-plus";
 };
 

@@ -438,7 +438,7 @@ TEST_CASE("training with dropout equals one process: MLA's heads at tp x cp, gpt
 TEST_CASE("a run-time shape whose block keys or architecture differ from the type's is refused, naming them", "[world4][moe]") {
   auto single = parallel_groups::single();
   shape other_limit = tiny8_gpt_oss::shape;
-  other_limit.settings = settings_for(*other_limit.arch, {{"swiglu_limit", 2.0}});
+  other_limit.settings = settings_given({{"swiglu_limit", 2.0}});
   CHECK_THROWS_WITH((parallel_model<causal_lm<tiny8_gpt_oss>>(single, {}, other_limit)),
                     Catch::Contains("swiglu_limit: the type says 0.5, the run-time value is 2"));
   shape other_arch = tiny8_gpt_oss::shape;

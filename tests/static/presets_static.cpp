@@ -262,25 +262,31 @@ struct hunyuan_moe_small : megadsl::hunyuan_moe<megadsl::shape{.hidden = 512, .l
 static_assert(valid_layout<hunyuan_moe_small, layout{.tp = 2, .ep = 2}>);
 static_assert(parameter_count(hunyuan_moe_small::shape) ==
               2 * 1000 * 512 + 4 * (2 * 512 + 2 * 512 * 512 + 2 * 512 * 128 + 2 * 64 + 4 * 512 + 5 * 3 * 512 * 256) + 512);
-// Granite: Llama's composition, its multipliers numbers of the shape; multi-head latent attention
-// keeps its own score scale and refuses Granite's.
+// Granite: Llama's blocks, each with its multiplier, its own config key; a key no block of the
+// composition declares is refused where the shape meets it.
 struct granite_small : megadsl::granite<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,
-                                                       .vocab = 1000, .max_positions = 128, .embedding_multiplier = 12.0,
-                                                       .residual_multiplier = 0.22, .attention_multiplier = 0.0078125,
-                                                       .logits_scaling = 8.0}> {};
-static_assert(granite_small::shape.arch == &megadsl::architecture_of<megadsl::llama_blocks>);
+                                                       .vocab = 1000, .max_positions = 128,
+                                                       .settings = megadsl::settings_given({{"embedding_multiplier", 12.0},
+                                                                                            {"residual_multiplier", 0.22},
+                                                                                            {"attention_multiplier", 0.0078125},
+                                                                                            {"logits_scaling", 8.0}})}> {};
+static_assert(granite_small::shape.arch == &megadsl::architecture_of<megadsl::granite_blocks>);
+static_assert(megadsl::setting(granite_small::shape, "logits_scaling") == 8.0 &&
+              megadsl::setting(granite_small::shape, "residual_multiplier") == 0.22);
+static_assert(granite_small::shape.arch->logit_scale >= 0 && granite_small::shape.arch->logit_divides);
+static_assert(granite_small::shape.arch->name.find("attention<separate, scores x attention_multiplier>") != std::string_view::npos);
 static_assert(valid_layout<granite_small, layout{.tp = 2, .cp = 2}>);
-struct mla_scaled : megadsl::deepseek_v3<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 8, .ffn = 1024,
-                                                        .vocab = 1000, .head_dim = 16, .max_positions = 128,
-                                                        .q_lora_rank = 0, .kv_lora_rank = 64, .qk_nope_dim = 32,
-                                                        .v_head_dim = 32, .experts = 4, .top_k = 2, .expert_ffn = 256,
-                                                        .attention_multiplier = 0.1}> {};
-static_assert(violates<mla_scaled, layout{}>("mla_has_its_own_scale"));
+static_assert(megadsl::undeclared_setting(megadsl::with_architecture(
+                  megadsl::shape{.settings = megadsl::settings_given({{"logits_scaling", 2.0}})},
+                  &megadsl::architecture_of<megadsl::granite_blocks>)).empty());
+static_assert(megadsl::undeclared_setting(megadsl::shape{.settings = megadsl::settings_given({{"logit_scale", 2.0}}),
+                                                         .arch = &megadsl::architecture_of<megadsl::granite_blocks>}) ==
+              "logit_scale");
 // Cohere2: one bias-free LayerNorm read by attention and MLP side by side; two kinds of layer (RoPE
 // or none) by the shape's nope_layers.
 struct cohere2_small : megadsl::cohere2<megadsl::shape{.hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2, .ffn = 1024,
                                                        .vocab = 1000, .max_positions = 128, .tie_embeddings = true,
-                                                       .rope_interleave = true, .nope_layers = 0b1000, .logit_scale = 0.0625}> {};
+                                                       .rope_interleave = true, .nope_layers = 0b1000}> {};
 static_assert(cohere2_small::shape.arch->name.find("parallel_shared_norm(layer_norm_no_bias") != std::string_view::npos);
 static_assert(megadsl::kind_of_layer(cohere2_small::shape, 3) == 1 && megadsl::kind_of_layer(cohere2_small::shape, 2) == 0);
 static_assert(valid_layout<cohere2_small, layout{.tp = 2, .pp = 2, .sp = true}>);

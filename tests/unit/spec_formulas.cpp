@@ -104,9 +104,10 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
           double linear = 0;
           for (std::int64_t i = 0; i < s.layers.get(); ++i) linear += megadsl::linear_layer(s, i) ? 1 : 0;
           const double full = L - linear;
-          const double nk = static_cast<double>(s.linear_key_heads.get()), nv = static_cast<double>(s.linear_value_heads.get());
-          const double dk = static_cast<double>(s.linear_key_dim.get()), dv = static_cast<double>(s.linear_value_dim.get());
-          const double taps = static_cast<double>(s.linear_conv_kernel.get());
+          // (The DeltaNet's sizes are its own config keys.)
+          const double nk = megadsl::setting(s, "linear_num_key_heads"), nv = megadsl::setting(s, "linear_num_value_heads");
+          const double dk = megadsl::setting(s, "linear_key_head_dim"), dv = megadsl::setting(s, "linear_value_head_dim");
+          const double taps = megadsl::setting(s, "linear_conv_kernel_dim");
           const double attention = (3 * n * d + 2 * g * d) * h;
           const double deltanet = (2 * nk * dk + 2 * nv * dv) * h + 2 * nv * h + (2 * nk * dk + nv * dv) * taps + h * nv * dv +
                                   4 * nv * dv * dv;
@@ -150,8 +151,9 @@ TEST_CASE("verl's FLOPs reproduce verl's Qwen3.5 estimator for the gated DeltaNe
   constexpr megadsl::shape dense_shape{.hidden = 2048, .layers = 48, .heads = 16, .kv_heads = 2, .ffn = 5120, .vocab = 151936,
                               .head_dim = 256, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 10000000.0,
                               .rotary_fraction = 0.25, .linear_layers = megadsl::linear_every_but(48, 4),
-                              .linear_key_heads = 16, .linear_value_heads = 32, .linear_key_dim = 128,
-                              .linear_value_dim = 128, .linear_conv_kernel = 4};
+                              .settings = megadsl::settings_given({{"linear_num_key_heads", 16}, {"linear_num_value_heads", 32},
+                                                                   {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128},
+                                                                   {"linear_conv_kernel_dim", 4}})};
   CHECK(megadsl::verl_flops(megadsl::qwen3_5<dense_shape>::shape, lens) == Approx(121785382600704.0).epsilon(1e-13));
 }
 
@@ -299,7 +301,7 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
             for (std::int64_t i = 0; i < L; ++i)
               if (megadsl::linear_layer(s, i)) {
                 --attention_layers;
-                deltanet += s.linear_value_dim.get();
+                deltanet += static_cast<std::int64_t>(megadsl::setting(s, "linear_value_head_dim"));
               }
           const std::int64_t replicated = L * (norms + biases) * h + per_norm * h + qk_norms + routers +
                                           expert_biases + latents + deltanet + (actor ? 0 : h + 1);

@@ -252,10 +252,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
         ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
-        ".embedding_multiplier = 1.0, .residual_multiplier = 1.0, .attention_multiplier = 0.0, .logits_scaling = 1.0, .logit_scale = 1.0, "
-        ".attention_chunk = 0, .qk_l2_norm = false, .use_qk_norm = false, .attn_floor_scale = 0.0, .attn_scale = 0.0, "
-        ".linear_layers = 0, .linear_key_heads = 0, .linear_value_heads = 0, .linear_key_dim = 0, .linear_value_dim = 0, "
-        ".linear_conv_kernel = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
+        ".linear_layers = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
         std::string::npos);
@@ -650,9 +647,9 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
     for (std::int64_t i = 0; i < x.layers.get(); ++i) n += (q_norm->layer_kinds >> megadsl::kind_of_layer(x, i)) & 1u;
     return n;
   };
-  CHECK((!s.use_qk_norm.get() && normed_layers(s) == 0));
+  CHECK((setting(s, "use_qk_norm") == 0 && normed_layers(s) == 0));
   const shape normed = parse_hf_config(edited(glm, "\"attention_bias\": true", "\"attention_bias\": true, \"use_qk_norm\": true"), "x").s;
-  CHECK((normed.use_qk_norm.get() && normed_layers(normed) == 4));
+  CHECK((setting(normed, "use_qk_norm") == 1 && normed_layers(normed) == 4));
   CHECK(megadsl::parameter_count(normed) == megadsl::parameter_count(s) + 4 * 2 * 32);  // 4 layers, q and k, head_dim 32
   const std::string written_normed = megadsl::hf_config_json(normed, "glm4_moe", false, "float32", {});
   CHECK_THAT(written_normed, Catch::Contains("\"use_qk_norm\": true"));
@@ -850,16 +847,16 @@ TEST_CASE("HunYuan dense: its fixed NTK-alpha RoPE reads as plain RoPE on the st
   CHECK_THAT(error_of(edited(h, "\"alpha\": 1000.0", "\"alpha\": -1.0")), Catch::Contains("rope_parameters.alpha"));
 }
 
-TEST_CASE("Granite: its four multipliers read, written back, and refused where a config has none", "[spec][hf_config]") {
+TEST_CASE("Granite: its four multipliers, its blocks' own keys, read, written back, and refused where a config has none", "[spec][hf_config]") {
   const std::string g = R"({"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8,
     "attention_bias": false, "mlp_bias": false, "tie_word_embeddings": true})";
   const auto c = parse_hf_config(g, "x");
-  CHECK(c.s.embedding_multiplier.get() == 12.0);
-  CHECK(c.s.residual_multiplier.get() == 0.22);
-  CHECK(c.s.attention_multiplier.get() == 0.0078125);
-  CHECK(c.s.logits_scaling.get() == 8.0);
+  CHECK(setting(c.s, "embedding_multiplier") == 12.0);
+  CHECK(setting(c.s, "residual_multiplier") == 0.22);
+  CHECK(setting(c.s, "attention_multiplier") == 0.0078125);
+  CHECK(setting(c.s, "logits_scaling") == 8.0);
   for (const std::string& n : c.notes)  // (the defaults of the keys left out are noted; these are read)
     CHECK((n.find("multiplier") == std::string::npos && n.find("logits_scaling") == std::string::npos));
   const std::string written = megadsl::hf_config_json(c.s, "granite", false, "float32", c.attention_window);
@@ -868,16 +865,17 @@ TEST_CASE("Granite: its four multipliers read, written back, and refused where a
   // GraniteConfig's defaults: every multiplier 1.0 (the scores' scale too).
   const auto plain = parse_hf_config(R"({"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100})", "x");
-  CHECK((plain.s.embedding_multiplier.get() == 1.0 && plain.s.attention_multiplier.get() == 1.0 &&
-         plain.s.logits_scaling.get() == 1.0 && plain.s.residual_multiplier.get() == 1.0));
+  CHECK((setting(plain.s, "embedding_multiplier") == 1.0 && setting(plain.s, "attention_multiplier") == 1.0 &&
+         setting(plain.s, "logits_scaling") == 1.0 && setting(plain.s, "residual_multiplier") == 1.0));
+  CHECK_THAT(error_of(edited(g, "\"attention_multiplier\": 0.0078125", "\"attention_multiplier\": 0")),
+             Catch::Contains("attention_multiplier") && Catch::Contains("where the block takes at least"));
   CHECK_THAT(error_of(edited(g, "\"logits_scaling\": 8", "\"logits_scaling\": 0")), Catch::Contains("logits_scaling"));
   CHECK_THAT(error_of(edited(g, "\"logits_scaling\": 8", "\"logits_scaling\": \"8\"")), Catch::Contains("logits_scaling"));
-  // The Llama composition with multipliers: Granite's config writes it, Llama's refuses and names Granite's.
+  // Granite's composition (Llama's blocks with its multipliers): Granite's config writes it, Llama's
+  // refuses and names Granite's.
   CHECK(megadsl::model_type_for(c.s, c.attention_window) == "granite");
-  CHECK_THROWS_WITH(megadsl::hf_config_json(c.s, "llama", false, "float32", c.attention_window),
-                    Catch::Contains("none of Granite's multipliers") && Catch::Contains("granite"));
-  // A Granite config always scales the scores by attention_multiplier (1.0 by default), so a
-  // Granite checkpoint is written as Granite; a model without multipliers as Llama, the first.
+  CHECK_THROWS_WITH(megadsl::hf_config_json(c.s, "llama", false, "float32", c.attention_window), Catch::Contains("granite"));
+  // A Granite checkpoint is written as Granite whatever its multipliers; a Llama model as Llama.
   CHECK(megadsl::model_type_for(plain.s, plain.attention_window) == "granite");
   CHECK(megadsl::model_type_for(megadsl::tiny_llama3::shape, {}) == "llama");
 }
@@ -887,7 +885,7 @@ TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerN
     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100,
     "layer_norm_eps": 1e-05, "logit_scale": 0.5, "sliding_window": 5, "sliding_window_pattern": 4})";
   const auto c = parse_hf_config(c2, "x");
-  CHECK(c.s.logit_scale.get() == 0.5);
+  CHECK(setting(c.s, "logit_scale") == 0.5);
   CHECK(c.s.rms_eps.get() == 1e-5);
   CHECK(c.s.rope_interleave.get());
   CHECK(c.s.tie_embeddings.get());  // Cohere2Config's default
@@ -910,7 +908,7 @@ TEST_CASE("Cohere2: RoPE on the sliding layers only, its logit_scale, one LayerN
   CHECK((none_back.s.nope_layers.get() == 0b1111 && !none_back.attention_window.any()));
   // The defaults: logit_scale 0.0625, a window of 4096 on three layers of four.
   const auto plain = parse_hf_config(edited(edited(c2, ", \"logit_scale\": 0.5", ""), ", \"sliding_window\": 5", ""), "x");
-  CHECK((plain.s.logit_scale.get() == 0.0625 && plain.attention_window.size == 4096));
+  CHECK((setting(plain.s, "logit_scale") == 0.0625 && plain.attention_window.size == 4096));
   // A model whose NoPE layers are not exactly the full ones has no Cohere2 config; Llama's has no logit_scale.
   megadsl::shape other = c.s;
   other.nope_layers = 0;
@@ -1025,8 +1023,11 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
     CHECK(megadsl::layer_routes(c.s, i) == (i % 2 == 1));
     CHECK(megadsl::nope_layer(c.s, i) == (i == 3 || i == 7));
   }
-  CHECK((c.s.attention_chunk.get() == 8192 && c.s.qk_l2_norm.get() && c.s.attn_floor_scale.get() == 8192.0 &&
-         c.s.attn_scale.get() == 0.1 && c.s.rope_interleave.get() && c.s.rope.low_freq_factor.get() == 1.0));
+  // The blocks' own keys at Llama4TextConfig's defaults: chunks of 8192, the q/k norm, temperature
+  // tuning by 8192 and 0.1.
+  CHECK((setting(c.s, "attention_chunk_size") == 8192 && setting(c.s, "use_qk_norm") == 1 &&
+         setting(c.s, "attn_temperature_tuning") == 1 && setting(c.s, "floor_scale") == 8192.0 &&
+         setting(c.s, "attn_scale") == 0.1 && c.s.rope_interleave.get() && c.s.rope.low_freq_factor.get() == 1.0));
   const std::string written = megadsl::hf_config_json(c.s, "llama4_text", false, "float32", c.attention_window);
   CHECK_THAT(written, Catch::Contains("Llama4ForCausalLM") && Catch::Contains("\"intermediate_size_mlp\": 96") &&
                           Catch::Contains("\"intermediate_size\": 48") && Catch::Contains("\"moe_layers\"") &&
@@ -1037,7 +1038,15 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
   const auto listed = parse_hf_config(edited(l, "\"no_rope_layers\"", "\"moe_layers\": [0, 5], \"use_qk_norm\": false, "
                                                                       "\"attn_temperature_tuning\": false, \"no_rope_layers\""), "x");
   for (std::int64_t i = 0; i < 8; ++i) CHECK(megadsl::layer_routes(listed.s, i) == (i == 0 || i == 5));
-  CHECK((!listed.s.qk_l2_norm.get() && listed.s.attn_floor_scale.get() == 0.0));
+  CHECK((setting(listed.s, "use_qk_norm") == 0 && setting(listed.s, "attn_temperature_tuning") == 0));
+  // Tested for truth as Llama4TextAttention does: null and 0 are off, a number on.
+  const auto truth = [&](const char* key, const char* value) {
+    return setting(parse_hf_config(edited(l, "\"no_rope_layers\"", "\"" + std::string(key) + "\": " + value + ", \"no_rope_layers\""), "x").s, key);
+  };
+  CHECK((truth("use_qk_norm", "null") == 0 && truth("attn_temperature_tuning", "null") == 0 &&
+         truth("attn_temperature_tuning", "0") == 0 && truth("attn_temperature_tuning", "4") == 1));
+  CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"use_qk_norm\": \"yes\", \"no_rope_layers\"")),
+             Catch::Contains("use_qk_norm") && Catch::Contains("true or false"));
   CHECK(megadsl::kind_of_layer(listed.s, 0) == 3 + 1);  // a RoPE layer without the q/k norm, routed
   CHECK(megadsl::kind_of_layer(listed.s, 3) == 2);      // NoPE, dense
   // Refused: a null chunk (HF cannot build the mask), layer types that chunk a NoPE layer, a zero floor_scale.
@@ -1047,7 +1056,14 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
                                 "[\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"chunked_attention\", "
                                 "\"chunked_attention\", \"chunked_attention\", \"chunked_attention\", \"full_attention\"]")),
              Catch::Contains("layer_types") && Catch::Contains("layer 3"));
-  CHECK_THAT(error_of(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"no_rope_layers\"")), Catch::Contains("floor_scale"));
+  // A zero floor_scale with the tuning on is refused by the attention block's rule; with it off it is unused.
+  const auto floor0 = parse_hf_config(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"no_rope_layers\""), "x");
+  CHECK(megadsl::check(floor0.s, megadsl::layout{}).has("floor_scale_positive"));
+  CHECK(megadsl::check(parse_hf_config(edited(l, "\"no_rope_layers\"", "\"floor_scale\": 0, \"attn_temperature_tuning\": false, "
+                                                 "\"no_rope_layers\""), "x").s, megadsl::layout{}).ok());
+  // The written config reads back the same keys, the chunk as an integer.
+  CHECK_THAT(megadsl::hf_config_json(listed.s, "llama4_text", false, "float32", listed.attention_window),
+             Catch::Contains("\"use_qk_norm\": false") && Catch::Contains("\"attn_temperature_tuning\": false"));
   // Llama 4 as published: the multimodal class's config, its text model read from text_config (a
   // key's error names where it is), the LM head tied by the top level (Llama4Config's default: not).
   CHECK_THAT(error_of(R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_size": 64}})"),
@@ -1070,14 +1086,14 @@ TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, Command R+'s q/k norms
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "layer_norm_eps": 1e-05,
     "logit_scale": 0.0625, "use_qk_norm": false})";
   const auto c = parse_hf_config(c1, "x");
-  CHECK((c.s.logit_scale.get() == 0.0625 && c.s.rope_interleave.get() && c.s.tie_embeddings.get()));
+  CHECK((setting(c.s, "logit_scale") == 0.0625 && c.s.rope_interleave.get() && c.s.tie_embeddings.get()));
   CHECK((c.s.nope_layers.get() == 0 && !c.attention_window.any()));
   const auto back = parse_hf_config(megadsl::hf_config_json(c.s, "cohere", false, "float32", c.attention_window), "w");
   CHECK(megadsl::mismatches(back.s, c.s).empty());
   // use_qk_norm (Command R+): q_norm (heads, d) and k_norm (kv_heads, d) on every layer, each split
   // over tp with its heads; written back; a model declared without them refuses such a checkpoint.
   const shape normed = parse_hf_config(edited(c1, "\"use_qk_norm\": false", "\"use_qk_norm\": true"), "x").s;
-  CHECK((normed.use_qk_norm.get() && !c.s.use_qk_norm.get()));
+  CHECK((setting(normed, "use_qk_norm") == 1 && setting(c.s, "use_qk_norm") == 0));
   const auto* k_norm = megadsl::find_row(megadsl::arch_of(normed), "layers.{layer}.k_norm.weight");
   REQUIRE(k_norm != nullptr);
   CHECK(k_norm->hf[0] == "model.layers.{layer}.self_attn.k_norm.weight");
@@ -1113,8 +1129,10 @@ TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNe
   // shared expert of 512, a conv of 4, full attention every fourth layer.
   CHECK((megadsl::effective_head_dim(c.s).get() == 256 && c.s.rotary_fraction.get() == 0.25 && c.s.top_k.get() == 10 &&
          c.s.norm_topk.get() && megadsl::expert_ffn_of(c.s).get() == 512 && c.s.shared_expert_ffn.get() == 512));
-  CHECK((c.s.linear_key_heads.get() == 2 && c.s.linear_value_heads.get() == 4 && c.s.linear_key_dim.get() == 16 &&
-         c.s.linear_value_dim.get() == 8 && c.s.linear_conv_kernel.get() == 4));
+  // The DeltaNet's sizes: its block's own keys.
+  CHECK((setting(c.s, "linear_num_key_heads") == 2 && setting(c.s, "linear_num_value_heads") == 4 &&
+         setting(c.s, "linear_key_head_dim") == 16 && setting(c.s, "linear_value_head_dim") == 8 &&
+         setting(c.s, "linear_conv_kernel_dim") == 4));
   for (std::int64_t i = 0; i < 8; ++i) {
     CHECK(megadsl::linear_layer(c.s, i) == (i % 4 != 3));
     // Kinds: 0 linear, 1 full, + 2 routed (every layer but 1).
@@ -1138,16 +1156,18 @@ TEST_CASE("Qwen3-Next: the linear layers by interval or layer_types, the DeltaNe
       "\"full_attention\"], \"num_experts\"")), Catch::Contains("layer_types") && Catch::Contains("sliding_attention"));
   CHECK_THAT(error_of(edited(q, "\"num_experts\"", "\"layer_types\": [\"full_attention\"], \"num_experts\"")),
              Catch::Contains("one entry per layer"));
-  CHECK_THAT(error_of(edited(q, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3")),
-             Catch::Contains("linear_num_value_heads") && Catch::Contains("multiple"));
+  const auto odd = parse_hf_config(edited(q, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3"), "x");
+  CHECK(megadsl::check(odd.s, layout{}).has("linear_value_heads_per_key_head"));
+  CHECK_THAT(error_of(edited(q, "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 0")),
+             Catch::Contains("linear_num_value_heads") && Catch::Contains("at least 1"));
   // Its layouts: whole key heads per tp rank (kv heads may be fewer than ranks: replicated), and of
   // those an equal share per cp rank (Ulysses).
   megadsl::shape s = c.s;
   CHECK(megadsl::check(s, megadsl::layout{.tp = 2}).ok());
   const auto tp4 = megadsl::check(s, megadsl::layout{.tp = 4});
   CHECK((tp4.count == 1 && tp4.has("linear_heads_divisible_by_tp")));
-  s.linear_key_heads = 4;
-  s.linear_value_heads = 8;
+  s.settings.set("linear_num_key_heads", 4);
+  s.settings.set("linear_num_value_heads", 8);
   CHECK(megadsl::check(s, megadsl::layout{.tp = 4}).ok());  // 2 kv heads over 4 ranks
   CHECK(megadsl::check(s, megadsl::layout{.tp = 2, .cp = 2}).ok());
   const auto cp8 = megadsl::check(s, megadsl::layout{.cp = 8});

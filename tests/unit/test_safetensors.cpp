@@ -16,6 +16,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/models/registry.hpp"
 #include "../../src/runtime/dist_metadata.hpp"
 
 namespace fs = std::filesystem;
@@ -659,16 +660,39 @@ TEST_CASE("HF checkpoint: defects of a directory", "[io][hf][corrupt]") {
 TEST_CASE("a distributed checkpoint's model reads the shape fields added since as the models written before them had them",
           "[io][dist_checkpoint]") {
   using megadsl::dist_metadata::fill_fields_added_later;
-  nlohmann::json before = {{"architecture", "llama"}};  // written before use_qk_norm existed: off
+  const auto name = [](const megadsl::architecture& a) { return std::string(a.name); };
+  const std::string llama = name(megadsl::architecture_of<megadsl::llama_blocks>);
+  nlohmann::json before = {{"architecture", llama}};  // written before the multipliers existed
   fill_fields_added_later(before);
-  CHECK(before.at("use_qk_norm") == false);
-  CHECK(before.at("logit_scale") == 1.0);
-  // The flag's first name (GLM-4.5's q/k norms, 2026-11): read under its name now, never lost.
-  nlohmann::json renamed = {{"architecture", "glm4_moe"}, {"qk_rms_norm", true}};
+  CHECK((before.at("architecture") == llama && !before.contains("logit_scale") && !before.contains("settings")));
+  // The flag's first name (GLM-4.5's q/k norms, 2026-11): read under its name now (a key of GLM-4.5's
+  // layer choice since), never lost; Llama 4's field of that key, neutral there, does not override it.
+  const std::string glm = name(megadsl::architecture_of<megadsl::glm4_moe_blocks>);
+  nlohmann::json renamed = {{"architecture", glm}, {"qk_rms_norm", true}, {"qk_l2_norm", false}};
   fill_fields_added_later(renamed);
-  CHECK(renamed.at("use_qk_norm") == true);
-  CHECK_FALSE(renamed.contains("qk_rms_norm"));
-  nlohmann::json both = {{"architecture", "cohere"}, {"qk_rms_norm", false}, {"use_qk_norm", true}};
+  CHECK(renamed.at("settings").at("use_qk_norm") == 1.0);
+  CHECK_FALSE((renamed.contains("qk_rms_norm") || renamed.contains("use_qk_norm") || renamed.contains("qk_l2_norm")));
+  nlohmann::json both = {{"architecture", name(megadsl::architecture_of<megadsl::cohere_blocks>)}, {"qk_rms_norm", false},
+                         {"use_qk_norm", true}, {"logit_scale", 0.25}};
   fill_fields_added_later(both);
-  CHECK(both.at("use_qk_norm") == true);
+  CHECK((both.at("settings").at("use_qk_norm") == 1.0 && both.at("settings").at("logit_scale") == 0.25));
+  // Llama 4's attention fields: its keys; the temperature tuning was off where attn_floor_scale was 0.
+  const std::string llama4 = name(megadsl::architecture_of<megadsl::llama4_blocks>);
+  nlohmann::json l4 = {{"architecture", llama4}, {"attention_chunk", 4}, {"qk_l2_norm", true}, {"use_qk_norm", false},
+                       {"attn_floor_scale", 3.0}, {"attn_scale", 0.5}};
+  fill_fields_added_later(l4);
+  CHECK(l4.at("settings") == nlohmann::json({{"attention_chunk_size", 4}, {"use_qk_norm", 1.0}, {"attn_temperature_tuning", 1.0},
+                                             {"floor_scale", 3.0}, {"attn_scale", 0.5}}));
+  nlohmann::json untuned = {{"architecture", llama4}, {"attention_chunk", 4}, {"qk_l2_norm", false}, {"attn_floor_scale", 0.0},
+                            {"attn_scale", 0.0}};
+  fill_fields_added_later(untuned);
+  CHECK(untuned.at("settings") == nlohmann::json({{"attention_chunk_size", 4}, {"use_qk_norm", 0.0}, {"attn_temperature_tuning", 0.0},
+                                                  {"floor_scale", 8192.0}, {"attn_scale", 0.1}}));
+  // A Granite checkpoint recorded Llama's composition with the multipliers as fields: read as Granite's.
+  nlohmann::json granite = {{"architecture", llama}, {"embedding_multiplier", 3.0}, {"residual_multiplier", 0.5},
+                            {"attention_multiplier", 0.2}, {"logits_scaling", 2.0}, {"logit_scale", 1.0}};
+  fill_fields_added_later(granite);
+  CHECK(granite.at("architecture") == name(megadsl::architecture_of<megadsl::granite_blocks>));
+  CHECK(granite.at("settings") == nlohmann::json({{"embedding_multiplier", 3.0}, {"residual_multiplier", 0.5},
+                                                  {"attention_multiplier", 0.2}, {"logits_scaling", 2.0}}));
 }

@@ -10,9 +10,33 @@ struct attention_knobs {
   tensor_storage storage = tensor_storage::separate;  // HF's q/k/v: q_proj, k_proj, v_proj or qkv_proj
   bool rope = true;  // false: a NoPE layer, q and k unrotated (SmolLM3's no_rope_layers zeros)
   bool sinks = false;  // gpt-oss's learned sink logit per query head (self_attn.sinks), split with the heads
-  bool chunked = false;  // Llama 4's RoPE layers: attention within the shape's attention_chunk tokens
-  bool temperature = false;  // Llama 4's NoPE layers: q scaled per position (the shape's attn_floor_scale, attn_scale)
+  bool chunked = false;  // Llama 4's RoPE layers: attention within chunks (its key attention_chunk_size)
+  bool temperature = false;  // Llama 4's NoPE layers: q scaled per position (attn_temperature_tuning, floor_scale, attn_scale)
+  // A config key of the family's whose value scales the scores outright, not head_dim^-1/2
+  // (Granite's attention_multiplier); null: none.
+  const config_setting* score_scale = nullptr;
 };
+
+// The keys of the chunked and the temperature-tuned attention (Llama4TextConfig's, with its defaults).
+inline constexpr config_setting attention_chunk_size{
+    .key = "attention_chunk_size", .fallback = 8192, .kind = setting_kind::integer, .least = 1,
+    .meaning = "the chunked layers attend within chunks of this many tokens of their sequence"};
+inline constexpr config_setting attn_temperature_tuning{
+    .key = "attn_temperature_tuning", .fallback = 1, .kind = setting_kind::truthy,
+    .meaning = "the NoPE layers scale q by 1 + attn_scale ln(1 + floor((p + 1) / floor_scale)) at position p"};
+inline constexpr config_setting floor_scale{
+    .key = "floor_scale", .fallback = 8192, .meaning = "the temperature tuning's position divisor"};
+inline constexpr config_setting attn_scale{
+    .key = "attn_scale", .fallback = 0.1, .meaning = "the temperature tuning's slope"};
+
+// Temperature tuning divides each position by floor_scale.
+constexpr void temperature_rule(const shape& s, const layout&, violations& out) {
+  if (s.arch == nullptr || s.settings.dynamic) return;
+  if (setting(s, attn_temperature_tuning.key) != 0 && !(setting(s, floor_scale.key) > 0))
+    out.add("floor_scale_positive")
+        .add("floor_scale = ", setting(s, floor_scale.key), " with attn_temperature_tuning on: the NoPE layers divide "
+             "each position by it; give a positive floor_scale (Llama 4's is 8192) or turn the tuning off");
+}
 
 constexpr void concatenated_qkv_rule(const shape& s, const layout&, violations& out) {
   if (s.qkv_bias.is_static() && s.qkv_bias.get())
@@ -54,9 +78,11 @@ struct attention {
     t.add("  q/k/v", on(s.qkv_bias) ? " + bias" : "", on(s.out_bias) ? ", o + bias" : "", K.rope ? (on(s.rope_interleave) ? ", rope on pairs" : ", rope") : ", no rope",
           QkNorm::label);
     if (K.sinks) t.add(", learned sinks");
-    if (K.chunked && s.attention_chunk.is_static() && s.attention_chunk.get() != 0) t.add(", chunks of ", s.attention_chunk.get());
-    if (K.temperature && s.attn_floor_scale.is_static() && s.attn_floor_scale.get() != 0) t.add(", q temperature-tuned");
+    const bool settings = s.arch != nullptr && !s.settings.dynamic;
+    if (K.chunked && settings) t.add(", chunks of ", static_cast<std::int64_t>(setting(s, attention_chunk_size.key)));
+    if (K.temperature && settings && setting(s, attn_temperature_tuning.key) != 0) t.add(", q temperature-tuned");
     if (s.query_pre_attn_scalar.is_static() && s.query_pre_attn_scalar.get() != 0) t.add(", scale query_pre_attn_scalar^-1/2");
+    if (K.score_scale != nullptr && settings) t.add(", scores x ", setting(s, K.score_scale->key));
     if (s.attn_softcap.is_static() && s.attn_softcap.get() != 0) t.add(", tanh soft-cap");
     if (s.rotary_fraction.is_static() && s.rotary_fraction.get() != 1.0) t.add(" on part of each head");
     t.add(K.storage == tensor_storage::concatenated ? "  [self_attn: qkv_proj]"
@@ -69,6 +95,14 @@ struct attention {
       throw "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
             "(and they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox";
     const slot at = layer.module(interleaved ? "attention" : "self_attn");
+    if constexpr (K.chunked) b.setting(attention_chunk_size);
+    if constexpr (K.score_scale != nullptr) b.setting(*K.score_scale);
+    if constexpr (K.temperature) {
+      b.setting(attn_temperature_tuning);
+      b.setting(floor_scale);
+      b.setting(attn_scale);
+      b.rule(&temperature_rule);
+    }
     if constexpr (K.storage == tensor_storage::separate) {
       b.param(at, {"qkv.weight", &geo::qkv<false>, {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 3});
       b.param(at, {"qkv.bias", &geo::qkv<true>, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}, 3, presence::qkv_bias});
@@ -91,9 +125,11 @@ struct attention {
     const std::string_view o = interleaved ? "dense" : "o_proj";
     b.param(at.sub("o_proj", o), {"weight", &geo::attn_out, {"weight"}, 1});
     b.param(at.sub("o_proj", o), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
-    basic_text<64> name("attention<");
+    basic_text<112> name("attention<");
     name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks" : "", K.chunked ? ", chunked" : "",
-             K.temperature ? ", temperature>" : ">");
+             K.temperature ? ", temperature" : "");
+    if constexpr (K.score_scale != nullptr) name.add(", scores x ", K.score_scale->key);
+    name.append(">");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
     return b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,

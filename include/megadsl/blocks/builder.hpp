@@ -129,17 +129,22 @@ class arch_builder {
   bool routes = false;  // a block of the kind being lowered routes tokens to experts
   std::array<config_setting, max_settings> settings{};
   int setting_count = 0;
+  int logit_scale = -1;  // architecture.hpp's
+  bool logit_divides = false;
 
   // A config.json key the block reads itself (architecture.hpp's config_setting): once, however
   // many layers have the block; two blocks declaring one key must declare it alike.
-  constexpr void setting(const config_setting& c) {
+  // Its index in the architecture's settings.
+  constexpr int setting(const config_setting& c) {
     for (int i = 0; i < setting_count; ++i)
       if (settings[static_cast<std::size_t>(i)].key == c.key) {
-        if (!(settings[static_cast<std::size_t>(i)] == c)) throw "megadsl: two blocks declare one config key differently";
-        return;
+        if (!settings[static_cast<std::size_t>(i)].same_value_as(c)) throw "megadsl: two blocks declare one config key differently";
+        return i;
       }
     if (setting_count == max_settings) throw "megadsl: the composition declares more config settings than max_settings (shape.hpp)";
-    settings[static_cast<std::size_t>(setting_count++)] = c;
+    if (c.key.empty() || c.key.size() >= max_setting_key) throw "megadsl: a config setting's key is empty or longer than max_setting_key (shape.hpp)";
+    settings[static_cast<std::size_t>(setting_count)] = c;
+    return setting_count++;
   }
 
   // A parameter of the block at `at`. The same parameter in several kinds of layer is one row.

@@ -1,6 +1,7 @@
 // The decoder: embedding, layers of one or several kinds (pattern, first_k, select), final norm.
 #pragma once
 
+#include "megadsl/blocks/lm_head.hpp"
 #include "megadsl/blocks/residuals.hpp"
 
 namespace megadsl::blocks {
@@ -15,8 +16,14 @@ template <std::int64_t K, class First, class Rest>
 struct first_k {};
 // Layer i has Layers[Pick(shape, i)]: a choice read from the shape's config numbers (Qwen's
 // decoder_sparse_step and mlp_only_layers), so that config.json decides which layer has which.
+// Pick is the function, or a layer_choice that also declares config keys the choice reads itself
+// (select<&llama4_choice, ...>: Llama 4's use_qk_norm picks the attention with or without the norm).
 template <auto Pick, class... Layers>
 struct select {};
+struct layer_choice {
+  int (*pick)(const shape&, std::int64_t);
+  std::span<const config_setting> settings;  // read by the generic reader, as any block's (b.setting)
+};
 
 namespace detail {
 template <int N>
@@ -42,13 +49,22 @@ struct layer_group<first_k<K, F, R>> {
 template <auto Pick, class... L>
 struct layer_group<select<Pick, L...>> {
   using kinds = std::tuple<L...>;
-  static constexpr int (*pick)(const shape&, std::int64_t) = Pick;
+  static constexpr bool with_keys = std::is_same_v<decltype(Pick), const layer_choice*>;
+  static constexpr int (*pick)(const shape&, std::int64_t) = [] {
+    if constexpr (with_keys) return Pick->pick;
+    else return Pick;
+  }();
+  static constexpr std::span<const config_setting> settings = [] {
+    if constexpr (with_keys) return Pick->settings;
+    else return std::span<const config_setting>{};
+  }();
 };
 }  // namespace detail
 
-// Embedding, the layers, the final norm; the head (LM or value) comes from the model type
-// (causal_lm / value_model), its rows declared here. `Names`: the HF names its checkpoints use.
-template <class Embedding, class Layers, class FinalNorm, name_scheme Names = name_scheme::llama>
+// Embedding, the layers, the final norm, the heads (LM or value, chosen by the model type:
+// causal_lm / value_model; lm_head.hpp). `Names`: the HF names its checkpoints use. The name (an
+// architecture's, which checkpoints record) does not spell the head: its scale is in `describe`.
+template <class Embedding, class Layers, class FinalNorm, name_scheme Names = name_scheme::llama, class Head = lm_head<>>
 struct decoder {
   static constexpr bool neox = Names == name_scheme::gpt_neox;
 
@@ -62,6 +78,8 @@ struct decoder {
     b.hf_layers = basic_text<48>(neox ? "gpt_neox.layers." : "model.layers.");
     using group = detail::layer_group<Layers>;
     b.pick = group::pick;
+    if constexpr (requires { group::settings; })
+      for (const config_setting& c : group::settings) b.setting(c);
     basic_text<384> kinds;
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (([&] {
@@ -85,15 +103,7 @@ struct decoder {
     final_label.add("  [", neox ? "final_layer_norm" : "norm", "]");
     b.labels[static_cast<std::size_t>(b.final_norm)] = final_label;
 
-    // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
-    slot lm = outer.sub("lm_head", neox ? "embed_out" : "lm_head");
-    lm.where = placement::last_stage;
-    b.param(lm, {"weight", &geo::vocab, {"weight"}, 1, presence::actor});
-    // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
-    slot value = outer.sub("value_head", neox ? "classifier" : "score");
-    value.where = placement::last_stage;
-    b.param(value, {"weight", &geo::value_weight, {"weight"}, 1, presence::critic});
-    b.param(value, {"bias", &geo::value_bias, {"bias"}, 1, presence::critic_bias});
+    Head::lower(b, outer);
 
     b.name.add("decoder(", b.signature(b.embedding), ", ", std::tuple_size_v<typename group::kinds> > 1 ? "layers(" : "",
                kinds.view(), std::tuple_size_v<typename group::kinds> > 1 ? ")" : "", ", ", b.signature(b.final_norm),

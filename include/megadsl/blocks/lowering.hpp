@@ -62,10 +62,14 @@ inline constexpr architecture architecture_of{
     blocks::lowered<Composition>::built.act,
     blocks::lowered<Composition>::built.has_act,
     std::span<const config_setting>(blocks::lowered<Composition>::built.settings.data(),
-                                    static_cast<std::size_t>(blocks::lowered<Composition>::built.setting_count))};
+                                    static_cast<std::size_t>(blocks::lowered<Composition>::built.setting_count)),
+    blocks::lowered<Composition>::built.logit_scale,
+    blocks::lowered<Composition>::built.logit_divides};
 
 constexpr shape with_architecture(shape s, const architecture* a) {
   s.arch = a;
+  if (!undeclared_setting(s).empty())
+    throw "megadsl: the shape's settings give a config key no block of the composition declares (settings_given)";
   return s;
 }
 

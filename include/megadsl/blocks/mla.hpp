@@ -6,10 +6,6 @@
 namespace megadsl::blocks {
 
 constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
-  if (s.attention_multiplier.is_static() && s.attention_multiplier.get() != 0)
-    out.add("mla_has_its_own_scale")
-        .add("attention_multiplier is set: multi-head latent attention scales its scores by its own YaRN-adjusted "
-             "softmax scale; leave attention_multiplier at 0");
   if (megadsl::detail::known(s.kv_lora_rank, s.qk_nope_dim, s.v_head_dim) &&
       (s.kv_lora_rank.get() < 1 || s.qk_nope_dim.get() < 0 || s.v_head_dim.get() < 1))
     out.add("positive_sizes", {s.kv_lora_rank.get(), s.v_head_dim.get()})

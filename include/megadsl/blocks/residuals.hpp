@@ -30,10 +30,19 @@ inline constexpr norm_names apertus_norm_names{"attention_layernorm", "", "feedf
 inline constexpr norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                                             "post_mlp_layernorm"};
 
-template <residual_kind R, class Norm, class Inner, const norm_names& Names = llama_norm_names>
+// A residual's knobs: the config key whose value multiplies the sublayer's output before it joins
+// the stream (Granite's residual_multiplier); null: none.
+struct residual_knobs {
+  static constexpr std::string_view knobs_name = "residual_knobs";
+  const config_setting* scale = nullptr;
+};
+
+template <residual_kind R, class Norm, class Inner, const norm_names& Names = llama_norm_names,
+          const config_setting* Scale = nullptr>
 struct residual {
   static constexpr residual_kind kind = R;
   using inner = Inner;
+  static constexpr residual_knobs knobs{Scale};
 
   // HF's names of the norm(s) in its slot.
   static constexpr std::string_view hf_pre(sublayer at) {
@@ -52,25 +61,31 @@ struct residual {
     label.add(b.label(n), "  [", hf_norm);
     b.hide(n);
     const int inner_node = lower_block<Inner>(b, at);
-    const std::string_view name = R == residual_kind::pre_norm ? "pre_norm" : R == residual_kind::post_norm ? "post_norm"
-                                  : R == residual_kind::sandwich ? "sandwich" : "parallel";
+    basic_text<64> name(R == residual_kind::pre_norm ? "pre_norm" : R == residual_kind::post_norm ? "post_norm"
+                        : R == residual_kind::sandwich ? "sandwich" : "parallel");
+    if constexpr (Scale != nullptr) {
+      b.setting(*Scale);
+      name.add("<x ", Scale->key, ">");
+    }
     if constexpr (R == residual_kind::sandwich) {
       const int n2 = lower_block<Norm>(b, at.sub(norm_name(at.at, true), hf_post(at.at)));
       b.hide(n2);
       label.add(", ", hf_post(at.at), "]");
-      return b.node(at, &modules::sandwich, {n, inner_node, n2}, name, label.view());
+      return b.node(at, &modules::sandwich, {n, inner_node, n2}, name.view(), label.view(), nullptr, knobs_of(knobs));
     } else {
-      label.append("]");
+      label.append(Scale != nullptr ? "], output x " : "]");
+      if constexpr (Scale != nullptr) label.append(Scale->key);
       return b.node(at, R == residual_kind::pre_norm ? &modules::pre_norm : R == residual_kind::post_norm ? &modules::post_norm
                                                                                                            : &modules::branch,
-                    {n, inner_node}, name, label.view());
+                    {n, inner_node}, name.view(), label.view(), nullptr, knobs_of(knobs));
     }
   }
 };
 
-// x + inner(norm(x)) (Llama; Apertus under apertus_norm_names).
-template <class Norm, class Inner, const norm_names& Names = llama_norm_names>
-struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names> {};
+// x + inner(norm(x)) (Llama; Apertus under apertus_norm_names); with `Scale`, x + inner(norm(x)) *
+// that config key's value (Granite's residual_multiplier).
+template <class Norm, class Inner, const norm_names& Names = llama_norm_names, const config_setting* Scale = nullptr>
+struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names, Scale> {};
 // x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
 template <class Norm, class Inner>
 struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};

@@ -35,6 +35,13 @@
 //   attention<{}, headwise_qk_norm<N>>    Command R+: the same with a weight for every head
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
+//   embedding<none, &key>, pre_norm<N, X, names, &key>, attention_knobs{.score_scale = &key},
+//   lm_head<&key, logit_scaling::divided_by>  a family's config key (config_setting) scaling the
+//                                     embedding, each sublayer's output, the scores (outright) or the
+//                                     logits: Granite's four multipliers; lm_head<&key>: Cohere's
+//                                     logit_scale (decoder<E, B, N, names, lm_head<...>>)
+//   select<&choice, ...>              a layer choice reading a key of its own (blocks::layer_choice:
+//                                     use_qk_norm picks Llama 4's, Cohere's, GLM-4.5's q/k norms)
 //   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
 //   decoder<E, B, N, name_scheme::gpt_neox>  the HF names of GPT-NeoX checkpoints (gpt_neox.*, embed_out)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
@@ -48,9 +55,10 @@
 //                                     its logits weighed by a softmax over the k; experts with biases
 //                                     and the clamped SwiGLU; HF's tensors stacked per layer (hf_stacking)
 //   attention<attention_knobs{.chunked = true}, l2_qk_norm>  Llama 4's RoPE layers: attention within
-//                                     chunks of the shape's attention_chunk tokens, q/k rms-normed
+//                                     chunks of attention_chunk_size tokens (its own key), q/k rms-normed
 //                                     per head without a weight; {.rope = false, .temperature = true}:
-//                                     its NoPE layers, q scaled by ln(position) (attn_floor_scale)
+//                                     its NoPE layers, q scaled by ln(position) (attn_temperature_tuning,
+//                                     floor_scale, attn_scale: its own keys)
 //   gated_mlp<silu, separate, feed_forward_module>  the same MLP under HF's feed_forward (Llama 4)
 //   moe_mlp<silu, moe_knobs{.names = moe_names::llama4, .router = moe_router::sigmoid_on_input}>
 //                                     Llama4TextMoe: top-k of the router's logits, each chosen
@@ -78,5 +86,6 @@
 #include "megadsl/blocks/moe_mlp.hpp"
 #include "megadsl/blocks/embedding.hpp"
 #include "megadsl/blocks/residuals.hpp"
+#include "megadsl/blocks/lm_head.hpp"
 #include "megadsl/blocks/decoder.hpp"
 #include "megadsl/blocks/lowering.hpp"

@@ -130,11 +130,15 @@ expect_out("post_self_attn_layernorm")
 expect_out("post_mlp_layernorm")
 expect_out("parameters: 9,400,279,040 ")
 
-# Granite 3.3 8B: Llama's blocks with the multipliers, shown with their values.
+# Granite 3.3 8B: Llama's blocks, each with its multiplier (its own config key), shown with their values.
 megadsl(describe granite-3.3-8b --tp 4)
 expect_exit(0)
 expect_out("parameters: 8,170,864,640 ")
-expect_out("multipliers: embedding x 12, sublayer outputs x 0.22, scores x 0.007813 \\(0: head_dim\\^-1/2\\), logits / 16")
+expect_out("embedding  \\(\\* embedding_multiplier\\)")
+expect_out("output x residual_multiplier")
+expect_out("attention  q/k/v, rope, scores x 0.007813")
+expect_out("lm head: logits / logits_scaling \\(16\\)")
+expect_out("residual_multiplier = 0.22 \\(default 1\\)")
 
 # EXAONE 4.0 1.2B: no window, so every layer rotates.
 megadsl(describe exaone-4.0-1.2b --tp 2)
