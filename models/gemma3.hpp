@@ -43,7 +43,7 @@ inline constexpr family_config gemma3_config{
     .head_dim = 256, .tie_embeddings = true, .activation_key = "hidden_activation", .bias = bias_rule::attention_bias,
     .score_caps = true, .attn_softcap_default = 0.0, .final_softcap_default = 0.0, .local_rope_theta = 10000.0,
     .local_theta_key = "rope_local_base_freq", .full_every = 6, .window = window_rule::alternate, .reads_layer_types = true,
-    .keys = gemma3_keys};
+    .keys = gemma3_keys, .multimodal = {"gemma3", "Gemma3ForConditionalGeneration", true}};
 
 // Gemma 3: Gemma 2's sandwich with per-head q/k norms, and RoPE per layer type.
 template <shape S>

@@ -87,7 +87,7 @@ inline constexpr family_config llama4_config{
     .arch = &architecture_of<llama4_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0,
     .head_dim = 128, .ffn_key = "intermediate_size_mlp", .bias = bias_rule::attention_bias, .reads_no_rope_layers = true,
     .empty_no_rope_is_default = true, .layer_type = &llama4_layer_type, .interleaved_rope = true, .moe = &llama4_moe_config,
-    .keys = llama4_keys};
+    .keys = llama4_keys, .multimodal = {"llama4", "Llama4ForConditionalGeneration", false}};
 
 // Llama 4 (text): chunked RoPE layers with the q/k L2 norm, temperature-tuned NoPE layers, dense
 // and sparse layers interleaved.

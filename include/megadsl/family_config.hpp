@@ -108,6 +108,14 @@ struct mla_config {
   bool rope_interleave = true;
 };
 
+// The multimodal checkpoint whose text model a family is (its model_type and transformers' class),
+// and how that class ties the LM head where its top-level tie_word_embeddings is absent: megadsl
+// reads and trains the text model (hf_config::wrapper).
+struct multimodal_wrapper {
+  std::string_view model_type, hf_class;
+  bool tie_default = false;
+};
+
 // A switch the composition has on: false is refused, saying what the composition does.
 struct required_key {
   std::string_view key;
@@ -196,6 +204,7 @@ struct family_config {
   // became its blocks' keys (Granite's: Llama's): such a checkpoint, whose shape holds a value of
   // one of this composition's keys, is read as this family's.
   const architecture* earlier_arch = nullptr;
+  multimodal_wrapper multimodal = {};  // empty model_type: none
 };
 
 }  // namespace megadsl

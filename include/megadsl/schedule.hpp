@@ -3,7 +3,9 @@
 // What Megatron-Core's forward_backward_{no_pipelining, pipelining_without_interleaving,
 // pipelining_with_interleaving} do on one pipeline rank, written out as data: a runtime executes
 // the list step by step, the tests compare it with the worked orders of the reference, and `plan`
-// simulates it (bubble, idle time) without running a model.
+// simulates it (bubble, idle time) without running a model. Over 600 lines on purpose: the
+// schedules, their validation, printing, bubble simulation and exchange all read one list of ops
+// (sections below: operations, validation, the schedules, printing, bubbles, the exchange).
 //
 //   auto ops = megadsl::schedule_ops(megadsl::schedule_kind::one_f_one_b, /*pp*/ 4, /*rank*/ 0, /*m*/ 8);
 //   megadsl::compute_order(ops)   // "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"

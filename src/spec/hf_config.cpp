@@ -114,24 +114,12 @@ std::string_view hf_key_of(std::string_view field) {
 
 namespace {
 
-// The multimodal checkpoints whose text model megadsl reads (hf_config::wrapper): their classes
-// tie the LM head to the embedding by their own (top-level) tie_word_embeddings, with this default.
-struct multimodal_class {
-  std::string_view model_type, hf_class;
-  bool tie_default;
-};
-constexpr multimodal_class multimodal_classes[] = {
-    {"qwen3_5", "Qwen3_5ForConditionalGeneration", false},
-    {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", false},
-    {"gemma3", "Gemma3ForConditionalGeneration", true},
-    {"llama4", "Llama4ForConditionalGeneration", false},
-};
-
 hf_config parse_config_object(const json& root, const std::filesystem::path& file, const std::string& key_prefix);
 
-// `root` is a multimodal checkpoint's config (model_type `mm`) with a family's text_config: the
-// text model's config, its LM head tied as the multimodal class ties it.
-hf_config parse_multimodal(const json& root, const json& text, const multimodal_class& mm,
+// `root` is a multimodal checkpoint's config (model_type `mm`, family_config::multimodal) with a
+// family's text_config: the text model's config, its LM head tied as the multimodal class ties it
+// (by its own, top-level tie_word_embeddings).
+hf_config parse_multimodal(const json& root, const json& text, const multimodal_wrapper& mm,
                            const std::filesystem::path& file) {
   hf_config out = parse_config_object(text, file, "text_config.");
   out.wrapper = std::string(mm.model_type);
@@ -181,19 +169,26 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
     r.fail("model_type", "expected a string, got " + describe_json(*mt), "use " + types);
   out.model_type = mt->get<std::string>();
   const family_config* fam = family_named(out.model_type);
-  // A multimodal checkpoint whose text model is a family (Qwen3.5's, Llama 4's and Gemma 3's as
-  // published): megadsl reads and trains the text model.
+  // A multimodal checkpoint whose text model is a family (the family says which: its
+  // family_config::multimodal): megadsl reads and trains the text model.
   if (const json* text = r.find(root, "text_config"); fam == nullptr && text != nullptr && text->is_object()) {
     const auto it = text->find("model_type");
-    const bool family = it != text->end() && it->is_string() && family_named(it->get<std::string>()) != nullptr;
-    for (const multimodal_class& mm : multimodal_classes)
-      if (family && key_prefix.empty() && out.model_type == mm.model_type) return parse_multimodal(root, *text, mm, file);
-    if (family)
+    const family_config* text_family = it != text->end() && it->is_string() ? family_named(it->get<std::string>()) : nullptr;
+    if (text_family != nullptr && key_prefix.empty() && text_family->multimodal.model_type == out.model_type)
+      return parse_multimodal(root, *text, text_family->multimodal, file);
+    if (text_family != nullptr) {
+      std::vector<std::string_view> wrappers;
+      for (const family_config* f : families)
+        if (!f->multimodal.model_type.empty()) wrappers.push_back(f->multimodal.model_type);
+      std::string read;
+      for (std::size_t i = 0; i < wrappers.size(); ++i)
+        read += (i == 0 ? "" : i + 1 == wrappers.size() ? " and " : ", ") + ("\"" + std::string(wrappers[i]) + "\"");
       r.fail("model_type", "\"" + printable(out.model_type) + "\" is a multimodal checkpoint, its text model (text_config) a \"" +
-                               printable(it->get<std::string>()) + "\", but megadsl reads the text models of \"qwen3_5\", \"qwen3_5_moe\", "
-                               "\"gemma3\" and \"llama4\" checkpoints only (whose classes it knows run the text model as it is)",
+                               printable(it->get<std::string>()) + "\", but megadsl reads the text models of " + read +
+                               " checkpoints only (whose classes it knows run the text model as it is)",
              "save the text model alone with transformers (<Class>.from_pretrained(dir).language_model, or "
              ".model.language_model, .save_pretrained(out)) and give megadsl that");
+    }
   }
   if (fam == nullptr)
     r.fail("model_type", "\"" + printable(out.model_type) + "\" is not a family megadsl composes",

@@ -1079,6 +1079,11 @@ TEST_CASE("Llama 4: the MLP widths' own keys, interleaved mixtures, NoPE layers,
   CHECK_THAT(error_of(R"({"model_type": "llava", "text_config": )" + l + "}"),
              Catch::Contains("\"llava\" is a multimodal checkpoint") && Catch::Contains("\"llama4_text\"") &&
                  Catch::Contains("save_pretrained(out)"));
+  // Each text family names its own multimodal class (family_config::multimodal): Gemma 3's class
+  // around Llama 4's text model is not one megadsl knows to run as it is; the message lists them.
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": )" + l + "}"),
+             Catch::Contains("\"gemma3\" is a multimodal checkpoint") && Catch::Contains("\"llama4\"") &&
+                 Catch::Contains("\"qwen3_5_moe\""));
 }
 
 TEST_CASE("Cohere: RoPE on pairs everywhere, logit_scale, Command R+'s q/k norms by use_qk_norm", "[spec][hf_config]") {
