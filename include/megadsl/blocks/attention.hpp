@@ -24,8 +24,9 @@ inline constexpr config_setting attention_chunk_size{
 inline constexpr config_setting attn_temperature_tuning{
     .key = "attn_temperature_tuning", .fallback = 1, .kind = setting_kind::truthy,
     .meaning = "the NoPE layers scale q by 1 + attn_scale ln(1 + floor((p + 1) / floor_scale)) at position p"};
+// (An integer in Llama4TextConfig, whose strict fields refuse 3.0 where they take 3.)
 inline constexpr config_setting floor_scale{
-    .key = "floor_scale", .fallback = 8192, .meaning = "the temperature tuning's position divisor"};
+    .key = "floor_scale", .fallback = 8192, .kind = setting_kind::integer, .meaning = "the temperature tuning's position divisor"};
 inline constexpr config_setting attn_scale{
     .key = "attn_scale", .fallback = 0.1, .meaning = "the temperature tuning's slope"};
 
