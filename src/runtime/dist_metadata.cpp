@@ -142,6 +142,7 @@ struct moved_field {
   std::string_view field, key;
   moved_as as = moved_as::value;
   double unless = 0;  // value_unless_zero: the key's value where the field held 0
+  double neutral = 0;  // the field's value in shape{} before it moved (where its family had no such key)
 };
 constexpr moved_field fields_now_settings[] = {
     {"swiglu_alpha", "swiglu_alpha"},
@@ -152,24 +153,20 @@ constexpr moved_field fields_now_settings[] = {
     {"attn_floor_scale", "floor_scale", moved_as::value_unless_zero, 8192},
     {"attn_scale", "attn_scale", moved_as::value_unless_zero, 0.1},
     {"use_qk_norm", "use_qk_norm"},
-    {"logit_scale", "logit_scale"},
-    {"embedding_multiplier", "embedding_multiplier"},
-    {"residual_multiplier", "residual_multiplier"},
+    {"logit_scale", "logit_scale", moved_as::value, 0, 1.0},
+    {"embedding_multiplier", "embedding_multiplier", moved_as::value, 0, 1.0},
+    {"residual_multiplier", "residual_multiplier", moved_as::value, 0, 1.0},
     {"attention_multiplier", "attention_multiplier"},
-    {"logits_scaling", "logits_scaling"},
+    {"logits_scaling", "logits_scaling", moved_as::value, 0, 1.0},
     {"linear_key_heads", "linear_num_key_heads"},
     {"linear_value_heads", "linear_num_value_heads"},
     {"linear_key_dim", "linear_key_head_dim"},
     {"linear_value_dim", "linear_value_head_dim"},
     {"linear_conv_kernel", "linear_conv_kernel_dim"},
 };
-// Whether a field holds the value it had where its family had no such key (shape{}'s, before it moved).
-bool neutral(std::string_view field, const json& v) {
-  const double none = field == "embedding_multiplier" || field == "residual_multiplier" || field == "logits_scaling" ||
-                              field == "logit_scale"
-                          ? 1.0
-                          : 0.0;
-  return v.is_number() ? v.get<double>() == none : !(v.is_boolean() && v.get<bool>());
+// Whether a field holds the value it had where its family had no such key (moved_field::neutral).
+bool neutral(const moved_field& m, const json& v) {
+  return v.is_number() ? v.get<double>() == m.neutral : !(v.is_boolean() && v.get<bool>());
 }
 
 // The architecture recorded under `name`: a family's composition, or the one it had before its
@@ -180,7 +177,7 @@ const architecture* recorded_architecture(const json& shape, const std::string& 
     for (const moved_field& m : fields_now_settings) {
       const std::string field(m.field);
       if (!shape.contains(field) || setting_index(a, m.key) < 0) continue;
-      if (!neutral(m.field, shape[field])) return true;
+      if (!neutral(m, shape[field])) return true;
     }
     return false;
   };
@@ -202,7 +199,7 @@ void fill_settings(json& shape) {
   for (const bool neutral_pass : {false, true})
   for (const moved_field& m : fields_now_settings) {
     const std::string field(m.field), key(m.key);
-    if (!shape.contains(field) || neutral(m.field, shape[field]) != neutral_pass) continue;
+    if (!shape.contains(field) || neutral(m, shape[field]) != neutral_pass) continue;
     if (arch != nullptr && setting_index(*arch, m.key) >= 0 && !(shape.contains("settings") && shape["settings"].contains(key))) {
       const json& v = shape[field];
       const bool zero = v.is_number() ? v.get<double>() == 0 : v.is_boolean() && !v.get<bool>();
