@@ -9,6 +9,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/apertus/xielu_mlp.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {

@@ -9,6 +9,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/deepseek_v3/mla.hpp"
 #include "megadsl/models/glm4_moe.hpp"  // dense_first_layer
 #include "megadsl/shape.hpp"
 

@@ -14,6 +14,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/llama4/l2_qk_norm.hpp"
 #include "megadsl/models/qwen_moe.hpp"  // qwen_sparse_layer: the same rule for which layers route
 #include "megadsl/shape.hpp"
 

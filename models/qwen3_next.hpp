@@ -11,6 +11,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/qwen3_next/gated_attention.hpp"
 #include "megadsl/models/qwen_moe.hpp"  // qwen_sparse_layer: the same rule for which layers route
 #include "megadsl/shape.hpp"
 

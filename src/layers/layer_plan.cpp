@@ -11,12 +11,14 @@
 
 namespace megadsl {
 
-// Every library block's factory, referenced strongly here (this file is linked whenever modules
-// are built): the architectures name them through weak references (layers/block_factories.hpp).
+// Every core block's factory, referenced strongly here (this file is linked whenever modules are
+// built): the architectures name them through weak references (layers/block_factories.hpp). The
+// blocks under models/ are referenced strongly by the registry's architectures, which the runtime
+// library's dist_metadata.cpp includes (models/registry.hpp), so they link as surely.
 [[gnu::used]] extern const module_factory library_block_factories[] = {
     &modules::rms_norm,  &modules::rms_norm_1p, &modules::rms_norm_wmul, &modules::layer_norm, &modules::layer_norm_no_bias,
-    &modules::per_head_qk_norm, &modules::full_width_qk_norm, &modules::attention, &modules::mla, &modules::gated_delta_net,
-    &modules::gated_attention, &modules::gated_mlp,
+    &modules::per_head_qk_norm, &modules::full_width_qk_norm, &modules::attention, &modules::gated_delta_net,
+    &modules::gated_mlp,
     &modules::plain_mlp, &modules::moe_mlp, &modules::embedding, &modules::pre_norm, &modules::post_norm,
     &modules::sandwich, &modules::branch, &modules::parallel_sum, &modules::sequence,
     &modules::parallel_shared_norm};

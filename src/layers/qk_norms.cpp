@@ -1,6 +1,6 @@
 // Q/K norms before RoPE: per head over head_dim (Qwen3; Command R+ with a weight for every head) or
 // over the full projection width (OLMo2), each with the norm block it is given (its children: the
-// q norm, the k norm); Llama 4's per head without a weight.
+// q norm, the k norm).
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -78,28 +78,9 @@ class full_width_qk_norm final : public qk_norm_module {
   std::int64_t q_width_, k_width_;
 };
 
-// Llama 4's L2 norm (Llama4TextL2Norm): each head's q and k over head_dim, x * rsqrt(mean(x^2) +
-// eps) in fp32, no weight; before RoPE here (the rotation keeps a head's RMS, blocks::l2_qk_norm).
-class l2_qk_norm final : public qk_norm_module {
- public:
-  explicit l2_qk_norm(const block_build& b) : eps_(b.s().rms_eps.get()) {}
-  void apply(at::Tensor& q, at::Tensor& k, layer_context&) const override {
-    q = norm(q);  // (T, G, Q, d)
-    k = norm(k);  // (T, G, d)
-  }
-
- private:
-  at::Tensor norm(const at::Tensor& x) const {
-    const at::Tensor xf = x.to(at::kFloat);
-    return (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps_)).to(x.scalar_type());
-  }
-  double eps_;
-};
-
 }  // namespace
 
 namespace modules {
-std::unique_ptr<block_module> l2_qk_norm(const block_build& b) { return std::make_unique<megadsl::l2_qk_norm>(b); }
 std::unique_ptr<block_module> per_head_qk_norm(const block_build& b) { return std::make_unique<megadsl::per_head_qk_norm>(b); }
 std::unique_ptr<block_module> full_width_qk_norm(const block_build& b) {
   return std::make_unique<megadsl::full_width_qk_norm>(b);

@@ -1,5 +1,5 @@
-// The q/k norms an attention takes: per_head_qk_norm, headwise_qk_norm (a weight per head),
-// full_width_qk_norm, l2_qk_norm, no_qk_norm.
+// The q/k norms an attention takes: per_head_qk_norm, full_width_qk_norm, no_qk_norm. (Command R+'s
+// headwise_qk_norm and Llama 4's l2_qk_norm are their families', under models/.)
 #pragma once
 
 #include "megadsl/blocks/builder.hpp"
@@ -30,7 +30,7 @@ constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations
 struct qk_norm_knobs {
   static constexpr std::string_view knobs_name = "qk_norm_knobs";
   bool after_rope = false;       // HunYuan: q and k rotated first, then normed
-  bool weight_per_head = false;  // Command R+: the weights (heads, d) and (kv_heads, d)
+  bool weight_per_head = false;  // a weight per head: (heads, d) and (kv_heads, d) (Command R+)
 };
 
 template <norm_block N, const qk_norm_names& Names = qwen3_qk_norm_names, bool AfterRope = false>
@@ -47,27 +47,6 @@ struct per_head_qk_norm {
     }
     if constexpr (AfterRope) b.rule(&qk_norm_after_rope_rule);
     return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "per_head_qk_norm", {}, nullptr, knobs_of(knobs));
-  }
-};
-
-// Cohere (Command R+): q and k each normed over head_dim as per_head_qk_norm's, with a weight for
-// every head: q_norm.weight (heads, d), k_norm.weight (kv_heads, d), split over tp with the heads,
-// so each rank holds and steps its own heads' weights (with kv_heads < tp, its kv group's k weight,
-// replicated like its k rows, the replicas' gradients summed).
-template <norm_block N>
-struct headwise_qk_norm {
-  static constexpr qk_norm_knobs knobs{.weight_per_head = true};
-  static constexpr std::string_view label = ", q/k norm per head, a weight per head";
-  static constexpr int lower(arch_builder& b, const slot& at) {
-    int nodes[2]{};
-    const std::string_view names[2] = {"q_norm", "k_norm"};
-    const row_geometry_fn geometries[2] = {&geo::q_head_weights, &geo::kv_head_weights};
-    for (int i = 0; i < 2; ++i) {
-      b.param(at.sub(names[i], names[i]), {.name = "weight", .geometry = geometries[i], .hf = {"weight"},
-                                           .hf_count = 1, .init = N::init});
-      nodes[i] = b.node(at.sub(names[i], names[i]), N::module, {}, N::label);
-    }
-    return b.node(at, &modules::per_head_qk_norm, {nodes[0], nodes[1]}, "headwise_qk_norm", {}, nullptr, knobs_of(knobs));
   }
 };
 
@@ -105,16 +84,6 @@ struct full_width_qk_norm {
 
 struct no_qk_norm {
   static constexpr std::string_view label = "";
-};
-
-// Llama 4 (Llama4TextL2Norm): q and k normed per head over head_dim without a weight, eps the
-// shape's rms_eps, in fp32. HF norms them after RoPE; the RMS of a head is the same before and
-// after the rotation, so megadsl norms them before it, as Megatron's qk_l2_norm does.
-struct l2_qk_norm {
-  static constexpr std::string_view label = ", q/k rms-normed per head (no weight)";
-  static constexpr int lower(arch_builder& b, const slot& at) {
-    return b.node(at, &modules::l2_qk_norm, {}, "l2_qk_norm");
-  }
 };
 
 }  // namespace megadsl::blocks

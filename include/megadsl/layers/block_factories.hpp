@@ -1,6 +1,7 @@
-// The library's blocks' run-time module factories, declared without LibTorch so that a block type
+// The core blocks' run-time module factories, declared without LibTorch so that a block type
 // (layers/blocks.hpp) can name its module in constant evaluation. Each is defined once, in the
-// block's own source file under src/layers/; a user's block declares its own the same way.
+// block's own source file under src/layers/. A block only one family uses declares its own beside
+// its type under models/<family>/ (models/deepseek_v3/mla.hpp), and a user's block the same way.
 //
 // Outside the runtime library the declarations are weak references: a torch-free program may use
 // an architecture (its parameter rows, its formulas) without linking any module, and the factories
@@ -29,22 +30,16 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> layer_norm_no_bias(const b
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> per_head_qk_norm(const block_build& b);
 // per_head_qk_norm's knobs: blocks::qk_norm_knobs (after RoPE: HunYuan; a weight per head: Command R+)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> full_width_qk_norm(const block_build& b);
-MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> l2_qk_norm(const block_build& b);
 
 // grouped-query attention with RoPE (src/layers/attention.cpp); child 0: its q/k norm, if any;
 // knobs: blocks::attention_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_build& b);
-// multi-head latent attention (src/layers/mla.cpp)
-MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
-// Qwen3-Next's gated DeltaNet (src/layers/gated_delta_net.cpp) and its output-gated attention
-// (src/layers/gated_attention.cpp; child 0: its q/k norm)
+// the gated DeltaNet (src/layers/gated_delta_net.cpp: Qwen3-Next's and Qwen3.5's)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_delta_net(const block_build& b);
-MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_attention(const block_build& b);
 
 // MLPs; knobs: blocks::mlp_knobs (the activation), the mixture's blocks::moe_module_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> plain_mlp(const block_build& b);  // src/layers/plain_mlp.cpp
-MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> xielu_mlp(const block_build& b);  // src/layers/xielu_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
 
 // the embedding (src/layers/embedding.cpp); knobs: blocks::embedding_knobs

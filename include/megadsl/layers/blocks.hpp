@@ -32,7 +32,7 @@
 //   attention<attention_knobs{.rope = false}>  a NoPE layer: q and k are not rotated (SmolLM3)
 //   attention<{}, full_width_qk_norm<N>>  OLMo2: q and k normed over the whole projection, before RoPE
 //   attention<{}, per_head_qk_norm<N>>    Qwen3: q and k normed over head_dim, before RoPE
-//   attention<{}, headwise_qk_norm<N>>    Command R+: the same with a weight for every head
+//   attention<{}, headwise_qk_norm<N>>    Command R+: the same with a weight for every head (models/cohere/)
 //   gated_mlp<silu | gelu_tanh>       down(act(gate(x)) * up(x)): SwiGLU (Llama), GeGLU (Gemma)
 //   embedding<sqrt_hidden>            Gemma: embed(ids) * sqrt(hidden) rounded to the dtype
 //   embedding<none, &key>, pre_norm<N, X, names, &key>, attention_knobs{.score_scale = &key},
@@ -54,7 +54,7 @@
 //   moe_mlp<silu, moe_knobs{.names = moe_names::gpt_oss}>  GptOssMLP: the router with a bias, top-k of
 //                                     its logits weighed by a softmax over the k; experts with biases
 //                                     and the clamped SwiGLU; HF's tensors stacked per layer (hf_stacking)
-//   attention<attention_knobs{.chunked = true}, l2_qk_norm>  Llama 4's RoPE layers: attention within
+//   attention<attention_knobs{.chunked = true}, l2_qk_norm>  Llama 4's RoPE layers (l2_qk_norm: models/llama4/): attention within
 //                                     chunks of attention_chunk_size tokens (its own key), q/k rms-normed
 //                                     per head without a weight; {.rope = false, .temperature = true}:
 //                                     its NoPE layers, q scaled by ln(position) (attn_temperature_tuning,
@@ -68,21 +68,22 @@
 //                                     the gated delta rule (chunked, exact backward), causal conv, gated
 //                                     output norm; HF's in_proj_qkvz + in_proj_ba, or in_proj_qkv/z/b/a
 //   gated_attention<per_head_qk_norm<rms_norm<rms_1p>>>  Qwen3NextAttention: q_proj = [q | gate] per
-//                                     head, the output times sigmoid(gate)
+//                                     head, the output times sigmoid(gate) (models/qwen3_next/)
+//   mla                               DeepseekV3Attention: multi-head latent attention (models/deepseek_v3/)
+//   xielu_mlp                         Apertus: down(xielu(up x)), xIELU's learned scalars (models/apertus/)
 //
-// One header per block under megadsl/blocks/; this one includes them all.
+// One header per core block under megadsl/blocks/; this one includes them all. A block only one
+// family uses lives with it (DESIGN decision 16): its type in models/<family>/<block>.hpp, its
+// module (if it has its own) in models/<family>/<block>.cpp, which the family's header includes.
 #pragma once
 
 #include "megadsl/blocks/builder.hpp"
 #include "megadsl/blocks/norms.hpp"
 #include "megadsl/blocks/qk_norms.hpp"
 #include "megadsl/blocks/attention.hpp"
-#include "megadsl/blocks/mla.hpp"
 #include "megadsl/blocks/gated_delta_net.hpp"
-#include "megadsl/blocks/gated_attention.hpp"
 #include "megadsl/blocks/gated_mlp.hpp"
 #include "megadsl/blocks/plain_mlp.hpp"
-#include "megadsl/blocks/xielu_mlp.hpp"
 #include "megadsl/blocks/moe_mlp.hpp"
 #include "megadsl/blocks/embedding.hpp"
 #include "megadsl/blocks/residuals.hpp"

@@ -5,6 +5,7 @@
 
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/block_modules.hpp"
+#include "megadsl/models/apertus/xielu_mlp.hpp"
 
 namespace megadsl {
 namespace {

@@ -1,7 +1,15 @@
-// DeepSeek-V3's multi-head latent attention.
+// DeepSeek-V3's multi-head latent attention: a block only its family uses, so it lives with the
+// family (DESIGN decision 16), its module in mla.cpp beside this file.
 #pragma once
 
+#include <memory>
+
 #include "megadsl/blocks/attention.hpp"
+
+namespace megadsl::modules {
+// Its module (models/deepseek_v3/mla.cpp; weak outside the runtime library, as the core's are).
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> mla(const block_build& b);
+}  // namespace megadsl::modules
 
 namespace megadsl::blocks {
 

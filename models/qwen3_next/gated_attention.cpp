@@ -11,6 +11,7 @@
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/models/qwen3_next/gated_attention.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"

@@ -1,7 +1,17 @@
-// Qwen3-Next's gated attention: q_proj = [q | gate] per head, the output times sigmoid(gate).
+// Qwen3-Next's gated attention: q_proj = [q | gate] per head, the output times sigmoid(gate). A
+// block only Qwen3-Next and the family built on it (Qwen3.5) use, so it lives with them (DESIGN
+// decision 16), its module in gated_attention.cpp beside this file.
 #pragma once
 
+#include <memory>
+
 #include "megadsl/blocks/attention.hpp"
+
+namespace megadsl::modules {
+// Its module (models/qwen3_next/gated_attention.cpp; child 0: its q/k norm); weak outside the
+// runtime library, as the core's are.
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_attention(const block_build& b);
+}  // namespace megadsl::modules
 
 namespace megadsl::blocks {
 

@@ -1,7 +1,16 @@
-// Apertus's xIELU MLP: up and down projections with the learned xIELU activation.
+// Apertus's xIELU MLP: up and down projections with the learned xIELU activation. A block only
+// Apertus uses, so it lives with the family (DESIGN decision 16), its module in xielu_mlp.cpp
+// beside this file.
 #pragma once
 
+#include <memory>
+
 #include "megadsl/blocks/gated_mlp.hpp"
+
+namespace megadsl::modules {
+// Its module (models/apertus/xielu_mlp.cpp); weak outside the runtime library, as the core's are.
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> xielu_mlp(const block_build& b);
+}  // namespace megadsl::modules
 
 namespace megadsl::blocks {
 

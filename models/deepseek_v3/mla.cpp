@@ -12,6 +12,7 @@
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/models/deepseek_v3/mla.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
