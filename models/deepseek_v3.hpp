@@ -31,14 +31,9 @@ inline constexpr moe_config deepseek_v3_moe{.count_key = "n_routed_experts", .to
                                             .shared_count_key = "n_shared_experts", .shared_count = 1,
                                             .dense_first_key = "first_k_dense_replace", .dense_first = 3,
                                             .routed_scale = 2.5, .groups = 8, .group_top_k = 4};
-inline constexpr mla_config deepseek_v3_mla{};
 inline constexpr config_key_rule deepseek_v3_keys[] = {
     {"rms_norm_eps", key_use::read},
-    {"q_lora_rank", key_use::read},
-    {"kv_lora_rank", key_use::read},
-    {"qk_nope_head_dim", key_use::read},
-    {"qk_rope_head_dim", key_use::read},
-    {"v_head_dim", key_use::read},
+    {"qk_rope_head_dim", key_use::read},  // head_dim (MLA's own keys are its block's)
     {"qk_head_dim", key_use::no_effect},           // DeepseekV3Config sets it to qk_nope + qk_rope itself
     {"rope_interleave", key_use::read},
     {"n_routed_experts", key_use::read},
@@ -63,8 +58,9 @@ inline constexpr config_key_rule deepseek_v3_keys[] = {
 };
 inline constexpr family_config deepseek_v3_config{
     .model_type = "deepseek_v3", .hf_class = "DeepseekV3", .display = "DeepSeek-V3/R1, Moonlight",
-    .arch = &architecture_of<deepseek_v3_blocks>, .max_positions = 4096, .rms_eps = 1e-6,
-    .mtp_key = "num_nextn_predict_layers", .moe = &deepseek_v3_moe, .mla = &deepseek_v3_mla, .keys = deepseek_v3_keys};
+    .arch = &architecture_of<deepseek_v3_blocks>, .max_positions = 4096, .rms_eps = 1e-6, .head_dim = 64,
+    .interleaved_rope = true, .rope_interleave_key = "rope_interleave", .head_dim_key = "qk_rope_head_dim",
+    .mtp_key = "num_nextn_predict_layers", .moe = &deepseek_v3_moe, .keys = deepseek_v3_keys};
 // Kimi K2's checkpoints say model_type "kimi_k2" (their config.json names DeepseekV3ForCausalLM and
 // ships its own copy of the code for trust_remote_code): DeepSeek-V3's composition, keys and defaults.
 inline constexpr family_config kimi_k2_config = [] {
@@ -91,16 +87,15 @@ struct deepseek_v3_671b
                         .head_dim = 64, .max_positions = 163840, .rms_eps = 1e-6, .rope_theta = 10000.0,
                         .rope = {.type = rope_type::yarn, .factor = 40.0, .original_max_positions = 4096, .beta_fast = 32.0,
                                  .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
-                        .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .v_head_dim = 128,
                         .rope_interleave = true, .experts = 256, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
-                        .norm_topk = true, .routed_scale = 2.5, .expert_groups = 8, .group_top_k = 4, .dense_layers = 7}> {
+                        .norm_topk = true, .routed_scale = 2.5, .expert_groups = 8, .group_top_k = 4, .dense_layers = 7,
+                        .settings = settings_given({{"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+                                                    {"v_head_dim", 128}})}> {
   static constexpr std::string_view name = "deepseek-v3";
   static constexpr std::string_view hf_repo = "deepseek-ai/DeepSeek-V3";
   static constexpr std::int64_t published_params = 671'026'419'200;
 };
 
-// Moonlight-16B-A3B: the query directly (no q rank), 64 experts of 1408, top 6 x 2.446, two shared
-// experts, one dense layer.
 // moonshotai/Kimi-K2-Instruct-0905 (model_type kimi_k2): DeepSeek-V3's blocks with 384 experts,
 // 64 heads, one expert group, routed_scaling_factor 2.827, YaRN factor 64 over 4096 positions. Its
 // count is the published safetensors': transformers' DeepseekV3ForCausalLM of that config
@@ -111,20 +106,24 @@ struct kimi_k2
                         .head_dim = 64, .max_positions = 262144, .rms_eps = 1e-6, .rope_theta = 50000.0,
                         .rope = {.type = rope_type::yarn, .factor = 64.0, .original_max_positions = 4096, .beta_fast = 1.0,
                                  .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
-                        .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .v_head_dim = 128,
                         .rope_interleave = true, .experts = 384, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
-                        .norm_topk = true, .routed_scale = 2.827, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1}> {
+                        .norm_topk = true, .routed_scale = 2.827, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1,
+                        .settings = settings_given({{"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+                                                    {"v_head_dim", 128}})}> {
   static constexpr std::string_view name = "kimi-k2";
   static constexpr std::string_view hf_repo = "moonshotai/Kimi-K2-Instruct-0905";
   static constexpr std::int64_t published_params = 1'026'408'232'448;
 };
 
+// Moonlight-16B-A3B: the query directly (no q rank), 64 experts of 1408, top 6 x 2.446, two shared
+// experts, one dense layer.
 struct moonlight_16b_a3b
     : deepseek_v3<shape{.hidden = 2048, .layers = 27, .heads = 16, .kv_heads = 16, .ffn = 11264, .vocab = 163840,
-                        .head_dim = 64, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0, .q_lora_rank = 0,
-                        .kv_lora_rank = 512, .qk_nope_dim = 128, .v_head_dim = 128, .rope_interleave = true, .experts = 64,
-                        .top_k = 6, .expert_ffn = 1408, .shared_expert_ffn = 2816, .norm_topk = true, .routed_scale = 2.446,
-                        .expert_groups = 1, .group_top_k = 1, .dense_layers = 1}> {
+                        .head_dim = 64, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0,
+                        .rope_interleave = true, .experts = 64, .top_k = 6, .expert_ffn = 1408, .shared_expert_ffn = 2816,
+                        .norm_topk = true, .routed_scale = 2.446, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1,
+                        .settings = settings_given({{"q_lora_rank", 0}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+                                                    {"v_head_dim", 128}})}> {
   static constexpr std::string_view name = "moonlight-16b-a3b";
   static constexpr std::string_view hf_repo = "moonshotai/Moonlight-16B-A3B";
   static constexpr std::int64_t published_params = 15'960'110'208;

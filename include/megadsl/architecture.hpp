@@ -39,8 +39,8 @@ class block_build;
 // blocks a model has is its architecture; these are the numbers config.json gives.)
 enum class presence : std::int8_t {
   always,
-  q_lora,       // MLA's low-rank query path (q_lora_rank > 0)
-  q_direct,     // MLA's direct query projection (q_lora_rank == 0)
+  key_nonzero,  // where the block's own config key `when_key` is not 0 (MLA's q_a_proj: q_lora_rank)
+  key_zero,     // where it is 0 (MLA's q_proj: q_lora_rank null)
   qkv_bias,     // the q/k/v biases (qkv_bias)
   out_bias,     // o_proj's and a plain MLP's biases (out_bias)
   mlp_bias,     // a gated MLP's gate/up/down biases (mlp_bias)
@@ -91,6 +91,7 @@ struct block_param {
   double init_value = 0;    // param_init::constant's value
   hf_form form = hf_form::as_held;           // how HF's file holds it (a scalar, a conv, one row)
   hf_stacking stacking = hf_stacking::none;  // (per_expert rows) how HF stores the layer's experts
+  std::string_view when_key{};  // presence::key_nonzero / key_zero: the block's config key (b.setting)
 };
 
 // A parameter of the model: a block's row bound at its slot. `{layer}` stands for the global
@@ -109,6 +110,7 @@ struct param_row {
   double init_value = 0;          // (block_param::init_value)
   hf_form form = hf_form::as_held;           // (block_param::form)
   hf_stacking stacking = hf_stacking::none;  // (block_param::stacking)
+  std::string_view when_key{};               // (block_param::when_key)
 };
 
 // The most parameter rows and kinds of layer one architecture holds (layers/blocks.hpp's builder
@@ -213,10 +215,12 @@ constexpr std::string_view name_of(activation a) {
 // the block's module (block_build::setting) and its rows' geometry (megadsl::setting) read the
 // value. No family and no core file names it.
 //   number, integer  a JSON number (an integer: whole); null is refused (the config classes would fail on it)
+//   integer_or_null  an integer, or null for none (read as 0, written back as null; 0 is accepted
+//                    whatever `least` says): MLA's q_lora_rank
 //   flag             true or false
 //   truthy           tested for truth as the config class's Python does: true/false, a number (0:
 //                    false), null (false); written back as true or false
-enum class setting_kind : std::int8_t { number, integer, flag, truthy };
+enum class setting_kind : std::int8_t { number, integer, flag, truthy, integer_or_null };
 struct config_setting {
   std::string_view key;                     // config.json's key
   double fallback = 0;                      // its value where config.json is silent (the config class's default)
@@ -230,6 +234,8 @@ struct config_setting {
   constexpr bool same_value_as(const config_setting& o) const {
     return key == o.key && fallback == o.fallback && kind == o.kind && least == o.least && most == o.most;
   }
+  // Whether the key takes `v` (its range; an integer_or_null's 0, its none).
+  constexpr bool accepts(double v) const { return (kind == setting_kind::integer_or_null && v == 0) || (v >= least && v <= most); }
 };
 
 struct architecture {

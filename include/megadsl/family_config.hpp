@@ -97,17 +97,6 @@ struct moe_config {
   std::string_view top_k_alias = {};
 };
 
-// Multi-head latent attention's keys and their defaults (DeepseekV3Config's). config.json's
-// head_dim is qk_rope_head_dim (the config class sets it so).
-struct mla_config {
-  std::int64_t q_lora_rank = 1536;  // null: q_proj directly
-  std::int64_t kv_lora_rank = 512;
-  std::int64_t qk_nope_head_dim = 128;
-  std::int64_t qk_rope_head_dim = 64;
-  std::int64_t v_head_dim = 128;
-  bool rope_interleave = true;
-};
-
 // The multimodal checkpoint whose text model a family is (its model_type and transformers' class),
 // and how that class ties the LM head where its top-level tie_word_embeddings is absent: megadsl
 // reads and trains the text model (hf_config::wrapper).
@@ -177,8 +166,13 @@ struct family_config {
   // layer slides and none rotates): the shape's nope_layers are the layers that do not slide.
   bool rope_only_sliding = false;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
-  // halves (ERNIE 4.5, GLM-4): the shape's rope_interleave, always on for the family.
+  // halves: the shape's rope_interleave, always for the family (ERNIE 4.5, GLM-4) or, where this
+  // key names it, its default (DeepseekV3Config's rope_interleave).
   bool interleaved_rope = false;
+  std::string_view rope_interleave_key = {};
+  // The key head_dim is read and written under as well (DeepseekV3Config's qk_rope_head_dim, each
+  // head's rotated share); a head_dim key must then agree with it.
+  std::string_view head_dim_key = {};
   // Checkpoints store this many multi-token-prediction layers after the decoder's
   // (model.layers.<num_hidden_layers + i>.*; DeepSeek-V3, GLM-4.5), counted by this key (1 when
   // absent): transformers does not load them and megadsl does not run them (hf_config::mtp_layers).
@@ -194,7 +188,6 @@ struct family_config {
   // classes then substitute their own RoPE whatever rope_theta says); save_hf always writes them.
   std::string_view rope_must_be_stated = {};
   const moe_config* moe = nullptr;
-  const mla_config* mla = nullptr;
   std::span<const required_key> required = {};
   // The family's dropout keys (dropout.hpp) with their class defaults; attention_dropout (default
   // 0) is every family's unless listed here or given a rule of its own in `keys`.

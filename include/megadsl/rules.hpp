@@ -220,7 +220,7 @@ constexpr void check_positive(const shape& s, const layout& l, violations& out) 
   // checked as they are read; a declared shape's here).
   if (s.arch != nullptr && !s.settings.dynamic)
     for (const config_setting& c : s.arch->settings)
-      if (const double v = setting(s, c.key); !(v >= c.least && v <= c.most))
+      if (const double v = setting(s, c.key); !c.accepts(v))
         out.add("positive_sizes").add(c.key, " = ", v, v < c.least ? " is below " : " is above ", v < c.least ? c.least : c.most,
                                       v < c.least ? ", the least its block takes" : ", the most its block takes");
 }
@@ -444,8 +444,9 @@ constexpr void check_expert_grid(const layout& l, const run_facts& f, violations
 }
 
 // Invariant arithmetic (layers/invariant.hpp) sums a row-parallel linear's input in 8 fixed chunks,
-// whole on each tp rank, and the vocabulary in blocks of 128 columns, whole on each tp rank. (A
-// block whose row-parallel input is sized by its own keys checks it in its rule: the gated DeltaNet.)
+// whole on each tp rank, and the vocabulary in blocks of 128 columns, whole on each tp rank. (An
+// attention block checks its o_proj's input in its own rule, as the gated DeltaNet and MLA check
+// theirs, sized by their own keys.)
 inline constexpr std::int64_t invariant_chunks = 8;
 constexpr void check_invariant(const shape& s, const layout& l, violations& out) {
   if (!l.invariant.is_static() || !l.invariant.get()) return;
@@ -455,10 +456,7 @@ constexpr void check_invariant(const shape& s, const layout& l, violations& out)
       out.add("invariant_chunks_fit", {degree.get()})
           .add("invariant arithmetic splits a row-parallel input into ", chunks, " chunks, whole on each rank; ", name, " = ",
                degree.get(), " does not divide them: use ", name, " 1, 2, 4 or 8");
-  const dim hd = effective_head_dim(s);
   const std::pair<std::string_view, std::int64_t> inputs[] = {
-      {"num_heads * head_dim (o_proj's input)", known(s.heads, hd, s.v_head_dim) && s.v_head_dim.get() == 0 ? s.heads.get() * hd.get() : 0},
-      {"num_heads * v_head_dim (o_proj's input)", known(s.heads, s.v_head_dim) ? s.heads.get() * s.v_head_dim.get() : 0},
       {"intermediate_size", s.ffn.is_static() ? s.ffn.get() : 0},
       {"an expert's intermediate size", known(s.experts) && s.experts.get() > 0 && expert_ffn_of(s).is_static() ? expert_ffn_of(s).get() : 0},
       {"the shared expert's intermediate size", s.shared_expert_ffn.is_static() ? s.shared_expert_ffn.get() : 0}};

@@ -151,12 +151,8 @@ struct shape {
   // The share of each head's dimensions RoPE rotates (the first head_dim * this, rounded down);
   // the rest pass through (GPT-NeoX's rotary_pct, HF's partial_rotary_factor).
   real rotary_fraction = 1.0;
-  // Multi-head latent attention (DeepSeek-V3, Kimi K2, Moonlight; 0 elsewhere). head_dim is then the
-  // rotated share of each query and key head, qk_rope_head_dim (DeepseekV3Config writes it so).
-  dim q_lora_rank = 0;   // the query's low rank (q_a_proj, q_a_layernorm, q_b_proj); 0: q_proj directly
-  dim kv_lora_rank = 0;  // the compressed kv (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj)
-  dim qk_nope_dim = 0;   // each head's unrotated query/key dimensions (qk_nope_head_dim)
-  dim v_head_dim = 0;    // each head's value dimensions
+  // (Multi-head latent attention's sizes are its block's own keys, `settings`; head_dim is then the
+  // rotated share of each query and key head, qk_rope_head_dim.)
   flag rope_interleave = false;  // RoPE on interleaved pairs (DeepSeek's rope_interleave), not halves
   // A mixture of experts (0 and false for a dense MLP). Numbers from config.json:
   dim experts = 0;            // routed experts per layer (num_local_experts, num_experts)
@@ -205,8 +201,7 @@ inline constexpr shape dynamic_shape = {
     .local_rope_theta = dynamic,
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .out_bias = dynamic, .mlp_bias = dynamic,
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
-    .rotary_fraction = dynamic, .q_lora_rank = dynamic, .kv_lora_rank = dynamic, .qk_nope_dim = dynamic,
-    .v_head_dim = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
+    .rotary_fraction = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
     .shared_expert_ffn = dynamic, .norm_topk = dynamic, .topk_sum_floor = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
     .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .linear_layers = dynamic, .settings = {.dynamic = true}};

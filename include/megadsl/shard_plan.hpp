@@ -90,8 +90,8 @@ constexpr bool present(const param_row& row, const shape& s, head_info h) {
     case presence::always: return true;
     case presence::qkv_bias: return s.qkv_bias.get();
     case presence::out_bias: return s.out_bias.get();
-    case presence::q_lora: return s.q_lora_rank.get() > 0;
-    case presence::q_direct: return s.q_lora_rank.get() == 0;
+    case presence::key_nonzero: return setting(s, row.when_key) != 0;
+    case presence::key_zero: return setting(s, row.when_key) == 0;
     case presence::mlp_bias: return s.mlp_bias.get();
     case presence::shared_experts: return s.shared_expert_ffn.get() > 0;
     case presence::actor: return h.actor;

@@ -35,10 +35,11 @@ class mla final : public layer_module {
         kv_up_(b.require("kv_up.weight")), o_(b.require("o_proj.weight")) {
     const shape& s = b.s();
     heads_ = s.heads.get() / b.args.l.tp.get();
-    nope_ = s.qk_nope_dim.get();
+    const blocks::mla_sizes sizes = blocks::mla_sizes::of(s);  // its own keys
+    nope_ = sizes.nope;
     rope_ = effective_head_dim(s).get();
-    v_ = s.v_head_dim.get();
-    rank_ = s.kv_lora_rank.get();
+    v_ = sizes.v;
+    rank_ = sizes.kv_rank;
     interleave_ = s.rope_interleave.get();
     window_ = b.args.options.attention_window.of(b.params.layer);
     // dqk^-1/2, times m(factor, mscale_all_dim)^2 under a scaled RoPE with mscale_all_dim

@@ -50,6 +50,7 @@ struct gated_attention {
     replicated("v_proj.bias", presence::qkv_bias, &geo::whole<&kv_bias>, param_init::zeros);
     const int qk = lower_block<QkNorm>(b, at);
     b.param(at.sub("o_proj", "o_proj"), {"weight", &geo::attn_out, {"weight"}, 1});
+    b.rule(&attention_out_invariant_rule);
     b.param(at.sub("o_proj", "o_proj"), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     const int node = b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details);
     return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights),

@@ -163,6 +163,10 @@ constexpr moved_field fields_now_settings[] = {
     {"linear_key_dim", "linear_key_head_dim"},
     {"linear_value_dim", "linear_value_head_dim"},
     {"linear_conv_kernel", "linear_conv_kernel_dim"},
+    {"q_lora_rank", "q_lora_rank"},
+    {"kv_lora_rank", "kv_lora_rank"},
+    {"qk_nope_dim", "qk_nope_head_dim"},
+    {"v_head_dim", "v_head_dim"},
 };
 // Whether a field holds the value it had where its family had no such key (moved_field::neutral).
 bool neutral(const moved_field& m, const json& v) {

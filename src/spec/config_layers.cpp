@@ -1,5 +1,5 @@
-// The blocks' own keys, MLA's sizes, NoPE layers, the attention window, layer types and the
-// linear-attention layers, as config.json gives them.
+// The blocks' own keys, head_dim under a family's other key for it, NoPE layers, the attention
+// window, layer types and the linear-attention layers, as config.json gives them.
 #include "config_reader.hpp"
 
 namespace megadsl::hf_read {
@@ -19,6 +19,8 @@ void read_block_settings(const reader& r, const architecture& a, shape& s) {
       if (v.is_boolean()) x = v.get<bool>() ? 1.0 : 0.0;
       else if (v.is_number()) x = v.get<double>() != 0 ? 1.0 : 0.0;
       else if (!v.is_null()) r.fail(key, "expected true or false, got " + describe_json(v) + what, "write true or false");
+    } else if (v.is_null() && c.kind == setting_kind::integer_or_null) {
+      x = 0;  // none (a 0 written as a number is refused below, as the config class would build it empty)
     } else if (v.is_null()) {
       r.fail(key, "is null" + what + ": the config class would use it as it is and fail",
              "give a value, or leave the key out for its default " +
@@ -28,7 +30,7 @@ void read_block_settings(const reader& r, const architecture& a, shape& s) {
     } else {
       if (!v.is_number()) r.fail(key, "expected a number, got " + describe_json(v) + what, "write it as a plain JSON number");
       x = v.get<double>();
-      if (c.kind == setting_kind::integer && std::trunc(x) != x)
+      if ((c.kind == setting_kind::integer || c.kind == setting_kind::integer_or_null) && std::trunc(x) != x)
         r.fail(key, "expected an integer, got " + describe_json(v) + what, "write it as a plain JSON integer");
       if (!std::isfinite(x) || x < c.least || x > c.most)
         r.fail(key, "is " + format_double(x) + what + ", where the block takes " +
@@ -41,23 +43,15 @@ void read_block_settings(const reader& r, const architecture& a, shape& s) {
   }
 }
 
-// Multi-head latent attention's sizes (DeepseekV3Config): q_lora_rank null means q_proj directly;
-// head_dim is the rotated share of each head, qk_rope_head_dim (a head_dim key must agree with it).
-void read_mla(const reader& r, const mla_config& m, shape& s) {
-  const auto size = [&](std::string_view key, std::int64_t fallback, std::int64_t least) {
-    return r.optional<std::int64_t>(key, fallback, [&](const json& v, std::string_view k) { return r.integer(v, k, least); });
-  };
-  const auto q = r.root().find("q_lora_rank");  // null (not absent): the query directly (q_proj)
-  s.q_lora_rank = q == r.root().end() ? m.q_lora_rank : q->is_null() ? 0 : r.integer(*q, "q_lora_rank", 1);
-  s.kv_lora_rank = size("kv_lora_rank", m.kv_lora_rank, 1);
-  s.qk_nope_dim = size("qk_nope_head_dim", m.qk_nope_head_dim, 0);
-  s.v_head_dim = size("v_head_dim", m.v_head_dim, 1);
-  const std::int64_t rope = size("qk_rope_head_dim", m.qk_rope_head_dim, 2);
-  if (const json* hd = r.find(r.root(), "head_dim"); hd != nullptr && !hd->is_null() && r.integer(*hd, "head_dim", 1) != rope)
-    r.fail("head_dim", "is " + describe_json(*hd) + " but qk_rope_head_dim is " + std::to_string(rope),
-           "DeepseekV3Config sets head_dim to qk_rope_head_dim: make them equal");
-  s.head_dim = rope;
-  s.rope_interleave = r.optional<bool>("rope_interleave", m.rope_interleave, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+// head_dim under the family's other key for it (family_config::head_dim_key: DeepseekV3Config's
+// qk_rope_head_dim, which sets head_dim itself): that key wins, and a head_dim key must agree.
+void read_head_dim_key(const reader& r, const family_config& fam, shape& s) {
+  const std::string_view key = fam.head_dim_key;
+  const std::int64_t d = r.optional<std::int64_t>(key, fam.head_dim, [&](const json& v, std::string_view k) { return r.integer(v, k, 2); });
+  if (const json* hd = r.find(r.root(), "head_dim"); hd != nullptr && !hd->is_null() && r.integer(*hd, "head_dim", 1) != d)
+    r.fail("head_dim", "is " + describe_json(*hd) + " but " + std::string(key) + " is " + std::to_string(d),
+           std::string(fam.hf_class) + "Config sets head_dim to " + std::string(key) + ": make them equal");
+  s.head_dim = d;
 }
 
 // SmolLM3's NoPE layers: `no_rope_layers` holds one 0/1 per layer (1: the layer applies RoPE); without

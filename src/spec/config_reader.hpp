@@ -213,7 +213,7 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
 
 // config_layers.cpp
 void read_block_settings(const reader& r, const architecture& a, shape& s);
-void read_mla(const reader& r, const mla_config& m, shape& s);
+void read_head_dim_key(const reader& r, const family_config& fam, shape& s);
 void read_no_rope_layers(const reader& r, shape& s, bool empty_is_default);
 sliding_window read_attention_window(const reader& r, const family_config& family, const shape& s);
 void check_layer_types(const reader& r, const family_config& family, const shape& s);

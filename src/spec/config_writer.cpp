@@ -101,7 +101,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
                " and mlp_bias " + show(s.mlp_bias);
       break;
   }
-  if (family.mla == nullptr && s.rope_interleave.get() != family.interleaved_rope)
+  if (family.rope_interleave_key.empty() && s.rope_interleave.get() != family.interleaved_rope)
     return family.interleaved_rope ? "a " + f + " config rotates interleaved pairs, and this model rotates halves"
                                    : "a " + f + " config rotates each head's halves, and this model rotates interleaved pairs";
   if (s.mlp_bias.get() && !family.reads_mlp_bias && family.bias != bias_rule::use_bias_all)
@@ -123,7 +123,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
            show(s.norm_topk) + ", sparse_step " + show(s.sparse_step) + " and dense_layers " + show(s.dense_layers);
   if (s.arch != nullptr && !s.settings.dynamic)
     for (const config_setting& c : s.arch->settings)
-      if (const double v = setting(s, c.key); !(v >= c.least && v <= c.most))
+      if (const double v = setting(s, c.key); !c.accepts(v))
         return "a " + f + " config's " + std::string(c.key) + " takes [" + format_double(c.least) + ", " +
                format_double(c.most) + "], and this model's is " + format_double(v);
   if (family.moe != nullptr && family.moe->shared_as_wide_as_ffn && s.shared_expert_ffn.get() != s.ffn.get())
@@ -250,8 +250,9 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   for (const config_setting& c : s.arch->settings) {  // the blocks' own keys
     const double v = setting(s, c.key);
     j[std::string(c.key)] = c.kind == setting_kind::flag || c.kind == setting_kind::truthy ? json(v != 0)
-                            : c.kind == setting_kind::integer                            ? int_if_whole(v)
-                                                                                         : json(v);
+                            : c.kind == setting_kind::integer_or_null && v == 0        ? json(nullptr)
+                            : c.kind != setting_kind::number                           ? int_if_whole(v)
+                                                                                       : json(v);
   }
   j["head_dim"] = effective_head_dim(s).get();
   j["max_position_embeddings"] = s.max_positions.get();
@@ -351,14 +352,8 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
   if (fam->window != window_rule::none) j["sliding_window"] = slides ? json(window.size) : json(nullptr);
   if (fam->window == window_rule::from_max_window_layers) j["max_window_layers"] = first_sliding;
   if (fam->reads_layer_types) j["layer_types"] = types;
-  if (fam->mla != nullptr) {
-    j["q_lora_rank"] = s.q_lora_rank.get() > 0 ? json(s.q_lora_rank.get()) : json(nullptr);
-    j["kv_lora_rank"] = s.kv_lora_rank.get();
-    j["qk_nope_head_dim"] = s.qk_nope_dim.get();
-    j["qk_rope_head_dim"] = effective_head_dim(s).get();
-    j["v_head_dim"] = s.v_head_dim.get();
-    j["rope_interleave"] = s.rope_interleave.get();
-  }
+  if (!fam->head_dim_key.empty()) j[std::string(fam->head_dim_key)] = effective_head_dim(s).get();
+  if (!fam->rope_interleave_key.empty()) j[std::string(fam->rope_interleave_key)] = s.rope_interleave.get();
   if (fam->reads_no_rope_layers) {
     json rope_layers = json::array();
     for (std::int64_t i = 0; i < layers; ++i) rope_layers.push_back(nope_layer(s, i) ? 0 : 1);

@@ -83,10 +83,6 @@ constexpr key_name key_names[] = {
     {"topk_sum_floor", "moe_norm_min"},
     {"nope_layers", "no_rope_layers"},
     {"routed_scale", "routed_scaling_factor"},
-    {"q_lora_rank", "q_lora_rank"},
-    {"kv_lora_rank", "kv_lora_rank"},
-    {"qk_nope_dim", "qk_nope_head_dim"},
-    {"v_head_dim", "v_head_dim"},
     {"rope_interleave", "rope_interleave"},
     {"expert_groups", "n_group"},
     {"group_top_k", "topk_group"},
@@ -231,7 +227,9 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   s.ffn = r.required_int(fam->ffn_key, "the MLP width");
   s.vocab = r.required_int("vocab_size", "the vocabulary size");
   s.head_dim = r.optional<std::int64_t>("head_dim", fam->head_dim,
-      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/fam->head_dim != 0);
+      [&](const json& v, std::string_view k) { return r.integer(v, k, 1); },
+      /*note=*/fam->head_dim != 0 && fam->head_dim_key.empty());
+  if (!fam->head_dim_key.empty()) read_head_dim_key(r, *fam, s);
   s.max_positions = r.optional<std::int64_t>("max_position_embeddings", fam->max_positions,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   s.rms_eps = r.optional<double>(fam->eps_key, fam->rms_eps,
@@ -329,7 +327,10 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   }
   // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
   if (fam->bias != bias_rule::use_bias_all) s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
-  if (fam->interleaved_rope) s.rope_interleave = true;  // the family's rotation, not a key
+  // The family's rotation, or its key's (with the family's as its default).
+  s.rope_interleave = fam->rope_interleave_key.empty()
+      ? fam->interleaved_rope
+      : r.optional<bool>(fam->rope_interleave_key, fam->interleaved_rope, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
   s.tie_embeddings = flag("tie_word_embeddings", fam->tie_embeddings, /*note=*/false);
   // Gemma2's score scale and soft-caps (null: no cap); 0 = off in every other family.
   s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
@@ -352,7 +353,6 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   if (fam->layer_type != nullptr) check_layer_types(r, *fam, s);
   s.linear_layers = 0;  // Qwen3-Next's, read by its layer choice only
   if (fam->linear_attention) read_linear_attention(r, s);
-  if (fam->mla != nullptr) read_mla(r, *fam->mla, s);
   out.attention_window = read_attention_window(r, *fam, s);
   out.dropout = read_dropout(r, *fam, out.notes);
   // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers

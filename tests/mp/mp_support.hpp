@@ -150,16 +150,18 @@ struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
 // rank 64 and a shared 16-wide RoPE key on pairs, heads [nope 32 | rope 16], values 24), then
 // GLM-4.5's mixture; and Moonlight's form with the query direct and RoPE on halves.
 struct tiny8_deepseek_v3 : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
-                                             .head_dim = 16, .max_positions = 256, .q_lora_rank = 48, .kv_lora_rank = 64,
-                                             .qk_nope_dim = 32, .v_head_dim = 24, .rope_interleave = true, .experts = 8,
+                                             .head_dim = 16, .max_positions = 256, .rope_interleave = true, .experts = 8,
                                              .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                             .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1}> {
+                                             .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1,
+                                             .settings = settings_given({{"q_lora_rank", 48}, {"kv_lora_rank", 64},
+                                                                         {"qk_nope_head_dim", 32}, {"v_head_dim", 24}})}> {
   static constexpr std::string_view name = "tiny8-deepseek-v3";
 };
 struct tiny8_moonlight : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
-                                           .head_dim = 16, .max_positions = 256, .q_lora_rank = 0, .kv_lora_rank = 64,
-                                           .qk_nope_dim = 32, .v_head_dim = 48, .experts = 8, .top_k = 2, .expert_ffn = 64,
-                                           .shared_expert_ffn = 128, .norm_topk = true, .dense_layers = 3}> {
+                                           .head_dim = 16, .max_positions = 256, .experts = 8, .top_k = 2, .expert_ffn = 64,
+                                           .shared_expert_ffn = 128, .norm_topk = true, .dense_layers = 3,
+                                           .settings = settings_given({{"q_lora_rank", 0}, {"kv_lora_rank", 64},
+                                                                       {"qk_nope_head_dim", 32}, {"v_head_dim", 48}})}> {
   static constexpr std::string_view name = "tiny8-moonlight";
 };
 

@@ -665,7 +665,7 @@ TEST_CASE("a multi-token-prediction layer after the decoder's is reported and no
   const fs::path d = edited_copy(src, "deepseek-mtp", [&](const fs::path&, auto& ts) {
     ts.emplace_back(mtp + "eh_proj.weight", at::ones({s.hidden.get(), 2 * s.hidden.get()}));
     ts.emplace_back(mtp + "enorm.weight", at::ones({s.hidden.get()}));
-    ts.emplace_back(mtp + "self_attn.kv_a_layernorm.weight", at::ones({s.kv_lora_rank.get()}));
+    ts.emplace_back(mtp + "self_attn.kv_a_layernorm.weight", at::ones({static_cast<std::int64_t>(setting(s, "kv_lora_rank"))}));
   });
   CHECK_NOTHROW(check_before_load(d, s, layout{}, head_info{}, 4, 1));
   parallel_model<causal_lm<any_llama>> with(single, options_for(src), s), without(single, options_for(src), s);

@@ -118,8 +118,8 @@ TEST_CASE("Megatron's floating-point formula and the exact form agree", "[formul
         if (has("layers.{layer}.kv_up.weight")) {
           // Multi-head latent attention (Megatron's MLA form, the latents' norm weights left out): 6 per
           // element of q_a/q_b (or q), kv_a, kv_b and o, and q k^T over dqk and p v over dv per head.
-          const double rq = static_cast<double>(s.q_lora_rank.get()), rkv = static_cast<double>(s.kv_lora_rank.get());
-          const double dn = static_cast<double>(s.qk_nope_dim.get()), dv = static_cast<double>(s.v_head_dim.get());
+          const double rq = megadsl::setting(s, "q_lora_rank"), rkv = megadsl::setting(s, "kv_lora_rank");
+          const double dn = megadsl::setting(s, "qk_nope_head_dim"), dv = megadsl::setting(s, "v_head_dim");
           const double dqk = dn + d;
           const double q = rq > 0 ? rq * h + n * dqk * rq : n * dqk * h;
           const double weights = q + (rkv + d) * h + n * (dn + dv) * rkv + h * n * dv;
@@ -292,8 +292,10 @@ TEST_CASE("per-rank parameters add up to the HF count plus padding and replicas"
           const std::int64_t expert_biases =
               row("layers.{layer}.experts.{expert}.down.bias") ? megadsl::routed_layers(s) * s.experts.get() * h : 0;
           // Multi-head latent attention's down projections and their norms are replicated.
-          const std::int64_t rq = s.q_lora_rank.get(), rkv = s.kv_lora_rank.get();
-          const std::int64_t latents = row("layers.{layer}.kv_up.weight") ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
+          const bool mla = row("layers.{layer}.kv_up.weight") != nullptr;
+          const auto rq = mla ? static_cast<std::int64_t>(megadsl::setting(s, "q_lora_rank")) : 0;
+          const auto rkv = mla ? static_cast<std::int64_t>(megadsl::setting(s, "kv_lora_rank")) : 0;
+          const std::int64_t latents = mla ? L * (rq * h + rq + (rkv + d) * h + rkv) : 0;
           // Qwen3-Next: the q/k norms on its full-attention layers only; each DeltaNet layer's gated
           // norm (dv) is replicated (its conv's channels split with the heads).
           std::int64_t attention_layers = L, deltanet = 0;

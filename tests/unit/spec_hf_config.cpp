@@ -249,8 +249,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".max_positions = 512, .rms_eps = 1e-05, .rope_theta = 500000.0, .rope = {.type = llama3, .factor = 8.0, "
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .local_rope_theta = 0.0, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
-        ".final_softcap = 0.0, .rotary_fraction = 1.0, .q_lora_rank = 0, .kv_lora_rank = 0, .qk_nope_dim = 0, "
-        ".v_head_dim = 0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
+        ".final_softcap = 0.0, .rotary_fraction = 1.0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
         ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".linear_layers = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
@@ -674,12 +673,20 @@ TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lor
     "head_dim": 8, "qk_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})";
   const shape s = parse_hf_config(ds, "x/config.json").s;
-  CHECK((s.q_lora_rank.get() == 24 && s.kv_lora_rank.get() == 32 && s.qk_nope_dim.get() == 16 && s.v_head_dim.get() == 12));
+  // Its sizes are the MLA block's own keys.
+  CHECK((megadsl::setting(s, "q_lora_rank") == 24 && megadsl::setting(s, "kv_lora_rank") == 32 &&
+         megadsl::setting(s, "qk_nope_head_dim") == 16 && megadsl::setting(s, "v_head_dim") == 12));
   CHECK((megadsl::effective_head_dim(s).get() == 8 && s.rope_interleave.get()));  // head_dim: the rotated share
   // DeepseekV3Config's defaults: 3 dense layers, groups 8 / 4, x 2.5 (here clipped to the 4 layers' first 3).
   CHECK((s.dense_layers.get() == 7 && s.expert_groups.get() == 8 && s.group_top_k.get() == 4 && s.routed_scale.get() == 2.5));
   const shape direct = parse_hf_config(edited(ds, "\"q_lora_rank\": 24", "\"q_lora_rank\": null"), "x").s;
-  CHECK(direct.q_lora_rank.get() == 0);
+  CHECK(megadsl::setting(direct, "q_lora_rank") == 0);
+  // 0 written as a number would build an empty q_a_proj in DeepseekV3Config: only null means none.
+  CHECK_THAT(error_of(edited(ds, "\"q_lora_rank\": 24", "\"q_lora_rank\": 0")), Catch::Contains("q_lora_rank: is 0"));
+  CHECK_THAT(error_of(edited(ds, "\"kv_lora_rank\": 32", "\"kv_lora_rank\": null")), Catch::Contains("kv_lora_rank: is null"));
+  // Without qk_rope_head_dim (and head_dim) the class's 64, not hidden / heads.
+  CHECK(megadsl::effective_head_dim(parse_hf_config(edited(edited(ds, "\"qk_rope_head_dim\": 8, ", ""), "\"head_dim\": 8, ", ""),
+                                                    "x").s).get() == 64);
   CHECK(megadsl::parameter_count(direct) != megadsl::parameter_count(s));  // q_proj instead of q_a/q_b
   const std::string written = megadsl::hf_config_json(direct, "deepseek_v3", false, "float32", {});
   CHECK_THAT(written, Catch::Contains("\"q_lora_rank\": null") && Catch::Contains("\"qk_rope_head_dim\": 8"));

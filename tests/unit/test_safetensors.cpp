@@ -695,4 +695,15 @@ TEST_CASE("a distributed checkpoint's model reads the shape fields added since a
   CHECK(granite.at("architecture") == name(megadsl::architecture_of<megadsl::granite_blocks>));
   CHECK(granite.at("settings") == nlohmann::json({{"embedding_multiplier", 3.0}, {"residual_multiplier", 0.5},
                                                   {"attention_multiplier", 0.2}, {"logits_scaling", 2.0}}));
+  // MLA's sizes were shape fields: its block's keys now, the direct query's 0 (q_lora_rank null)
+  // kept; a dense model's zero fields are dropped.
+  const std::string deepseek = name(megadsl::architecture_of<megadsl::deepseek_v3_blocks>);
+  nlohmann::json mla = {{"architecture", deepseek}, {"q_lora_rank", 0},  {"kv_lora_rank", 64},
+                        {"qk_nope_dim", 32},         {"v_head_dim", 48}, {"rope_interleave", false}};
+  fill_fields_added_later(mla);
+  CHECK(mla.at("settings") == nlohmann::json({{"q_lora_rank", 0}, {"kv_lora_rank", 64}, {"qk_nope_head_dim", 32}, {"v_head_dim", 48}}));
+  CHECK((mla.at("rope_interleave") == false && !mla.contains("kv_lora_rank")));
+  nlohmann::json dense = {{"architecture", llama}, {"q_lora_rank", 0}, {"kv_lora_rank", 0}, {"qk_nope_dim", 0}, {"v_head_dim", 0}};
+  fill_fields_added_later(dense);
+  CHECK_FALSE((dense.contains("settings") || dense.contains("q_lora_rank") || dense.contains("v_head_dim")));
 }

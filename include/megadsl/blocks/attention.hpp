@@ -62,6 +62,17 @@ constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& o
              ": query_key_value holds one [q; k; v] triple per head; use kv_heads = ", s.heads.get());
 }
 
+// Under invariant arithmetic (rules.hpp's check_invariant) o_proj's input, num_heads * head_dim,
+// is summed in equal chunks.
+constexpr void attention_out_invariant_rule(const shape& s, const layout& l, violations& out) {
+  if (!l.invariant.is_static() || !l.invariant.get() || !megadsl::detail::known(s.heads, effective_head_dim(s))) return;
+  const std::int64_t width = s.heads.get() * effective_head_dim(s).get();
+  if (width % megadsl::detail::invariant_chunks != 0)
+    out.add("invariant_chunks_fit", {width})
+        .add("invariant arithmetic splits num_heads * head_dim (o_proj's input) = ", width, " into ",
+             megadsl::detail::invariant_chunks, " equal chunks, and it does not divide; this model cannot run with invariant");
+}
+
 // Grouped-query self-attention with RoPE: q/k/v (fused per rank, column-parallel; bias per the
 // shape's qkv_bias) and o (row-parallel; bias per out_bias, added after the reduction), with an
 // optional q/k norm before RoPE. The shape's numbers set the score scale, soft-cap and rotated share.
@@ -125,6 +136,7 @@ struct attention {
     if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
     const std::string_view o = interleaved ? "dense" : "o_proj";
     b.param(at.sub("o_proj", o), {"weight", &geo::attn_out, {"weight"}, 1});
+    b.rule(&attention_out_invariant_rule);
     b.param(at.sub("o_proj", o), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     basic_text<112> name("attention<");
     name.add(name_of(K.storage), K.rope ? "" : ", nope", K.sinks ? ", sinks" : "", K.chunked ? ", chunked" : "",

@@ -171,7 +171,8 @@ class arch_builder {
     const auto u = static_cast<std::size_t>(row_count++);
     texts[u] = t;
     rows[u] = param_row{{}, p.geometry, p.per_expert ? placement::expert : at.where, p.when, {}, p.hf_count,
-                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.init_value, p.form, p.stacking};
+                        p.concatenated, p.grad_partial_over_tp, p.init, at.kinds, p.init_value, p.form, p.stacking,
+                        p.when_key};
   }
 
   // The block's module: its factory, the blocks it wraps, its `describe` line (label + details) and
