@@ -31,7 +31,7 @@ inline constexpr config_key_rule apertus_keys[] = {
 inline constexpr family_config apertus_config{
     .model_type = "apertus", .hf_class = "Apertus", .display = "Apertus",
     .arch = &architecture_of<apertus_blocks>, .max_positions = 65536, .rms_eps = 1e-5, .rope_theta = 12000000.0,
-    .bias = bias_rule::attention_bias,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key},
     .rope_must_be_stated = "ApertusConfig then uses Llama 3's scaling (factor 8, theta 12,000,000) whatever rope_theta "
                            "says, which megadsl does not guess",
     .keys = apertus_keys};

@@ -46,7 +46,7 @@ inline constexpr config_key_rule cohere_keys[] = {
 inline constexpr family_config cohere_config{
     .model_type = "cohere", .hf_class = "Cohere", .display = "Command R",
     .arch = &architecture_of<cohere_blocks>, .max_positions = 8192, .rms_eps = 1e-5, .tie_embeddings = true,
-    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .interleaved_rope = true,
+    .eps_key = "layer_norm_eps", .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .interleaved_rope = true,
     .keys = cohere_keys};
 
 // Command R: one norm for the side-by-side sublayers; RoPE on pairs; Command R+'s q/k norms.

@@ -41,8 +41,8 @@ inline constexpr config_key_rule cohere2_keys[] = {
 inline constexpr family_config cohere2_config{
     .model_type = "cohere2", .hf_class = "Cohere2", .display = "Command R7B, Command A",
     .arch = &architecture_of<cohere2_blocks>, .max_positions = 8192, .rms_eps = 1e-5, .tie_embeddings = true,
-    .eps_key = "layer_norm_eps", .bias = bias_rule::attention_bias, .full_every = 4,
-    .window = window_rule::alternate, .reads_layer_types = true, .rope_only_sliding = true, .interleaved_rope = true,
+    .eps_key = "layer_norm_eps", .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .full_every = 4,
+    .window = window_rule::alternate, .reads_layer_types = true, .rope_on = rope_layers::sliding, .interleaved_rope = true,
     .keys = cohere2_keys};
 
 // Cohere2: one norm for the side-by-side sublayers; RoPE on pairs on the sliding layers only.

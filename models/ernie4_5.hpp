@@ -22,7 +22,7 @@ inline constexpr config_key_rule ernie4_5_keys[] = {
 inline constexpr family_config ernie4_5_config{
     .model_type = "ernie4_5", .hf_class = "Ernie4_5", .display = "ERNIE 4.5 (dense)",
     .arch = &architecture_of<llama_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0,
-    .head_dim = 128, .tie_embeddings = true, .bias = bias_rule::use_bias_all, .interleaved_rope = true,
+    .head_dim = 128, .tie_embeddings = true, .bias = {.qkv = {"use_bias"}, .out = {"use_bias"}, .mlp = {"use_bias"}}, .interleaved_rope = true,
     .keys = ernie4_5_keys};
 
 // ERNIE 4.5: the Llama composition; RoPE on pairs is the shape's rope_interleave, its biases the

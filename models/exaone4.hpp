@@ -36,7 +36,7 @@ inline constexpr config_key_rule exaone4_keys[] = {
 inline constexpr family_config exaone4_config{
     .model_type = "exaone4", .hf_class = "Exaone4", .display = "EXAONE 4.0",
     .arch = &architecture_of<exaone4_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .full_every = 4,
-    .window = window_rule::alternate, .reads_layer_types = true, .nope_on_full_layers = true, .keys = exaone4_keys};
+    .window = window_rule::alternate, .reads_layer_types = true, .rope_on = rope_layers::sliding_if_windowed, .keys = exaone4_keys};
 
 // EXAONE 4.0: post norms, per-head q/k norms, and the full layers without RoPE beside the sliding ones.
 template <shape S>

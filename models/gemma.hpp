@@ -29,7 +29,7 @@ inline constexpr family_config gemma_config{
     .model_type = "gemma", .hf_class = "Gemma", .display = "Gemma",
     .arch = &architecture_of<gemma_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
     .tie_embeddings = true, .legacy_activation = "gelu",  // transformers' old spelling of the tanh GELU
-    .bias = bias_rule::attention_bias, .keys = gemma_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .keys = gemma_keys};
 
 // Gemma: (1 + w) RMSNorm, embedding scaled by sqrt(hidden), GELU-tanh gated MLP, tied embeddings.
 template <shape S>

@@ -39,7 +39,7 @@ inline constexpr config_key_rule gemma2_keys[] = {
 inline constexpr family_config gemma2_config{
     .model_type = "gemma2", .hf_class = "Gemma2", .display = "Gemma 2",
     .arch = &architecture_of<gemma2_blocks>, .max_positions = 8192, .rms_eps = 1e-6, .head_dim = 256,
-    .tie_embeddings = true, .activation_key = "hidden_activation", .bias = bias_rule::attention_bias,
+    .tie_embeddings = true, .activation_key = "hidden_activation", .bias = {.qkv = attention_bias_key, .out = attention_bias_key},
     .score_caps = true, .window = window_rule::alternate, .reads_layer_types = true, .keys = gemma2_keys};
 
 // Gemma2: Gemma's blocks in sandwich form (a norm before and after each sublayer), scores scaled by

@@ -40,7 +40,7 @@ inline constexpr config_key_rule gemma3_keys[] = {
 inline constexpr family_config gemma3_config{
     .model_type = "gemma3_text", .hf_class = "Gemma3", .display = "Gemma 3 (text)",
     .arch = &architecture_of<gemma3_blocks>, .max_positions = 131072, .rms_eps = 1e-6, .rope_theta = 1000000.0,
-    .head_dim = 256, .tie_embeddings = true, .activation_key = "hidden_activation", .bias = bias_rule::attention_bias,
+    .head_dim = 256, .tie_embeddings = true, .activation_key = "hidden_activation", .bias = {.qkv = attention_bias_key, .out = attention_bias_key},
     .score_caps = true, .attn_softcap_default = 0.0, .final_softcap_default = 0.0, .local_rope_theta = 10000.0,
     .local_theta_key = "rope_local_base_freq", .full_every = 6, .window = window_rule::alternate, .reads_layer_types = true,
     .keys = gemma3_keys, .multimodal = {"gemma3", "Gemma3ForConditionalGeneration", true}};

@@ -32,7 +32,7 @@ inline constexpr config_key_rule glm4_keys[] = {
 inline constexpr family_config glm4_config{
     .model_type = "glm4", .hf_class = "Glm4", .display = "GLM-4 (0414)",
     .arch = &architecture_of<glm4_blocks>, .max_positions = 131072, .rms_eps = 1.5625e-7, .head_dim = 128,
-    .bias = bias_rule::attention_bias_qkv_on, .partial_rotary_key = "partial_rotary_factor",
+    .bias = {.qkv = {"attention_bias", true, true}}, .partial_rotary_key = "partial_rotary_factor",
     .partial_rotary_default = 0.5, .interleaved_rope = true, .keys = glm4_keys};
 
 // GLM-4: the sandwich composition; RoPE on pairs of half of each head (rope_interleave,

@@ -75,7 +75,7 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
 inline constexpr family_config glm4_moe_config{
     .model_type = "glm4_moe", .hf_class = "Glm4Moe", .display = "GLM-4.5",
     .arch = &architecture_of<glm4_moe_blocks>, .max_positions = 131072, .rms_eps = 1e-5,
-    .bias = bias_rule::attention_bias_qkv, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
+    .bias = {.qkv = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.5,
     .mtp_key = "num_nextn_predict_layers", .moe = &glm4_moe_moe, .keys = glm4_moe_keys};
 
 // GLM-4.5: attention on half of each head, dense first layers, DeepSeek's router and shared experts.

@@ -41,7 +41,7 @@ inline constexpr dropout_key gpt_neox_dropouts[] = {{.key = "hidden_dropout", .r
 inline constexpr family_config gpt_neox_config{
     .model_type = "gpt_neox", .hf_class = "GPTNeoX", .display = "GPT-NeoX/Pythia",
     .arch = &architecture_of<gpt_neox_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .eps_key = "layer_norm_eps",
-    .qkv_bias = true, .out_bias = true, .theta_key = "rotary_emb_base", .partial_rotary_key = "rotary_pct",
+    .bias = {.qkv = {.fallback = true}, .out = {.fallback = true}}, .theta_key = "rotary_emb_base", .partial_rotary_key = "rotary_pct",
     .partial_rotary_default = 0.25, .legacy_rope_keys = true, .omitted_keys = gpt_neox_omitted,
     .required = gpt_neox_required, .dropouts = gpt_neox_dropouts, .keys = gpt_neox_keys};
 

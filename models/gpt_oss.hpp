@@ -45,7 +45,7 @@ inline constexpr config_key_rule gpt_oss_keys[] = {
 inline constexpr family_config gpt_oss_config{
     .model_type = "gpt_oss", .hf_class = "GptOss", .display = "gpt-oss",
     .arch = &architecture_of<gpt_oss_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 150000.0,
-    .head_dim = 64, .bias = bias_rule::attention_bias_on, .default_window = 128,
+    .head_dim = 64, .bias = {.qkv = {"attention_bias", true, true}, .out = {"attention_bias", true, true}}, .default_window = 128,
     .window = window_rule::alternate, .reads_layer_types = true,
     .rope_must_be_stated = "gives no RoPE: GptOssConfig then substitutes YaRN (factor 32 over 4096 positions), which "
                            "megadsl reads only when stated; add the checkpoint's \"rope_parameters\"",

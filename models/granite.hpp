@@ -47,7 +47,7 @@ inline constexpr config_key_rule granite_keys[] = {
 inline constexpr family_config granite_config{
     .model_type = "granite", .hf_class = "Granite", .display = "Granite 3.x",
     .arch = &architecture_of<granite_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
-    .bias = bias_rule::attention_bias, .reads_mlp_bias = true, .keys = granite_keys,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key, .mlp = {"mlp_bias"}}, .keys = granite_keys,
     .earlier_arch = &architecture_of<llama_blocks>};
 
 // Granite: Llama's composition with its four multipliers.

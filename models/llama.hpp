@@ -35,7 +35,7 @@ inline constexpr config_key_rule llama_keys[] = {
 inline constexpr family_config llama_config{
     .model_type = "llama", .hf_class = "Llama", .display = "Llama 2/3/3.1/3.2, TinyLlama",
     .arch = &architecture_of<llama_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
-    .bias = bias_rule::attention_bias, .reads_mlp_bias = true, .keys = llama_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key, .mlp = {"mlp_bias"}}, .keys = llama_keys};
 
 // The Llama family (Llama 2/3/3.1/3.2, TinyLlama); Mistral and Qwen2 are the same composition
 // under their own names (models/mistral.hpp, models/qwen.hpp).

@@ -86,7 +86,7 @@ inline constexpr config_key_rule llama4_keys[] = {
 inline constexpr family_config llama4_config{
     .model_type = "llama4_text", .hf_class = "Llama4", .display = "Llama 4 (text)",
     .arch = &architecture_of<llama4_blocks>, .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0,
-    .head_dim = 128, .ffn_key = "intermediate_size_mlp", .bias = bias_rule::attention_bias, .reads_no_rope_layers = true,
+    .head_dim = 128, .ffn_key = "intermediate_size_mlp", .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .reads_no_rope_layers = true,
     .empty_no_rope_is_default = true, .layer_type = &llama4_layer_type, .interleaved_rope = true, .moe = &llama4_moe_config,
     .keys = llama4_keys, .multimodal = {"llama4", "Llama4ForConditionalGeneration", false}};
 

@@ -26,7 +26,7 @@ inline constexpr config_key_rule olmo2_keys[] = {
 inline constexpr family_config olmo2_config{
     .model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
     .arch = &architecture_of<olmo2_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
-    .bias = bias_rule::attention_bias, .keys = olmo2_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .keys = olmo2_keys};
 
 // OLMo2: norms after each sublayer (before the residual add), full-width q/k norms, (w * x) norms.
 template <shape S>

@@ -25,7 +25,7 @@ inline constexpr config_key_rule olmo3_keys[] = {
 inline constexpr family_config olmo3_config{
     .model_type = "olmo3", .hf_class = "Olmo3", .display = "OLMo 3",
     .arch = &architecture_of<olmo2_blocks>, .max_positions = 2048, .rms_eps = 1e-5, .rope_theta = 500000.0,
-    .bias = bias_rule::attention_bias, .local_rope_theta = 500000.0, .full_every = 4, .window = window_rule::alternate,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .local_rope_theta = 500000.0, .full_every = 4, .window = window_rule::alternate,
     .reads_layer_types = true, .keys = olmo3_keys};
 
 // OLMo 3: OLMo 2's blocks, sliding windows on three layers of four, RoPE per layer type.

@@ -38,7 +38,7 @@ inline constexpr config_key_rule olmoe_keys[] = {
 inline constexpr family_config olmoe_config{
     .model_type = "olmoe", .hf_class = "Olmoe", .display = "OLMoE",
     .arch = &architecture_of<olmoe_blocks>, .max_positions = 4096, .rms_eps = 1e-5,
-    .bias = bias_rule::attention_bias, .moe = &olmoe_moe, .keys = olmoe_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .moe = &olmoe_moe, .keys = olmoe_keys};
 
 // OLMoE: full-width q/k norms and a mixture of experts of intermediate_size in every layer.
 template <shape S>

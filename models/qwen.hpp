@@ -26,7 +26,8 @@ inline constexpr config_key_rule qwen2_keys[] = {
 };
 inline constexpr family_config qwen2_config{
     .model_type = "qwen2", .hf_class = "Qwen2", .display = "Qwen2/2.5",
-    .arch = &architecture_of<llama_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .qkv_bias = true,
+    .arch = &architecture_of<llama_blocks>, .max_positions = 32768, .rms_eps = 1e-6,
+    .bias = {.qkv = {.fallback = true}},  // q/k/v biases always, no key
     .window = window_rule::from_max_window_layers, .window_needs_use_flag = true, .reads_layer_types = true,
     .keys = qwen2_keys};
 

@@ -30,7 +30,7 @@ inline constexpr config_key_rule qwen3_keys[] = {
 inline constexpr family_config qwen3_config{
     .model_type = "qwen3", .hf_class = "Qwen3", .display = "Qwen3",
     .arch = &architecture_of<qwen3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 128,
-    .bias = bias_rule::attention_bias, .window = window_rule::from_max_window_layers,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .window = window_rule::from_max_window_layers,
     .window_needs_use_flag = true, .reads_layer_types = true, .keys = qwen3_keys};
 
 // Qwen3: Llama with per-head q/k RMSNorm before RoPE (and no q/k/v bias by default).

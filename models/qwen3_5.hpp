@@ -47,7 +47,7 @@ inline constexpr config_key_rule qwen3_5_keys[] = {
 inline constexpr family_config qwen3_5_config{
     .model_type = "qwen3_5_text", .hf_class = "Qwen3_5", .display = "Qwen3.5 (text)",
     .arch = &architecture_of<qwen3_5_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
-    .bias = bias_rule::attention_bias, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
     .linear_attention = true, .keys = qwen3_5_keys, .multimodal = {"qwen3_5", "Qwen3_5ForConditionalGeneration", false}};
 
 // Experts of moe_intermediate_size in every layer (the config class has no dense MLP width: the
@@ -69,7 +69,7 @@ inline constexpr config_key_rule qwen3_5_moe_keys[] = {
 inline constexpr family_config qwen3_5_moe_config{
     .model_type = "qwen3_5_moe_text", .hf_class = "Qwen3_5Moe", .display = "Qwen3.5-MoE (text)",
     .arch = &architecture_of<qwen3_5_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
-    .ffn_key = "moe_intermediate_size", .bias = bias_rule::attention_bias, .partial_rotary_key = "partial_rotary_factor",
+    .ffn_key = "moe_intermediate_size", .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor",
     .partial_rotary_default = 0.25, .linear_attention = true, .moe = &qwen3_5_moe_moe_config, .keys = qwen3_5_moe_keys,
     .multimodal = {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", false}};
 

@@ -57,7 +57,7 @@ inline constexpr config_key_rule qwen3_next_keys[] = {
 inline constexpr family_config qwen3_next_config{
     .model_type = "qwen3_next", .hf_class = "Qwen3Next", .display = "Qwen3-Next",
     .arch = &architecture_of<qwen3_next_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
-    .bias = bias_rule::attention_bias, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
     .linear_attention = true, .moe = &qwen3_next_moe_config, .keys = qwen3_next_keys};
 
 // Qwen3-Next: gated DeltaNet layers with gated full attention every fourth layer, mixtures with a

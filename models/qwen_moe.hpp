@@ -67,7 +67,7 @@ inline constexpr config_key_rule qwen2_moe_keys[] = {
 };
 inline constexpr family_config qwen2_moe_config{
     .model_type = "qwen2_moe", .hf_class = "Qwen2Moe", .display = "Qwen1.5/2-MoE",
-    .arch = &architecture_of<qwen2_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::qkv_bias,
+    .arch = &architecture_of<qwen2_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = {.qkv = {"qkv_bias", true}},
     .use_flag_refusal = "is true: Qwen2-MoE then slides alternate layers below max_window_layers, which megadsl "
                         "does not implement",
     .moe = &qwen2_moe_moe, .keys = qwen2_moe_keys};
@@ -93,7 +93,7 @@ inline constexpr config_key_rule qwen3_moe_keys[] = {
 };
 inline constexpr family_config qwen3_moe_config{
     .model_type = "qwen3_moe", .hf_class = "Qwen3Moe", .display = "Qwen3-MoE",
-    .arch = &architecture_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = bias_rule::attention_bias,
+    .arch = &architecture_of<qwen3_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .bias = {.qkv = attention_bias_key, .out = attention_bias_key},
     .window = window_rule::every_layer, .window_needs_use_flag = true, .moe = &qwen3_moe_moe, .keys = qwen3_moe_keys};
 
 template <shape S>

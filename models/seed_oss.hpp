@@ -28,7 +28,7 @@ inline constexpr config_key_rule seed_oss_keys[] = {
 inline constexpr family_config seed_oss_config{
     .model_type = "seed_oss", .hf_class = "SeedOss", .display = "Seed-OSS",
     .arch = &architecture_of<llama_blocks>, .max_positions = 524288, .rms_eps = 1e-6, .head_dim = 128,
-    .bias = bias_rule::attention_and_out_bias, .reads_mlp_bias = true, .dropouts = seed_oss_dropouts,
+    .bias = {.qkv = {"attention_bias", true, true}, .out = {"attention_out_bias"}, .mlp = {"mlp_bias"}}, .dropouts = seed_oss_dropouts,
     .keys = seed_oss_keys};
 
 // Seed-OSS: the Llama composition; its biases are numbers of the shape (qkv_bias, out_bias).

@@ -40,7 +40,7 @@ inline constexpr config_key_rule smollm3_keys[] = {
 inline constexpr family_config smollm3_config{
     .model_type = "smollm3", .hf_class = "SmolLM3", .display = "SmolLM3",
     .arch = &architecture_of<smollm3_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .rope_theta = 2000000.0,
-    .tie_embeddings = true, .bias = bias_rule::attention_bias, .reads_mlp_bias = true,
+    .tie_embeddings = true, .bias = {.qkv = attention_bias_key, .out = attention_bias_key, .mlp = {"mlp_bias"}},
     .window = window_rule::nope_layers, .window_needs_use_flag = true, .reads_layer_types = true,
     .reads_no_rope_layers = true, .keys = smollm3_keys};
 

@@ -31,7 +31,7 @@ inline constexpr dropout_key starcoder2_dropouts[] = {{.key = "residual_dropout"
 inline constexpr family_config starcoder2_config{
     .model_type = "starcoder2", .hf_class = "Starcoder2", .display = "StarCoder2",
     .arch = &architecture_of<starcoder2_blocks>, .max_positions = 4096, .rms_eps = 1e-5, .tie_embeddings = true,
-    .eps_key = "norm_epsilon", .bias = bias_rule::use_bias, .window = window_rule::every_layer,
+    .eps_key = "norm_epsilon", .bias = {.qkv = {"use_bias", true, true}, .out = {"use_bias", true, true}}, .window = window_rule::every_layer,
     .dropouts = starcoder2_dropouts, .keys = starcoder2_keys};
 
 // StarCoder2: LayerNorms with biases, a plain GELU-tanh MLP (c_fc, c_proj), biases on q/k/v, o_proj

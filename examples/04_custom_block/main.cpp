@@ -36,7 +36,7 @@ inline constexpr md::config_key_rule relu2_keys[] = {{"rms_norm_eps", md::key_us
 inline constexpr md::family_config relu2_config{
     .model_type = "llama_relu2", .hf_class = "LlamaRelu2", .display = "megadsl's example 04 (Llama with a squared-ReLU MLP)",
     .arch = &md::architecture_of<relu2_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
-    .bias = md::bias_rule::attention_bias, .keys = relu2_keys};
+    .bias = {.qkv = md::attention_bias_key, .out = md::attention_bias_key}, .keys = relu2_keys};
 
 template <md::shape S>
 struct llama_relu2 : md::decoder_family<relu2_blocks, S> {

@@ -44,7 +44,7 @@ inline constexpr md::family_config scaled_config{
     .model_type = "llama_qk_scales", .hf_class = "LlamaQkScales",
     .display = "megadsl's example 05 (Llama with learned q/k scales per head)",
     .arch = &md::architecture_of<scaled_blocks>, .max_positions = 2048, .rms_eps = 1e-6,
-    .bias = md::bias_rule::attention_bias, .keys = scaled_keys};
+    .bias = {.qkv = md::attention_bias_key, .out = md::attention_bias_key}, .keys = scaled_keys};
 
 template <md::shape S>
 struct llama_qk_scales : md::decoder_family<scaled_blocks, S> {

@@ -6,7 +6,8 @@
 //   inline constexpr config_key_rule olmo2_keys[] = {{"rms_norm_eps", key_use::read}, {"attention_bias", key_use::read}};
 //   inline constexpr family_config olmo2_config{.model_type = "olmo2", .hf_class = "Olmo2", .display = "OLMo2",
 //                                               .arch = &architecture_of<olmo2_blocks>, .max_positions = 2048,
-//                                               .rms_eps = 1e-5, .bias = bias_rule::attention_bias, .keys = olmo2_keys};
+//                                               .rms_eps = 1e-5, .bias = {.qkv = attention_bias_key, .out = attention_bias_key},
+//                                               .keys = olmo2_keys};
 #pragma once
 
 #include <cstdint>
@@ -42,18 +43,28 @@ enum class window_rule : std::int8_t {
   nope_layers,             // with `use_sliding_window`, the layers without RoPE (SmolLM3)
 };
 
-// The keys that switch biases on.
-enum class bias_rule : std::int8_t {
-  fixed,           // none: the family's own (family_config::qkv_bias, out_bias)
-  attention_bias,  // `attention_bias`: q, k, v and o_proj (LlamaAttention), default false
-  use_bias,        // `use_bias`: q, k, v, o_proj and the MLP's (StarCoder2), default true
-  qkv_bias,        // `qkv_bias`: q, k and v (Qwen2-MoE), default true
-  attention_and_out_bias,  // `attention_bias`: q, k and v, default true; `attention_out_bias`: o_proj, default false (Seed-OSS)
-  attention_bias_qkv,      // `attention_bias`: q, k and v only, default false (GLM-4.5: o_proj never has one)
-  use_bias_all,            // `use_bias`: q, k, v, o_proj and the gated MLP's gate/up/down, default false (ERNIE 4.5)
-  attention_bias_qkv_on,   // `attention_bias`: q, k and v only, default true (GLM-4)
-  attention_bias_on,       // `attention_bias`: q, k, v and o_proj, default true (gpt-oss)
+// Which layers apply RoPE, where the attention window decides it: the shape's nope_layers are then
+// the layers that do not slide, always (`sliding`: with no window set no layer rotates) or only
+// where a window is set (`sliding_if_windowed`: without one every layer rotates).
+enum class rope_layers : std::int8_t { every_layer, sliding, sliding_if_windowed };
+
+// Where one of the shape's bias switches (qkv_bias, out_bias, mlp_bias) comes from: a config.json
+// key with its config class's default, or, with no key, the family's fixed value.
+struct bias_switch {
+  std::string_view key = {};
+  bool fallback = false;  // the key's default where config.json leaves it out, or the fixed value
+  bool note = false;      // say so when config.json leaves it out
 };
+// The three switches. Those that share a key are one switch of the config class: the reader sets
+// them alike and the writer refuses a model where they differ.
+//   {.qkv = {"attention_bias"}, .out = {"attention_bias"}, .mlp = {"mlp_bias"}}   (LlamaConfig's)
+//   {.qkv = {"use_bias"}, .out = {"use_bias"}, .mlp = {"use_bias"}}             (one key for all three)
+//   {.qkv = {{}, true}}                                                         (q/k/v biases always, no key)
+struct bias_keys {
+  bias_switch qkv, out, mlp;
+};
+// The usual one: `attention_bias` (default false) on q, k, v and o_proj (LlamaAttention).
+inline constexpr bias_switch attention_bias_key{.key = "attention_bias"};
 
 // A mixture of experts' keys and their defaults.
 struct moe_config {
@@ -126,9 +137,8 @@ struct family_config {
   std::string_view eps_key = "rms_norm_eps";
   std::string_view activation_key = "hidden_act";
   std::string_view legacy_activation = {};  // also the composition's activation (Gemma's "gelu" for the tanh GELU)
-  bias_rule bias = bias_rule::fixed;
-  bool qkv_bias = false, out_bias = false;  // under bias_rule::fixed
-  bool reads_mlp_bias = false;              // `mlp_bias`: gate, up and down biases (Llama)
+  bias_keys bias = {};                      // none by default
+
   std::string_view theta_key = {};          // 4.x's other name of rope_theta (GPT-NeoX's rotary_emb_base)
   std::string_view partial_rotary_key = {}; // the top-level rotated share of each head; empty: the whole head only
   double partial_rotary_default = 1.0;
@@ -159,12 +169,8 @@ struct family_config {
   // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, and which layers are
   // linear: layer_types ("linear_attention" / "full_attention") or full_attention_interval.
   bool linear_attention = false;
-  // With a sliding window set, the layers that do not slide apply no RoPE (EXAONE 4's global NoPE):
-  // the shape's nope_layers follow from the window.
-  bool nope_on_full_layers = false;
-  // Only the sliding layers apply RoPE, a window set or not (Cohere2: with sliding_window null no
-  // layer slides and none rotates): the shape's nope_layers are the layers that do not slide.
-  bool rope_only_sliding = false;
+  // Which layers RoPE rotates where the window decides it (the shape's nope_layers follow).
+  rope_layers rope_on = rope_layers::every_layer;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
   // halves: the shape's rope_interleave, always for the family (ERNIE 4.5, GLM-4) or, where this
   // key names it, its default (DeepseekV3Config's rope_interleave).

@@ -69,7 +69,9 @@ struct mla {
     const mla_sizes z = m(s);
     const bool known = z.kv_rank > 0;
     const auto show = [&](std::int64_t v) { return known ? v : std::int64_t{-1}; };
-    t.add("  q ", known && z.q_rank == 0 ? "direct" : "via rank ", show(z.q_rank), ", kv via rank ", show(z.kv_rank),
+    if (known && z.q_rank == 0) t.add("  q direct");
+    else t.add("  q via rank ", show(z.q_rank));
+    t.add(", kv via rank ", show(z.kv_rank),
           ", heads [nope ", show(z.nope), " | rope ", s.head_dim.is_static() ? s.head_dim.get() : std::int64_t{-1}, "], v ",
           show(z.v), s.rope_interleave.is_static() && s.rope_interleave.get() ? ", rope on pairs" : "",
           "  [self_attn: q_a_proj/q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]");

@@ -3,8 +3,8 @@
 
 namespace megadsl::hf_read {
 
-// A mixture of experts' keys (family_config::moe). Mixtral names its count num_local_experts,
-// Qwen2-MoE num_experts, and transformers 5 writes Qwen3-MoE's as num_local_experts (reading either).
+// A mixture of experts' keys (family_config::moe): its count under the key its config class reads
+// (num_local_experts or num_experts) or an alias transformers 5 writes instead (reading either).
 void read_experts(const reader& r, const family_config& family, shape& s) {
   const json& root = r.root();
   const moe_config& m = *family.moe;
@@ -33,7 +33,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   if (!local && !named)
     r.fail(m.count_key, "missing (the number of experts per layer)", "point megadsl at the model's own config.json or add the key");
   s.experts = local ? r.integer(*local, "num_local_experts", 1) : r.integer(*named, both ? "num_experts" : m.count_key, 1);
-  // HunYuan's moe_topk may list one per layer: megadsl's mixture has one top-k for every layer.
+  // A top-k key may list one per layer: megadsl's mixture has one top-k for every layer.
   s.top_k = r.optional<std::int64_t>(stated(m.top_k_key, m.top_k_alias), m.top_k, [&](const json& v, std::string_view k) {
     if (!v.is_array()) return r.integer(v, k, 1);
     if (v.empty() || static_cast<std::int64_t>(v.size()) != s.layers.get())
@@ -46,7 +46,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
                "this checkpoint is not supported yet");
     return first;
   });
-  if (m.shared_as_wide_as_ffn) s.shared_expert_ffn = s.ffn;  // HunYuan's shared_mlp: intermediate_size
+  if (m.shared_as_wide_as_ffn) s.shared_expert_ffn = s.ffn;  // a shared MLP of intermediate_size
   if (m.experts_as_wide_as_ffn) {
     s.expert_ffn = 0;  // intermediate_size
     s.norm_topk = !m.reads_norm_topk ||
@@ -62,25 +62,25 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
     s.shared_expert_ffn = s.expert_ffn.get() * r.optional<std::int64_t>(m.shared_count_key, m.shared_count,
         [&](const json& v, std::string_view k) { return r.integer(v, k, m.shared_count_least); });
   else if (m.shared_as_wide_as_experts)
-    s.shared_expert_ffn = s.expert_ffn;  // Llama 4's shared expert: intermediate_size, as each expert
+    s.shared_expert_ffn = s.expert_ffn;  // a shared expert as wide as each expert
   else if (has_shared_expert(s))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  // DeepSeek's grouped sigmoid router (the composition's expert bias; ERNIE's biased softmax router,
-  // whose keys have the floor, has none of these).
+  // A grouped sigmoid router (the composition's expert bias; a biased softmax router, whose keys
+  // have the floor, has none of these).
   if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {
     s.routed_scale = r.optional<double>("routed_scaling_factor", m.routed_scale, [&](const json& v, std::string_view k) { return r.number(v, k); });
     s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
     s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
   }
   s.topk_sum_floor = 0.0;
-  if (!m.sum_floor_key.empty()) {  // ERNIE's moe_norm_min: the renormalising sum's floor
+  if (!m.sum_floor_key.empty()) {  // the renormalising sum's floor
     s.topk_sum_floor = r.optional<double>(m.sum_floor_key, m.sum_floor, [&](const json& v, std::string_view k) { return r.number(v, k); });
     if (!(s.topk_sum_floor.get() >= 0))
       r.fail(m.sum_floor_key, "is " + show(s.topk_sum_floor) + ": the top-k weights are divided by max(sum, it)",
-             "give a small positive floor (ERNIE 4.5's is 1e-12)");
+             "give a small positive floor (1e-12 is usual)");
   }
-  if (m.every_layer) {  // no dense layer (Qwen3.5-MoE's config class has no key for one)
+  if (m.every_layer) {  // no dense layer (the config class has no key for one)
     s.sparse_step = 1;
     s.dense_layers = 0;
     return;
@@ -101,7 +101,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   s.sparse_step = r.optional<std::int64_t>(m.sparse_step_key, 1,
       [&](const json& v, std::string_view k) { return r.integer(v, k, 1); }, /*note=*/false);
   std::int64_t dense = 0;
-  if (!m.sparse_first_key.empty()) {  // ERNIE: the layers outside [start, end] dense
+  if (!m.sparse_first_key.empty()) {  // the layers outside [start, end] dense
     const std::int64_t first = r.optional<std::int64_t>(m.sparse_first_key, m.sparse_first,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 0); });
     std::int64_t last = r.optional<std::int64_t>(m.sparse_last_key, -1,
@@ -119,7 +119,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
     s.dense_layers = dense;
     return;
   }
-  if (!m.sparse_layers_key.empty()) {  // Llama 4: moe_layers lists the sparse layers, overriding the step
+  if (!m.sparse_layers_key.empty()) {  // a list of the sparse layers, overriding the step
     const json* listed = r.find(root, m.sparse_layers_key);
     if (listed == nullptr || listed->is_null()) {
       s.dense_layers = 0;
@@ -132,7 +132,7 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
       const std::int64_t i = r.integer(e, m.sparse_layers_key, 0);
       if (i < s.layers.get()) sparse[static_cast<std::size_t>(i)] = true;  // no such layer: transformers matches none either
     }
-    // The list the step gives (Llama4TextConfig writes it so): the step alone says it.
+    // The list the step gives (the config class writes it so): the step alone says it.
     bool stepped = true;
     for (std::int64_t i = 0; i < s.layers.get(); ++i)
       stepped = stepped && sparse[static_cast<std::size_t>(i)] == ((i + 1) % s.sparse_step.get() == 0);

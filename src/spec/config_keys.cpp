@@ -112,7 +112,7 @@ const config_key_rule* find_key(const family_config& family, std::string_view ke
   return nullptr;
 }
 
-// attention_dropout as every config class but ERNIE 4.5's has it (a family lists its own otherwise).
+// attention_dropout as most config classes have it (a family lists its own otherwise).
 constexpr dropout_key attention_dropout_key{.key = "attention_dropout", .attention = true};
 
 // The family's dropout keys: its own (family_config::dropouts), and attention_dropout unless the
@@ -195,7 +195,7 @@ void check_keys(const reader& r, const family_config& family, std::vector<std::s
     if (key == "router_jitter_noise") {
       if (value.is_number() && value.get<double>() == 0.0) continue;
       r.fail(key, "is " + describe_json(value) + ": HF multiplies the router's input by random noise in training, "
-             "which megadsl does not, so training would differ", "set it to 0.0 (Mixtral's published configs have 0.0)");
+             "which megadsl does not, so training would differ", "set it to 0.0 (as published configs have it)");
     }
     if (key == "classifier_dropout") {
       if (value.is_number() && value.get<double>() == 0.0) continue;

@@ -43,8 +43,8 @@ void read_block_settings(const reader& r, const architecture& a, shape& s) {
   }
 }
 
-// head_dim under the family's other key for it (family_config::head_dim_key: DeepseekV3Config's
-// qk_rope_head_dim, which sets head_dim itself): that key wins, and a head_dim key must agree.
+// head_dim under the family's other key for it (family_config::head_dim_key, which its config
+// class sets head_dim from): that key wins, and a head_dim key must agree.
 void read_head_dim_key(const reader& r, const family_config& fam, shape& s) {
   const std::string_view key = fam.head_dim_key;
   const std::int64_t d = r.optional<std::int64_t>(key, fam.head_dim, [&](const json& v, std::string_view k) { return r.integer(v, k, 2); });
@@ -54,8 +54,9 @@ void read_head_dim_key(const reader& r, const family_config& fam, shape& s) {
   s.head_dim = d;
 }
 
-// SmolLM3's NoPE layers: `no_rope_layers` holds one 0/1 per layer (1: the layer applies RoPE); without
-// it, every `no_rope_layer_interval`-th layer (4 by default) has none, as SmolLM3Config derives it.
+// NoPE layers (family_config::reads_no_rope_layers): `no_rope_layers` holds one 0/1 per layer (1:
+// the layer applies RoPE); without it, every `no_rope_layer_interval`-th layer (4 by default) has
+// none, as the config class derives it.
 void read_no_rope_layers(const reader& r, shape& s, bool empty_is_default) {
   const std::int64_t layers = s.layers.get();
   std::int64_t nope = 0;
@@ -66,7 +67,7 @@ void read_no_rope_layers(const reader& r, shape& s, bool empty_is_default) {
     nope |= static_cast<std::int64_t>(std::uint64_t{1} << i);
   };
   const json* list = r.find(r.root(), "no_rope_layers");
-  if (list != nullptr && empty_is_default && list->is_array() && list->empty()) list = nullptr;  // Llama4TextConfig's fallback
+  if (list != nullptr && empty_is_default && list->is_array() && list->empty()) list = nullptr;  // the config class's fallback
   if (list != nullptr && !list->is_null()) {
     if (!list->is_array() || static_cast<std::int64_t>(list->size()) != layers)
       r.fail("no_rope_layers", "expected a list of " + std::to_string(layers) + " zeros and ones, got " + describe_json(*list),
@@ -97,8 +98,9 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
     // Without use_sliding_window these configs clear the window whatever sliding_window says.
     const json* use = r.find(root, "use_sliding_window");
     if (use == nullptr || !r.boolean(*use, "use_sliding_window")) {
-      // SmolLM3Config keeps sliding_window then, and transformers' eager and sdpa masks slide the
-      // layers an explicit layer_types calls sliding while its flash attention does not: refused.
+      // Under window_rule::nope_layers the config class keeps sliding_window then, and transformers'
+      // eager and sdpa masks slide the layers an explicit layer_types calls sliding while its flash
+      // attention does not: refused.
       const json* types = family.window == window_rule::nope_layers ? r.find(root, "layer_types") : nullptr;
       if (types != nullptr && types->is_array() && w != nullptr && !w->is_null() &&
           std::find(types->begin(), types->end(), json("sliding_attention")) != types->end())
@@ -114,21 +116,21 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   }
   const bool alternate = family.window == window_rule::alternate;
   if (family.window == window_rule::none || (w == nullptr && !alternate)) return {};
-  if (family.window == window_rule::nope_layers && w->is_null()) return {};  // SmolLM3Config: no window, no sliding layer
+  if (family.window == window_rule::nope_layers && w->is_null()) return {};  // no window, no sliding layer
   // An explicit null (not an absent key: the class default) leaves the patterned families' attention
-  // without a window for its sliding layers, and transformers fails (Gemma 2's mask; EXAONE 4's
-  // pattern; Cohere2's sliding layers take a None window): refused below unless every layer is full.
+  // without a window for its sliding layers, and transformers fails (a mask of window None, or a
+  // sliding layer given None): refused below unless every layer is full.
   const auto null_key = root.find("sliding_window");
   const bool null_window = alternate && null_key != root.end() && null_key->is_null();
   sliding_window out;
-  out.size = w ? r.integer(*w, "sliding_window", 1) : family.default_window;  // (Gemma2Config's: 4096)
+  out.size = w ? r.integer(*w, "sliding_window", 1) : family.default_window;
   out.layers.assign(static_cast<std::size_t>(layers), true);
   if (family.window == window_rule::from_max_window_layers) {
     const json* mwl = r.find(root, "max_window_layers");
     const std::int64_t first = mwl ? r.integer(*mwl, "max_window_layers", 0) : 28;
     for (std::int64_t i = 0; i < layers; ++i) out.layers[static_cast<std::size_t>(i)] = i >= first;
   }
-  if (alternate) {  // every full_every-th layer full (Gemma2: 2; Gemma 3: sliding_window_pattern, 6)
+  if (alternate) {  // every full_every-th layer full (or its key's: sliding_window_pattern)
     std::int64_t every = family.full_every;
     if (const json* p = r.find(root, "sliding_window_pattern"); p != nullptr && family.full_every != 2)
       every = r.integer(*p, "sliding_window_pattern", 1);
@@ -157,8 +159,8 @@ sliding_window read_attention_window(const reader& r, const family_config& famil
   return out;
 }
 
-// The layer_types a composition fixes per layer (family_config::layer_type: Llama 4's chunked RoPE
-// layers): an explicit list must say it (transformers' attention follows one key, its mask the other).
+// The layer_types a composition fixes per layer (family_config::layer_type: chunked attention on
+// the RoPE layers, say): an explicit list must say it (transformers' attention follows one key, its mask the other).
 void check_layer_types(const reader& r, const family_config& family, const shape& s) {
   const json* types = r.find(r.root(), "layer_types");
   if (types == nullptr) return;
@@ -180,7 +182,7 @@ void check_layer_types(const reader& r, const family_config& family, const shape
   }
 }
 
-// Which layers are Qwen3-Next's gated DeltaNet layers (family_config::linear_attention; the
+// Which layers are linear-attention (gated DeltaNet) layers (family_config::linear_attention; the
 // block's sizes are its own keys): layer_types, or every layer but each full_attention_interval-th.
 void read_linear_attention(const reader& r, shape& s) {
   const auto size = [&](std::string_view key, std::int64_t fallback) {
@@ -202,7 +204,7 @@ void read_linear_attention(const reader& r, shape& s) {
       const json& t = (*types)[static_cast<std::size_t>(i)];
       if (t == "linear_attention") mark(i, "layer_types");
       else if (t != "full_attention")
-        r.fail("layer_types", "holds " + describe_json(t) + " at layer " + std::to_string(i) + ", a layer type Qwen3-Next does not have",
+        r.fail("layer_types", "holds " + describe_json(t) + " at layer " + std::to_string(i) + ", a layer type this family does not have",
                "use \"linear_attention\" or \"full_attention\"");
     }
   } else {

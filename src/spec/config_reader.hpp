@@ -131,7 +131,7 @@ class reader {
     const json* v = find(root_, key);
     if (!v)
       fail(key, "missing (" + std::string(meaning) + ")",
-           "every Llama-family config.json has it; point megadsl at the model's own config.json or add the key");
+           "every config.json of this family has it; point megadsl at the model's own config.json or add the key");
     return integer(*v, key, 1);
   }
 

@@ -1,5 +1,5 @@
 // RoPE in config.json: transformers 4.x's rope_scaling and rope_theta, 5.x's rope_parameters, and
-// RoPE per layer type (Gemma 3, OLMo 3).
+// RoPE per layer type (family_config::local_rope_theta).
 #include "config_reader.hpp"
 
 namespace megadsl::hf_read {
@@ -8,7 +8,7 @@ namespace megadsl::hf_read {
 // fields}) or 5.x's "rope_parameters" (the same, plus "rope_theta"). `where` names it in errors.
 rope_scaling read_rope_object(const reader& r, const json& v, const std::string& where, std::optional<double>* partial) {
   rope_scaling out;  // type none
-  // transformers 5 keeps Phi-3's / NeoX's partial rotary fraction here (parse_hf_config decides
+  // transformers 5 keeps a partial rotary fraction here (parse_hf_config decides
   // which families honour it).
   if (const json* f = r.find(v, "partial_rotary_factor")) {
     const double fraction = r.number(*f, where + ".partial_rotary_factor");
@@ -24,10 +24,10 @@ rope_scaling read_rope_object(const reader& r, const json& v, const std::string&
     type_key = where + ".type";
   }
   if (!t) {
-    // transformers 5 keys per-layer-type parameters by layer type (Gemma 3's full/sliding attention).
+    // transformers 5 keys per-layer-type parameters by layer type (full/sliding attention).
     for (const auto& [k, sub] : v.items())
       if (sub.is_object())
-        r.fail(where, "holds RoPE parameters per layer type (\"" + printable(k) + "\": {...}), which megadsl's Llama family does not have",
+        r.fail(where, "holds RoPE parameters per layer type (\"" + printable(k) + "\": {...}), which this family does not have",
                "this checkpoint's architecture is not supported");
     r.fail(where, "has neither \"rope_type\" nor \"type\"",
            "add \"rope_type\": one of \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\"");
@@ -124,9 +124,9 @@ rope_read read_rope(const reader& r) {
   return out;
 }
 
-// Gemma 3's and OLMo 3's RoPE per layer type: rope_parameters {"full_attention": {...},
+// RoPE per layer type: rope_parameters {"full_attention": {...},
 // "sliding_attention": {...}} (transformers 5), or 4.x's rope_theta / rope_scaling for the full
-// layers and the family's local key (Gemma 3's rope_local_base_freq) for the sliding ones. The
+// layers and the family's local key (family_config::local_theta_key) for the sliding ones. The
 // sliding layers' RoPE must be plain (the config classes scale the full layers only).
 rope_read read_rope_per_layer_type(const reader& r, const family_config& fam, double& local) {
   local = fam.local_rope_theta;

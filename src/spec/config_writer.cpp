@@ -8,7 +8,7 @@ using namespace hf_read;
 
 namespace {
 
-// ERNIE's range of sparse layers: the first and the last that route (none: layers, layers - 1).
+// The range of sparse layers (moe_config::sparse_first_key): the first and the last that route (none: layers, layers - 1).
 std::pair<std::int64_t, std::int64_t> sparse_range(const shape& s) {
   std::int64_t first = s.layers.get(), last = s.layers.get() - 1;
   for (std::int64_t i = s.layers.get() - 1; i >= 0; --i)
@@ -26,6 +26,40 @@ std::int64_t dense_prefix(const shape& s) {
 }
 
 // Why `family`'s config class cannot describe this model (its blocks being the family's), or empty.
+// Why the family's bias keys cannot say this model's biases, or "": a fixed switch must hold its
+// value, and switches sharing one key must agree.
+std::string bias_mismatch(const shape& s, const family_config& family, const std::string& f) {
+  const bias_switch* sw[3] = {&family.bias.qkv, &family.bias.out, &family.bias.mlp};
+  const bool on[3] = {s.qkv_bias.get(), s.out_bias.get(), s.mlp_bias.get()};
+  constexpr std::string_view bias[3] = {"q/k/v bias", "o_proj bias", "bias on the gated MLP (mlp_bias)"};
+  constexpr std::string_view what[3] = {"q/k/v", "o_proj", "the MLP"};
+  constexpr std::string_view field[3] = {"qkv_bias", "out_bias", "mlp_bias"};
+  for (int i = 0; i < 3; ++i) {
+    if (!sw[i]->key.empty() || on[i] == sw[i]->fallback) continue;
+    return "a " + f + " config " + (sw[i]->fallback ? "always has the " : "has no ") + std::string(bias[i]) +
+           (sw[i]->fallback ? ", and this model has none" : ", and this model has one");
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (sw[i]->key.empty()) continue;
+    std::string parts, values;
+    int n = 0;
+    bool differ = false;
+    for (int j = i; j < 3; ++j)
+      if (sw[j]->key == sw[i]->key) {
+        differ = differ || on[j] != on[i];
+        parts += (n == 0 ? "" : ", ") + std::string(what[j]);
+        values += (n == 0 ? "" : ", ") + std::string(field[j]) + " " + (on[j] ? "true" : "false");
+        ++n;
+      }
+    if (differ) {
+      const std::size_t last = parts.rfind(", ");
+      if (last != std::string::npos) parts.replace(last, 2, " and ");
+      return "a " + f + " config has one " + std::string(sw[i]->key) + " for " + parts + "; this model has " + values;
+    }
+  }
+  return {};
+}
+
 std::string why_not(const shape& s, const sliding_window& window, const family_config& family,
                     const dropout_rates& dropout = {}) {
   const std::string f(family.hf_class);
@@ -51,11 +85,11 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config rotates the whole head, and this model rotates " + show(s.rotary_fraction) + " of it";
   if (family.legacy_rope_keys && s.rope.type.get() != rope_type::none)
     return "megadsl writes a " + f + " config with plain RoPE only, and this model's is scaled (" + show(s.rope.type) + ")";
-  if (family.rope_only_sliding)
+  if (family.rope_on == rope_layers::sliding)
     for (std::int64_t i = 0; i < s.layers.get(); ++i)
       if (nope_layer(s, i) != (window.of(i) == 0))
         return "a " + f + " config rotates exactly the sliding layers, and this model's NoPE layers differ";
-  if (family.nope_on_full_layers)
+  if (family.rope_on == rope_layers::sliding_if_windowed)
     for (std::int64_t i = 0; i < s.layers.get(); ++i)
       if (nope_layer(s, i) != (window.any() && window.of(i) == 0))
         return "a " + f + " config has no RoPE exactly on the full layers when a window is set, and this model's NoPE layers differ";
@@ -68,44 +102,10 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
     return "a " + f + " config has no score scale or soft-caps, and this model has them (query_pre_attn_scalar " +
            show(s.query_pre_attn_scalar) + ", attn_softcap " + show(s.attn_softcap) + ", final_softcap " +
            show(s.final_softcap) + ")";
-  const std::string biases = "qkv_bias " + show(s.qkv_bias) + " and out_bias " + show(s.out_bias);
-  switch (family.bias) {
-    case bias_rule::fixed:
-      if (s.qkv_bias.get() != family.qkv_bias)
-        return family.qkv_bias ? "a " + f + " config always has the q/k/v bias, and this model has none"
-                               : "a " + f + " config has no q/k/v bias, and this model has one";
-      if (s.out_bias.get() != family.out_bias)
-        return family.out_bias ? "a " + f + " config has biases on o_proj and the MLP, and this model has none"
-                               : "a " + f + " config cannot express o_proj and MLP biases";
-      break;
-    case bias_rule::attention_bias:
-    case bias_rule::attention_bias_on:
-      if (s.qkv_bias.get() != s.out_bias.get())
-        return "a " + f + " config's attention_bias puts biases on q/k/v and o_proj alike; this model has " + biases;
-      break;
-    case bias_rule::use_bias:
-      if (s.qkv_bias.get() != s.out_bias.get())
-        return "a " + f + " config has one use_bias for q/k/v, o_proj and the MLP; this model has " + biases;
-      break;
-    case bias_rule::qkv_bias:
-      if (s.out_bias.get()) return "a " + f + " config cannot express o_proj and MLP biases";
-      break;
-    case bias_rule::attention_and_out_bias: break;  // attention_bias and attention_out_bias say both
-    case bias_rule::attention_bias_qkv:
-    case bias_rule::attention_bias_qkv_on:
-      if (s.out_bias.get()) return "a " + f + " config has no o_proj bias, and this model has one";
-      break;
-    case bias_rule::use_bias_all:
-      if (s.qkv_bias.get() != s.out_bias.get() || s.qkv_bias.get() != s.mlp_bias.get())
-        return "a " + f + " config has one use_bias for q/k/v, o_proj and the MLP; this model has " + biases +
-               " and mlp_bias " + show(s.mlp_bias);
-      break;
-  }
+  if (const std::string why = bias_mismatch(s, family, f); !why.empty()) return why;
   if (family.rope_interleave_key.empty() && s.rope_interleave.get() != family.interleaved_rope)
     return family.interleaved_rope ? "a " + f + " config rotates interleaved pairs, and this model rotates halves"
                                    : "a " + f + " config rotates each head's halves, and this model rotates interleaved pairs";
-  if (s.mlp_bias.get() && !family.reads_mlp_bias && family.bias != bias_rule::use_bias_all)
-    return "a " + f + " config cannot express biases on the gated MLP (mlp_bias)";
   if (family.moe != nullptr && family.moe->experts_as_wide_as_ffn &&
       ((!family.moe->reads_norm_topk && !s.norm_topk.get()) || s.expert_ffn.get() != 0 || !every_layer_routes(s)))
     return "a " + f + " config " + (family.moe->reads_norm_topk ? "" : "renormalises the top-k weights, ") +
@@ -148,7 +148,7 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
   }
   if (family.moe != nullptr && family.moe->sum_floor_key.empty() && s.topk_sum_floor.get() != 0)
     return "a " + f + " config renormalises the top-k weights by their sum, and this model floors it at " +
-           show(s.topk_sum_floor) + " (ERNIE 4.5's moe_norm_min)";
+           show(s.topk_sum_floor) + " (moe_norm_min)";
   if (family.moe != nullptr && !family.moe->shared_count_key.empty() && s.shared_expert_ffn.get() == 0 &&
       family.moe->shared_count_least > 0)
     return "a " + f + " config has at least one shared expert (" + std::string(family.moe->shared_count_key) +
@@ -208,7 +208,7 @@ std::string_view model_type_for(const shape& s, const sliding_window& window, co
 
 namespace {
 // A whole number as a JSON integer: transformers 5's config classes check their fields' types
-// strictly, and an int field (Gemma's query_pre_attn_scalar, Llama 4's floor_scale) refuses 24.0.
+// strictly, and an int field (a query_pre_attn_scalar, an integer block key) refuses 24.0.
 json int_if_whole(double v) {
   return v == std::trunc(v) && std::abs(v) < 9e15 ? json(static_cast<std::int64_t>(v)) : json(v);
 }
@@ -273,30 +273,18 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     j[std::string(fam->partial_rotary_key)] = s.rotary_fraction.get();
   }
   if (fam->score_caps) {
-    // An int in transformers 5's Gemma2Config / Gemma3TextConfig (its strict check refuses 24.0).
+    // An int in transformers 5's config classes (their strict check refuses 24.0).
     const double scalar = s.query_pre_attn_scalar.get() != 0 ? s.query_pre_attn_scalar.get()
                                                              : static_cast<double>(effective_head_dim(s).get());
     j["query_pre_attn_scalar"] = int_if_whole(scalar);
     j["attn_logit_softcapping"] = s.attn_softcap.get() != 0 ? json(s.attn_softcap.get()) : json(nullptr);
     j["final_logit_softcapping"] = s.final_softcap.get() != 0 ? json(s.final_softcap.get()) : json(nullptr);
   }
-  switch (fam->bias) {
-    case bias_rule::fixed: break;
-    case bias_rule::attention_bias:
-    case bias_rule::attention_bias_on: j["attention_bias"] = s.qkv_bias.get(); break;
-    case bias_rule::use_bias: j["use_bias"] = s.qkv_bias.get(); break;
-    case bias_rule::qkv_bias: j["qkv_bias"] = s.qkv_bias.get(); break;
-    case bias_rule::attention_and_out_bias:
-      j["attention_bias"] = s.qkv_bias.get();
-      j["attention_out_bias"] = s.out_bias.get();
-      break;
-    case bias_rule::attention_bias_qkv:
-    case bias_rule::attention_bias_qkv_on: j["attention_bias"] = s.qkv_bias.get(); break;
-    case bias_rule::use_bias_all: j["use_bias"] = s.qkv_bias.get(); break;
-  }
+  for (const auto& [sw, on] : {std::pair{&fam->bias.qkv, s.qkv_bias.get()}, {&fam->bias.out, s.out_bias.get()},
+                                {&fam->bias.mlp, s.mlp_bias.get()}})
+    if (!sw->key.empty()) j[std::string(sw->key)] = on;  // (switches sharing a key agree: why_not)
   for (const dropout_key& k : dropout_keys_of(*fam))
     j[std::string(k.key)] = k.attention ? dropout.attention : k.residual ? dropout.residual : dropout.embedding;
-  if (fam->reads_mlp_bias) j["mlp_bias"] = s.mlp_bias.get();
   j["tie_word_embeddings"] = s.tie_embeddings.get();
   j["torch_dtype"] = std::string(torch_dtype);
   if (fam->moe != nullptr) {
@@ -311,12 +299,12 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
         // (no key: every layer routes)
       } else if (!m.dense_first_key.empty()) {
         j[std::string(m.dense_first_key)] = dense_prefix(s);
-      } else if (!m.sparse_first_key.empty()) {  // ERNIE: the step, and the range of sparse layers
+      } else if (!m.sparse_first_key.empty()) {  // the step, and the range of sparse layers
         const auto [first, last] = sparse_range(s);
         j[std::string(m.sparse_step_key)] = s.sparse_step.get();
         j[std::string(m.sparse_first_key)] = first;
         j[std::string(m.sparse_last_key)] = last;
-      } else if (!m.sparse_layers_key.empty()) {  // Llama 4: the step, and the sparse layers listed
+      } else if (!m.sparse_layers_key.empty()) {  // the step, and the sparse layers listed
         j[std::string(m.sparse_step_key)] = s.sparse_step.get();
         json sparse = json::array();
         for (std::int64_t i = 0; i < s.layers.get(); ++i)
@@ -332,7 +320,7 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
       else if (m.shared_expert_ffn != 0 && !m.shared_as_wide_as_experts) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
       if (!m.sum_floor_key.empty()) j[std::string(m.sum_floor_key)] = s.topk_sum_floor.get();
-      if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {  // (DeepSeek's router)
+      if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {  // (a grouped sigmoid router)
         j["routed_scaling_factor"] = s.routed_scale.get();
         j["n_group"] = s.expert_groups.get();
         j["topk_group"] = s.group_top_k.get();

@@ -67,7 +67,7 @@ constexpr key_name key_names[] = {
     {"rope_theta", "rope_theta"},
     {"rope", "rope_scaling"},
     {"local_rope_theta", "rope_parameters.sliding_attention.rope_theta / rope_local_base_freq"},
-    {"qkv_bias", "attention_bias / model_type qwen2"},
+    {"qkv_bias", "attention_bias / qkv_bias / use_bias (the family's key, if any)"},
     {"tie_embeddings", "tie_word_embeddings"},
     {"out_bias", "use_bias / attention_bias"},
     {"mlp_bias", "mlp_bias"},
@@ -153,7 +153,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
     r.fail("", "expected a JSON object, got " + describe_json(root), "an HF config.json is one JSON object");
 
   const json* mt = r.find(root, "model_type");
-  std::string types, names;  // "llama", "mistral", ... or "qwen3_moe"; what they read, for the fix
+  std::string types, names;  // the model_types megadsl reads, and their displays, for the fix
   const std::vector<const family_config*>& families = known_families();
   for (std::size_t i = 0; i < families.size(); ++i) {
     types += (i == 0 ? "" : i + 1 == families.size() ? " or " : ", ") + std::string("\"") +
@@ -191,8 +191,8 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
            "megadsl reads model_type " + types + " (" + names + ")");
 
   // Architecture switches the family's blocks do not have: refuse rather than mis-load.
-  // The activation is the family's composition's (or the family's legacy spelling of it: Gemma's
-  // "gelu" is transformers' old name of the tanh approximation, which it rewrites).
+  // The activation is the family's composition's (or the family's legacy spelling of it,
+  // family_config::legacy_activation: "gelu" for the tanh approximation, which transformers rewrites).
   const activation family_act = fam->arch->act;
   const bool tanh = family_act == activation::gelu_tanh;
   // (A composition whose MLPs apply no activation of HF's `hidden_act` has its own in its block.)
@@ -243,8 +243,8 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
       r.fail("rope_parameters", "missing (and no rope_scaling): " + std::string(fam->rope_must_be_stated),
              "write the checkpoint's RoPE as transformers 5 does: \"rope_parameters\": {\"rope_type\": ..., \"rope_theta\": ...}");
   }
-  // 4.x configs may name the theta otherwise (NeoX's rotary_emb_base) and keep the rotated share
-  // at the top level (NeoX's rotary_pct, 0.25 by default; Phi-3's partial_rotary_factor).
+  // 4.x configs may name the theta otherwise (family_config::theta_key) and keep the rotated share
+  // at the top level (partial_rotary_key).
   auto agree_with = [&](std::optional<double>& slot, std::string_view key, std::string_view what) {
     const json* v = r.find(root, key);
     if (v == nullptr) return;
@@ -271,7 +271,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   s.rope = rope.scaling;
   s.local_rope_theta = local_theta;
   if (fam->ntk_alpha_rope && s.rope.type.get() == rope_type::dynamic_ntk) {
-    // HunYuan's fixed-alpha NTK ("dynamic" with an alpha): the base stretched once,
+    // A fixed-alpha NTK ("dynamic" with an alpha; family_config::ntk_alpha_rope): the base stretched once,
     // theta * alpha^(d / (d - 2)), as transformers computes it in Python floats; plain RoPE on it.
     const json* params = r.find(root, "rope_parameters");
     if (params == nullptr || !params->is_object()) params = r.find(root, "rope_scaling");
@@ -282,7 +282,7 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
       if (!(alpha > 0) || d <= 2)
         r.fail("rope_parameters.alpha", "is " + show(alpha) + " with head_dim " + show(d), "use a positive alpha and head_dim > 2");
       const double base = s.rope_theta.get() * std::pow(alpha, d / (d - 2));
-      out.notes.push_back("rope_parameters: \"dynamic\" with alpha " + show(alpha) + " is HunYuan's fixed NTK-alpha RoPE: "
+      out.notes.push_back("rope_parameters: \"dynamic\" with alpha " + show(alpha) + " is a fixed NTK-alpha RoPE: "
                           "plain RoPE with base " + show(base) + " (written back so)");
       s.rope_theta = base;
       s.rope = {};
@@ -291,48 +291,25 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   const auto flag = [&](std::string_view key, bool fallback, bool note) {
     return r.optional<bool>(key, fallback, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, note);
   };
-  switch (fam->bias) {
-    case bias_rule::fixed:
-      s.qkv_bias = fam->qkv_bias;
-      s.out_bias = fam->out_bias;
-      break;
-    case bias_rule::attention_bias:  // LlamaAttention's q, k, v and o_proj biases (o_proj's after the reduction)
-      s.qkv_bias = s.out_bias = flag("attention_bias", false, /*note=*/false);
-      break;
-    case bias_rule::attention_bias_on:  // gpt-oss's: the same, on unless said
-      s.qkv_bias = s.out_bias = flag("attention_bias", true, /*note=*/true);
-      break;
-    case bias_rule::use_bias:  // StarCoder2's: q, k, v, o_proj and the MLP's
-      s.qkv_bias = s.out_bias = flag("use_bias", true, /*note=*/true);
-      break;
-    case bias_rule::qkv_bias:  // Qwen2-MoE's: q, k and v
-      s.qkv_bias = flag("qkv_bias", true, /*note=*/false);
-      s.out_bias = false;
-      break;
-    case bias_rule::attention_and_out_bias:  // Seed-OSS's: q, k, v by attention_bias, o_proj by attention_out_bias
-      s.qkv_bias = flag("attention_bias", true, /*note=*/true);
-      s.out_bias = flag("attention_out_bias", false, /*note=*/false);
-      break;
-    case bias_rule::attention_bias_qkv:  // GLM-4.5's: q, k and v; o_proj never
-      s.qkv_bias = flag("attention_bias", false, /*note=*/false);
-      s.out_bias = false;
-      break;
-    case bias_rule::use_bias_all:  // ERNIE 4.5's: q, k, v, o_proj and gate/up/down
-      s.qkv_bias = s.out_bias = s.mlp_bias = flag("use_bias", false, /*note=*/false);
-      break;
-    case bias_rule::attention_bias_qkv_on:  // GLM-4's: q, k and v, on unless said; o_proj never
-      s.qkv_bias = flag("attention_bias", true, /*note=*/true);
-      s.out_bias = false;
-      break;
+  // The bias switches: each its key's (read once where several share it) or the family's fixed value.
+  const bias_switch* switches[3] = {&fam->bias.qkv, &fam->bias.out, &fam->bias.mlp};
+  bool on[3]{};
+  for (int i = 0; i < 3; ++i) {
+    const bias_switch& b = *switches[i];
+    int same = -1;  // an earlier switch of the same key
+    for (int j = 0; j < i && !b.key.empty() && same < 0; ++j)
+      if (switches[j]->key == b.key) same = j;
+    on[i] = same >= 0 ? on[same] : b.key.empty() ? b.fallback : flag(b.key, b.fallback, b.note);
   }
-  // Llama's mlp_bias: biases on gate_proj, up_proj and down_proj (LlamaMLP).
-  if (fam->bias != bias_rule::use_bias_all) s.mlp_bias = fam->reads_mlp_bias && flag("mlp_bias", false, /*note=*/false);
+  s.qkv_bias = on[0];
+  s.out_bias = on[1];
+  s.mlp_bias = on[2];
   // The family's rotation, or its key's (with the family's as its default).
   s.rope_interleave = fam->rope_interleave_key.empty()
       ? fam->interleaved_rope
       : r.optional<bool>(fam->rope_interleave_key, fam->interleaved_rope, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
   s.tie_embeddings = flag("tie_word_embeddings", fam->tie_embeddings, /*note=*/false);
-  // Gemma2's score scale and soft-caps (null: no cap); 0 = off in every other family.
+  // A score scale and soft-caps (family_config::score_caps; null: no cap); 0 = off elsewhere.
   s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
   if (fam->score_caps) {
     s.query_pre_attn_scalar = r.optional<double>("query_pre_attn_scalar", 256.0,
@@ -351,16 +328,15 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
 
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s, fam->empty_no_rope_is_default);
   if (fam->layer_type != nullptr) check_layer_types(r, *fam, s);
-  s.linear_layers = 0;  // Qwen3-Next's, read by its layer choice only
+  s.linear_layers = 0;  // read by a linear-attention layer choice only
   if (fam->linear_attention) read_linear_attention(r, s);
   out.attention_window = read_attention_window(r, *fam, s);
   out.dropout = read_dropout(r, *fam, out.notes);
-  // EXAONE 4: with a window set, the full layers have no RoPE; Cohere2: RoPE on the sliding layers
-  // only (with every layer full, none rotates).
-  if (fam->nope_on_full_layers || fam->rope_only_sliding) {
+  // RoPE on the sliding layers only, always or where a window is set (family_config::rope_on).
+  if (fam->rope_on != rope_layers::every_layer) {
     const json* w = r.find(root, "sliding_window");
     std::int64_t nope = 0;
-    if (fam->rope_only_sliding || (w != nullptr && !w->is_null()))
+    if (fam->rope_on == rope_layers::sliding || (w != nullptr && !w->is_null()))
       for (std::int64_t i = 0; i < s.layers.get(); ++i)
         if (out.attention_window.of(i) == 0) {
           if (i >= 64)

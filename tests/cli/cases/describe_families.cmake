@@ -98,6 +98,12 @@ expect_out("mla \\(multi-head latent attention\\)  q via rank 1536, kv via rank 
 expect_out("\n  layers\\.{layer}\\.q_up\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_b_proj\\.weight +column +\\(24576, 1536\\) +\\(24576, 1536\\) +dim 0 +\\(3072, 1536\\) ")
 expect_out("\n  layers\\.{layer}\\.kv_down\\.weight +model\\.layers\\.{layer}\\.self_attn\\.kv_a_proj_with_mqa\\.weight +replicated +\\(576, 7168\\) ")
 expect_out("parameters: 671,026,419,200 ")
+# Moonlight: the query directly (q_lora_rank null), q_proj split over tp, no q_a_proj.
+megadsl(describe moonlight-16b-a3b --tp 2)
+expect_exit(0)
+expect_out("mla \\(multi-head latent attention\\)  q direct, kv via rank 512, heads \\[nope 128 \\| rope 64\\], v 128, rope on pairs")
+expect_out("\n  layers\\.{layer}\\.q_proj\\.weight +model\\.layers\\.{layer}\\.self_attn\\.q_proj\\.weight +column +\\(3072, 2048\\) ")
+expect_no_out("q_a_proj\\.weight +replicated")
 # Kimi K2: 384 experts, 64 heads; its heads split over tp 8 x cp 2 (Ulysses).
 megadsl(describe kimi-k2 --tp 8 --ep 64)
 expect_exit(0)
