@@ -14,12 +14,15 @@
 
 namespace megadsl {
 
+// Its pre-norm layers' norm names: attention_layernorm, feedforward_layernorm.
+inline constexpr blocks::norm_names apertus_norm_names{"attention_layernorm", "", "feedforward_layernorm", ""};
+
 using apertus_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>,
                                    blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>,
-                                   blocks::apertus_norm_names>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::xielu_mlp, blocks::apertus_norm_names>>,
+                                   apertus_norm_names>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::xielu_mlp, apertus_norm_names>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -35,7 +35,7 @@ inline constexpr config_setting cohere_logit_scale{.key = "logit_scale", .fallba
 using cohere_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::select<&cohere_choice, cohere_block<blocks::attention<>>, cohere_block<cohere_attention_qk_norm>>,
-    blocks::layer_norm_no_bias, name_scheme::llama, blocks::lm_head<&cohere_logit_scale>>;
+    blocks::layer_norm_no_bias, blocks::hf_default_names, blocks::lm_head<&cohere_logit_scale>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 

@@ -27,7 +27,7 @@ inline constexpr config_setting cohere2_logit_scale{.key = "logit_scale", .fallb
 
 using cohere2_blocks = blocks::decoder<blocks::embedding<>,
                                        blocks::select<&cohere2_layer, cohere2_block<true>, cohere2_block<false>>,
-                                       blocks::layer_norm_no_bias, name_scheme::llama, blocks::lm_head<&cohere2_logit_scale>>;
+                                       blocks::layer_norm_no_bias, blocks::hf_default_names, blocks::lm_head<&cohere2_logit_scale>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 

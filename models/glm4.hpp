@@ -12,14 +12,18 @@
 
 namespace megadsl {
 
+// GLM-4's sandwich norms: its post_attention_layernorm is the norm before the MLP.
+inline constexpr blocks::norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+                                                    "post_mlp_layernorm"};
+
 // Glm4DecoderLayer: x + post_self_attn_layernorm(attn(input_layernorm(x))), then
 // x + post_mlp_layernorm(mlp(post_attention_layernorm(x))): Gemma 2's sandwich with Llama's RMSNorm
 // and GLM's names (its post_attention_layernorm is the norm before the MLP).
 using glm4_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::block<blocks::sandwich<blocks::rms_norm<>, blocks::attention<>, blocks::glm4_norm_names>,
+    blocks::block<blocks::sandwich<blocks::rms_norm<>, blocks::attention<>, glm4_norm_names>,
                   blocks::sandwich<blocks::rms_norm<>, blocks::gated_mlp<activation::silu, tensor_storage::concatenated>,
-                                   blocks::glm4_norm_names>>,
+                                   glm4_norm_names>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -12,14 +12,21 @@
 
 namespace megadsl {
 
+// Its checkpoints' names: gpt_neox.* for the decoder, embed_out, the critic's classifier, and its
+// MLP's dense_h_to_4h / dense_4h_to_h.
+inline constexpr blocks::decoder_names gpt_neox_names{.layers = "gpt_neox.layers", .embedding = "gpt_neox.embed_in",
+                                                      .final_norm = "gpt_neox.final_layer_norm", .lm_head = "embed_out",
+                                                      .value_head = "classifier", .signature = "gpt_neox names"};
+inline constexpr blocks::plain_mlp_names gpt_neox_mlp_names{"dense_h_to_4h", "dense_4h_to_h"};
+
 // GPT-NeoX (Pythia): LayerNorms, q/k/v interleaved per head in one tensor, attention and MLP side
-// by side on the block's input, exact GELU; its HF names (gpt_neox.*, embed_out). Its partial
-// rotary share is a number of the shape (rotary_fraction, config.json's partial_rotary_factor).
+// by side on the block's input, exact GELU; its HF names (gpt_neox_names). Its partial rotary
+// share is a number of the shape (rotary_fraction, config.json's partial_rotary_factor).
 using gpt_neox_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::parallel<blocks::layer_norm, blocks::attention<blocks::attention_knobs{.storage = tensor_storage::interleaved}>>,
-                  blocks::parallel<blocks::layer_norm, blocks::plain_mlp<activation::gelu>>>,
-    blocks::layer_norm, name_scheme::gpt_neox>;
+                  blocks::parallel<blocks::layer_norm, blocks::plain_mlp<activation::gelu, gpt_neox_mlp_names>>>,
+    blocks::layer_norm, gpt_neox_names>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 

@@ -35,7 +35,7 @@ using granite_blocks = blocks::decoder<
     blocks::embedding<embed_scale_kind::none, &granite_embedding_multiplier>,
     blocks::block<granite_residual<blocks::attention<blocks::attention_knobs{.score_scale = &granite_attention_multiplier}>>,
                   granite_residual<blocks::gated_mlp<activation::silu>>>,
-    blocks::rms_norm<>, name_scheme::llama, blocks::lm_head<&granite_logits_scaling, blocks::logit_scaling::divided_by>>;
+    blocks::rms_norm<>, blocks::hf_default_names, blocks::lm_head<&granite_logits_scaling, blocks::logit_scaling::divided_by>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
 

@@ -15,17 +15,20 @@
 
 namespace megadsl {
 
+// Its q/k norms' HF names.
+inline constexpr blocks::qk_norm_names hunyuan_qk_norm_names{"query_layernorm", "key_layernorm"};
+
 using hunyuan_dense_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>,
                                    blocks::attention<blocks::attention_knobs{},
-                                                     blocks::per_head_qk_norm<blocks::rms_norm<>, blocks::hunyuan_qk_norm_names,
+                                                     blocks::per_head_qk_norm<blocks::rms_norm<>, hunyuan_qk_norm_names,
                                                                               /*AfterRope=*/true>>>,
                   blocks::pre_norm<blocks::rms_norm<>, blocks::gated_mlp<activation::silu>>>,
     blocks::rms_norm<>>;
 
 using hunyuan_attention =
-    blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>, blocks::hunyuan_qk_norm_names, /*AfterRope=*/true>>;
+    blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>, hunyuan_qk_norm_names, /*AfterRope=*/true>>;
 using hunyuan_moe_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>, hunyuan_attention>,

@@ -103,9 +103,6 @@ struct attention {
   }
 
   static constexpr int lower(arch_builder& b, const slot& layer) {
-    if (interleaved != (layer.names == name_scheme::gpt_neox))
-      throw "megadsl: interleaved_qkv_is_neox: q/k/v interleaved per head is stored by GPT-NeoX checkpoints only "
-            "(and they store nothing else); give attention that storage exactly when the decoder has name_scheme::gpt_neox";
     const slot at = layer.module(interleaved ? "attention" : "self_attn");
     if constexpr (K.chunked) b.setting(attention_chunk_size);
     if constexpr (K.score_scale != nullptr) b.setting(*K.score_scale);

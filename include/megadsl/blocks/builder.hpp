@@ -44,9 +44,6 @@ enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss, llama4, er
 // the experts chosen by scores + an expert bias (selecting only, balanced by load like DeepSeek's),
 // their unbiased scores renormalised (divided by max(sum, topk_sum_floor)).
 enum class moe_router : std::int8_t { softmax, sigmoid_grouped, sigmoid_on_input, softmax_biased };
-// The HF tensor names of a family's checkpoints outside its blocks: Llama's (model.embed_tokens,
-// model.layers.N., model.norm, lm_head, score) or GPT-NeoX's (gpt_neox.embed_in, embed_out, ...).
-enum class name_scheme : std::int8_t { llama, gpt_neox };
 // The embedding's output scale: none, or sqrt(hidden) rounded to the activations' dtype (Gemma).
 enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
 // The library's residual combinators (for the composition rule residuals_agree).
@@ -77,6 +74,20 @@ constexpr basic_text<N> joined(std::string_view a, std::string_view b) {
   return t;
 }
 
+// The HF tensor names of a family's checkpoints outside its blocks' modules, bound by the family
+// (the decoder's fourth argument): LlamaForCausalLM's by default (model.embed_tokens,
+// model.layers.N., model.norm, lm_head, score); a family whose checkpoints name them otherwise
+// declares its own (models/gpt_neox.hpp).
+struct decoder_names {
+  std::string_view layers = "model.layers";           // <layers>.{layer}.<block's module>
+  std::string_view embedding = "model.embed_tokens";
+  std::string_view final_norm = "model.norm";
+  std::string_view lm_head = "lm_head";
+  std::string_view value_head = "score";               // the critic's (…ForTokenClassification's)
+  std::string_view signature = {};                     // in the architecture's name, which checkpoints record
+};
+inline constexpr decoder_names hf_default_names{};
+
 // Where a block sits: the prefix of its parameters' megadsl names (within `scope`: a layer's
 // `layers.{layer}.` or the model's ""), its HF module, its placement and the layer kinds having it.
 struct slot {
@@ -86,7 +97,7 @@ struct slot {
   placement where = placement::layer;
   std::uint32_t kinds = 0;
   sublayer at = sublayer::none;
-  name_scheme names = name_scheme::llama;
+  const decoder_names* names = &hf_default_names;
 
   // A part of the block: `n` under its megadsl prefix, `h` under its HF module.
   [[nodiscard]] constexpr slot sub(std::string_view n, std::string_view h) const {

@@ -62,20 +62,23 @@ struct layer_group<select<Pick, L...>> {
 }  // namespace detail
 
 // Embedding, the layers, the final norm, the heads (LM or value, chosen by the model type:
-// causal_lm / value_model; lm_head.hpp). `Names`: the HF names its checkpoints use. The name (an
-// architecture's, which checkpoints record) does not spell the head: its scale is in `describe`.
-template <class Embedding, class Layers, class FinalNorm, name_scheme Names = name_scheme::llama, class Head = lm_head<>>
+// causal_lm / value_model; lm_head.hpp). `Names`: the HF names its checkpoints use for the
+// decoder's own tensors (builder.hpp's decoder_names). The name (an architecture's, which
+// checkpoints record) does not spell the head: its scale is in `describe`.
+template <class Embedding, class Layers, class FinalNorm, const decoder_names& Names = hf_default_names, class Head = lm_head<>>
 struct decoder {
-  static constexpr bool neox = Names == name_scheme::gpt_neox;
+  // The last part of an HF name ("model.norm": "norm").
+  static constexpr std::string_view leaf(std::string_view n) { return n.substr(n.rfind('.') + 1); }
 
   static constexpr arch_builder lower() {
     arch_builder b;
-    slot outer{.scope = "", .names = Names};
-    slot embed = outer.sub("embed", neox ? "gpt_neox.embed_in" : "model.embed_tokens");
+    slot outer{.scope = "", .names = &Names};
+    slot embed = outer.sub("embed", Names.embedding);
     embed.where = placement::first_stage;
     b.embedding = lower_block<Embedding>(b, embed);
 
-    b.hf_layers = basic_text<48>(neox ? "gpt_neox.layers." : "model.layers.");
+    b.hf_layers = basic_text<48>(Names.layers);
+    b.hf_layers.append(".");
     using group = detail::layer_group<Layers>;
     b.pick = group::pick;
     if constexpr (requires { group::settings; })
@@ -83,8 +86,8 @@ struct decoder {
     basic_text<384> kinds;
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (([&] {
-         slot layer{.scope = "layers.{layer}.", .where = placement::layer, .kinds = 1U << K, .names = Names};
-         layer.hf = joined<96>(neox ? "gpt_neox.layers" : "model.layers", "{layer}");
+         slot layer{.scope = "layers.{layer}.", .where = placement::layer, .kinds = 1U << K, .names = &Names};
+         layer.hf = joined<96>(Names.layers, "{layer}");
          b.routes = false;
          const int first = b.node_count;
          const int root = lower_block<std::tuple_element_t<K, typename group::kinds>>(b, layer);
@@ -96,18 +99,18 @@ struct decoder {
     }(std::make_index_sequence<std::tuple_size_v<typename group::kinds>>{});
     static_assert(std::tuple_size_v<typename group::kinds> <= max_kinds, "megadsl: more kinds of layer than max_kinds (architecture.hpp)");
 
-    slot final_norm = outer.sub("final_norm", neox ? "gpt_neox.final_layer_norm" : "model.norm");
+    slot final_norm = outer.sub("final_norm", Names.final_norm);
     final_norm.where = placement::last_stage;
     b.final_norm = lower_block<FinalNorm>(b, final_norm);
     basic_text<160> final_label(b.label(b.final_norm));
-    final_label.add("  [", neox ? "final_layer_norm" : "norm", "]");
+    final_label.add("  [", leaf(Names.final_norm), "]");
     b.labels[static_cast<std::size_t>(b.final_norm)] = final_label;
 
     Head::lower(b, outer);
 
     b.name.add("decoder(", b.signature(b.embedding), ", ", std::tuple_size_v<typename group::kinds> > 1 ? "layers(" : "",
                kinds.view(), std::tuple_size_v<typename group::kinds> > 1 ? ")" : "", ", ", b.signature(b.final_norm),
-               neox ? ", gpt_neox names)" : ")");
+               Names.signature.empty() ? "" : ", ", Names.signature, ")");
     return b;
   }
 };

@@ -14,17 +14,16 @@ enum class logit_scaling : std::int8_t { times, divided_by };
 // / value_model). `Scale`: a config key of the family's that scales the logits as `Op` says;
 // decoder_stage applies it to each rank's vocabulary shard. The decoder's last argument:
 //
-//   decoder<embedding<>, ..., layer_norm_no_bias, name_scheme::llama, lm_head<&cohere_logit_scale>>
+//   decoder<embedding<>, ..., layer_norm_no_bias, hf_default_names, lm_head<&cohere_logit_scale>>
 template <const config_setting* Scale = nullptr, logit_scaling Op = logit_scaling::times>
 struct lm_head {
   static constexpr void lower(arch_builder& b, const slot& outer) {
-    const bool neox = outer.names == name_scheme::gpt_neox;
     // Tied embeddings: the HF source is the embedding; on pp > 1 the last stage keeps a copy.
-    slot lm = outer.sub("lm_head", neox ? "embed_out" : "lm_head");
+    slot lm = outer.sub("lm_head", outer.names->lm_head);
     lm.where = placement::last_stage;
     b.param(lm, {"weight", &geo::vocab, {"weight"}, 1, presence::actor});
-    // GPTNeoXForTokenClassification names its head `classifier`, every other class `score`.
-    slot value = outer.sub("value_head", neox ? "classifier" : "score");
+    // (…ForTokenClassification's head: decoder_names::value_head.)
+    slot value = outer.sub("value_head", outer.names->value_head);
     value.where = placement::last_stage;
     b.param(value, {"weight", &geo::value_weight, {"weight"}, 1, presence::critic});
     b.param(value, {"bias", &geo::value_bias, {"bias"}, 1, presence::critic_bias});

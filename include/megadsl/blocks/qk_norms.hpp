@@ -13,7 +13,6 @@ struct qk_norm_names {
   std::string_view q, k;
 };
 inline constexpr qk_norm_names qwen3_qk_norm_names{"q_norm", "k_norm"};
-inline constexpr qk_norm_names hunyuan_qk_norm_names{"query_layernorm", "key_layernorm"};
 
 constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations& out) {
   // RoPE on pairs leaves each head's dims as halves (apply_rope): a norm's per-dim weights after it

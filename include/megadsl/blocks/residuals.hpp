@@ -24,11 +24,6 @@ inline constexpr norm_names llama_norm_names{"input_layernorm", "post_attention_
 // Gemma 2's sandwich: a norm of its own before the MLP.
 inline constexpr norm_names gemma2_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                                               "post_feedforward_layernorm"};
-// Apertus's pre-norm layer: attention_layernorm, feedforward_layernorm.
-inline constexpr norm_names apertus_norm_names{"attention_layernorm", "", "feedforward_layernorm", ""};
-// GLM-4's sandwich: its post_attention_layernorm is the norm before the MLP.
-inline constexpr norm_names glm4_norm_names{"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
-                                            "post_mlp_layernorm"};
 
 // A residual's knobs: the config key whose value multiplies the sublayer's output before it joins
 // the stream (Granite's residual_multiplier); null: none.
@@ -82,7 +77,7 @@ struct residual {
   }
 };
 
-// x + inner(norm(x)) (Llama; Apertus under apertus_norm_names); with `Scale`, x + inner(norm(x)) *
+// x + inner(norm(x)) (Llama; a family's own norm names: models/apertus.hpp); with `Scale`, x + inner(norm(x)) *
 // that config key's value (Granite's residual_multiplier).
 template <class Norm, class Inner, const norm_names& Names = llama_norm_names, const config_setting* Scale = nullptr>
 struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names, Scale> {};
@@ -91,7 +86,7 @@ template <class Norm, class Inner>
 struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};
 // x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
 // post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP; GLM-4
-// names them glm4_norm_names).
+// names them otherwise: models/glm4.hpp).
 template <class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
 struct sandwich : residual<residual_kind::sandwich, Norm, Inner, Names> {};
 // Both sublayers read the block's input, their outputs added to it together:

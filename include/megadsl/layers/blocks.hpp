@@ -43,7 +43,9 @@
 //   select<&choice, ...>              a layer choice reading a key of its own (blocks::layer_choice:
 //                                     use_qk_norm picks Llama 4's, Cohere's, GLM-4.5's q/k norms)
 //   plain_mlp<gelu_tanh | gelu>       c_proj(act(c_fc(x))), both with biases per out_bias (StarCoder2; NeoX exact gelu)
-//   decoder<E, B, N, name_scheme::gpt_neox>  the HF names of GPT-NeoX checkpoints (gpt_neox.*, embed_out)
+//   decoder<E, B, N, gpt_neox_names>  the HF names of a family's decoder tensors (decoder_names:
+//                                     GPT-NeoX's gpt_neox.*, embed_out; Llama's by default)
+//   plain_mlp<gelu, gpt_neox_mlp_names>  the HF names of its projections (c_fc / c_proj by default)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
 //   moe_mlp<silu, moe_knobs{...}>     HF's sparse MoE block: router softmax in fp32 over every expert,
 //                                     top-k (renormalised per the shape's norm_topk), each expert a
