@@ -8,13 +8,15 @@
 
 #include "megadsl/architecture.hpp"
 #include "megadsl/layers/block_factories.hpp"
+#include "megadsl/models/registry.hpp"
 
 namespace megadsl {
 
 // Every core block's factory, referenced strongly here (this file is linked whenever modules are
 // built): the architectures name them through weak references (layers/block_factories.hpp). The
-// blocks under models/ are referenced strongly by the registry's architectures, which the runtime
-// library's dist_metadata.cpp includes (models/registry.hpp), so they link as surely.
+// blocks under models/<family>/ are linked through the registry's architectures, referenced here
+// below: this file is compiled with strong factory references, so each family's nodes pull in
+// their modules' objects.
 [[gnu::used]] extern const module_factory library_block_factories[] = {
     &modules::rms_norm,  &modules::rms_norm_1p, &modules::rms_norm_wmul, &modules::layer_norm, &modules::layer_norm_no_bias,
     &modules::per_head_qk_norm, &modules::full_width_qk_norm, &modules::attention, &modules::gated_delta_net,
@@ -22,6 +24,8 @@ namespace megadsl {
     &modules::plain_mlp, &modules::moe_mlp, &modules::embedding, &modules::pre_norm, &modules::post_norm,
     &modules::sandwich, &modules::branch, &modules::parallel_sum, &modules::sequence,
     &modules::parallel_shared_norm};
+
+[[gnu::used]] extern const void* const registry_architectures = &families;
 
 std::string block_build::name(std::string_view local) const {
   if (node_.prefix.empty()) return std::string(local);

@@ -305,9 +305,8 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   s.out_bias = on[1];
   s.mlp_bias = on[2];
   // The family's rotation, or its key's (with the family's as its default).
-  s.rope_interleave = fam->rope_interleave_key.empty()
-      ? fam->interleaved_rope
-      : r.optional<bool>(fam->rope_interleave_key, fam->interleaved_rope, [&](const json& v, std::string_view k) { return r.boolean(v, k); });
+  s.rope_interleave = fam->rope_interleave_key.empty() ? fam->interleaved_rope
+                                                       : flag(fam->rope_interleave_key, fam->interleaved_rope, /*note=*/true);
   s.tie_embeddings = flag("tie_word_embeddings", fam->tie_embeddings, /*note=*/false);
   // A score scale and soft-caps (family_config::score_caps; null: no cap); 0 = off elsewhere.
   s.query_pre_attn_scalar = s.attn_softcap = s.final_softcap = 0.0;
