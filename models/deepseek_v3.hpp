@@ -15,14 +15,15 @@
 
 namespace megadsl {
 
+using deepseek_v3_mixture = glm4_moe_sparse;  // the mixture GLM-4.5 took from it (models/glm4_moe.hpp)
+
 template <class Mlp>
 using deepseek_v3_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::mla>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
 
 using deepseek_v3_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::select<&dense_first_layer, deepseek_v3_block<blocks::gated_mlp<activation::silu>>,
-                   deepseek_v3_block<blocks::moe_mlp<activation::silu, blocks::moe_knobs{.router = moe_router::sigmoid_grouped,
-                                                                                            .shared_experts = true}>>>,
+                   deepseek_v3_block<deepseek_v3_mixture>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -13,19 +13,26 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/ernie4_5_moe/biased_softmax_router.hpp"
 #include "megadsl/models/qwen_moe.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
 
+// Its mixture: its router (the expert bias stored as one row (1, E) at mlp.moe_statics), Qwen's
+// experts, DeepSeek's shared experts (none where moe_num_shared_experts is 0).
+inline constexpr blocks::router_names ernie4_5_router{.expert_bias = "moe_statics.e_score_correction_bias",
+                                                      .expert_bias_form = hf_form::one_row};
+inline constexpr blocks::mixture_names ernie4_5_mixture_names{.signature = "ernie"};
+using ernie4_5_mixture = blocks::moe<blocks::biased_softmax_router<ernie4_5_router>, blocks::experts<>,
+                                     blocks::shared_expert<blocks::hf_shared_experts_names, presence::shared_experts>,
+                                     ernie4_5_mixture_names>;
+
 // The layers: Qwen's choice of dense or sparse per layer (the shape's sparse_step and dense_layers
 // say ERNIE's range and interval), its attention Llama's with the shape's interleaved RoPE.
 using ernie4_5_moe_blocks = blocks::decoder<
     blocks::embedding<>,
-    qwen_moe_layers<blocks::attention<>,
-                    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::ernie,
-                                                                        .router = moe_router::softmax_biased,
-                                                                        .shared_experts = true, .fp32_router = true}>>,
+    qwen_moe_layers<blocks::attention<>, ernie4_5_mixture>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

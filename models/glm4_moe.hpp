@@ -35,8 +35,9 @@ inline constexpr blocks::layer_choice glm4_moe_choice{&glm4_moe_layer, glm4_moe_
 
 using glm4_moe_attention_qk_norm = blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>;
 using glm4_moe_dense = blocks::gated_mlp<activation::silu>;
-using glm4_moe_sparse =
-    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.router = moe_router::sigmoid_grouped, .shared_experts = true}>;
+// DeepSeek-V3's mixture: its grouped sigmoid router and ungated shared experts (mlp.shared_experts).
+using glm4_moe_sparse = blocks::moe<blocks::grouped_sigmoid_router<>, blocks::experts<>,
+                                    blocks::shared_expert<blocks::hf_shared_experts_names, presence::shared_experts>>;
 
 template <class Attention, class Mlp>
 using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;

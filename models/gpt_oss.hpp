@@ -15,11 +15,21 @@
 
 namespace megadsl {
 
+// Its mixture (GptOssMLP): mlp.router with a bias, the experts stacked with their biases
+// (mlp.experts.gate_up_proj (E, h, 2 f) with gate and up columns interleaved, down_proj (E, f, h),
+// and _bias (E, 2 f), (E, h)), each the clamped SwiGLU.
+inline constexpr blocks::router_names gpt_oss_router{.weight = "router.weight", .bias = "router.bias"};
+inline constexpr blocks::stacked_expert_names gpt_oss_experts{.gate_up_bias = "experts.gate_up_proj_bias",
+                                                              .down_bias = "experts.down_proj_bias"};
+inline constexpr blocks::mixture_names gpt_oss_mixture_names{.signature = "gpt_oss"};
+using gpt_oss_mixture = blocks::moe<blocks::softmax_router<gpt_oss_router>, blocks::clamped_swiglu_experts<gpt_oss_experts>,
+                                    blocks::no_shared_expert, gpt_oss_mixture_names>;
+
 using gpt_oss_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<norm_kind::rms_wmul>, blocks::attention<blocks::attention_knobs{.sinks = true}>>,
                   blocks::pre_norm<blocks::rms_norm<norm_kind::rms_wmul>,
-                                   blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::gpt_oss}>>>,
+                                   gpt_oss_mixture>>,
     blocks::rms_norm<norm_kind::rms_wmul>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----
@@ -37,7 +47,7 @@ inline constexpr config_key_rule gpt_oss_keys[] = {
     {"sliding_window", key_use::read},
     {"layer_types", key_use::read},
     // The experts apply their clamped SwiGLU whatever hidden_act says (GptOssExperts reads only
-    // swiglu_alpha and swiglu_limit: the mixture block's own keys, blocks/moe_mlp.hpp).
+    // swiglu_alpha and swiglu_limit: its experts' own keys, blocks/experts.hpp).
     {"hidden_act", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},

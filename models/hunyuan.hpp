@@ -29,10 +29,18 @@ using hunyuan_dense_blocks = blocks::decoder<
 
 using hunyuan_attention =
     blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>, hunyuan_qk_norm_names, /*AfterRope=*/true>>;
+// Its mixture: the softmax router in fp32 at mlp.gate.wg, Qwen's experts, one ungated shared MLP
+// (mlp.shared_mlp).
+inline constexpr blocks::router_names hunyuan_router{.weight = "gate.wg.weight"};
+inline constexpr blocks::shared_expert_names hunyuan_shared_mlp{.module = "shared_mlp"};
+inline constexpr blocks::mixture_names hunyuan_mixture_names{.signature = "hunyuan"};
+using hunyuan_mixture = blocks::moe<blocks::softmax_router<hunyuan_router, true>, blocks::experts<>,
+                                    blocks::shared_expert<hunyuan_shared_mlp>, hunyuan_mixture_names>;
+
 using hunyuan_moe_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>, hunyuan_attention>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::hunyuan, .fp32_router = true}>>>,
+                  blocks::pre_norm<blocks::rms_norm<>, hunyuan_mixture>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -14,6 +14,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/llama4/input_sigmoid_router.hpp"
 #include "megadsl/models/llama4/l2_qk_norm.hpp"
 #include "megadsl/models/qwen_moe.hpp"  // qwen_sparse_layer: the same rule for which layers route
 #include "megadsl/shape.hpp"
@@ -43,7 +44,15 @@ using llama4_rope_attention = blocks::attention<blocks::attention_knobs{.chunked
 using llama4_rope_attention_unnormed = blocks::attention<blocks::attention_knobs{.chunked = true}>;
 using llama4_nope_attention = blocks::attention<blocks::attention_knobs{.rope = false, .temperature = true}>;
 using llama4_dense_mlp = blocks::gated_mlp<activation::silu, tensor_storage::separate, blocks::feed_forward_module>;
-using llama4_moe = blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::llama4, .router = moe_router::sigmoid_on_input}>;
+// Its mixture under feed_forward: the router on the experts' input, the experts stacked as
+// transformers stores them (gate_up_proj (E, h, 2 f) with [gate | up] columns, down_proj (E, f, h)),
+// the ungated shared_expert.
+inline constexpr blocks::router_names llama4_router{.weight = "router.weight"};
+inline constexpr blocks::stacked_expert_names llama4_experts{};
+inline constexpr blocks::shared_expert_names llama4_shared_expert{};
+inline constexpr blocks::mixture_names llama4_mixture_names{.module = "feed_forward", .signature = "llama4"};
+using llama4_moe = blocks::moe<blocks::input_sigmoid_router<llama4_router>, blocks::stacked_experts<activation::silu, llama4_experts>,
+                               blocks::shared_expert<llama4_shared_expert>, llama4_mixture_names>;
 
 template <class Attention, class Mlp>
 using llama4_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;

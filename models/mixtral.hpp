@@ -11,11 +11,17 @@
 
 namespace megadsl {
 
+// Its mixture's HF names: block_sparse_moe.gate, block_sparse_moe.experts.E.{w1, w3, w2}.
+inline constexpr blocks::mixture_names mixtral_mixture{.module = "block_sparse_moe", .signature = "mixtral"};
+inline constexpr blocks::expert_names mixtral_expert_names{"experts.{expert}.w1.weight", "experts.{expert}.w3.weight",
+                                                           "experts.{expert}.w2.weight"};
+using mixtral_mixture_block =
+    blocks::moe<blocks::softmax_router<>, blocks::experts<activation::silu, mixtral_expert_names>, blocks::no_shared_expert,
+                mixtral_mixture>;
+
 using mixtral_blocks = blocks::decoder<
     blocks::embedding<>,
-    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>,
-                  blocks::pre_norm<blocks::rms_norm<>,
-                                   blocks::moe_mlp<activation::silu, blocks::moe_knobs{.names = moe_names::mixtral}>>>,
+    blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::attention<>>, blocks::pre_norm<blocks::rms_norm<>, mixtral_mixture_block>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -17,7 +17,7 @@ using olmoe_blocks = blocks::decoder<
     blocks::embedding<>,
     blocks::block<blocks::pre_norm<blocks::rms_norm<>,
                                    blocks::attention<blocks::attention_knobs{}, blocks::full_width_qk_norm<blocks::rms_norm<>>>>,
-                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe_mlp<activation::silu>>>,
+                  blocks::pre_norm<blocks::rms_norm<>, blocks::moe<>>>,
     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -24,7 +24,7 @@ constexpr int qwen3_next_layer(const shape& s, std::int64_t layer) {
 
 using qwen3_next_norm = blocks::rms_norm<norm_kind::rms_1p>;
 using qwen3_next_attention = blocks::gated_attention<blocks::per_head_qk_norm<qwen3_next_norm>>;
-using qwen3_next_moe = blocks::moe_mlp<activation::silu, blocks::moe_knobs{.shared_expert = true}>;
+using qwen3_next_moe = blocks::moe<blocks::softmax_router<>, blocks::experts<>, blocks::gated_shared_expert<>>;
 
 template <class Mixer, class Mlp>
 using qwen3_next_block = blocks::block<blocks::pre_norm<qwen3_next_norm, Mixer>, blocks::pre_norm<qwen3_next_norm, Mlp>>;

@@ -35,13 +35,13 @@ using qwen_moe_layers =
 using qwen2_moe_blocks =
     blocks::decoder<blocks::embedding<>,
                     qwen_moe_layers<blocks::attention<>,
-                                    blocks::moe_mlp<activation::silu, blocks::moe_knobs{.shared_expert = true}>>,
+                                    blocks::moe<blocks::softmax_router<>, blocks::experts<>, blocks::gated_shared_expert<>>>,
                     blocks::rms_norm<>>;
 
 using qwen3_moe_blocks =
     blocks::decoder<blocks::embedding<>,
                     qwen_moe_layers<blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>,
-                                    blocks::moe_mlp<activation::silu>>,
+                                    blocks::moe<>>,
                     blocks::rms_norm<>>;
 
 // ---- config.json (megadsl/family_config.hpp) ----

@@ -21,7 +21,7 @@ namespace megadsl {
     &modules::rms_norm,  &modules::rms_norm_1p, &modules::rms_norm_wmul, &modules::layer_norm, &modules::layer_norm_no_bias,
     &modules::per_head_qk_norm, &modules::full_width_qk_norm, &modules::attention, &modules::gated_delta_net,
     &modules::gated_mlp,
-    &modules::plain_mlp, &modules::moe_mlp, &modules::embedding, &modules::pre_norm, &modules::post_norm,
+    &modules::plain_mlp, &modules::moe_mlp, &modules::softmax_router, &modules::grouped_sigmoid_router, &modules::embedding, &modules::pre_norm, &modules::post_norm,
     &modules::sandwich, &modules::branch, &modules::parallel_sum, &modules::sequence,
     &modules::parallel_shared_norm};
 

@@ -10,6 +10,7 @@
 
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/blocks/routers.hpp"  // router_knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/parallel/mappings.hpp"
 
@@ -81,6 +82,23 @@ routing route_sigmoid_on_input(const at::Tensor& logits, std::int64_t top_k) {
 at::Tensor sigmoid_balance_probs(const at::Tensor& logits) {
   const at::Tensor s = logits.to(at::kFloat).sigmoid();
   return s / (s.sum(-1, /*keepdim=*/true) + 1e-20);
+}
+
+router_module::router_module(const block_build& b)
+    : weight_(b.require("weight")), bias_(b.find("bias")), fp32_(b.knobs<blocks::router_knobs>().fp32),
+      experts_(b.s().experts.get()), top_k_(b.s().top_k.get()), norm_topk_(b.s().norm_topk.get()),
+      floor_(b.s().topk_sum_floor.get()), groups_(b.s().expert_groups.get()), group_top_k_(b.s().group_top_k.get()),
+      scale_(b.s().routed_scale.get()) {
+  if (const at::Tensor bias = b.find("expert_bias"); bias.defined()) {
+    load_.bias = bias;
+    load_.tokens = at::zeros({experts_}, bias.options().dtype(at::kDouble));
+    if (b.args.expert_loads != nullptr) b.args.expert_loads->push_back(&load_);
+  }
+}
+
+at::Tensor router_module::logits(const at::Tensor& x, const layer_context& c) const {
+  if (fp32_) return linear_in(c.l.invariant.get(), x.to(at::kFloat), weight_.to(at::kFloat));  // (T, E) fp32
+  return c.linear(x, weight_, bias_);
 }
 
 void update_expert_bias(expert_load& e, const at::Tensor& tokens, double rate) {

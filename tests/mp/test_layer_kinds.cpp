@@ -12,7 +12,7 @@ namespace b = blocks;
 using attention_layer = b::block<b::pre_norm<b::rms_norm<>, b::attention<>>, b::pre_norm<b::rms_norm<>, b::gated_mlp<>>>;
 using qk_norm_layer = b::block<b::pre_norm<b::rms_norm<>, b::attention<b::attention_knobs{}, b::per_head_qk_norm<b::rms_norm<>>>>,
                                b::pre_norm<b::rms_norm<>, b::gated_mlp<>>>;
-using moe_layer = b::block<b::pre_norm<b::rms_norm<>, b::attention<>>, b::pre_norm<b::rms_norm<>, b::moe_mlp<>>>;
+using moe_layer = b::block<b::pre_norm<b::rms_norm<>, b::attention<>>, b::pre_norm<b::rms_norm<>, b::moe<>>>;
 
 // Per-head q/k norms on every other layer (kinds 0, 1, 0, 1, ...).
 using alternating_blocks = b::decoder<b::embedding<>, b::pattern<attention_layer, qk_norm_layer>, b::rms_norm<>>;

@@ -27,23 +27,6 @@ enum class norm_kind : std::int8_t { rms, rms_1p, rms_wmul };
 // tensor with the slots' rows concatenated (Phi-3's qkv_proj = [Q; K; V], gate_up_proj), or q/k/v
 // as one tensor interleaved per head ([q_0; k_0; v_0; q_1; ...], NeoX's query_key_value).
 enum class tensor_storage : std::int8_t { separate, concatenated, interleaved };
-// The HF names of a mixture of experts: Mixtral's (block_sparse_moe.gate, experts.E.{w1,w3,w2}) or
-// Qwen's (mlp.gate, mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert*).
-// HunYuan's are Qwen's with the router at mlp.gate.wg and its ungated shared MLP at mlp.shared_mlp.
-// gpt-oss's: mlp.router (with a bias) and mlp.experts.{gate_up_proj, down_proj}(_bias), every expert
-// of a layer in one tensor (hf_stacking), with biases and the clamped SwiGLU. Llama 4's:
-// feed_forward.router, feed_forward.experts.{gate_up_proj, down_proj} stacked (gate_up's columns
-// [gate | up]) and the ungated feed_forward.shared_expert. ERNIE 4.5's: Qwen's, the expert bias
-// stored as one row (1, E) at mlp.moe_statics.e_score_correction_bias.
-enum class moe_names : std::int8_t { mixtral, qwen, hunyuan, gpt_oss, llama4, ernie };
-// How a mixture's router picks and weighs the experts: HF's softmax over every expert then top-k
-// (Mixtral, Qwen), or DeepSeek-V3's sigmoid scores with an expert bias that only selects, the
-// experts chosen within the best groups, the weights scaled (DeepSeek-V3, GLM-4.5, Kimi K2), or
-// Llama 4's: the top-k of the raw logits, each chosen expert fed the token times sigmoid(logit)
-// (the weight scales the expert's input, not its output); or ERNIE 4.5's: softmax scores in fp32,
-// the experts chosen by scores + an expert bias (selecting only, balanced by load like DeepSeek's),
-// their unbiased scores renormalised (divided by max(sum, topk_sum_floor)).
-enum class moe_router : std::int8_t { softmax, sigmoid_grouped, sigmoid_on_input, softmax_biased };
 // The embedding's output scale: none, or sqrt(hidden) rounded to the activations' dtype (Gemma).
 enum class embed_scale_kind : std::int8_t { none, sqrt_hidden };
 // The library's residual combinators (for the composition rule residuals_agree).
@@ -60,7 +43,7 @@ constexpr std::string_view name_of(tensor_storage t) {
 
 namespace megadsl::blocks {
 
-inline constexpr int max_nodes = 48, max_rules = 8;  // (max_rows, max_kinds: architecture.hpp)
+inline constexpr int max_nodes = 64, max_rules = 8;  // (max_rows, max_kinds: architecture.hpp)
 
 // Which sublayer of a layer a block sits in (the HF names of the norms around it follow from it).
 enum class sublayer : std::int8_t { none, attention, mlp };
@@ -201,14 +184,16 @@ class arch_builder {
     labels[u] = basic_text<160>(label);
     basic_text<384>& sig = signatures[u];
     sig.append(name);
-    int i = 0;
+    // A child without a name of its own (a mixture's router) is named by its parent's name.
+    int i = 0, named = 0;
     for (int c : children) {
       if (c < 0) continue;
-      sig.add(i == 0 ? "(" : ", ", signatures[static_cast<std::size_t>(c)].view());
+      if (const std::string_view s = signatures[static_cast<std::size_t>(c)].view(); !s.empty())
+        sig.add(named++ == 0 ? "(" : ", ", s);
       n.children[static_cast<std::size_t>(i++)] = static_cast<std::int16_t>(c);
     }
     n.child_count = i;
-    if (i > 0) sig.append(")");
+    if (named > 0) sig.append(")");
     return node_count++;
   }
   // What the block costs beyond its matrices' FLOPs (which its rows give): the activations it keeps

@@ -37,10 +37,13 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> attention(const block_buil
 // the gated DeltaNet (src/layers/gated_delta_net.cpp: Qwen3-Next's and Qwen3.5's)
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_delta_net(const block_build& b);
 
-// MLPs; knobs: blocks::mlp_knobs (the activation), the mixture's blocks::moe_module_knobs
+// MLPs; knobs: blocks::mlp_knobs (the activation), the mixture's blocks::experts_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_mlp(const block_build& b);  // src/layers/gated_mlp.cpp
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> plain_mlp(const block_build& b);  // src/layers/plain_mlp.cpp
-MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> moe_mlp(const block_build& b);    // src/layers/moe_mlp.cpp; child 0: its router
+// a mixture's routers (src/layers/softmax_router.cpp, grouped_sigmoid_router.cpp); knobs: blocks::router_knobs
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> softmax_router(const block_build& b);
+MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> grouped_sigmoid_router(const block_build& b);
 
 // the embedding (src/layers/embedding.cpp); knobs: blocks::embedding_knobs
 MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> embedding(const block_build& b);

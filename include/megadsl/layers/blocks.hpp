@@ -47,25 +47,28 @@
 //                                     GPT-NeoX's gpt_neox.*, embed_out; Llama's by default)
 //   plain_mlp<gelu, gpt_neox_mlp_names>  the HF names of its projections (c_fc / c_proj by default)
 //   attention_knobs{.storage = concatenated}, gated_mlp<.., concatenated>: Phi-3's fused HF tensors
-//   moe_mlp<silu, moe_knobs{...}>     HF's sparse MoE block: router softmax in fp32 over every expert,
-//                                     top-k (renormalised per the shape's norm_topk), each expert a
-//                                     gated MLP, weights in fp32 until they scale the experts' outputs;
-//                                     .shared_expert: + sigmoid(gate(x)) * shared(x) (Qwen2-MoE)
+//   moe<Router, Experts, Shared, names>  a mixture of experts from slots, each with its rows, knobs and
+//                                     the HF names the family binds (blocks/moe.hpp):
+//     softmax_router<names, fp32>     HF's: softmax in fp32 over every expert, top-k (renormalised per
+//                                     the shape's norm_topk); with a bias on its logits: gpt-oss's
+//     grouped_sigmoid_router<names>   DeepSeek-V3's: sigmoid scores, an expert bias that selects, groups
+//     experts<act, names>             each expert a gated MLP, one HF tensor per expert and projection
+//     stacked_experts<act, names>     every expert in one HF tensor per projection (Llama 4's)
+//     clamped_swiglu_experts<names>   gpt-oss's: stacked, with biases and the clamped SwiGLU (its keys)
+//     gated_shared_expert<names>      + sigmoid(gate(x)) * shared(x) (Qwen2-MoE)
+//     shared_expert<names, presence>  + shared(x) (DeepSeek's shared_experts, HunYuan's shared_mlp)
+//                                     a family's own router lives with it (models/llama4/, models/ernie4_5_moe/)
 //   attention<attention_knobs{.sinks = true}>  gpt-oss: one learned logit per query head in each row's
 //                                     softmax, without a value (eager_attention_forward's sink column)
-//   moe_mlp<silu, moe_knobs{.names = moe_names::gpt_oss}>  GptOssMLP: the router with a bias, top-k of
-//                                     its logits weighed by a softmax over the k; experts with biases
-//                                     and the clamped SwiGLU; HF's tensors stacked per layer (hf_stacking)
 //   attention<attention_knobs{.chunked = true}, l2_qk_norm>  Llama 4's RoPE layers (l2_qk_norm: models/llama4/): attention within
 //                                     chunks of attention_chunk_size tokens (its own key), q/k rms-normed
 //                                     per head without a weight; {.rope = false, .temperature = true}:
 //                                     its NoPE layers, q scaled by ln(position) (attn_temperature_tuning,
 //                                     floor_scale, attn_scale: its own keys)
 //   gated_mlp<silu, separate, feed_forward_module>  the same MLP under HF's feed_forward (Llama 4)
-//   moe_mlp<silu, moe_knobs{.names = moe_names::llama4, .router = moe_router::sigmoid_on_input}>
-//                                     Llama4TextMoe: top-k of the router's logits, each chosen
-//                                     expert fed x * sigmoid(logit), + the ungated shared expert on x;
-//                                     experts stacked per layer ([gate | up] columns)
+//   moe<input_sigmoid_router<..>, stacked_experts<..>, shared_expert<..>, ..>  Llama4TextMoe: top-k
+//                                     of the router's logits, each chosen expert fed x * sigmoid(logit)
+//                                     (models/llama4/), + the ungated shared expert on x
 //   gated_delta_net<grouped | split>  Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet: linear attention by
 //                                     the gated delta rule (chunked, exact backward), causal conv, gated
 //                                     output norm; HF's in_proj_qkvz + in_proj_ba, or in_proj_qkv/z/b/a
@@ -86,7 +89,7 @@
 #include "megadsl/blocks/gated_delta_net.hpp"
 #include "megadsl/blocks/gated_mlp.hpp"
 #include "megadsl/blocks/plain_mlp.hpp"
-#include "megadsl/blocks/moe_mlp.hpp"
+#include "megadsl/blocks/moe.hpp"
 #include "megadsl/blocks/embedding.hpp"
 #include "megadsl/blocks/residuals.hpp"
 #include "megadsl/blocks/lm_head.hpp"

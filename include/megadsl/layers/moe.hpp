@@ -67,6 +67,39 @@ struct expert_load {
 // tokens (dp and cp): bias += rate * sign(mean(tokens) - tokens), then the counts restart at 0.
 void update_expert_bias(expert_load& e, const at::Tensor& tokens, double rate);
 
+// A mixture's router as its module (a router slot's node, blocks/routers.hpp; the mixture module's
+// child 0): its logits over the whole stream, its routing, the weights of given experts (router
+// replay) and the probabilities its load-balancing loss weighs. The base holds what every router
+// has: its weight (E, h) and the bias on its logits (E, if any), replicated, their gradients
+// partial over tp; its expert bias (E, if any) with its load counts, registered for the balancing
+// update; and the shape's routing numbers. Each router's module is its own file.
+class router_module : public block_module {
+ public:
+  explicit router_module(const block_build& b);
+  // (T, E) of the whole stream x (T, h): in fp32 where the router's knobs say (x and the weight
+  // cast, as HF does; DeepSeek's, HunYuan's wg, ERNIE's gate), else in the compute dtype.
+  [[nodiscard]] virtual at::Tensor logits(const at::Tensor& x, const layer_context& c) const;
+  // The experts of each token and their weights, (T, k) each.
+  [[nodiscard]] virtual routing route(const at::Tensor& logits) const = 0;
+  // The weights the router gives the experts `indices` (T, k) (router replay), as route would.
+  [[nodiscard]] virtual at::Tensor weights_of(const at::Tensor& logits, const at::Tensor& indices) const = 0;
+  // The probabilities Megatron's load-balancing loss weighs (T, E) fp32.
+  [[nodiscard]] virtual at::Tensor balance_probs(const at::Tensor& logits) const = 0;
+  // Its expert bias and this step's counts (null: it has none).
+  [[nodiscard]] expert_load* load() { return load_.bias.defined() ? &load_ : nullptr; }
+
+ protected:
+  at::Tensor weight_;  // (E, h)
+  at::Tensor bias_;    // (E) or undefined
+  bool fp32_ = false;
+  expert_load load_;   // (bias undefined: none)
+  std::int64_t experts_ = 0, top_k_ = 0;
+  bool norm_topk_ = false;
+  double floor_ = 0;                               // the softmax routers' renormalisation: divided by max(sum, this)
+  std::int64_t groups_ = 1, group_top_k_ = 1;      // the grouped router's
+  double scale_ = 1.0;                             // its routed_scaling_factor
+};
+
 // The experts this rank holds: experts [first, first + gate_up.size()) of the layer's `experts`,
 // which must be ep_rank * experts / ep onward (checked). Under etp = tp each is this tp rank's
 // shard (f = expert_ffn / tp) and the output is a partial sum over tp.

@@ -75,6 +75,15 @@ expect_exit(0)
 expect_out("attention  q/k/v, rope, q/k rms_norm over the full width  \\[self_attn\\]")
 expect_out("moe_mlp<silu>  router softmax -> top 2 of 4  \\[mlp: gate, experts.E.gate/up/down_proj\\]")
 
+# Mixtral: the mixture's slots under the names the family binds (its module, its experts' w1/w3/w2),
+# and HunYuan's router in fp32 at gate.wg beside its shared MLP.
+megadsl(describe mixtral-8x7b --tp 2 --ep 4)
+expect_exit(0)
+expect_out("moe_mlp<silu>  router softmax -> top 2 of 8, renormalised  \\[block_sparse_moe: gate, experts.E.w1/w3/w2\\]")
+megadsl(describe hunyuan-a13b)
+expect_exit(0)
+expect_out("router softmax \\(fp32\\) -> top 8 of 64, renormalised; \\+ shared gated_mlp  \\[mlp: gate.wg, experts.E.gate/up/down_proj, shared_mlp\\]")
+
 # Seed-OSS: q/k/v biases without o_proj's.
 megadsl(describe seed-oss-36b --tp 8)
 expect_exit(0)
