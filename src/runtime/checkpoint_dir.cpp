@@ -18,6 +18,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "megadsl/io/checkpoint_error.hpp"
 #include "megadsl/parallel/comm.hpp"
@@ -165,6 +166,12 @@ target_lock::target_lock(const fs::path& target) {
   fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec);
   int err = 0;
   fd_ = try_lock(path, true, &err);
+  // Another writer in this directory sweeping stale locks (remove_stale_staging) holds ours for
+  // an instant when it finds the file: held for a second, it is a writer's.
+  for (int wait = 0; fd_ < 0 && err == EWOULDBLOCK && wait < 50; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    fd_ = try_lock(path, true, &err);
+  }
   if (fd_ < 0)
     throw checkpoint_error("megadsl: cannot write " + target.string() +
                            (err == EWOULDBLOCK ? ": another process is writing it (it holds " + path.string() +
