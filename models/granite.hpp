@@ -28,7 +28,7 @@ inline constexpr config_setting granite_logits_scaling{
     .key = "logits_scaling", .fallback = 1.0, .least = 1e-30, .meaning = "the logits divided by it"};
 
 template <class Inner>
-using granite_residual = blocks::pre_norm<blocks::rms_norm<>, Inner, blocks::llama_norm_names, &granite_residual_multiplier>;
+using granite_residual = blocks::pre_norm<blocks::rms_norm<>, Inner, blocks::hf_norm_names, &granite_residual_multiplier>;
 
 // Llama's blocks, each with its multiplier.
 using granite_blocks = blocks::decoder<

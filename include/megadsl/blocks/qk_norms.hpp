@@ -12,7 +12,7 @@ namespace megadsl::blocks {
 struct qk_norm_names {
   std::string_view q, k;
 };
-inline constexpr qk_norm_names qwen3_qk_norm_names{"q_norm", "k_norm"};
+inline constexpr qk_norm_names hf_qk_norm_names{"q_norm", "k_norm"};
 
 constexpr void qk_norm_after_rope_rule(const shape& s, const layout&, violations& out) {
   // RoPE on pairs leaves each head's dims as halves (apply_rope): a norm's per-dim weights after it
@@ -32,7 +32,7 @@ struct qk_norm_knobs {
   bool weight_per_head = false;  // a weight per head: (heads, d) and (kv_heads, d) (Command R+)
 };
 
-template <norm_block N, const qk_norm_names& Names = qwen3_qk_norm_names, bool AfterRope = false>
+template <norm_block N, const qk_norm_names& Names = hf_qk_norm_names, bool AfterRope = false>
 struct per_head_qk_norm {
   static constexpr qk_norm_knobs knobs{.after_rope = AfterRope};
   static constexpr std::string_view label = AfterRope ? ", q/k rms_norm per head after rope" : ", q/k rms_norm per head";

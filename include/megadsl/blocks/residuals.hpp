@@ -17,13 +17,13 @@ constexpr std::string_view norm_name(sublayer at, bool post) {
 struct norm_names {
   std::string_view attention_pre, attention_post, mlp_pre, mlp_post;
 };
-// Llama's (and OLMo2's, NeoX's: the ones their forms have): the norm before a pre-norm layer's MLP
-// is post_attention_layernorm.
-inline constexpr norm_names llama_norm_names{"input_layernorm", "post_attention_layernorm", "post_attention_layernorm",
-                                             "post_feedforward_layernorm"};
-// Gemma 2's sandwich: a norm of its own before the MLP.
-inline constexpr norm_names gemma2_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                                              "post_feedforward_layernorm"};
+// transformers' usual ones (Llama's, OLMo2's; each form takes those it has): the norm before a
+// pre-norm layer's MLP is post_attention_layernorm.
+inline constexpr norm_names hf_norm_names{"input_layernorm", "post_attention_layernorm", "post_attention_layernorm",
+                                          "post_feedforward_layernorm"};
+// A sandwich's (Gemma 2's and its successors'): a norm of its own before the MLP.
+inline constexpr norm_names sandwich_norm_names{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                                                "post_feedforward_layernorm"};
 
 // A residual's knobs: the config key whose value multiplies the sublayer's output before it joins
 // the stream (Granite's residual_multiplier); null: none.
@@ -32,7 +32,7 @@ struct residual_knobs {
   const config_setting* scale = nullptr;
 };
 
-template <residual_kind R, class Norm, class Inner, const norm_names& Names = llama_norm_names,
+template <residual_kind R, class Norm, class Inner, const norm_names& Names = hf_norm_names,
           const config_setting* Scale = nullptr>
 struct residual {
   static constexpr residual_kind kind = R;
@@ -79,7 +79,7 @@ struct residual {
 
 // x + inner(norm(x)) (Llama; a family's own norm names: models/apertus.hpp); with `Scale`, x + inner(norm(x)) *
 // that config key's value (Granite's residual_multiplier).
-template <class Norm, class Inner, const norm_names& Names = llama_norm_names, const config_setting* Scale = nullptr>
+template <class Norm, class Inner, const norm_names& Names = hf_norm_names, const config_setting* Scale = nullptr>
 struct pre_norm : residual<residual_kind::pre_norm, Norm, Inner, Names, Scale> {};
 // x + norm(inner(x)): the norm on the sublayer's output, before the residual add (OLMo2).
 template <class Norm, class Inner>
@@ -87,7 +87,7 @@ struct post_norm : residual<residual_kind::post_norm, Norm, Inner> {};
 // x + norm(inner(norm(x))), two norms of their own (Gemma2: input_layernorm and
 // post_attention_layernorm around attention, pre_/post_feedforward_layernorm around the MLP; GLM-4
 // names them otherwise: models/glm4.hpp).
-template <class Norm, class Inner, const norm_names& Names = gemma2_norm_names>
+template <class Norm, class Inner, const norm_names& Names = sandwich_norm_names>
 struct sandwich : residual<residual_kind::sandwich, Norm, Inner, Names> {};
 // Both sublayers read the block's input, their outputs added to it together:
 // x + attn(n1(x)) + mlp(n2(x)) (GPT-NeoX's use_parallel_residual). Wrap both sublayers in it.
