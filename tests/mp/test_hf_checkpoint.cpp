@@ -12,7 +12,9 @@
 #include <sys/file.h>
 
 #include <nlohmann/json.hpp>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "megadsl/hf_config.hpp"
 #include "megadsl/io/hf_checkpoint.hpp"
@@ -561,6 +563,23 @@ TEST_CASE("saving HF replaces the directory whole, under a lock, and carries tok
     CHECK_THROWS_WITH(save_hf(actor, single, out),
                       Catch::Contains("cannot write " + out.string() + ": another process is writing it"));
     ::close(fd);
+  }
+  CHECK(names_in(out) == std::set<std::string>{"config.json", "model.safetensors"});
+
+  // A lock held for an instant (another writer's sweep of stale locks probing it): the writer
+  // waits for it and writes.
+  {
+    fs::path lock_path = out;
+    lock_path += ".lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX) == 0);
+    std::thread probe([fd] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ::close(fd);
+    });
+    CHECK_NOTHROW(save_hf(actor, single, out));
+    probe.join();
   }
   CHECK(names_in(out) == std::set<std::string>{"config.json", "model.safetensors"});
 
