@@ -15,7 +15,9 @@
 
 namespace megadsl {
 
-using deepseek_v3_mixture = glm4_moe_sparse;  // the mixture GLM-4.5 took from it (models/glm4_moe.hpp)
+// The mixture GLM-4.5 took from it (models/glm4_moe.hpp), its router's keys' defaults DeepseekV3Config's.
+inline constexpr blocks::grouped_router_defaults deepseek_v3_routing{.routed_scaling_factor = 2.5, .n_group = 8, .topk_group = 4};
+using deepseek_v3_mixture = glm4_moe_sparse_of<blocks::grouped_sigmoid_router<blocks::hf_grouped_router_names, deepseek_v3_routing>>;
 
 template <class Mlp>
 using deepseek_v3_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, blocks::mla>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
@@ -30,8 +32,7 @@ using deepseek_v3_blocks = blocks::decoder<
 
 inline constexpr moe_config deepseek_v3_moe{.count_key = "n_routed_experts", .top_k = 8, .expert_ffn = 2048, .norm_topk = true,
                                             .shared_count_key = "n_shared_experts", .shared_count = 1,
-                                            .dense_first_key = "first_k_dense_replace", .dense_first = 3,
-                                            .routed_scale = 2.5, .groups = 8, .group_top_k = 4};
+                                            .dense_first_key = "first_k_dense_replace", .dense_first = 3};
 inline constexpr config_key_rule deepseek_v3_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"qk_rope_head_dim", key_use::read},  // head_dim (MLA's own keys are its block's)
@@ -42,9 +43,6 @@ inline constexpr config_key_rule deepseek_v3_keys[] = {
     {"moe_intermediate_size", key_use::read},
     {"n_shared_experts", key_use::read},
     {"norm_topk_prob", key_use::read},
-    {"routed_scaling_factor", key_use::read},
-    {"n_group", key_use::read},
-    {"topk_group", key_use::read},
     {"first_k_dense_replace", key_use::read},
     {"attention_bias", key_use::refused},          // biases on q_a_proj, kv_a_proj_with_mqa, o_proj: not in this block
     {"pretraining_tp", key_use::no_effect},        // HF's sliced matmuls: the same product
@@ -89,9 +87,10 @@ struct deepseek_v3_671b
                         .rope = {.type = rope_type::yarn, .factor = 40.0, .original_max_positions = 4096, .beta_fast = 32.0,
                                  .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
                         .rope_interleave = true, .experts = 256, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
-                        .norm_topk = true, .routed_scale = 2.5, .expert_groups = 8, .group_top_k = 4, .dense_layers = 7,
+                        .norm_topk = true, .dense_layers = 7,
                         .settings = settings_given({{"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
-                                                    {"v_head_dim", 128}})}> {
+                                                    {"v_head_dim", 128}, {"routed_scaling_factor", 2.5}, {"n_group", 8},
+                                                    {"topk_group", 4}})}> {
   static constexpr std::string_view name = "deepseek-v3";
   static constexpr std::string_view hf_repo = "deepseek-ai/DeepSeek-V3";
   static constexpr std::int64_t published_params = 671'026'419'200;
@@ -108,9 +107,10 @@ struct kimi_k2
                         .rope = {.type = rope_type::yarn, .factor = 64.0, .original_max_positions = 4096, .beta_fast = 1.0,
                                  .beta_slow = 1.0, .mscale = 1.0, .mscale_all_dim = 1.0},
                         .rope_interleave = true, .experts = 384, .top_k = 8, .expert_ffn = 2048, .shared_expert_ffn = 2048,
-                        .norm_topk = true, .routed_scale = 2.827, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1,
+                        .norm_topk = true, .dense_layers = 1,
                         .settings = settings_given({{"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
-                                                    {"v_head_dim", 128}})}> {
+                                                    {"v_head_dim", 128}, {"routed_scaling_factor", 2.827}, {"n_group", 1},
+                                                    {"topk_group", 1}})}> {
   static constexpr std::string_view name = "kimi-k2";
   static constexpr std::string_view hf_repo = "moonshotai/Kimi-K2-Instruct-0905";
   static constexpr std::int64_t published_params = 1'026'408'232'448;
@@ -122,9 +122,10 @@ struct moonlight_16b_a3b
     : deepseek_v3<shape{.hidden = 2048, .layers = 27, .heads = 16, .kv_heads = 16, .ffn = 11264, .vocab = 163840,
                         .head_dim = 64, .max_positions = 8192, .rms_eps = 1e-5, .rope_theta = 50000.0,
                         .rope_interleave = true, .experts = 64, .top_k = 6, .expert_ffn = 1408, .shared_expert_ffn = 2816,
-                        .norm_topk = true, .routed_scale = 2.446, .expert_groups = 1, .group_top_k = 1, .dense_layers = 1,
+                        .norm_topk = true, .dense_layers = 1,
                         .settings = settings_given({{"q_lora_rank", 0}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
-                                                    {"v_head_dim", 128}})}> {
+                                                    {"v_head_dim", 128}, {"routed_scaling_factor", 2.446}, {"n_group", 1},
+                                                    {"topk_group", 1}})}> {
   static constexpr std::string_view name = "moonlight-16b-a3b";
   static constexpr std::string_view hf_repo = "moonshotai/Moonlight-16B-A3B";
   static constexpr std::int64_t published_params = 15'960'110'208;

@@ -41,7 +41,7 @@ inline constexpr moe_config ernie4_5_moe_moe{
     .count_key = "moe_num_experts", .top_k = 6, .top_k_key = "moe_k", .reads_norm_topk = false, .expert_ffn = 1536,
     .sparse_step_key = "moe_layer_interval", .norm_topk = true, .shared_count_key = "moe_num_shared_experts",
     .shared_count = 2, .shared_count_least = 0, .sparse_first_key = "moe_layer_start_index", .sparse_first = 1,
-    .sparse_last_key = "moe_layer_end_index", .sum_floor_key = "moe_norm_min", .sum_floor = 1e-12,
+    .sparse_last_key = "moe_layer_end_index",
     .count_alias = "num_experts", .top_k_alias = "num_experts_per_tok"};
 inline constexpr config_key_rule ernie4_5_moe_keys[] = {
     {"attention_dropout", key_use::no_effect, "transformers' ERNIE 4.5 attention applies no dropout"},
@@ -58,7 +58,6 @@ inline constexpr config_key_rule ernie4_5_moe_keys[] = {
     {"moe_layer_start_index", key_use::read},
     {"moe_layer_end_index", key_use::read},
     {"moe_layer_interval", key_use::read},
-    {"moe_norm_min", key_use::read},
     {"output_router_logits", key_use::no_effect},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
 };
@@ -85,7 +84,7 @@ struct ernie4_5_21b_a3b
     : ernie4_5_moe<shape{.hidden = 2560, .layers = 28, .heads = 20, .kv_heads = 4, .ffn = 12288, .vocab = 103424,
                          .max_positions = 131072, .rms_eps = 1e-5, .rope_theta = 500000.0, .tie_embeddings = true,
                          .rope_interleave = true, .experts = 64, .top_k = 6, .expert_ffn = 1536,
-                         .shared_expert_ffn = 3072, .norm_topk = true, .topk_sum_floor = 1e-12, .dense_layers = 1}> {
+                         .shared_expert_ffn = 3072, .norm_topk = true, .dense_layers = 1}> {
   static constexpr std::string_view name = "ernie-4.5-21b-a3b";
   static constexpr std::string_view hf_repo = "baidu/ERNIE-4.5-21B-A3B-PT";
   static constexpr std::int64_t published_params = 21'825'437'888;

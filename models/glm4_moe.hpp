@@ -35,9 +35,12 @@ inline constexpr blocks::layer_choice glm4_moe_choice{&glm4_moe_layer, glm4_moe_
 
 using glm4_moe_attention_qk_norm = blocks::attention<blocks::attention_knobs{}, blocks::per_head_qk_norm<blocks::rms_norm<>>>;
 using glm4_moe_dense = blocks::gated_mlp<activation::silu>;
-// DeepSeek-V3's mixture: its grouped sigmoid router and ungated shared experts (mlp.shared_experts).
-using glm4_moe_sparse = blocks::moe<blocks::grouped_sigmoid_router<>, blocks::experts<>,
-                                    blocks::shared_expert<blocks::hf_shared_experts_names, presence::shared_experts>>;
+// DeepSeek-V3's mixture: its grouped sigmoid router (routed_scaling_factor, n_group, topk_group
+// defaulting to Glm4MoeConfig's 1.0, 1, 1) and ungated shared experts (mlp.shared_experts).
+template <class Router>
+using glm4_moe_sparse_of = blocks::moe<Router, blocks::experts<>,
+                                       blocks::shared_expert<blocks::hf_shared_experts_names, presence::shared_experts>>;
+using glm4_moe_sparse = glm4_moe_sparse_of<blocks::grouped_sigmoid_router<>>;
 
 template <class Attention, class Mlp>
 using glm4_moe_block = blocks::block<blocks::pre_norm<blocks::rms_norm<>, Attention>, blocks::pre_norm<blocks::rms_norm<>, Mlp>>;
@@ -64,9 +67,6 @@ inline constexpr config_key_rule glm4_moe_keys[] = {
     {"moe_intermediate_size", key_use::read},
     {"n_shared_experts", key_use::read},
     {"norm_topk_prob", key_use::read},
-    {"routed_scaling_factor", key_use::read},
-    {"n_group", key_use::read},
-    {"topk_group", key_use::read},
     {"first_k_dense_replace", key_use::read},
     {"num_mtp_layers", key_use::no_effect},     // the multi-token-prediction layers HF does not run
     {"num_nextn_predict_layers", key_use::read},   // the MTP layers stored after the decoder's: not loaded
@@ -110,8 +110,8 @@ struct glm4_5 : glm4_moe<shape{.hidden = 5120, .layers = 92, .heads = 96, .kv_he
                                .vocab = 151552, .head_dim = 128, .max_positions = 131072, .rms_eps = 1e-5,
                                .rope_theta = 1000000.0, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 160,
                                .top_k = 8, .expert_ffn = 1536, .shared_expert_ffn = 1536, .norm_topk = true,
-                               .routed_scale = 2.5, .dense_layers = 0b111,
-                               .settings = settings_given({{"use_qk_norm", 1}})}> {
+                               .dense_layers = 0b111,
+                               .settings = settings_given({{"use_qk_norm", 1}, {"routed_scaling_factor", 2.5}})}> {
   static constexpr std::string_view name = "glm-4.5";
   static constexpr std::string_view hf_repo = "zai-org/GLM-4.5";
   static constexpr std::int64_t published_params = 352'797'829'024;

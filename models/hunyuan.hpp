@@ -11,6 +11,7 @@
 
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
+#include "megadsl/models/hunyuan/ntk_alpha_rope.hpp"
 #include "megadsl/shape.hpp"
 
 namespace megadsl {
@@ -54,7 +55,8 @@ inline constexpr config_key_rule hunyuan_dense_keys[] = {
 inline constexpr family_config hunyuan_dense_config{
     .model_type = "hunyuan_v1_dense", .hf_class = "HunYuanDenseV1", .display = "HunYuan dense",
     .arch = &architecture_of<hunyuan_dense_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
-    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .ntk_alpha_rope = true, .keys = hunyuan_dense_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .read_own = &hunyuan_ntk_alpha_rope,
+    .keys = hunyuan_dense_keys};
 
 // HunYuan dense: q and k rotated, then normed per head; biases per the shape.
 template <shape S>
@@ -78,7 +80,8 @@ inline constexpr config_key_rule hunyuan_moe_keys[] = {
 inline constexpr family_config hunyuan_moe_config{
     .model_type = "hunyuan_v1_moe", .hf_class = "HunYuanMoEV1", .display = "HunYuan MoE (Hunyuan-A13B)",
     .arch = &architecture_of<hunyuan_moe_blocks>, .max_positions = 2048, .rms_eps = 1e-5,
-    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .ntk_alpha_rope = true, .moe = &hunyuan_moe_moe, .keys = hunyuan_moe_keys};
+    .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .read_own = &hunyuan_ntk_alpha_rope,
+    .moe = &hunyuan_moe_moe, .keys = hunyuan_moe_keys};
 
 // HunYuan MoE: HunYuan dense's attention; every layer a softmax top-k mixture plus a shared MLP.
 template <shape S>

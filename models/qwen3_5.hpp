@@ -43,12 +43,14 @@ inline constexpr config_key_rule qwen3_5_keys[] = {
     {"rms_norm_eps", key_use::read},
     {"attention_bias", key_use::read},  // q/k/v and o_proj biases
     {"partial_rotary_factor", key_use::read},
+    {"layer_types", key_use::read},              // which layers are linear (qwen3_next/linear_layers.hpp)
+    {"full_attention_interval", key_use::read},
 };
 inline constexpr family_config qwen3_5_config{
     .model_type = "qwen3_5_text", .hf_class = "Qwen3_5", .display = "Qwen3.5 (text)",
     .arch = &architecture_of<qwen3_5_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
     .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
-    .linear_attention = true, .keys = qwen3_5_keys, .multimodal = {"qwen3_5", "Qwen3_5ForConditionalGeneration", false}};
+    .layer_type = &qwen3_next_layer_type, .read_own = &qwen3_next_linear_layers, .keys = qwen3_5_keys, .multimodal = {"qwen3_5", "Qwen3_5ForConditionalGeneration", false}};
 
 // Experts of moe_intermediate_size in every layer (the config class has no dense MLP width: the
 // shape's ffn is the experts'), top 8 always renormalised, the shared expert of 512.
@@ -63,6 +65,8 @@ inline constexpr config_key_rule qwen3_5_moe_keys[] = {
     {"moe_intermediate_size", key_use::read},
     {"shared_expert_intermediate_size", key_use::read},
     {"partial_rotary_factor", key_use::read},
+    {"layer_types", key_use::read},
+    {"full_attention_interval", key_use::read},
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},
 };
@@ -70,7 +74,8 @@ inline constexpr family_config qwen3_5_moe_config{
     .model_type = "qwen3_5_moe_text", .hf_class = "Qwen3_5Moe", .display = "Qwen3.5-MoE (text)",
     .arch = &architecture_of<qwen3_5_moe_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
     .ffn_key = "moe_intermediate_size", .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor",
-    .partial_rotary_default = 0.25, .linear_attention = true, .moe = &qwen3_5_moe_moe_config, .keys = qwen3_5_moe_keys,
+    .partial_rotary_default = 0.25, .layer_type = &qwen3_next_layer_type, .read_own = &qwen3_next_linear_layers,
+    .moe = &qwen3_5_moe_moe_config, .keys = qwen3_5_moe_keys,
     .multimodal = {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", false}};
 
 template <shape S>

@@ -12,6 +12,7 @@
 #include "megadsl/family_config.hpp"
 #include "megadsl/model.hpp"
 #include "megadsl/models/qwen3_next/gated_attention.hpp"
+#include "megadsl/models/qwen3_next/linear_layers.hpp"
 #include "megadsl/models/qwen_moe.hpp"  // qwen_sparse_layer: the same rule for which layers route
 #include "megadsl/shape.hpp"
 
@@ -51,6 +52,8 @@ inline constexpr config_key_rule qwen3_next_keys[] = {
     {"decoder_sparse_step", key_use::read},
     {"mlp_only_layers", key_use::read},
     {"partial_rotary_factor", key_use::read},
+    {"layer_types", key_use::read},              // which layers are linear (linear_layers.hpp)
+    {"full_attention_interval", key_use::read},  // (where layer_types is absent)
     {"router_aux_loss_coef", key_use::no_effect},  // megadsl's own model_options::moe_aux_loss_coeff
     {"output_router_logits", key_use::no_effect},
 };
@@ -58,7 +61,7 @@ inline constexpr family_config qwen3_next_config{
     .model_type = "qwen3_next", .hf_class = "Qwen3Next", .display = "Qwen3-Next",
     .arch = &architecture_of<qwen3_next_blocks>, .max_positions = 32768, .rms_eps = 1e-6, .head_dim = 256,
     .bias = {.qkv = attention_bias_key, .out = attention_bias_key}, .partial_rotary_key = "partial_rotary_factor", .partial_rotary_default = 0.25,
-    .linear_attention = true, .moe = &qwen3_next_moe_config, .keys = qwen3_next_keys};
+    .layer_type = &qwen3_next_layer_type, .read_own = &qwen3_next_linear_layers, .moe = &qwen3_next_moe_config, .keys = qwen3_next_keys};
 
 // Qwen3-Next: gated DeltaNet layers with gated full attention every fourth layer, mixtures with a
 // gated shared expert.

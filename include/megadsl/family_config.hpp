@@ -20,6 +20,8 @@
 
 namespace megadsl {
 
+class config_view;  // (config_hook.hpp)
+
 // What megadsl does with a config.json key. Every key of the family's transformers config class
 // is in the family's rows or in every family's (src/spec/config_keys.cpp); a key in none is unknown
 // to the class, ignored by transformers and so by megadsl, which says so in a note.
@@ -93,17 +95,12 @@ struct moe_config {
   std::int64_t shared_count_least = 1;  // (ERNIE 4.5: 0, no shared experts)
   std::string_view dense_first_key = {};
   std::int64_t dense_first = 0;
-  // The grouped sigmoid router's defaults (routed_scaling_factor, n_group, topk_group).
-  double routed_scale = 1.0;
-  std::int64_t groups = 1, group_top_k = 1;
   // ERNIE 4.5's keys: the sparse layers those in [start, end] (end -1: the last) with (i + 1) %
-  // sparse_step_key == 0; the renormalising sum's floor (topk_sum_floor); and the names its config
+  // sparse_step_key == 0; and the names its config
   // class maps onto count_key and top_k_key (attribute_map: num_experts, num_experts_per_tok).
   std::string_view sparse_first_key = {};
   std::int64_t sparse_first = 0;
   std::string_view sparse_last_key = {};
-  std::string_view sum_floor_key = {};
-  double sum_floor = 0;
   std::string_view count_alias = {};
   std::string_view top_k_alias = {};
 };
@@ -165,10 +162,6 @@ struct family_config {
   // The layer_types entry each layer has in the composition (Llama 4's chunked_attention on the RoPE
   // layers): an explicit layer_types must say it, and save_hf writes it. Null: none.
   std::string_view (*layer_type)(const shape&, std::int64_t layer) = nullptr;
-  // Qwen3-Next's gated DeltaNet keys: linear_num_key_heads, linear_num_value_heads,
-  // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim, and which layers are
-  // linear: layer_types ("linear_attention" / "full_attention") or full_attention_interval.
-  bool linear_attention = false;
   // Which layers RoPE rotates where the window decides it (the shape's nope_layers follow).
   rope_layers rope_on = rope_layers::every_layer;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each head's rotated dims, not its two
@@ -186,9 +179,9 @@ struct family_config {
   // A part of a tensor name transformers' class ignores on load (_keys_to_ignore_on_load_unexpected:
   // ERNIE 4.5's "mtp" modules, stored beside the decoder's): such tensors are reported, not loaded.
   std::string_view ignored_tensors = {};
-  // rope "dynamic" with an `alpha` is a fixed NTK-alpha stretch of the base (HunYuan's ntk_alpha):
-  // read as plain RoPE on theta * alpha^(d / (d - 2)).
-  bool ntk_alpha_rope = false;
+  // The family's own reading of what no block's key and none of the above says (config_hook.hpp:
+  // HunYuan's NTK-alpha RoPE, Qwen3-Next's linear layers), after the generic reader; null: none.
+  void (*read_own)(const config_view&, shape&) = nullptr;
   std::string_view use_flag_refusal = {};   // `use_sliding_window` true is refused for this reason
   // Neither rope_parameters nor rope_scaling: refused for this reason (Apertus's and gpt-oss's
   // classes then substitute their own RoPE whatever rope_theta says); save_hf always writes them.

@@ -265,19 +265,6 @@ constexpr void check_shape(const shape& s, violations& out) {
           .add("sparse_step = ", s.sparse_step.get(), ": layer i has the experts when (i + 1) % sparse_step == 0; use >= 1");
     if (const dim f = expert_ffn_of(s); f.is_static() && f.get() < 1)
       out.add("moe_routing_valid", {f.get()}).add("each expert's intermediate size is ", f.get(), "; it must be positive");
-    // The grouped sigmoid router (DeepSeek-V3): experts in expert_groups equal groups, each scored by
-    // its two best experts, a token's top_k experts from its group_top_k best groups.
-    if (has_geometry(s, &geo::expert_vector) && known(s.experts, s.top_k, s.expert_groups, s.group_top_k)) {
-      const std::int64_t e = s.experts.get(), g = s.expert_groups.get(), k = s.group_top_k.get();
-      if (g < 1 || e % g != 0 || (g > 1 && e / g < 2))
-        out.add("moe_routing_valid", {g, e})
-            .add("expert_groups = ", g, " (n_group) does not split ", e,
-                 " experts into equal groups of at least 2; use a divisor of ", e, " (1: no groups)");
-      else if (k < 1 || k > g || s.top_k.get() > k * (e / g))
-        out.add("moe_routing_valid", {k, g})
-            .add("group_top_k = ", k, " (topk_group) of ", g, " groups of ", e / g, " experts cannot hold top_k = ",
-                 s.top_k.get(), "; use 1 <= group_top_k <= ", g, " with group_top_k * ", e / g, " >= top_k");
-    }
   }
   const auto& r = s.rope;
   if (r.type.is_static() && r.type.get() != rope_type::none) {

@@ -160,15 +160,6 @@ struct shape {
   dim expert_ffn = 0;         // each expert's intermediate size (moe_intermediate_size; 0: ffn, Mixtral's)
   dim shared_expert_ffn = 0;  // the shared expert's (shared_expert_intermediate_size)
   flag norm_topk = false;     // the top-k weights renormalised to sum 1 (Mixtral always; norm_topk_prob)
-  // The softmax routers' renormalisation divides by max(sum, this) (ERNIE 4.5's moe_norm_min; 0:
-  // by the sum, as every other family does).
-  real topk_sum_floor = 0.0;
-  // The sigmoid router with an expert bias (DeepSeek-V3, GLM-4.5): the experts in expert_groups
-  // groups (n_group), a token's experts from its group_top_k best groups (topk_group), its weights
-  // multiplied by routed_scale (routed_scaling_factor).
-  real routed_scale = 1.0;
-  dim expert_groups = 1;
-  dim group_top_k = 1;
   // Which layers have the mixture, as Qwen's configs say it: layer i does when (i + 1) % sparse_step
   // == 0 and bit i of dense_layers is clear (decoder_sparse_step, mlp_only_layers); the others have
   // a dense gated MLP of width ffn (intermediate_size). Read by the Qwen mixtures' layer choice.
@@ -202,8 +193,7 @@ inline constexpr shape dynamic_shape = {
     .qkv_bias = dynamic, .tie_embeddings = dynamic, .out_bias = dynamic, .mlp_bias = dynamic,
     .query_pre_attn_scalar = dynamic, .attn_softcap = dynamic, .final_softcap = dynamic,
     .rotary_fraction = dynamic, .rope_interleave = dynamic, .experts = dynamic, .top_k = dynamic, .expert_ffn = dynamic,
-    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .topk_sum_floor = dynamic, .routed_scale = dynamic, .expert_groups = dynamic,
-    .group_top_k = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
+    .shared_expert_ffn = dynamic, .norm_topk = dynamic, .sparse_step = dynamic, .dense_layers = dynamic, .nope_layers = dynamic,
     .linear_layers = dynamic, .settings = {.dynamic = true}};
 
 // The dimensions of each head RoPE rotates: head_dim * rotary_fraction, rounded down as HF does.

@@ -10,7 +10,8 @@ namespace {
 
 class biased_softmax_router final : public router_module {
  public:
-  explicit biased_softmax_router(const block_build& b) : router_module(b) {}
+  explicit biased_softmax_router(const block_build& b)
+      : router_module(b), floor_(b.setting(blocks::moe_norm_min.key)) {}
   routing route(const at::Tensor& logits) const override {
     return route_softmax_biased(logits, load_.bias.detach(), top_k_, floor_);
   }
@@ -18,6 +19,9 @@ class biased_softmax_router final : public router_module {
     return softmax_weights(logits, indices, norm_topk_, floor_);
   }
   at::Tensor balance_probs(const at::Tensor& logits) const override { return at::softmax(logits, -1, at::kFloat); }
+
+ private:
+  double floor_;  // moe_norm_min: the top-k weights divided by max(sum, it)
 };
 
 }  // namespace

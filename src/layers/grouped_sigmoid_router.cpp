@@ -10,7 +10,11 @@ namespace {
 
 class grouped_sigmoid_router final : public router_module {
  public:
-  explicit grouped_sigmoid_router(const block_build& b) : router_module(b) {}
+  explicit grouped_sigmoid_router(const block_build& b)
+      : router_module(b),
+        groups_(static_cast<std::int64_t>(b.setting("n_group"))),
+        group_top_k_(static_cast<std::int64_t>(b.setting("topk_group"))),
+        scale_(b.setting("routed_scaling_factor")) {}
   routing route(const at::Tensor& logits) const override {
     return route_sigmoid_grouped(logits, load_.bias.detach(), top_k_, groups_, group_top_k_, norm_topk_, scale_);
   }
@@ -19,6 +23,10 @@ class grouped_sigmoid_router final : public router_module {
   }
   // Megatron's compute_routing_scores_for_aux_loss: the sigmoid scores normalised over the experts.
   at::Tensor balance_probs(const at::Tensor& logits) const override { return sigmoid_balance_probs(logits); }
+
+ private:
+  std::int64_t groups_, group_top_k_;  // n_group, topk_group
+  double scale_;                       // routed_scaling_factor
 };
 
 }  // namespace

@@ -86,9 +86,7 @@ at::Tensor sigmoid_balance_probs(const at::Tensor& logits) {
 
 router_module::router_module(const block_build& b)
     : weight_(b.require("weight")), bias_(b.find("bias")), fp32_(b.knobs<blocks::router_knobs>().fp32),
-      experts_(b.s().experts.get()), top_k_(b.s().top_k.get()), norm_topk_(b.s().norm_topk.get()),
-      floor_(b.s().topk_sum_floor.get()), groups_(b.s().expert_groups.get()), group_top_k_(b.s().group_top_k.get()),
-      scale_(b.s().routed_scale.get()) {
+      experts_(b.s().experts.get()), top_k_(b.s().top_k.get()), norm_topk_(b.s().norm_topk.get()) {
   if (const at::Tensor bias = b.find("expert_bias"); bias.defined()) {
     load_.bias = bias;
     load_.tokens = at::zeros({experts_}, bias.options().dtype(at::kDouble));

@@ -167,6 +167,10 @@ constexpr moved_field fields_now_settings[] = {
     {"kv_lora_rank", "kv_lora_rank"},
     {"qk_nope_dim", "qk_nope_head_dim"},
     {"v_head_dim", "v_head_dim"},
+    {"topk_sum_floor", "moe_norm_min"},
+    {"routed_scale", "routed_scaling_factor", moved_as::value, 0, 1.0},
+    {"expert_groups", "n_group", moved_as::value, 0, 1.0},
+    {"group_top_k", "topk_group", moved_as::value, 0, 1.0},
 };
 // Whether a field holds the value it had where its family had no such key (moved_field::neutral).
 bool neutral(const moved_field& m, const json& v) {

@@ -66,20 +66,6 @@ void read_experts(const reader& r, const family_config& family, shape& s) {
   else if (has_shared_expert(s))
     s.shared_expert_ffn = r.optional<std::int64_t>("shared_expert_intermediate_size", m.shared_expert_ffn,
         [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  // A grouped sigmoid router (the composition's expert bias; a biased softmax router, whose keys
-  // have the floor, has none of these).
-  if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {
-    s.routed_scale = r.optional<double>("routed_scaling_factor", m.routed_scale, [&](const json& v, std::string_view k) { return r.number(v, k); });
-    s.expert_groups = r.optional<std::int64_t>("n_group", m.groups, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-    s.group_top_k = r.optional<std::int64_t>("topk_group", m.group_top_k, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  }
-  s.topk_sum_floor = 0.0;
-  if (!m.sum_floor_key.empty()) {  // the renormalising sum's floor
-    s.topk_sum_floor = r.optional<double>(m.sum_floor_key, m.sum_floor, [&](const json& v, std::string_view k) { return r.number(v, k); });
-    if (!(s.topk_sum_floor.get() >= 0))
-      r.fail(m.sum_floor_key, "is " + show(s.topk_sum_floor) + ": the top-k weights are divided by max(sum, it)",
-             "give a small positive floor (1e-12 is usual)");
-  }
   if (m.every_layer) {  // no dense layer (the config class has no key for one)
     s.sparse_step = 1;
     s.dense_layers = 0;

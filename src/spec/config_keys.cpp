@@ -94,19 +94,9 @@ constexpr config_key_rule common_keys[] = {
     {"begin_suppress_tokens", key_use::no_effect},
 };
 
-// Which layers are the gated DeltaNet's, read by read_linear_attention for every family that has
-// them (the block's sizes are its own keys).
-constexpr config_key_rule linear_attention_keys[] = {
-    {"layer_types", key_use::read},
-    {"full_attention_interval", key_use::read},
-};
-
 const config_key_rule* find_key(const family_config& family, std::string_view key) {
   for (const config_key_rule& k : family.keys)
     if (k.key == key) return &k;
-  if (family.linear_attention)
-    for (const config_key_rule& k : linear_attention_keys)
-      if (k.key == key) return &k;
   for (const config_key_rule& k : common_keys)
     if (k.key == key) return &k;
   return nullptr;

@@ -182,37 +182,4 @@ void check_layer_types(const reader& r, const family_config& family, const shape
   }
 }
 
-// Which layers are linear-attention (gated DeltaNet) layers (family_config::linear_attention; the
-// block's sizes are its own keys): layer_types, or every layer but each full_attention_interval-th.
-void read_linear_attention(const reader& r, shape& s) {
-  const auto size = [&](std::string_view key, std::int64_t fallback) {
-    return r.optional<std::int64_t>(key, fallback, [&](const json& v, std::string_view k) { return r.integer(v, k, 1); });
-  };
-  const std::int64_t layers = s.layers.get();
-  std::int64_t bits = 0;
-  const auto mark = [&](std::int64_t i, std::string_view key) {
-    if (i >= 63)
-      r.fail(key, "makes layer " + std::to_string(i) + " a linear-attention layer; megadsl marks them among the first 63 "
-                  "layers only", "this checkpoint is not supported yet");
-    bits |= std::int64_t{1} << i;
-  };
-  if (const json* types = r.find(r.root(), "layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<std::int64_t>(types->size()) != layers)
-      r.fail("layer_types", "expected one entry per layer (" + std::to_string(layers) + "), got " + describe_json(*types),
-             "write \"linear_attention\" or \"full_attention\" for each layer");
-    for (std::int64_t i = 0; i < layers; ++i) {
-      const json& t = (*types)[static_cast<std::size_t>(i)];
-      if (t == "linear_attention") mark(i, "layer_types");
-      else if (t != "full_attention")
-        r.fail("layer_types", "holds " + describe_json(t) + " at layer " + std::to_string(i) + ", a layer type this family does not have",
-               "use \"linear_attention\" or \"full_attention\"");
-    }
-  } else {
-    const std::int64_t every = size("full_attention_interval", 4);
-    for (std::int64_t i = 0; i < layers; ++i)
-      if ((i + 1) % every != 0) mark(i, "full_attention_interval");
-  }
-  s.linear_layers = bits;
-}
-
 }  // namespace megadsl::hf_read

@@ -217,7 +217,6 @@ void read_head_dim_key(const reader& r, const family_config& fam, shape& s);
 void read_no_rope_layers(const reader& r, shape& s, bool empty_is_default);
 sliding_window read_attention_window(const reader& r, const family_config& family, const shape& s);
 void check_layer_types(const reader& r, const family_config& family, const shape& s);
-void read_linear_attention(const reader& r, shape& s);
 
 // config_experts.cpp
 void read_experts(const reader& r, const family_config& family, shape& s);

@@ -146,9 +146,6 @@ std::string why_not(const shape& s, const sliding_window& window, const family_c
                " sparse; this model's sparse layers (sparse_step " + show(s.sparse_step) + ", dense_layers " +
                show(s.dense_layers) + ") are not such a range";
   }
-  if (family.moe != nullptr && family.moe->sum_floor_key.empty() && s.topk_sum_floor.get() != 0)
-    return "a " + f + " config renormalises the top-k weights by their sum, and this model floors it at " +
-           show(s.topk_sum_floor) + " (moe_norm_min)";
   if (family.moe != nullptr && !family.moe->shared_count_key.empty() && s.shared_expert_ffn.get() == 0 &&
       family.moe->shared_count_least > 0)
     return "a " + f + " config has at least one shared expert (" + std::string(family.moe->shared_count_key) +
@@ -319,12 +316,6 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
       }
       if (!m.shared_count_key.empty()) j[std::string(m.shared_count_key)] = s.shared_expert_ffn.get() / expert_ffn_of(s).get();
       else if (m.shared_expert_ffn != 0 && !m.shared_as_wide_as_experts) j["shared_expert_intermediate_size"] = s.shared_expert_ffn.get();
-      if (!m.sum_floor_key.empty()) j[std::string(m.sum_floor_key)] = s.topk_sum_floor.get();
-      if (has_geometry(s, &geo::expert_vector) && m.sum_floor_key.empty()) {  // (a grouped sigmoid router)
-        j["routed_scaling_factor"] = s.routed_scale.get();
-        j["n_group"] = s.expert_groups.get();
-        j["topk_group"] = s.group_top_k.get();
-      }
     }
   }
   const bool slides = window.any();
@@ -351,11 +342,6 @@ std::string hf_config_json(const shape& s, std::string_view model_type, bool cri
     json fixed = json::array();
     for (std::int64_t i = 0; i < layers; ++i) fixed.push_back(fam->layer_type(s, i));
     j["layer_types"] = fixed;
-  }
-  if (fam->linear_attention) {
-    json kinds = json::array();
-    for (std::int64_t i = 0; i < layers; ++i) kinds.push_back(linear_layer(s, i) ? "linear_attention" : "full_attention");
-    j["layer_types"] = kinds;
   }
   const rope_scaling& r = s.rope;
   if (r.type.get() == rope_type::none) {

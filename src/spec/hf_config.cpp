@@ -6,6 +6,7 @@
 // default is recorded in `notes` so that nothing is filled in silently.
 // The reader's other parts are in this folder's config_*.cpp (config_reader.hpp lists them).
 #include "config_reader.hpp"
+#include "megadsl/config_hook.hpp"
 
 #include <fstream>
 #include <sstream>
@@ -80,12 +81,8 @@ constexpr key_name key_names[] = {
     {"expert_ffn", "moe_intermediate_size"},
     {"shared_expert_ffn", "shared_expert_intermediate_size"},
     {"norm_topk", "norm_topk_prob"},
-    {"topk_sum_floor", "moe_norm_min"},
     {"nope_layers", "no_rope_layers"},
-    {"routed_scale", "routed_scaling_factor"},
     {"rope_interleave", "rope_interleave"},
-    {"expert_groups", "n_group"},
-    {"group_top_k", "topk_group"},
     {"linear_layers", "layer_types (\"linear_attention\") / full_attention_interval"},
     {"rope.type", "rope_scaling.rope_type"},
     {"rope.factor", "rope_scaling.factor"},
@@ -143,6 +140,61 @@ hf_config parse_hf_config(std::string_view json_text, const std::filesystem::pat
 }
 
 namespace {
+
+// What a family's own reading (family_config::read_own) sees: the reader's view of config.json.
+class own_view final : public config_view {
+ public:
+  own_view(const reader& r, const json& root, std::vector<std::string>& notes) : r_(r), root_(root), notes_(notes) {}
+  std::optional<double> number(std::string_view path) const override {
+    const json* at = find(path);
+    if (at == nullptr) return std::nullopt;
+    if (!at->is_number()) r_.fail(path, "expected a number, got " + describe_json(*at), "write it as a plain JSON number");
+    return at->get<double>();
+  }
+  void note(const std::string& text) const override { notes_.push_back(text); }
+  [[noreturn]] void fail(std::string_view path, const std::string& problem, std::string_view fix) const override {
+    r_.fail(path, problem, fix);
+  }
+  std::string shown(double v) const override { return format_double(v); }
+  std::optional<std::int64_t> integer(std::string_view path, std::int64_t least) const override {
+    const json* at = find(path);
+    if (at == nullptr) return std::nullopt;
+    return r_.integer(*at, path, least);
+  }
+  std::optional<std::vector<std::string>> strings(std::string_view path) const override {
+    const json* at = find(path);
+    if (at == nullptr) return std::nullopt;
+    if (!at->is_array()) r_.fail(path, "expected a list of strings, got " + describe_json(*at), "write a JSON list of strings");
+    std::vector<std::string> out;
+    for (const json& v : *at) {
+      if (!v.is_string()) r_.fail(path, "holds " + describe_json(v) + " among its entries", "write a JSON list of strings");
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  }
+  bool has_object(std::string_view path) const override {
+    const json* at = find(path);
+    return at != nullptr && at->is_object();
+  }
+
+ private:
+  // The value at the dotted path, or null where a key on the way is absent or null.
+  const json* find(std::string_view path) const {
+    const json* at = &root_;
+    for (std::size_t from = 0; at != nullptr;) {
+      const std::size_t dot = path.find('.', from);
+      const std::string_view key = path.substr(from, dot == std::string_view::npos ? std::string_view::npos : dot - from);
+      at = at->is_object() ? r_.find(*at, key) : nullptr;
+      if (dot == std::string_view::npos) break;
+      from = dot + 1;
+    }
+    return at;
+  }
+
+  const reader& r_;
+  const json& root_;
+  std::vector<std::string>& notes_;
+};
 
 hf_config parse_config_object(const json& root, const std::filesystem::path& file, const std::string& key_prefix) {
   hf_config out;
@@ -270,24 +322,6 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   }
   s.rope = rope.scaling;
   s.local_rope_theta = local_theta;
-  if (fam->ntk_alpha_rope && s.rope.type.get() == rope_type::dynamic_ntk) {
-    // A fixed-alpha NTK ("dynamic" with an alpha; family_config::ntk_alpha_rope): the base stretched once,
-    // theta * alpha^(d / (d - 2)), as transformers computes it in Python floats; plain RoPE on it.
-    const json* params = r.find(root, "rope_parameters");
-    if (params == nullptr || !params->is_object()) params = r.find(root, "rope_scaling");
-    const json* a = params != nullptr && params->is_object() ? r.find(*params, "alpha") : nullptr;
-    if (a != nullptr && !a->is_null()) {
-      const double alpha = r.number(*a, "rope_parameters.alpha");
-      const double d = static_cast<double>(effective_head_dim(s).get());
-      if (!(alpha > 0) || d <= 2)
-        r.fail("rope_parameters.alpha", "is " + show(alpha) + " with head_dim " + show(d), "use a positive alpha and head_dim > 2");
-      const double base = s.rope_theta.get() * std::pow(alpha, d / (d - 2));
-      out.notes.push_back("rope_parameters: \"dynamic\" with alpha " + show(alpha) + " is a fixed NTK-alpha RoPE: "
-                          "plain RoPE with base " + show(base) + " (written back so)");
-      s.rope_theta = base;
-      s.rope = {};
-    }
-  }
   const auto flag = [&](std::string_view key, bool fallback, bool note) {
     return r.optional<bool>(key, fallback, [&](const json& v, std::string_view k) { return r.boolean(v, k); }, note);
   };
@@ -326,9 +360,9 @@ hf_config parse_config_object(const json& root, const std::filesystem::path& fil
   if (fam->moe != nullptr) read_experts(r, *fam, s);
 
   if (fam->reads_no_rope_layers) read_no_rope_layers(r, s, fam->empty_no_rope_is_default);
+  s.linear_layers = 0;  // (set by a family's own reading: Qwen3-Next's)
+  if (fam->read_own != nullptr) fam->read_own(own_view(r, root, out.notes), s);
   if (fam->layer_type != nullptr) check_layer_types(r, *fam, s);
-  s.linear_layers = 0;  // read by a linear-attention layer choice only
-  if (fam->linear_attention) read_linear_attention(r, s);
   out.attention_window = read_attention_window(r, *fam, s);
   out.dropout = read_dropout(r, *fam, out.notes);
   // RoPE on the sliding layers only, always or where a window is set (family_config::rope_on).

@@ -134,15 +134,17 @@ struct tiny8_olmoe : olmoe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_hea
 struct tiny8_glm4_moe : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                        .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
                                        .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                       .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1}> {
+                                       .dense_layers = 1,
+                                       .settings = settings_given({{"routed_scaling_factor", 2.5}, {"n_group", 4},
+                                                                   {"topk_group", 2}})}> {
   static constexpr std::string_view name = "tiny8-glm4-moe";
 };
 // GLM-4.5 itself: the same with per-head q/k RMS norms before RoPE (use_qk_norm) and two dense layers.
 struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                                      .max_positions = 256, .qkv_bias = true, .rotary_fraction = 0.5, .experts = 8,
                                      .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                     .routed_scale = 2.5, .dense_layers = 0b11,
-                                     .settings = settings_given({{"use_qk_norm", 1}})}> {
+                                     .dense_layers = 0b11,
+                                     .settings = settings_given({{"use_qk_norm", 1}, {"routed_scaling_factor", 2.5}})}> {
   static constexpr std::string_view name = "tiny8-glm4-5";
 };
 
@@ -152,16 +154,20 @@ struct tiny8_glm4_5 : glm4_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv
 struct tiny8_deepseek_v3 : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
                                              .head_dim = 16, .max_positions = 256, .rope_interleave = true, .experts = 8,
                                              .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                                             .routed_scale = 2.5, .expert_groups = 4, .group_top_k = 2, .dense_layers = 1,
+                                             .dense_layers = 1,
                                              .settings = settings_given({{"q_lora_rank", 48}, {"kv_lora_rank", 64},
-                                                                         {"qk_nope_head_dim", 32}, {"v_head_dim", 24}})}> {
+                                                                         {"qk_nope_head_dim", 32}, {"v_head_dim", 24},
+                                                                         {"routed_scaling_factor", 2.5}, {"n_group", 4},
+                                                                         {"topk_group", 2}})}> {
   static constexpr std::string_view name = "tiny8-deepseek-v3";
 };
 struct tiny8_moonlight : deepseek_v3<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 4, .ffn = 352, .vocab = 500,
                                            .head_dim = 16, .max_positions = 256, .experts = 8, .top_k = 2, .expert_ffn = 64,
                                            .shared_expert_ffn = 128, .norm_topk = true, .dense_layers = 3,
                                            .settings = settings_given({{"q_lora_rank", 0}, {"kv_lora_rank", 64},
-                                                                       {"qk_nope_head_dim", 32}, {"v_head_dim", 48}})}> {
+                                                                       {"qk_nope_head_dim", 32}, {"v_head_dim", 48},
+                                                                       {"routed_scaling_factor", 1}, {"n_group", 1},
+                                                                       {"topk_group", 1}})}> {
   static constexpr std::string_view name = "tiny8-moonlight";
 };
 
@@ -284,14 +290,14 @@ struct tiny8_ernie4_5_moe
     : ernie4_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                          .max_positions = 256, .rope_theta = 500000.0, .tie_embeddings = true, .rope_interleave = true,
                          .experts = 8, .top_k = 2, .expert_ffn = 64, .shared_expert_ffn = 64, .norm_topk = true,
-                         .topk_sum_floor = 1e-12, .dense_layers = 0b10000001}> {
+                         .dense_layers = 0b10000001}> {
   static constexpr std::string_view name = "tiny8-ernie4.5-moe";
 };
 // ... and without shared experts (moe_num_shared_experts 0, as ERNIE-4.5-300B-A47B): no such rows.
 struct tiny8_ernie4_5_moe_unshared
     : ernie4_5_moe<shape{.hidden = 128, .layers = 8, .heads = 4, .kv_heads = 2, .ffn = 352, .vocab = 500,
                          .max_positions = 256, .rope_theta = 500000.0, .rope_interleave = true, .experts = 8, .top_k = 2,
-                         .expert_ffn = 64, .norm_topk = true, .topk_sum_floor = 1e-12, .dense_layers = 0b111}> {
+                         .expert_ffn = 64, .norm_topk = true, .dense_layers = 0b111}> {
   static constexpr std::string_view name = "tiny8-ernie4.5-moe-unshared";
 };
 

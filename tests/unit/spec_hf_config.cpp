@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "megadsl/config_hook.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/models/presets.hpp"
 #include "megadsl/models/registry.hpp"
@@ -250,7 +251,7 @@ TEST_CASE("to_string prints every field, dynamic where unknown", "[spec][hf_conf
         ".low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 64}, .local_rope_theta = 0.0, .qkv_bias = false, "
         ".tie_embeddings = true, .out_bias = false, .mlp_bias = false, .query_pre_attn_scalar = 0.0, .attn_softcap = 0.0, "
         ".final_softcap = 0.0, .rotary_fraction = 1.0, .rope_interleave = false, .experts = 0, .top_k = 0, .expert_ffn = 0, "
-        ".shared_expert_ffn = 0, .norm_topk = false, .topk_sum_floor = 0.0, .routed_scale = 1.0, .expert_groups = 1, .group_top_k = 1, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
+        ".shared_expert_ffn = 0, .norm_topk = false, .sparse_step = 1, .dense_layers = 0, .nope_layers = 0, "
         ".linear_layers = 0, .arch = decoder(embedding, block(pre_norm(rms_norm<rms>, attention<separate>), pre_norm(rms_norm<rms>, gated_mlp<silu>)), "
         "rms_norm<rms>)}");
   CHECK(megadsl::to_string(megadsl::qwen2_5_0_5b::shape).find(".rope = {.type = none}, .local_rope_theta = 0.0, .qkv_bias = true") !=
@@ -559,14 +560,14 @@ TEST_CASE("ERNIE 4.5 MoE's config.json: a range of sparse layers, its router's f
   const auto c = parse_hf_config(ernie, "x/config.json");
   const shape& s = c.s;
   CHECK((s.experts.get() == 8 && s.top_k.get() == 2 && s.expert_ffn.get() == 48 && s.shared_expert_ffn.get() == 96));
-  CHECK((s.norm_topk.get() && s.topk_sum_floor.get() == 1e-9 && s.rope_interleave.get() && s.tie_embeddings.get()));
+  CHECK((s.norm_topk.get() && setting(s, "moe_norm_min") == 1e-9 && s.rope_interleave.get() && s.tie_embeddings.get()));
   // transformers: layer i is sparse when (i + 1) % 2 == 0 and 1 <= i <= 4: layers 1 and 3.
   for (std::int64_t i = 0; i < 6; ++i) CHECK(megadsl::layer_routes(s, i) == (i == 1 || i == 3));
   // Defaults: the experts from layer 1 to the last (end -1), the floor 1e-12; num_experts and
   // num_experts_per_tok are read as the class maps them (onto moe_num_experts, moe_k).
   const shape d = parse_hf_config(R"({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 4,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 3})", "x").s;
-  CHECK((d.experts.get() == 8 && d.top_k.get() == 3 && d.topk_sum_floor.get() == 1e-12 && d.shared_expert_ffn.get() == 3072));
+  CHECK((d.experts.get() == 8 && d.top_k.get() == 3 && setting(d, "moe_norm_min") == 1e-12 && d.shared_expert_ffn.get() == 3072));
   for (std::int64_t i = 0; i < 4; ++i) CHECK(megadsl::layer_routes(d, i) == (i >= 1));
   CHECK_THAT(error_of(edited(ernie, "\"moe_k\": 2", "\"moe_k\": 2, \"num_experts_per_tok\": 4")),
              Catch::Contains("num_experts_per_tok: is 4 (an integer) but moe_k is 2"));
@@ -583,11 +584,9 @@ TEST_CASE("ERNIE 4.5 MoE's config.json: a range of sparse layers, its router's f
   gap.sparse_step = 1;
   gap.dense_layers = 0b101101;
   CHECK_THROWS_WITH(megadsl::hf_config_json(gap, "ernie4_5_moe", false, "float32", {}), Catch::Contains("are not such a range"));
-  // Another family's softmax router has no floor to write.
-  shape floored = parse_hf_config(R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "num_experts": 8})", "x").s;
-  floored.topk_sum_floor = 1e-12;
-  CHECK_THROWS_WITH(megadsl::hf_config_json(floored, "qwen3_moe", false, "float32", {}), Catch::Contains("moe_norm_min"));
+  // The floor is ERNIE's router's own key, refused where it is no number >= 0.
+  CHECK_THAT(error_of(edited(ernie, "\"moe_norm_min\": 1e-9", "\"moe_norm_min\": -1")), Catch::Contains("moe_norm_min"));
+  CHECK_THAT(error_of(edited(ernie, "\"moe_norm_min\": 1e-9", "\"moe_norm_min\": null")), Catch::Contains("moe_norm_min: is null"));
   // Refused: biases (the shared experts' and lm_head's are not in the composition).
   CHECK_THAT(error_of(edited(ernie, "\"use_bias\": false", "\"use_bias\": true")),
              Catch::Contains("use_bias: is true (a boolean), which megadsl does not implement (biases on every projection"));
@@ -622,15 +621,16 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
   const auto c = parse_hf_config(glm, "x/config.json");
   const shape& s = c.s;
   CHECK((s.experts.get() == 8 && s.expert_ffn.get() == 48 && s.shared_expert_ffn.get() == 96 && s.norm_topk.get()));
-  CHECK((s.routed_scale.get() == 2.5 && s.expert_groups.get() == 4 && s.group_top_k.get() == 2));
+  CHECK((setting(s, "routed_scaling_factor") == 2.5 && setting(s, "n_group") == 4 && setting(s, "topk_group") == 2));
   CHECK((s.dense_layers.get() == 3 && s.sparse_step.get() == 1 && s.rotary_fraction.get() == 0.5));
   CHECK((s.qkv_bias.get() && !s.out_bias.get()));  // o_proj never has a bias in GLM-4.5
   CHECK((!megadsl::layer_routes(s, 1) && megadsl::layer_routes(s, 2)));
   // Defaults: one dense layer, one shared expert, no groups, x 1, partial rotary 0.5.
   const shape d = parse_hf_config(R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
     "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "n_routed_experts": 8})", "x").s;
-  CHECK((d.dense_layers.get() == 1 && d.shared_expert_ffn.get() == 1408 && d.expert_groups.get() == 1 &&
-         d.routed_scale.get() == 1.0 && d.rotary_fraction.get() == 0.5 && d.top_k.get() == 8));
+  CHECK((d.dense_layers.get() == 1 && d.shared_expert_ffn.get() == 1408 && setting(d, "n_group") == 1 &&
+         setting(d, "topk_group") == 1 && setting(d, "routed_scaling_factor") == 1.0 && d.rotary_fraction.get() == 0.5 &&
+         d.top_k.get() == 8));
   const std::string written = megadsl::hf_config_json(s, "glm4_moe", false, "float32", {});
   CHECK_THAT(written, Catch::Contains("\"first_k_dense_replace\": 2") && Catch::Contains("\"n_shared_experts\": 2") &&
                           Catch::Contains("\"n_group\": 4") && Catch::Contains("\"routed_scaling_factor\": 2.5") &&
@@ -657,9 +657,9 @@ TEST_CASE("GLM-4.5's config.json: DeepSeek's router keys, shared experts as a co
   // Refused: groups that do not split the experts.
   const shape bad = parse_hf_config(edited(glm, "\"n_group\": 4", "\"n_group\": 3"), "x").s;
   CHECK_THAT(std::string(megadsl::check(bad, layout{}).joined().view()),
-             Catch::Contains("moe_routing_valid") && Catch::Contains("expert_groups = 3 (n_group) does not split 8 experts"));
+             Catch::Contains("moe_routing_valid") && Catch::Contains("n_group = 3 does not split 8 experts"));
   const shape few = parse_hf_config(edited(glm, "\"topk_group\": 2", "\"topk_group\": 5"), "x").s;
-  CHECK_THAT(std::string(megadsl::check(few, layout{}).joined().view()), Catch::Contains("group_top_k = 5 (topk_group)"));
+  CHECK_THAT(std::string(megadsl::check(few, layout{}).joined().view()), Catch::Contains("topk_group = 5 of 4 groups of 2 experts"));
   // The expert bias is a row of the sparse layers: (experts), replicated.
   const auto* bias = megadsl::find_row(megadsl::arch_of(s), "layers.{layer}.router.expert_bias");
   REQUIRE(bias != nullptr);
@@ -678,7 +678,8 @@ TEST_CASE("DeepSeek-V3's config.json: multi-head latent attention's sizes, q_lor
          megadsl::setting(s, "qk_nope_head_dim") == 16 && megadsl::setting(s, "v_head_dim") == 12));
   CHECK((megadsl::effective_head_dim(s).get() == 8 && s.rope_interleave.get()));  // head_dim: the rotated share
   // DeepseekV3Config's defaults: 3 dense layers, groups 8 / 4, x 2.5 (here clipped to the 4 layers' first 3).
-  CHECK((s.dense_layers.get() == 7 && s.expert_groups.get() == 8 && s.group_top_k.get() == 4 && s.routed_scale.get() == 2.5));
+  CHECK((s.dense_layers.get() == 7 && setting(s, "n_group") == 8 && setting(s, "topk_group") == 4 &&
+         setting(s, "routed_scaling_factor") == 2.5));
   const shape direct = parse_hf_config(edited(ds, "\"q_lora_rank\": 24", "\"q_lora_rank\": null"), "x").s;
   CHECK(megadsl::setting(direct, "q_lora_rank") == 0);
   // 0 written as a number would build an empty q_a_proj in DeepseekV3Config: only null means none.
@@ -1247,4 +1248,34 @@ TEST_CASE("register_family refuses a model_type registered already, naming both;
   static constexpr megadsl::family_config again{.model_type = "my_llama_variant", .hf_class = "Other",
                                                 .display = "another", .arch = megadsl::llama_config.arch};
   CHECK_THROWS_WITH(megadsl::register_family(again), Catch::Contains("registered already, by this program (my Llama"));
+}
+
+namespace {
+// A user's family with a reading of its own (family_config::read_own): its key scales rope_theta.
+void my_theta_scale(const megadsl::config_view& c, megadsl::shape& s) {
+  const std::optional<double> k = c.number("my_rope.theta_scale");
+  if (!k) return;
+  if (*k <= 0) c.fail("my_rope.theta_scale", "is " + c.shown(*k), "give a positive scale");
+  c.note("my_rope.theta_scale " + c.shown(*k) + " applied");
+  s.rope_theta = s.rope_theta.get() * *k;
+}
+constexpr megadsl::config_key_rule my_keys[] = {{"my_rope", megadsl::key_use::read}};
+}  // namespace
+
+TEST_CASE("A family's own reading (read_own) sees config.json through config_view, with no core edit", "[spec][hf_config]") {
+  static constexpr megadsl::family_config mine{.model_type = "my_scaled_llama", .hf_class = "MyScaledLlama",
+                                               .display = "my scaled Llama", .arch = megadsl::llama_config.arch,
+                                               .read_own = &my_theta_scale, .keys = my_keys};
+  megadsl::register_family(mine);
+  const std::string cfg = R"({"model_type": "my_scaled_llama", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100, "rope_theta": 1000.0,
+    "my_rope": {"theta_scale": 2.5}})";
+  const auto c = parse_hf_config(cfg, "mine/config.json");
+  CHECK(c.s.rope_theta.get() == 2500.0);
+  CHECK(std::find(c.notes.begin(), c.notes.end(), "my_rope.theta_scale 2.5 applied") != c.notes.end());
+  CHECK(parse_hf_config(edited(cfg, "\"theta_scale\": 2.5", "\"other\": 1"), "x").s.rope_theta.get() == 1000.0);
+  CHECK_THAT(error_of(edited(cfg, "\"theta_scale\": 2.5", "\"theta_scale\": -1")),
+             Catch::Contains("my_rope.theta_scale: is -1.0; give a positive scale"));
+  CHECK_THAT(error_of(edited(cfg, "\"theta_scale\": 2.5", "\"theta_scale\": \"big\"")),
+             Catch::Contains("my_rope.theta_scale: expected a number"));
 }

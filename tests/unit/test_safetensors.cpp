@@ -698,12 +698,23 @@ TEST_CASE("a distributed checkpoint's model reads the shape fields added since a
   // MLA's sizes were shape fields: its block's keys now, the direct query's 0 (q_lora_rank null)
   // kept; a dense model's zero fields are dropped.
   const std::string deepseek = name(megadsl::architecture_of<megadsl::deepseek_v3_blocks>);
+  // So were the routers' numbers (routed_scale, expert_groups, group_top_k; ERNIE's topk_sum_floor).
   nlohmann::json mla = {{"architecture", deepseek}, {"q_lora_rank", 0},  {"kv_lora_rank", 64},
-                        {"qk_nope_dim", 32},         {"v_head_dim", 48}, {"rope_interleave", false}};
+                        {"qk_nope_dim", 32},         {"v_head_dim", 48}, {"rope_interleave", false},
+                        {"routed_scale", 1.5},       {"expert_groups", 4}, {"group_top_k", 2}, {"topk_sum_floor", 0.0}};
   fill_fields_added_later(mla);
-  CHECK(mla.at("settings") == nlohmann::json({{"q_lora_rank", 0}, {"kv_lora_rank", 64}, {"qk_nope_head_dim", 32}, {"v_head_dim", 48}}));
-  CHECK((mla.at("rope_interleave") == false && !mla.contains("kv_lora_rank")));
-  nlohmann::json dense = {{"architecture", llama}, {"q_lora_rank", 0}, {"kv_lora_rank", 0}, {"qk_nope_dim", 0}, {"v_head_dim", 0}};
+  CHECK(mla.at("settings") == nlohmann::json({{"q_lora_rank", 0}, {"kv_lora_rank", 64}, {"qk_nope_head_dim", 32}, {"v_head_dim", 48},
+                                              {"routed_scaling_factor", 1.5}, {"n_group", 4}, {"topk_group", 2}}));
+  CHECK((mla.at("rope_interleave") == false && !mla.contains("kv_lora_rank") && !mla.contains("routed_scale") &&
+         !mla.contains("topk_sum_floor")));
+  const std::string ernie = name(megadsl::architecture_of<megadsl::ernie4_5_moe_blocks>);
+  nlohmann::json floored = {{"architecture", ernie}, {"topk_sum_floor", 1e-9}, {"routed_scale", 1.0}, {"expert_groups", 1},
+                            {"group_top_k", 1}};
+  fill_fields_added_later(floored);
+  CHECK(floored.at("settings") == nlohmann::json({{"moe_norm_min", 1e-9}}));
+  nlohmann::json dense = {{"architecture", llama}, {"q_lora_rank", 0}, {"kv_lora_rank", 0}, {"qk_nope_dim", 0}, {"v_head_dim", 0},
+                          {"topk_sum_floor", 0.0}, {"routed_scale", 1.0}, {"expert_groups", 1}, {"group_top_k", 1}};
   fill_fields_added_later(dense);
-  CHECK_FALSE((dense.contains("settings") || dense.contains("q_lora_rank") || dense.contains("v_head_dim")));
+  CHECK_FALSE((dense.contains("settings") || dense.contains("q_lora_rank") || dense.contains("v_head_dim") ||
+               dense.contains("routed_scale") || dense.contains("expert_groups")));
 }

@@ -60,7 +60,7 @@ constexpr void router_hf_names(basic_text<256>& t, const router_names& n) {
 }
 
 // HF's router (Mixtral, Qwen2/3-MoE, OLMoE, HunYuan, gpt-oss): softmax over every expert in fp32,
-// the top k, renormalised per the shape's norm_topk (divided by max(sum, topk_sum_floor)). With a
+// the top k, renormalised per the shape's norm_topk (divided by their sum). With a
 // bias on its logits (gpt-oss's router.bias): the top k of the logits weighed by a softmax over
 // the k, the same numbers. Fp32: its logits in fp32 (HunYuan's wg).
 template <const router_names& N = hf_router_names, bool Fp32 = false>
@@ -86,20 +86,53 @@ struct softmax_router {
 // DeepSeek-V3's router (DeepSeek-V3, GLM-4.5, Kimi K2): sigmoid scores in fp32, the experts chosen
 // by scores + an expert bias (selecting only, balanced by load in training) among the best
 // topk_group of n_group groups, the chosen scores renormalised per norm_topk, times
-// routed_scaling_factor.
-template <const router_names& N = hf_grouped_router_names>
+// routed_scaling_factor. Those three are its own config keys; their defaults are the config
+// class's, bound by the family (Glm4MoeConfig's here, DeepseekV3Config's 2.5, 8, 4 there).
+struct grouped_router_defaults {
+  double routed_scaling_factor = 1.0;
+  double n_group = 1, topk_group = 1;
+};
+template <const router_names& N = hf_grouped_router_names, grouped_router_defaults D = {}>
 struct grouped_sigmoid_router {
   static_assert(!N.expert_bias.empty() && N.bias.empty(), "megadsl: the grouped sigmoid router has an expert bias and no bias on its logits");
+  static constexpr config_setting scale_key{.key = "routed_scaling_factor", .fallback = D.routed_scaling_factor,
+                                            .meaning = "the chosen experts' weights multiplied by it"};
+  static constexpr config_setting groups_key{.key = "n_group", .fallback = D.n_group, .kind = setting_kind::integer,
+                                             .least = 1, .meaning = "the experts in this many equal groups"};
+  static constexpr config_setting group_top_k_key{.key = "topk_group", .fallback = D.topk_group,
+                                                  .kind = setting_kind::integer, .least = 1,
+                                                  .meaning = "a token's experts from its this many best groups"};
   static constexpr router_knobs knobs{true};
   static constexpr std::string_view signature = ", sigmoid_grouped", signature_tail = "";
+  // Its three numbers (-1 while the settings are not known).
+  static constexpr double of(const shape& s, const config_setting& c) { return s.settings.dynamic ? -1.0 : setting(s, c.key); }
   static constexpr void details(const shape& s, basic_text<256>& t) {
     t.add("router sigmoid + expert bias -> top ", shown(s.top_k), " of ", shown(s.experts), " in the best ",
-          shown(s.group_top_k), " of ", shown(s.expert_groups), " groups",
-          s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "", ", x ",
-          s.routed_scale.is_static() ? s.routed_scale.get() : -1.0);
+          static_cast<std::int64_t>(of(s, group_top_k_key)), " of ", static_cast<std::int64_t>(of(s, groups_key)), " groups",
+          s.norm_topk.is_static() && s.norm_topk.get() ? ", renormalised" : "", ", x ", of(s, scale_key));
+  }
+  // The experts split into n_group equal groups (each scored by its two best experts), a token's
+  // top_k experts from its topk_group best groups.
+  static constexpr void rule(const shape& s, const layout&, violations& out) {
+    if (s.settings.dynamic || !s.experts.is_static() || !s.top_k.is_static()) return;
+    const auto e = s.experts.get(), top_k = s.top_k.get();
+    const auto g = static_cast<std::int64_t>(setting(s, groups_key.key)), k = static_cast<std::int64_t>(setting(s, group_top_k_key.key));
+    if (e < 1) return;  // (moe_routing_valid names the count)
+    if (g < 1 || e % g != 0 || (g > 1 && e / g < 2))
+      out.add("moe_routing_valid", {g, e})
+          .add("n_group = ", g, " does not split ", e, " experts into equal groups of at least 2; use a divisor of ", e,
+               " (1: no groups)");
+    else if (k < 1 || k > g || top_k > k * (e / g))
+      out.add("moe_routing_valid", {k, g})
+          .add("topk_group = ", k, " of ", g, " groups of ", e / g, " experts cannot hold top_k = ", top_k,
+               "; use 1 <= topk_group <= ", g, " with topk_group * ", e / g, " >= top_k");
   }
   static constexpr void hf_names(basic_text<256>& t) { router_hf_names(t, N); }
   static constexpr int lower(arch_builder& b, const slot& at) {
+    b.setting(scale_key);
+    b.setting(groups_key);
+    b.setting(group_top_k_key);
+    b.rule(&rule);
     router_rows(b, at, N);
     return b.node(at, &modules::grouped_sigmoid_router, {}, {}, {}, nullptr, knobs_of(knobs));
   }

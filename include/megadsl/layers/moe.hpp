@@ -72,7 +72,8 @@ void update_expert_bias(expert_load& e, const at::Tensor& tokens, double rate);
 // replay) and the probabilities its load-balancing loss weighs. The base holds what every router
 // has: its weight (E, h) and the bias on its logits (E, if any), replicated, their gradients
 // partial over tp; its expert bias (E, if any) with its load counts, registered for the balancing
-// update; and the shape's routing numbers. Each router's module is its own file.
+// update; and the shape's routing numbers (experts, top_k, norm_topk). Each router's module is its
+// own file and reads its own config keys (block_build::setting).
 class router_module : public block_module {
  public:
   explicit router_module(const block_build& b);
@@ -95,9 +96,6 @@ class router_module : public block_module {
   expert_load load_;   // (bias undefined: none)
   std::int64_t experts_ = 0, top_k_ = 0;
   bool norm_topk_ = false;
-  double floor_ = 0;                               // the softmax routers' renormalisation: divided by max(sum, this)
-  std::int64_t groups_ = 1, group_top_k_ = 1;      // the grouped router's
-  double scale_ = 1.0;                             // its routed_scaling_factor
 };
 
 // The experts this rank holds: experts [first, first + gate_up.size()) of the layer's `experts`,
