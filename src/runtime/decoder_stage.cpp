@@ -500,29 +500,33 @@ class decoder_stage final : public model_core, public pipeline_stage {
         if (temperature.defined()) temperature = temperature.index_select(0, real);
       }
       const std::int64_t rows_in = full.size(0);
-      // Rows [first, first + n) of `full`: their logits, each divided by its temperature.
+      // The logits' transforms: Gemma2's soft-cap, the head's config key (blocks::lm_head; HF's
+      // CausalLM output: Granite's logits / logits_scaling, Cohere's logits * logit_scale), then
+      // the temperature, one or per row.
+      const head_transform transform{s.final_softcap.get(), logit_scale_, logit_divides_, o.temperature, temperature};
+      // Rows [first, first + n) of `full`: their logits, transformed.
       const auto logits_of = [&](std::int64_t first, std::int64_t n) {
-        at::Tensor l = linear_in(invariant_, full.narrow(0, first, n), w(lm_head_));  // (n, V'/tp), compute dtype
-        // Gemma2: cap * tanh(logits / cap), element-wise on this rank's vocabulary shard.
-        if (const double cap = s.final_softcap.get(); cap != 0) l = at::tanh(l / cap) * cap;
-        // The head's config key (blocks::lm_head; HF's CausalLM output, before any temperature):
-        // Granite's logits / logits_scaling, Cohere's logits * logit_scale.
-        if (logit_scale_ != 1) l = logit_divides_ ? l / logit_scale_ : l * logit_scale_;
-        if (o.temperature != 1.0) l = l / o.temperature;
-        if (temperature.defined()) l = l / temperature.narrow(0, first, n).unsqueeze(1).to(l.scalar_type());
-        return l;
+        return head_logits(full, w(lm_head_), transform, first, n, invariant_);  // (n, V'/tp), compute dtype
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
+      // Training chunks the head over the tokens (forward and backward) where its logits would be
+      // larger than a block, or as forward_options::head_chunk_tokens says.
+      const std::int64_t block_rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
+      const std::int64_t chunk = o.head_chunk_tokens > 0 ? o.head_chunk_tokens
+                                 : o.head_chunk_tokens == 0 && rows_in > block_rows ? block_rows
+                                                                                     : 0;
       at::Tensor logits;
       logprob_entropy le;
-      if (at::GradMode::is_enabled() || o.return_logits) {
+      if (at::GradMode::is_enabled() && !o.return_logits && chunk > 0) {
+        le = chunked_head_logprob_entropy(full, w(lm_head_), labels, transform, shard, tp_group(), o.entropy, invariant_, chunk);
+      } else if (at::GradMode::is_enabled() || o.return_logits) {
         logits = logits_of(0, rows_in);
         le = vocab_parallel_logprob_entropy(logits, labels, shard, tp_group(), o.entropy, invariant_);
       } else {
         // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
         // whole (T, V'/tp) logits are never held at once.
         // Every tp rank has the same T and shard width, hence the same blocks and collectives.
-        const std::int64_t rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
+        const std::int64_t rows = o.head_chunk_tokens > 0 ? o.head_chunk_tokens : block_rows;
         std::vector<at::Tensor> lp, ent;
         for (std::int64_t i = 0; i < rows_in; i += rows) {
           const std::int64_t n = std::min(rows, rows_in - i);

@@ -115,6 +115,43 @@ TEST_CASE("log-prob and entropy gradients agree with finite differences (fp64, t
   CHECK(worst < 1e-7);
 }
 
+TEST_CASE("the chunked LM head equals the whole one: log-probs, entropy and gradients of h and w (tp 4)", "[world4]") {
+  auto groups = parallel_groups::build(dist(), layout{.tp = 4});
+  const int r = groups.tp->rank();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  // 13 tokens of width 16, a true vocab of 37 padded to 40 (10 columns a rank, the last 3 padding).
+  const at::Tensor h0 = at::randn({13, 16}, gen, at::kFloat);
+  const at::Tensor w0 = at::randn({40, 16}, gen, at::kFloat).narrow(0, r * 10, 10).contiguous();
+  const at::Tensor labels = at::randint(0, 37, {13}, gen, at::kLong);
+  const at::Tensor rows_t = at::rand({13}, gen, at::kFloat) + 0.5;
+  const at::Tensor gl = at::randn({13}, gen, at::kFloat), gh = at::randn({13}, gen, at::kFloat);
+  for (const head_transform& t : {head_transform{}, head_transform{.softcap = 3.0, .scale = 0.5, .temperature = 0.7},
+                                  head_transform{.scale = 4.0, .divides = true, .row_temperature = rows_t}}) {
+    for (const bool entropy : {true, false}) {
+      const auto run = [&](std::int64_t chunk) {
+        const at::Tensor h = h0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+        const logprob_entropy le =
+            chunk == 0 ? vocab_parallel_logprob_entropy(head_logits(h, w, t, 0, 13, false), labels, {r * 10, 37},
+                                                        groups.tp.get(), entropy)
+                       : chunked_head_logprob_entropy(h, w, labels, t, {r * 10, 37}, groups.tp.get(), entropy, false, chunk);
+        at::Tensor loss = (le.log_probs * gl).sum();
+        if (entropy) loss = loss + (le.entropy * gh).sum();
+        loss.backward();
+        return std::vector<at::Tensor>{le.log_probs, entropy ? le.entropy : at::zeros({13}), h.grad(), w.grad()};
+      };
+      const auto whole = run(0);
+      for (const std::int64_t chunk : {1L, 4L, 13L, 100L}) {
+        const auto part = run(chunk);
+        for (std::size_t i = 0; i < whole.size(); ++i) {
+          INFO("chunk " << chunk << ", output " << i << ", softcap " << t.softcap << ", entropy " << entropy << ", max diff "
+               << (part[i] - whole[i]).abs().max().item<double>() << " of " << whole[i].abs().max().item<double>());
+          CHECK(at::allclose(part[i], whole[i], 1e-6, 1e-6));
+        }
+      }
+    }
+  }
+}
+
 // HF's rotate-half RoPE as an expression: the oracle of the fused kernel, forward and backward.
 at::Tensor rope_expression(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const std::int64_t r = cos.size(-1), half = r / 2;

@@ -178,4 +178,43 @@ TEST_CASE("a layout that does not fit the world is refused with the rule's words
                       Catch::Contains("world_fits_layout: world size 4 is not divisible by tp * pp * cp = 3"));
 }
 
+namespace {
+// The LM head chunked over the tokens in training (forward_options::head_chunk_tokens) against the
+// whole head, in the same layout: log-probs, entropy and every gradient within 1e-6.
+template <layout L>
+void chunked_head_equals_whole(std::int64_t chunk, bool left_padding, double temperature) {
+  INFO(describe(L) << " chunk " << chunk << (left_padding ? " left-padded" : " right-padded") << " temperature " << temperature);
+  const model_options opt{.test_init = true};
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<tiny_llama, L>> whole(groups, opt), chunked(groups, opt);
+  const padded_batch pb = make_batch(tiny_llama::shape.vocab, left_padding);
+  const batch b{.input_ids = pb.ids, .attention_mask = pb.mask};
+  const model_output w = whole.forward(b, {.temperature = temperature, .head_chunk_tokens = -1});
+  const model_output c = chunked.forward(b, {.temperature = temperature, .head_chunk_tokens = chunk});
+  CHECK(max_abs_diff(w.log_probs, c.log_probs) <= 1e-6);
+  CHECK(max_abs_diff(w.entropy, c.entropy) <= 1e-6);
+  probe_loss(w, true).backward();
+  probe_loss(c, true).backward();
+  whole.finalize_grads();
+  chunked.finalize_grads();
+  const auto wg = gather_hf_tensors(whole.parameters(), whole.config(), groups.tp.get(), true);
+  const auto cg = gather_hf_tensors(chunked.parameters(), chunked.config(), groups.tp.get(), true);
+  REQUIRE(wg.size() == cg.size());
+  for (const auto& [name, g] : wg) {
+    INFO("gradient of " << name);
+    CHECK(max_abs_diff(g, cg.at(name)) <= 1e-6 * std::max(1.0, g.abs().max().template item<double>()));
+  }
+}
+}  // namespace
+
+TEST_CASE("the LM head chunked over the tokens in training equals the whole head: tp, sp, padded and packed",
+          "[world4][parity]") {
+  for (const bool left : {true, false}) {
+    chunked_head_equals_whole<layout{.tp = 1}>(5, left, 1.0);
+    chunked_head_equals_whole<layout{.tp = 2, .sp = true, .rmpad = true}>(3, left, 0.7);
+    chunked_head_equals_whole<layout{.tp = 4}>(1, left, 1.0);
+    chunked_head_equals_whole<layout{.tp = 4, .sp = true}>(7, left, 1.3);
+  }
+}
+
 }  // namespace megadsl::test
