@@ -38,6 +38,10 @@ namespace {
 // logits (128 MB in fp32, ~1000 tokens of a 32k vocabulary): the whole (T, V) is never held, and
 // the blocks stay tall enough for the GEMM (64-token blocks made the LM head 1.7x slower here).
 constexpr std::int64_t head_block_elements = std::int64_t{1} << 25;
+// Training computes them whole (one pass, the fused kernels where they apply) up to this many
+// logits a micro-batch (1 GiB in fp32), in such blocks beyond it (chunked_head_logprob_entropy:
+// the GEMM again in the backward), so that a long micro-batch never holds (T, V/tp) logits.
+constexpr std::int64_t head_whole_max_elements = std::int64_t{1} << 28;
 
 std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
   std::uint64_t h = 1469598103934665603ULL ^ seed;
@@ -509,12 +513,13 @@ class decoder_stage final : public model_core, public pipeline_stage {
         return head_logits(full, w(lm_head_), transform, first, n, invariant_);  // (n, V'/tp), compute dtype
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
-      // Training chunks the head over the tokens (forward and backward) where its logits would be
-      // larger than a block, or as forward_options::head_chunk_tokens says.
+      // Training chunks the head over the tokens (forward and backward) in blocks where its logits
+      // would be more than head_whole_max_elements, or as forward_options::head_chunk_tokens says.
       const std::int64_t block_rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
-      const std::int64_t chunk = o.head_chunk_tokens > 0 ? o.head_chunk_tokens
-                                 : o.head_chunk_tokens == 0 && rows_in > block_rows ? block_rows
-                                                                                     : 0;
+      const bool large = rows_in * lm_head_.size(0) > head_whole_max_elements;
+      const std::int64_t chunk = o.head_chunk_tokens > 0                ? o.head_chunk_tokens
+                                 : o.head_chunk_tokens == 0 && large ? block_rows
+                                                                     : 0;
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() && !o.return_logits && chunk > 0) {

@@ -105,8 +105,9 @@ struct forward_options {
   bool record_routing = false; // a mixture of experts: return the routing (model_output::routed_experts)
   // The LM head's logits and log-softmax this many tokens at a time, in training too (forward and
   // backward, the head's GEMM recomputed in the backward), so a micro-batch's (tokens x vocab / tp)
-  // logits are never whole. 0: chunks of 2^25 logits where a micro-batch has more; -1: training
-  // never chunks (inference always does). return_logits computes them whole.
+  // logits are never whole. 0: chunks of 2^25 logits where a micro-batch has more than 2^28
+  // (1 GiB in fp32); -1: training never chunks (inference always does). return_logits computes
+  // them whole.
   std::int64_t head_chunk_tokens = 0;
   // The caller has checked already that the ranks agree on these batches (a trainer's step checks
   // the batch they come from): forward_backward skips its own check.
