@@ -150,12 +150,12 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
     const head_transform t{softcap, scale, divides, temperature, row_temperature.numel() > 0 ? row_temperature : at::Tensor()};
     const std::int64_t rows = h.size(0);
     std::vector<at::Tensor> lp, ent, ms, ss, as;
-    for (std::int64_t first = 0; first < rows || (rows == 0 && first == 0); first += chunk_rows) {
+    // (Once with no rows: every tp rank joins the same collectives.)
+    for (std::int64_t first = 0; first == 0 || first < rows; first += chunk_rows) {
       const std::int64_t n = std::min(chunk_rows, rows - first);
       const at::Tensor logits = head_logits(h, w, t, first, n, invariant);  // (n, V'/tp)
       row_stats r = stats_of(logits, labels.narrow(0, first, n), start, true_vocab, tp, with_entropy, invariant);
       lp.push_back(r.log_probs), ent.push_back(r.entropy), ms.push_back(r.m), ss.push_back(r.s), as.push_back(r.a);
-      if (rows == 0) break;
     }
     ctx->save_for_backward({h, w, labels, row_temperature, at::cat(ms), at::cat(ss), at::cat(as)});
     ctx->saved_data["softcap"] = softcap;
