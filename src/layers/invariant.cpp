@@ -34,33 +34,42 @@ class one_thread {
   int saved_;
 };
 
+// A copy of t's first `count` rows (of dim 0) in `size` rows, the rest zero.
+at::Tensor zero_padded(const at::Tensor& t, std::int64_t first, std::int64_t count, std::int64_t size) {
+  at::Tensor padded = at::zeros({size, t.size(1)}, t.options());
+  padded.narrow(0, 0, count).copy_(t.narrow(0, first, count));
+  return padded;
+}
+
 // The sum over `chunks` K-chunks c of x[:, c] @ w[:, c]^T (+ bias on chunk 0's product), in the
-// pairwise tree (tree_sum), (T, N). In row tiles of invariant_row_tile: each tile's chunk
-// products are single-threaded GEMMs of that fixed shape (inside a parallel region the BLAS runs
-// on one thread), the rows' last partial tile through a zero-padded copy, and the tree is summed
-// within the tile. x (T, K), w (N, K).
+// pairwise tree (tree_sum), (T, N). In tiles of invariant_row_tile rows by invariant_col_tile
+// output columns: each tile's chunk products are single-threaded GEMMs of that one fixed shape
+// (inside a parallel region the BLAS runs on one thread), the last partial tile of rows or columns
+// through a zero-padded copy, and the tree is summed within the tile. The column tiles matter
+// because a rank's output width changes with tp (a column-parallel weight's rows): MKL takes
+// another kernel, another summation order, for a narrow output (N <= 8 on AVX-512). x (T, K), w (N, K).
 at::Tensor tiled_subtree(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
-  const std::int64_t rows = x.size(0), n = w.size(0), tile = invariant_row_tile, tiles = (rows + tile - 1) / tile;
-  const std::int64_t width = x.size(1) / chunks;
+  const std::int64_t rows = x.size(0), n = w.size(0), rt = invariant_row_tile, ct = invariant_col_tile;
+  const std::int64_t row_tiles = (rows + rt - 1) / rt, col_tiles = (n + ct - 1) / ct, width = x.size(1) / chunks;
+  const at::Tensor x_tail = rows % rt != 0 ? zero_padded(x, rows - rows % rt, rows % rt, rt) : at::Tensor();  // (rt, K)
+  const at::Tensor w_tail = n % ct != 0 ? zero_padded(w, n - n % ct, n % ct, ct) : at::Tensor();              // (ct, K)
   at::Tensor out = at::empty({rows, n}, x.options());
-  const auto one = [&](std::int64_t t) {
-    const std::int64_t first = t * tile, count = std::min(tile, rows - first);
-    at::Tensor xt = x.narrow(0, first, count);
-    if (count < tile) {
-      at::Tensor padded = at::zeros({tile, x.size(1)}, x.options());
-      padded.narrow(0, 0, count).copy_(xt);
-      xt = padded;
-    }
-    const bool direct = chunks == 1 && count == tile && !bias.defined();
-    at::Tensor products = direct ? out.narrow(0, first, tile).unsqueeze(0) : at::empty({chunks, tile, n}, x.options());
+  const auto one = [&](std::int64_t tile) {
+    const std::int64_t t = tile / col_tiles, u = tile % col_tiles;
+    const std::int64_t first = t * rt, count = std::min(rt, rows - first), col = u * ct, cols = std::min(ct, n - col);
+    const at::Tensor xt = count < rt ? x_tail : x.narrow(0, first, rt);  // (rt, K)
+    const at::Tensor wt = cols < ct ? w_tail : w.narrow(0, col, ct);     // (ct, K)
+    const bool direct = chunks == 1 && count == rt && cols == ct && !bias.defined();
+    at::Tensor products = direct ? out.narrow(0, first, rt).narrow(1, col, ct).unsqueeze(0) : at::empty({chunks, rt, ct}, x.options());
     for (std::int64_t c = 0; c < chunks; ++c) {
       at::Tensor o = products.select(0, c);
-      at::mm_out(o, xt.narrow(1, c * width, width), w.narrow(1, c * width, width).t());
+      at::mm_out(o, xt.narrow(1, c * width, width), wt.narrow(1, c * width, width).t());
     }
     if (direct) return;
-    if (bias.defined()) products.select(0, 0).add_(bias);
-    out.narrow(0, first, count).copy_(tree_sum(products).narrow(0, 0, count));
+    if (bias.defined()) products.select(0, 0).narrow(1, 0, cols).add_(bias.narrow(0, col, cols));
+    out.narrow(0, first, count).narrow(1, col, cols).copy_(tree_sum(products).narrow(0, 0, count).narrow(1, 0, cols));
   };
+  const std::int64_t tiles = row_tiles * col_tiles;
   if (tiles <= 1 || at::get_num_threads() == 1 || at::in_parallel_region()) {
     const one_thread single;
     for (std::int64_t t = 0; t < tiles; ++t) one(t);

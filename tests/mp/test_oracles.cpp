@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "megadsl/layers/gated_delta_rule.hpp"
+#include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -285,6 +286,25 @@ TEST_CASE("the chunked gated delta rule equals the token-by-token rule, values a
   const auto tap = [&](std::int64_t t, std::int64_t j) { return t < 0 ? at::zeros({3}) : x[0][t] * w.select(1, j); };
   for (const std::int64_t t : {0L, 2L, 5L})
     CHECK(at::allclose(y[0][t], at::silu(tap(t - 3, 0) + tap(t - 2, 1) + tap(t - 1, 2) + tap(t, 3)), 1e-6, 1e-6));
+}
+
+// A column-parallel linear's rank holds a share of its output rows (Qwen3-Next's in_proj_ba: 16
+// at tp 1, 8 at tp 2, 4 at tp 4). On AVX-512 MKL sums a GEMM with 8 or fewer output columns in
+// another order, so invariant arithmetic runs every GEMM on fixed column tiles.
+TEST_CASE("an invariant linear's output column has the same bits whatever the output width and rows", "[world4]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (const std::int64_t k : {48L, 64L, 96L, 200L}) {
+    const at::Tensor x = at::randn({300, k}, gen, at::kFloat), w = at::randn({256, k}, gen, at::kFloat);
+    const at::Tensor b = at::randn({256}, gen, at::kFloat);
+    const at::Tensor whole = invariant_linear(x, w, b);
+    for (const std::int64_t first : {0L, 8L, 60L}) {
+      for (const std::int64_t n : {1L, 2L, 4L, 8L, 12L, 16L, 64L, 70L, 128L}) {
+        INFO("k " << k << ", output columns " << first << " + " << n);
+        CHECK(at::equal(invariant_linear(x, w.narrow(0, first, n), b.narrow(0, first, n)), whole.narrow(1, first, n)));
+        CHECK(at::equal(invariant_linear(x.narrow(0, 7, 9), w.narrow(0, first, n)), invariant_linear(x, w).narrow(0, 7, 9).narrow(1, first, n)));
+      }
+    }
+  }
 }
 
 // Hidden ([.]): run by its own CTest entry, which expects the error text and a clean exit.

@@ -3,10 +3,11 @@
 // the threads, so a sequence's log-probs, entropy, values and routing are the same bits wherever
 // it runs.
 //
-//   GEMMs        rows in tiles of invariant_row_tile (the last one padded), each tile one GEMM call
-//                of that fixed shape on one thread: the BLAS's path never depends on the row count
-//                or the thread count (MKL takes another summation order for few rows, and splits
-//                the inner dimension over threads for some shapes).
+//   GEMMs        rows in tiles of invariant_row_tile by output columns in tiles of
+//                invariant_col_tile (the last ones padded), each tile one GEMM call of that fixed
+//                shape on one thread: the BLAS's path never depends on the row count, a rank's
+//                output width or the thread count (MKL takes another summation order for few rows
+//                or few output columns, and splits the inner dimension over threads for some shapes).
 //   row-parallel the input dimension in invariant_k_chunks fixed chunks (tp ranks hold whole
 //   linears    chunks), each chunk's partial product apart, summed in a fixed pairwise tree on
 //                every rank after an all-gather (or, under sp, an all-to-all of row blocks) instead
@@ -33,6 +34,7 @@ namespace megadsl {
 class comm_group;
 
 inline constexpr std::int64_t invariant_row_tile = 128;
+inline constexpr std::int64_t invariant_col_tile = 64;
 inline constexpr std::int64_t invariant_k_chunks = 8;
 inline constexpr std::int64_t invariant_sum_block = 128;
 inline constexpr std::int64_t invariant_pointwise_block = 32768;  // a multiple of any SIMD loop's step (<= 128), at most ATen's grain
