@@ -169,6 +169,7 @@ field_list fields_of(const runtime_config& c) {
     out.emplace_back(name, number_text(v));
   out.emplace_back("moe_aux_loss_per_sequence", o.moe_aux_loss_per_sequence ? "true" : "false");
   out.emplace_back("batch_checksum", o.batch_checksum ? "true" : "false");
+  out.emplace_back("head_chunk_tokens", std::to_string(o.head_chunk_tokens));  // the head's collectives per chunk
   return out;
 }
 

@@ -514,12 +514,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       // Training chunks the head over the tokens (forward and backward) in blocks where its logits
-      // would be more than head_whole_max_elements, or as forward_options::head_chunk_tokens says.
+      // would be more than head_whole_max_elements, or as the call's or the model's
+      // head_chunk_tokens says (model_options).
+      const std::int64_t asked = o.head_chunk_tokens != 0 ? o.head_chunk_tokens : cfg_.options.head_chunk_tokens;
+      if (asked < -1)
+        throw std::invalid_argument("megadsl: head_chunk_tokens = " + std::to_string(asked) +
+                                    "; use a chunk of tokens > 0, 0 (chunks where the logits would pass 1 GiB) or -1 (whole)");
       const std::int64_t block_rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
       const bool large = rows_in * lm_head_.size(0) > head_whole_max_elements;
-      const std::int64_t chunk = o.head_chunk_tokens > 0                ? o.head_chunk_tokens
-                                 : o.head_chunk_tokens == 0 && large ? block_rows
-                                                                     : 0;
+      const std::int64_t chunk = asked > 0 ? asked : asked == 0 && large ? block_rows : 0;
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() && !o.return_logits && chunk > 0) {
@@ -531,7 +534,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
         // Inference: the LM head and the log-softmax a block of tokens at a time, so that the
         // whole (T, V'/tp) logits are never held at once.
         // Every tp rank has the same T and shard width, hence the same blocks and collectives.
-        const std::int64_t rows = o.head_chunk_tokens > 0 ? o.head_chunk_tokens : block_rows;
+        const std::int64_t rows = asked > 0 ? asked : block_rows;
         std::vector<at::Tensor> lp, ent;
         for (std::int64_t i = 0; i < rows_in; i += rows) {
           const std::int64_t n = std::min(rows, rows_in - i);

@@ -62,6 +62,12 @@ struct model_options {
   // Where a kernel has no deterministic version (the flash attention backward on CUDA) LibTorch
   // warns and runs it anyway.
   bool deterministic = false;
+  // The LM head's logits and log-softmax this many tokens at a time, in training too (forward and
+  // backward, the head's GEMM recomputed in the backward), so a micro-batch's (tokens x vocab / tp)
+  // logits are never whole. 0: chunks of 2^25 logits where a micro-batch has more than 2^28
+  // (1 GiB in fp32); -1: training never chunks (inference always does). return_logits computes
+  // them whole. forward_options::head_chunk_tokens overrides it for one call.
+  std::int64_t head_chunk_tokens = 0;
   // A mixture of experts' auxiliary losses in training (forward_backward), Megatron's: the switch
   // load-balancing loss over each micro-batch's tokens (or per sequence) and the router z-loss,
   // each times its coefficient, averaged over micro-batches and dp ranks, and added through the
@@ -103,11 +109,7 @@ struct forward_options {
   bool entropy = true;
   bool return_logits = false; // gathers the full vocab: (b, s, vocab); costly, off by default
   bool record_routing = false; // a mixture of experts: return the routing (model_output::routed_experts)
-  // The LM head's logits and log-softmax this many tokens at a time, in training too (forward and
-  // backward, the head's GEMM recomputed in the backward), so a micro-batch's (tokens x vocab / tp)
-  // logits are never whole. 0: chunks of 2^25 logits where a micro-batch has more than 2^28
-  // (1 GiB in fp32); -1: training never chunks (inference always does). return_logits computes
-  // them whole.
+  // The LM head's chunk of tokens for this call (model_options::head_chunk_tokens); 0: the model's.
   std::int64_t head_chunk_tokens = 0;
   // The caller has checked already that the ranks agree on these batches (a trainer's step checks
   // the batch they come from): forward_backward skips its own check.

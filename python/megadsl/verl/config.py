@@ -33,6 +33,9 @@ class MegadslEngineConfig(EngineConfig):
     invariant: megadsl's invariant arithmetic (Layout(invariant=True)): a sequence's log-probs,
         entropy, values and routing are the same bits whatever the micro-batch, the padding and the
         layout (CPU). verl's full_determinism: true turns it on too.
+    head_chunk_tokens: the LM head's log-probs and entropy this many tokens at a time in training
+        too, forward and backward (Model.from_hf's head_chunk_tokens): 0 chunks where a micro-batch's
+        logits would pass 1 GiB (long responses), -1 keeps them whole.
     """
 
     _mutable_fields = EngineConfig._mutable_fields | {"optimizer_offload", "grad_offload", "sequence_parallel"}
@@ -58,6 +61,7 @@ class MegadslEngineConfig(EngineConfig):
     export_bucket_mb: float = 512.0
     timeout: Optional[float] = None
     invariant: bool = False
+    head_chunk_tokens: int = 0
     max_token_len_per_gpu: int = 16384
     infer_max_token_len_per_gpu: int = 16384
 
@@ -72,6 +76,9 @@ class MegadslEngineConfig(EngineConfig):
         if self.weight_decay_on not in (None, "all", "matrices"):
             raise ValueError(f"megadsl.verl: weight_decay_on {self.weight_decay_on!r} is null (follow the optimizer "
                              "config), \"all\" or \"matrices\"")
+        if int(self.head_chunk_tokens) < -1:
+            raise ValueError(f"megadsl.verl: head_chunk_tokens {self.head_chunk_tokens} is a chunk of tokens > 0, "
+                             "0 (chunks where a micro-batch's logits would pass 1 GiB) or -1 (whole)")
         if self.recompute not in (None, "none", "selective", "full"):
             raise ValueError(f"megadsl.verl: recompute {self.recompute!r} is null, \"selective\" or \"full\"")
 

@@ -248,7 +248,8 @@ class MegadslEngine(BaseEngine):
             device=device, seed=int(_cfg(ec, "seed", 42)),
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
             moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)),
-            moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)), dropout=self.dropout)
+            moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)), dropout=self.dropout,
+            head_chunk_tokens=int(_cfg(ec, "head_chunk_tokens", 0) or 0))
         m = self.model
         assert (m.tp_rank, m.pp_rank, m.dp_rank, m.cp_rank) == tuple(self.coords[k] for k in ("tp", "pp", "dp", "cp"))
         if not _cfg(ec, "forward_only", False):

@@ -57,6 +57,7 @@ def test_a_call_before_initialize_names_it(qwen3, call):
     (dict(router_replay={"mode": "R2"}), "router_replay.mode R2 needs a mixture of experts"),
     (dict(checkpoint=CheckpointConfig(save_contents=["optimizer"])), "names optimizer without model"),
     (dict(tensor_model_parallel_size=3), "heads_divisible_by_tp"),
+    (dict(head_chunk_tokens=-2), "head_chunk_tokens -2 is a chunk of tokens > 0"),
 ])
 def test_an_unsupported_option_is_one_line(qwen3, config, match):
     from verl.workers.config import EngineRouterReplayConfig
@@ -249,6 +250,23 @@ def test_dropout_applies_in_train_batch_only(fixtures):
         out[name] = (inferred["model_output"]["log_probs"].values(), sum(trained["loss"]))
     assert torch.equal(out["on"][0], out["off"][0])
     assert abs(out["on"][1] - out["off"][1]) > 1e-6
+
+
+def test_head_chunk_tokens_reaches_the_training_step(qwen3):
+    """The engine key head_chunk_tokens: the LM head of train_batch in chunks of 4 tokens, forward
+    and backward, gives the whole head's loss and metrics."""
+    loss = partial(ppo_loss, config=ranks.actor_config())
+    out = {}
+    for chunk in (-1, 4):
+        e = engine(qwen3, head_chunk_tokens=chunk, use_dynamic_bsz=False, micro_batch_size_per_gpu=ranks.MICRO)
+        e.initialize()
+        with e.train_mode():
+            trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=loss)
+        out[chunk] = (sum(trained["loss"]), trained["metrics"]["actor/pg_loss"].values + trained["metrics"]["actor/ppo_kl"].values)
+        e.model.close()
+    assert abs(out[4][0] - out[-1][0]) < 1e-6
+    assert len(out[4][1]) == len(out[-1][1]) > 0
+    assert all(abs(a - b) < 1e-6 for a, b in zip(out[4][1], out[-1][1]))
 
 
 @pytest.mark.parametrize("setting", [{}, {"invariant": True}, {"full_determinism": True}])
