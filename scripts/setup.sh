@@ -22,14 +22,14 @@ fi
 
 # Pinned: the fixtures, the ABI of the extension module and the figures in the README are taken
 # with these versions.
-python_packages=(torch==2.15.0 transformers==5.23.0 safetensors numpy pytest)
+python_packages=(torch==2.15.0 transformers==5.23.0 peft==0.21.2 safetensors numpy pytest)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
 if ! .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
-want = {"torch": "2.15.0", "transformers": "5.23.0"}
+want = {"torch": "2.15.0", "transformers": "5.23.0", "peft": "0.21.2"}
 sys.exit(any(not m.version(k).startswith(v) for k, v in want.items()) or
          any(m.version(k) is None for k in ("safetensors", "numpy", "pytest")))
 PY

@@ -145,7 +145,7 @@ constexpr lora_adapter_list lora_adapters(const shape& s, const layout& l, const
   if (!a.enabled()) return out;
   const std::int64_t r = a.rank.get();
   for (const param_row& row : arch_of(s).rows) {
-    if (!present(row, s, h)) continue;
+    if (!present(row, s, h) || existing_instances(row, s) == 0) continue;
     const row_geometry g = row.geometry(s);
     if (!lora_unsupported(row, g).empty()) continue;
     const std::int64_t tp = g.split < 0 ? 1 : l.tp.get();
@@ -201,7 +201,7 @@ constexpr violations lora_rules(const shape& s, const lora& a, head_info h = {})
     bool wraps = false;
     std::string_view refused, refused_module;
     for (const param_row& row : arch_of(s).rows) {
-      if (!present(row, s, h)) continue;
+      if (!present(row, s, h) || existing_instances(row, s) == 0) continue;  // (a dense MLP no layer has)
       const int sources = row.concatenated ? 1 : row.hf_count;
       for (int i = 0; i < sources; ++i) {
         const std::string_view module = lora_module_of(row.hf[static_cast<std::size_t>(i)]);

@@ -113,7 +113,7 @@ class Model:
     Build it with Model.from_hf(...) on every rank of the job.
     """
     @staticmethod
-    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0) -> Model:
+    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None) -> Model:
         """
         Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
         on every rank of the job megadsl.init() joined (a world of one process without it): each rank
@@ -135,7 +135,11 @@ class Model:
         micro-batching and layout (CPU; slower: see the README). head_chunk_tokens: the LM head computes its
         logits, log-probs and entropy this many tokens at a time in training too (forward and backward),
         so a micro-batch's (tokens x vocab / tp) logits are never whole; 0 (default): in chunks of 2^25
-        logits where they would pass 1 GiB; -1: whole in training (faster while they fit).
+        logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
+        PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
+        forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
+        adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
+        numbers are refused. Forward only for now: Model.trainer refuses a model with an adapter.
         """
     def __repr__(self) -> str:
         ...

@@ -10,6 +10,7 @@
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/lora_io.hpp"
 
 namespace megadsl::python {
 namespace {
@@ -38,10 +39,16 @@ class model_of final : public dynamic_model {
   bool offloaded() override { return live().offloaded(); }
   std::int64_t parameter_bytes() override { return live().parameter_bytes(); }
   std::int64_t gradient_bytes() override { return live().gradient_bytes(); }
+  void attach_lora(std::shared_ptr<const lora_set> adapters) override { live().attach_lora(std::move(adapters)); }
+  const lora_set* lora() override { return live().lora(); }
   std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
     parallel_model<Spec>& m = on_device("Model.trainer");
+    if (m.lora() != nullptr)
+      throw std::invalid_argument("megadsl: Model.trainer: this model carries a LoRA adapter (lora_adapter=), and training "
+                                  "adapters is not built yet (it would train the base under a fixed adapter); load the "
+                                  "model without the adapter to train it whole");
     auto t = std::make_unique<trainer>(model_hooks_of(m), m.parameters(), *groups_, Spec::is_actor, opt, actor, critic);
     t->set_batch_checksum(m.config().options.batch_checksum);
     return t;
@@ -115,6 +122,8 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   m->source_ = dir;
   m->carry_ = dir;
   m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
+  if (!o.lora_adapter.empty())
+    m->attach_lora(load_peft_adapter(o.lora_adapter, m->config(), m->coords().tp, m->parameters()));
   std::lock_guard lock(registry_mutex);
   std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });
   registry.push_back(m);

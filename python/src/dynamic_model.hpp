@@ -20,6 +20,7 @@ struct hf_model_options {
   layout l;                // every field static
   head_info head;          // actor unless head.actor is false
   model_options options;   // dtype, compute dtype, device
+  std::filesystem::path lora_adapter;  // a PEFT LoRA adapter directory applied in the forward; empty: none
 };
 
 class dynamic_model {
@@ -49,6 +50,9 @@ class dynamic_model {
   virtual bool offloaded() = 0;
   virtual std::int64_t parameter_bytes() = 0;
   virtual std::int64_t gradient_bytes() = 0;
+  // LoRA adapters on this rank's linears (runtime/lora_io.hpp); null: none.
+  virtual void attach_lora(std::shared_ptr<const lora_set> adapters) = 0;
+  virtual const lora_set* lora() = 0;
 
   void save_hf(const std::filesystem::path& dir, at::ScalarType dtype);
   void save_distributed(const std::filesystem::path& dir, const trainer* t);

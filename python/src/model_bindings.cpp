@@ -268,7 +268,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<bool> invariant, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
-         double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens) {
+         double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
+         const std::optional<std::filesystem::path>& lora_adapter) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
                       recompute || cp || invariant))
@@ -305,6 +306,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
                                 "micro-batch's logits would pass 1 GiB) or -1 (never in training), got " +
                                 std::to_string(head_chunk_tokens));
         o.options.head_chunk_tokens = head_chunk_tokens;
+        if (lora_adapter) o.lora_adapter = *lora_adapter;
         // Dropout: config.json's rates (None or True), none (False), or some of its keys at other rates.
         if (py::isinstance<py::bool_>(dropout)) {
           if (!dropout.cast<bool>()) o.options.dropout_chosen = true;  // all rates 0
@@ -343,6 +345,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,
+      py::arg("lora_adapter") = py::none(),
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -363,7 +366,11 @@ sequence's log-probs, entropy, values and routing the same bits whatever its bat
 micro-batching and layout (CPU; slower: see the README). head_chunk_tokens: the LM head computes its
 logits, log-probs and entropy this many tokens at a time in training too (forward and backward),
 so a micro-batch's (tokens x vocab / tp) logits are never whole; 0 (default): in chunks of 2^25
-logits where they would pass 1 GiB; -1: whole in training (faster while they fit).)");
+logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
+PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
+forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
+adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
+numbers are refused. Forward only for now: Model.trainer refuses a model with an adapter.)");
 
   model.def(
       "forward",

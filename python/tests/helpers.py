@@ -131,3 +131,11 @@ def forward_until_stopped(path, pid_dir):
         while time.monotonic() < end:
             model.forward(ids, torch.ones_like(ids))
     raise RuntimeError("nothing ended this rank within 60 s")
+
+
+def forward_with_lora(path, adapter, ids, mask, layout):
+    """`path` with the PEFT adapter in `adapter`, in `layout` on the job's ranks: the log-probs."""
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
+    with torch.no_grad():
+        out = model.forward(ids, mask)
+    return out["log_probs"].clone()

@@ -6,6 +6,7 @@
 
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/module.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
@@ -40,7 +41,9 @@ at::Tensor layer_context::from_tp(const at::Tensor& y) const {
 }
 
 at::Tensor layer_context::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-  return linear_in(l.invariant.get(), x, w(weight), w(bias));
+  const at::Tensor y = linear_in(l.invariant.get(), x, w(weight), w(bias));
+  const std::vector<lora_shard>* adapters = lora != nullptr ? lora->use(weight) : nullptr;
+  return adapters != nullptr ? with_lora(y, x, *adapters, *this) : y;
 }
 
 at::Tensor layer_context::column(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
@@ -48,7 +51,13 @@ at::Tensor layer_context::column(const at::Tensor& x, const at::Tensor& weight, 
 }
 
 at::Tensor layer_context::row(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-  const at::Tensor y = l.invariant.get() ? invariant_row_linear(x, w(weight), tp, sp) : from_tp(at::linear(x, w(weight)));
+  const std::vector<lora_shard>* adapters = lora != nullptr ? lora->use(weight) : nullptr;
+  if (adapters != nullptr && l.invariant.get())
+    throw std::logic_error("megadsl: LoRA adapters with invariant arithmetic are refused where they are loaded");
+  // The adapters' low-rank partial sums join the base's before its reduction over tp.
+  const at::Tensor y = l.invariant.get() ? invariant_row_linear(x, w(weight), tp, sp)
+                                         : from_tp(adapters != nullptr ? with_lora(at::linear(x, w(weight)), x, *adapters, *this)
+                                                                       : at::linear(x, w(weight)));
   return bias.defined() ? y + w(bias) : y;
 }
 

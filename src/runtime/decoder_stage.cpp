@@ -15,6 +15,7 @@
 #include <string>
 
 #include "megadsl/require_valid.hpp"
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
@@ -139,6 +140,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   const runtime_config& config() const override { return cfg_; }
   std::vector<named_parameter>& parameters() override { return params_; }
+  void attach_lora(std::shared_ptr<const lora_set> adapters) override { lora_ = std::move(adapters); }
+  const lora_set* lora() const override { return lora_.get(); }
 
   model_output forward(const batch& b, const forward_options& o) override {
     agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, {fields_of(b)}, cfg_.options.batch_checksum,
@@ -615,13 +618,16 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const bool local = in.local_rope.cos.defined() && cfg_.options.attention_window.of(layer) != 0;
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
                          in.pk, local ? in.local_rope : in.rope, layer, run_, in.replay, in.routed, cp_,
-                         cp_ != nullptr ? &in.whole : nullptr, in.dropout.keys.defined() ? &in.dropout : nullptr};
+                         cp_ != nullptr ? &in.whole : nullptr, in.dropout.keys.defined() ? &in.dropout : nullptr,
+                         lora_.get()};
   }
 
   // One decoder layer: its module, built from the family's blocks.
   at::Tensor decoder_layer(const at::Tensor& x, std::int64_t layer, const micro_input& in) {
     layer_context c = context(in, layer);
-    return layers_[static_cast<std::size_t>(layer)]->forward(x, c);
+    at::Tensor y = layers_[static_cast<std::size_t>(layer)]->forward(x, c);
+    if (lora_ != nullptr) lora_->check_applied(layer);  // every adapter of the layer went through its linears
+    return y;
   }
 
   bool holds(const param_row& row, param_instance inst) const {
@@ -747,6 +753,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   bool logit_divides_ = false; // the logits divided by it, not multiplied
   std::vector<std::unique_ptr<layer_module>> layers_;     // by global layer; null where another stage holds it
   std::vector<named_parameter> params_;
+  std::shared_ptr<const lora_set> lora_;  // LoRA adapters on this rank's layers (layers/lora_linear.hpp); null: none
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "megadsl/models/deepseek_v3.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/models/phi3.hpp"
+#include "megadsl/models/qwen_moe.hpp"
 #include "megadsl/models/tiny.hpp"
 
 using megadsl::dims;
@@ -119,6 +120,11 @@ TEST_CASE("LoRA settings that cannot apply are refused by named rules", "[spec][
   CHECK_THAT(rules_text(tiny, lora{.rank = 8, .alpha = 0.0}.target("q_proj")), Catch::Contains("lora_alpha_positive"));
   CHECK_THAT(rules_text(tiny, lora{.rank = 8, .dropout = 1.0}.target("q_proj")), Catch::Contains("lora_dropout_range"));
   CHECK_THAT(rules_text(tiny, lora{.rank = 8}), Catch::Contains("lora_targets_given"));
+  // Qwen3-30B-A3B has no dense MLP layer: gate_proj names only its experts' (the family's dense
+  // MLP row is in no layer), which take no adapters yet.
+  CHECK_THAT(rules_text(megadsl::qwen3_30b_a3b::shape, lora{.rank = 8}.target("gate_proj")),
+             Catch::Contains("lora_target_supported") && Catch::Contains("a mixture's experts take no adapters yet"));
+  CHECK(megadsl::lora_adapters(megadsl::qwen3_30b_a3b::shape, layout{}, lora{.rank = 8}.target("all-linear")).size() == 4);
   CHECK(megadsl::lora_rules(tiny, lora{}).ok());  // rank 0: no adapters, nothing to check
   CHECK(megadsl::lora_adapters(tiny, layout{}, lora{}.target("q_proj")).size() == 0);
 }

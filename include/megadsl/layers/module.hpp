@@ -38,6 +38,7 @@ struct rope_tables;
 struct model_options;
 struct expert_load;
 struct dropout_draw;
+class lora_set;
 
 // One layer's parameters as the blocks bind them: by the local name of the row (the megadsl name
 // without its `layers.{layer}.` prefix, experts with their global index: `experts.5.down.weight`).
@@ -88,6 +89,8 @@ struct layer_context {
   const packed_tokens* whole = nullptr;
   // A training step with dropout: its masks' keys and rates (layers/dropout.hpp); null otherwise.
   const dropout_draw* dropout = nullptr;
+  // LoRA adapters on this rank's linears, applied by linear / column / row (layers/lora_linear.hpp); null: none.
+  const lora_set* lora = nullptr;
 
   [[nodiscard]] const packed_tokens& sequences() const { return whole != nullptr ? *whole : pk; }
 

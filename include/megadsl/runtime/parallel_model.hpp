@@ -33,6 +33,8 @@
 
 namespace megadsl {
 
+class lora_set;  // layers/lora_linear.hpp
+
 struct model_options {
   std::uint64_t seed = 1234;         // TP-invariant init: full tensors from the seed, then sliced
   double init_std = 0.02;            // normal(0, init_std) for projections and embeddings
@@ -163,6 +165,8 @@ class model_core {
   virtual std::vector<std::int64_t> norm_elements() = 0;
   virtual double moe_aux_loss() = 0;
   virtual const runtime_config& config() const = 0;
+  virtual void attach_lora(std::shared_ptr<const lora_set> adapters) = 0;
+  virtual const lora_set* lora() const = 0;
 };
 
 template <bool TensorParallel>
@@ -240,6 +244,10 @@ class parallel_model {
   // a dense model or with the coefficients at 0.
   double moe_aux_loss() { return core_->moe_aux_loss(); }
   const runtime_config& config() const { return core_->config(); }
+  // LoRA adapters on this rank's linears (runtime/lora_io.hpp's load_peft_adapter), applied in every
+  // forward from now on; null removes them. Forward only: training them is not built yet.
+  void attach_lora(std::shared_ptr<const lora_set> adapters) { core_->attach_lora(std::move(adapters)); }
+  [[nodiscard]] const lora_set* lora() const { return core_->lora(); }
 
   // Between phases (verl's param_offload / grad_offload): this rank's parameters and, separately,
   // their gradients moved to host memory, their device storage freed (runtime/offload.hpp); the

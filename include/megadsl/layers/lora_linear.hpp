@@ -1,0 +1,70 @@
+// LoRA adapters at run time (issue 48): each adapted linear's A and B on this rank, applied by the
+// layer context's linears (layer_context::linear, column, row) beside their base, so every block
+// that reads its weights through them takes adapters without knowing of them.
+//
+// A rank holds its adapters in the pieces of its base's shard (runtime/shard_io.hpp's
+// shard_pieces, the one description of how a shard maps to HF tensors):
+//   pieces along the output (a column-parallel row, or a whole one): the rows of B (out, r) of
+//       each piece, A (r, in) whole; the update s (x A^T) B_piece^T lands on the piece's output
+//       columns, fused q/k/v interleaved per kv group and replicated kv heads included;
+//   pieces along the input (a row-parallel row): the columns of A of each piece, B whole; the
+//       update s (x_piece A_piece^T summed over the pieces) B^T is a partial sum over tp like the
+//       base's product it is added to, and goes through the base's own reduction.
+// The forward is a sum of plain linears (autograd's backward); adapters are fp32 and cast to the
+// compute dtype as the base is.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace megadsl {
+
+struct layer_context;
+
+// One HF module's adapter on this rank's shard of its base.
+struct lora_shard {
+  struct piece {
+    std::int64_t local_offset = 0, extent = 0;  // the base shard's columns (output) or inputs it covers
+    at::Tensor part;                            // B's rows (extent, r) or A's columns (r, extent)
+  };
+  std::string module;           // its HF module ("model.layers.3.self_attn.q_proj"): errors name it
+  bool along_output = true;     // pieces of B (output columns); false: pieces of A (input columns)
+  double scaling = 1.0;         // PEFT's alpha / r (alpha / sqrt(r) under rsLoRA)
+  at::Tensor whole;             // A (r, in) when along_output, else B (out, r)
+  std::vector<piece> pieces;
+};
+
+// The adapters of this rank's layers, by the base parameter they wrap (the tensor a block passes
+// to layer_context::linear / row). A base with several adapted HF sources (megadsl's fused q/k/v
+// adapting q_proj and v_proj) holds one shard per source.
+class lora_set {
+ public:
+  void add(const at::Tensor& base, std::int64_t layer, lora_shard adapter);
+  // The adapters on `base`, null if none; marks them applied.
+  const std::vector<lora_shard>* use(const at::Tensor& base) const;
+  // After layer `layer` ran a forward: throws std::logic_error naming an adapter of that layer
+  // that its block did not apply (it reads that weight some other way), once per layer.
+  void check_applied(std::int64_t layer) const;
+  [[nodiscard]] std::size_t size() const { return count_; }
+  [[nodiscard]] bool empty() const { return count_ == 0; }
+
+ private:
+  struct entry {
+    std::vector<lora_shard> adapters;
+    std::int64_t layer = 0;
+    mutable bool applied = false;
+  };
+  std::unordered_map<const void*, entry> by_base_;
+  mutable std::unordered_map<std::int64_t, bool> checked_;
+  std::size_t count_ = 0;
+};
+
+// y (rows, n_local) of x (rows, in or in/tp) through a base with adapters, plus their updates:
+// y + sum over adapters of s * (x A^T) B^T in their pieces (see above), in c's compute dtype.
+at::Tensor with_lora(const at::Tensor& y, const at::Tensor& x, const std::vector<lora_shard>& adapters, const layer_context& c);
+
+}  // namespace megadsl

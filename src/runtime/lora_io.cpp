@@ -1,0 +1,190 @@
+// PEFT's adapter directory into this rank's adapters (runtime/lora_io.hpp).
+#include "megadsl/runtime/lora_io.hpp"
+
+#include <ATen/ATen.h>
+
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+
+#include "../spec/json_bounded.hpp"
+#include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/io/safetensors.hpp"
+#include "megadsl/layers/lora_linear.hpp"
+#include "megadsl/runtime/shard_io.hpp"
+
+namespace megadsl {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr std::string_view config_name = "adapter_config.json";
+constexpr std::string_view weights_name = "adapter_model.safetensors";
+constexpr std::string_view prefix = "base_model.model.";
+
+// Keys of LoraConfig that change the numbers and are not built here, with the value that means
+// "not used" (null, false, an empty list or object, or the string given).
+bool unused(const json& v, std::string_view none = {}) {
+  if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return true;
+  if ((v.is_array() || v.is_object()) && v.empty()) return true;
+  return v.is_string() && !none.empty() && v.get<std::string>() == none;
+}
+
+}  // namespace
+
+lora read_peft_config(const fs::path& dir) {
+  const fs::path file = dir / config_name;
+  const auto fail = [&](const std::string& problem) -> void {
+    throw checkpoint_error("megadsl: " + file.string() + ": " + problem);
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    fail("no such file; a LoRA adapter is a directory PEFT's save_pretrained wrote (adapter_config.json, adapter_model.safetensors)");
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json j = parse_json_bounded(text, 1 << 20, fail);
+  if (!j.is_object()) fail("is not a JSON object");
+  if (j.value("peft_type", std::string("LORA")) != "LORA")
+    fail("peft_type is \"" + j.value("peft_type", std::string()) + "\"; megadsl reads LoRA adapters (peft_type \"LORA\")");
+  const struct {
+    const char* key;
+    std::string_view none;
+    const char* what;
+  } refused[] = {{"use_dora", {}, "DoRA"},
+                 {"bias", "none", "trained biases"},
+                 {"lora_bias", {}, "a bias on lora_B"},
+                 {"fan_in_fan_out", {}, "transposed (Conv1D) bases"},
+                 {"rank_pattern", {}, "per-module ranks"},
+                 {"alpha_pattern", {}, "per-module alphas"},
+                 {"layers_to_transform", {}, "a subset of the layers"},
+                 {"layers_pattern", {}, "a subset of the layers"},
+                 {"modules_to_save", {}, "fully trained extra modules"},
+                 {"target_parameters", {}, "adapters on parameters (a mixture's experts)"},
+                 {"exclude_modules", {}, "excluded modules"},
+                 {"layer_replication", {}, "layer replication"},
+                 {"use_qalora", {}, "QA-LoRA"},
+                 {"trainable_token_indices", {}, "trainable tokens"}};
+  for (const auto& r : refused)
+    if (const auto it = j.find(r.key); it != j.end() && !unused(*it, r.none))
+      fail(std::string(r.key) + " = " + it->dump() + ": " + r.what + " are not supported; save the adapter without it");
+  lora out;
+  std::int64_t rank = 0;
+  std::string why;
+  if (!j.contains("r") || !json_as_integer(j.at("r"), rank, why)) fail("\"r\" (the LoRA rank) " + (why.empty() ? "is missing" : why));
+  out.rank = rank;
+  const auto number = [&](const char* key, double fallback) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return fallback;
+    if (!it->is_number()) fail(std::string(key) + " is " + it->type_name() + ", not a number");
+    return it->get<double>();
+  };
+  out.alpha = number("lora_alpha", 8.0);  // LoraConfig's default
+  out.dropout = number("lora_dropout", 0.0);
+  if (const auto it = j.find("use_rslora"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) fail("use_rslora is " + std::string(it->type_name()) + ", not true or false");
+    out.rslora = it->get<bool>();
+  }
+  const auto targets = j.find("target_modules");
+  const auto add = [&](const std::string& t) {
+    if (t.empty() || t.size() >= max_lora_target_name) fail("target_modules names \"" + t + "\": empty or too long");
+    if (out.target_count == max_lora_targets) fail("target_modules names more than " + std::to_string(max_lora_targets) + " modules");
+    out.target(t);
+  };
+  if (targets == j.end() || targets->is_null()) {
+    fail("target_modules is not given (PEFT fills it in from the model type); save the adapter with it");
+  } else if (targets->is_string()) {
+    if (targets->get<std::string>() != all_linear)
+      fail("target_modules is the regular expression \"" + targets->get<std::string>() +
+           "\"; only a list of module names or \"all-linear\" is supported");
+    add(std::string(all_linear));
+  } else if (targets->is_array()) {
+    for (const json& t : *targets) {
+      if (!t.is_string()) fail("target_modules holds " + t.dump() + ", not a module name");
+      add(t.get<std::string>());
+    }
+  } else {
+    fail("target_modules is " + std::string(targets->type_name()) + ", not a list of module names");
+  }
+  return out;
+}
+
+std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_config& c, std::int64_t tp_rank,
+                                            const std::vector<named_parameter>& params) {
+  const lora settings = read_peft_config(dir);
+  const fs::path file = dir / weights_name;
+  const auto fail = [&](const std::string& problem) -> void {
+    throw checkpoint_error("megadsl: " + file.string() + ": " + problem);
+  };
+  const shape& s = c.s;
+  if (const violations v = lora_rules(s, settings, c.head); !v.ok())
+    throw checkpoint_error("megadsl: " + (dir / config_name).string() + ": " + std::string(v.joined().view()));
+  if (c.l.invariant.get())
+    throw std::invalid_argument("megadsl: LoRA adapters with invariant arithmetic (layout::invariant) are not supported yet; "
+                                "load the adapter without invariant=True");
+  const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
+  // Every adapter the model applies, in every layer (each rank checks the whole file alike), and
+  // every module it could adapt.
+  const auto modules_of = [&](const lora_adapter_list& list) {
+    std::set<std::string> out;
+    for (const lora_adapter& a : list)
+      for (std::int64_t layer = 0; layer < s.layers.get(); ++layer)
+        if (in_layer(*a.row, s, layer)) out.insert(with_layer(a.module, layer));
+    return out;
+  };
+  const std::set<std::string> expected = modules_of(adapters);
+  lora every = settings;
+  every.target_count = 0;
+  const std::set<std::string> adaptable = modules_of(lora_adapters(s, c.l, every.target(all_linear), c.head));
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) fail("no such file; PEFT's save_pretrained writes the adapter's weights there");
+  const safetensors_file st = safetensors_file::open(file);
+  std::set<std::string> found;
+  for (const tensor_info& t : st.tensors()) {
+    const std::string_view name = t.name;
+    const bool a = name.ends_with(".lora_A.weight"), b = name.ends_with(".lora_B.weight");
+    if (!name.starts_with(prefix) || !(a || b))
+      fail("holds \"" + t.name + "\", not a LoRA weight (base_model.model.<module>.lora_A.weight or .lora_B.weight)");
+    const std::string module(name.substr(prefix.size(), name.size() - prefix.size() - 14));
+    if (!expected.contains(module))
+      fail("holds an adapter on " + module + (adaptable.contains(module)
+                                                  ? ", which target_modules in adapter_config.json does not name"
+                                                  : ", which megadsl does not adapt in this model (a mixture's experts "
+                                                    "and routers, the embedding and the LM head take none yet)"));
+    found.insert(module);
+  }
+  for (const std::string& module : expected)
+    if (!found.contains(module)) fail("has no adapter on " + module + ", which target_modules names");
+  const std::int64_t r = settings.rank.get();
+  auto out = std::make_shared<lora_set>();
+  for (const named_parameter& p : params) {
+    if (p.plan == nullptr || p.plan->row == nullptr || p.plan->row->where != placement::layer) continue;
+    for (const lora_adapter& a : adapters) {
+      if (a.row->name != p.plan->row->name) continue;
+      const std::string module = with_layer(a.module, p.at.layer);
+      const std::string key = std::string(prefix) + module;
+      const at::Tensor A = st.read(key + ".lora_A.weight", at::kFloat), B = st.read(key + ".lora_B.weight", at::kFloat);
+      if (A.dim() != 2 || A.size(0) != r || A.size(1) != a.in)
+        fail(key + ".lora_A.weight has shape " + c10::str(A.sizes()) + "; this model's is [" + std::to_string(r) + ", " +
+             std::to_string(a.in) + "] (r, the module's inputs)");
+      if (B.dim() != 2 || B.size(0) != a.out || B.size(1) != r)
+        fail(key + ".lora_B.weight has shape " + c10::str(B.sizes()) + "; this model's is [" + std::to_string(a.out) + ", " +
+             std::to_string(r) + "] (the module's outputs, r)");
+      lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling()};
+      for (const shard_piece& piece : shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::all)) {
+        if (!p.plan->row->concatenated && piece.slot != a.source) continue;
+        shard.along_output = piece.dim == 0;
+        const at::Tensor part = piece.dim == 0 ? B.narrow(0, piece.global_offset, piece.extent)
+                                               : A.narrow(1, piece.global_offset, piece.extent);
+        shard.pieces.push_back({piece.local_offset, piece.extent, part.contiguous().to(p.tensor.device())});
+      }
+      shard.whole = (shard.along_output ? A : B).to(p.tensor.device());
+      out->add(p.tensor, p.at.layer, std::move(shard));
+    }
+  }
+  return out;
+}
+
+}  // namespace megadsl
