@@ -206,9 +206,9 @@ class Model:
         """
         Collective: a layout-independent distributed checkpoint (with the trainer's AdamW state when given).
         """
-    def save_hf(self, path: os.PathLike | str | bytes, dtype: str = 'fp32') -> None:
+    def save_hf(self, path: os.PathLike | str | bytes, dtype: str = 'fp32', merge_lora: bool | None = None) -> None:
         """
-        Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`.
+        Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`. A model loaded with a LoRA adapter needs merge_lora: True writes its bases with the adapters merged (PEFT's merge_and_unload, in fp32 before the cast to dtype), False the base alone.
         """
     def trainer(self, **kwargs) -> ...:
         """

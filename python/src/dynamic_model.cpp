@@ -141,8 +141,10 @@ void close_all_models() {
   for (const auto& m : live) m->close();
 }
 
-void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype) {
+void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype, bool merge_lora) {
   if (closed()) throw_closed();
+  if (merge_lora && lora() == nullptr)
+    throw std::invalid_argument("megadsl: save_hf(merge_lora=True): this model carries no LoRA adapter (from_hf's lora_adapter=)");
   std::error_code ec;
   if (fs::exists(dir, ec) && fs::equivalent(dir, source_, ec))
     throw checkpoint_error("megadsl: save_hf: " + dir.string() +
@@ -150,7 +152,7 @@ void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype) {
                            "its weights and every file megadsl does not write (README.md, ...); save to another "
                            "directory: the tokenizer files, generation_config.json and config.json's other fields "
                            "are copied there");
-  megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_, carry_);
+  megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_, carry_, merge_lora ? lora() : nullptr);
 }
 
 void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {

@@ -54,7 +54,9 @@ class dynamic_model {
   virtual void attach_lora(std::shared_ptr<const lora_set> adapters) = 0;
   virtual const lora_set* lora() = 0;
 
-  void save_hf(const std::filesystem::path& dir, at::ScalarType dtype);
+  // merge_lora: a LoRA adapter's updates merged into its bases' tensors (it refuses a model
+  // without one).
+  void save_hf(const std::filesystem::path& dir, at::ScalarType dtype, bool merge_lora = false);
   void save_distributed(const std::filesystem::path& dir, const trainer* t);
   void load_distributed(const std::filesystem::path& dir, trainer* t);
 

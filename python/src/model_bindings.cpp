@@ -463,13 +463,18 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
       "This rank's parameter shards by megadsl name (layers.3.qkv.weight, ...): the live tensors, not copies.");
   model.def(
       "save_hf",
-      [](dynamic_model& self, const std::filesystem::path& path, const std::string& dtype) {
+      [](dynamic_model& self, const std::filesystem::path& path, const std::string& dtype, std::optional<bool> merge_lora) {
         const at::ScalarType t = dtype_of(dtype, "dtype");
+        if (!merge_lora && !self.closed() && self.lora() != nullptr)
+          throw py::value_error("megadsl: save_hf: this model carries a LoRA adapter; pass merge_lora=True to write the "
+                                "merged weights (W + scaling * B A) or merge_lora=False to write the base alone");
         py::gil_scoped_release release;
-        self.save_hf(path, t);
+        self.save_hf(path, t, merge_lora.value_or(false));
       },
-      py::arg("path"), py::arg("dtype") = "fp32",
-      "Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`.");
+      py::arg("path"), py::arg("dtype") = "fp32", py::arg("merge_lora") = py::none(),
+      "Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`. A model loaded "
+      "with a LoRA adapter needs merge_lora: True writes its bases with the adapters merged (PEFT's "
+      "merge_and_unload, in fp32 before the cast to dtype), False the base alone.");
   model.def(
       "save_distributed",
       [](dynamic_model& self, const std::filesystem::path& path, py_trainer* t) {

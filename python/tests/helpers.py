@@ -139,3 +139,10 @@ def forward_with_lora(path, adapter, ids, mask, layout):
     with torch.no_grad():
         out = model.forward(ids, mask)
     return out["log_probs"].clone()
+
+
+def save_merged(path, adapter, out, layout):
+    """`path` with the PEFT adapter in `adapter`, in `layout`, saved to `out` with the adapter merged."""
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
+    model.save_hf(out, merge_lora=True)
+    return True

@@ -128,3 +128,57 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
     model = megadsl.Model.from_hf(path, lora_adapter=adapter)
     with pytest.raises(ValueError, match="training adapters is not built yet"):
         model.trainer()
+
+
+def saved_tensors(directory, pattern="model*.safetensors"):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(directory.glob(pattern)):
+        out.update(load_file(str(f)))
+    return out
+
+
+@pytest.mark.parametrize("name, layout, world", [("qwen3-tf5", dict(tp=2, pp=2, sp=True), 4),
+                                                 ("deepseek-v3-tf5", dict(tp=2), 2)])
+def test_save_hf_merges_the_adapter_as_peft_does(adapters, tmp_path, name, layout, world):
+    """save_hf(merge_lora=True) from a layout writes PEFT's merge_and_unload weights (fp32, 1e-6),
+    and the merged checkpoint alone gives the adapted model's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path, adapter, want, ids, mask = adapters[name]
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    theirs = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().state_dict()
+    out = tmp_path / "merged"
+    megadsl.launch_local(world, helpers.save_merged, str(path), str(adapter), str(out), layout, timeout=600)
+    ours = saved_tensors(out)
+    modules = {k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0] for k in saved_tensors(adapter, "adapter_*.safetensors")}
+    adapted = [n for n in ours if n.removesuffix(".weight") in modules]
+    assert adapted  # the merged modules are among the tensors written
+    assert all(n in theirs for n in adapted)
+    compared = [n for n in ours if n in theirs]
+    assert all(n in compared for n in ours if ".experts." not in n)  # (transformers 5 holds them fused)
+    for n in compared:
+        assert (ours[n] - theirs[n]).abs().max().item() < 1e-6, n
+    base = saved_tensors(path)
+    for n in adapted:
+        assert (ours[n] - base[n]).abs().max().item() > 1e-4, n  # merged, not the base
+    merged = megadsl.Model.from_hf(out)
+    with torch.no_grad():
+        got = merged.forward(ids, mask)["log_probs"][:, :-1]
+    assert helpers.max_diff(got, want, helpers.lp_valid(mask)[:, :-1]) < 1e-5
+
+
+def test_save_hf_asks_whether_to_merge(adapters, tmp_path):
+    path, adapter, *_ = adapters["qwen3-tf5"]
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter)
+    with pytest.raises(ValueError, match="carries a LoRA adapter; pass merge_lora=True"):
+        model.save_hf(tmp_path / "a")
+    model.save_hf(tmp_path / "base", merge_lora=False)
+    base = saved_tensors(tmp_path / "base")
+    for n, t in saved_tensors(path).items():
+        if n in base:
+            assert torch.equal(base[n], t), n
+    with pytest.raises(ValueError, match="carries no LoRA adapter"):
+        megadsl.Model.from_hf(path).save_hf(tmp_path / "b", merge_lora=True)

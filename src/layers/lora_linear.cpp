@@ -24,6 +24,22 @@ const std::vector<lora_shard>* lora_set::use(const at::Tensor& base) const {
   return &it->second.adapters;
 }
 
+bool lora_set::adapts(const at::Tensor& base) const {
+  return base.defined() && by_base_.contains(base.unsafeGetTensorImpl());
+}
+
+void lora_set::add_whole(std::string module, at::Tensor a, at::Tensor b, double scaling) {
+  whole_[std::move(module)] = {std::move(a), std::move(b), scaling};
+}
+
+at::Tensor lora_set::merged(std::string_view hf_name, const at::Tensor& w) const {
+  if (!hf_name.ends_with(".weight")) return w;
+  const auto it = whole_.find(std::string(hf_name.substr(0, hf_name.size() - 7)));
+  if (it == whole_.end()) return w;
+  const whole_adapter& x = it->second;
+  return w.to(at::kFloat) + at::matmul(x.b.to(w.device(), at::kFloat), x.a.to(w.device(), at::kFloat)) * x.scaling;
+}
+
 void lora_set::check_applied(std::int64_t layer) const {
   if (by_base_.empty() || checked_[layer]) return;
   for (const auto& [base, e] : by_base_)

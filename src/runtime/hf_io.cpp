@@ -23,6 +23,7 @@
 #include "megadsl/io/hf_checkpoint.hpp"
 #include "megadsl/io/printable.hpp"
 #include "megadsl/io/safetensors.hpp"
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "megadsl/runtime/weight_export.hpp"
 #include "checkpoint_dir.hpp"
@@ -554,7 +555,7 @@ static std::string default_model_type(const runtime_config& c) {
 
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype, std::string model_type,
-             const std::filesystem::path& carry_from) {
+             const std::filesystem::path& carry_from, const lora_set* merge) {
   namespace fs = std::filesystem;
   if (model_type.empty()) model_type = default_model_type(c);
   refuse_target_over_source(dir, carry_from, "an HF checkpoint", /*overwrite_checkpoint=*/false);
@@ -564,7 +565,11 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0 && g.me.cp == 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
-    hf_tensor_list hf = gather_parameter(p, c, g, dtype);  // every tp (and ep) rank takes part
+    // An adapted base is gathered in fp32 and merged before the cast.
+    const bool merging = merge != nullptr && merge->adapts(p.tensor);
+    hf_tensor_list hf = gather_parameter(p, c, g, merging ? at::kFloat : dtype);  // every tp (and ep) rank takes part
+    if (merging && writer)
+      for (auto& [n, t] : hf) t = merge->merged(n, t).to(dtype);
     if (writer) std::move(hf.begin(), hf.end(), std::back_inserter(tensors));
   }
   if (!writer) return;

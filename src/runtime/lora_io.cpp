@@ -182,6 +182,7 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
       }
       shard.whole = (shard.along_output ? A : B).to(p.tensor.device());
       out->add(p.tensor, p.at.layer, std::move(shard));
+      out->add_whole(module, A, B, settings.scaling());
     }
   }
   return out;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -46,6 +47,13 @@ class lora_set {
   void add(const at::Tensor& base, std::int64_t layer, lora_shard adapter);
   // The adapters on `base`, null if none; marks them applied.
   const std::vector<lora_shard>* use(const at::Tensor& base) const;
+  // Whether `base` has adapters (nothing marked).
+  [[nodiscard]] bool adapts(const at::Tensor& base) const;
+  // Each adapted HF module's whole A (r, in) and B (out, r) in fp32, for merging (save_hf).
+  void add_whole(std::string module, at::Tensor a, at::Tensor b, double scaling);
+  // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in
+  // fp32 (w as is when the module has no adapter here).
+  [[nodiscard]] at::Tensor merged(std::string_view hf_name, const at::Tensor& w) const;
   // After layer `layer` ran a forward: throws std::logic_error naming an adapter of that layer
   // that its block did not apply (it reads that weight some other way), once per layer.
   void check_applied(std::int64_t layer) const;
@@ -58,7 +66,12 @@ class lora_set {
     std::int64_t layer = 0;
     mutable bool applied = false;
   };
+  struct whole_adapter {
+    at::Tensor a, b;
+    double scaling = 1.0;
+  };
   std::unordered_map<const void*, entry> by_base_;
+  std::unordered_map<std::string, whole_adapter> whole_;  // by HF module
   mutable std::unordered_map<std::int64_t, bool> checked_;
   std::size_t count_ = 0;
 };

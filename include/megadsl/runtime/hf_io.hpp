@@ -52,9 +52,10 @@ void check_before_load(const std::filesystem::path& dir, const shape& s, const l
 // tensors (vision tower, ...) copied in `dtype`, config.json's text_config updated; a distributed
 // checkpoint's hf/ serves as well when it carries that part (carry_multimodal_part). A critic, or a
 // source without those tensors, is written as the text model alone.
+// `merge`: LoRA adapters merged into their bases' tensors (W + s B A, in fp32 before the cast).
 void save_hf(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,
              const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat, std::string model_type = "",
-             const std::filesystem::path& carry_from = {});
+             const std::filesystem::path& carry_from = {}, const lora_set* merge = nullptr);
 
 // Where the HF files that travel with a model's weights are (config.json, tokenizer files,
 // generation_config.json): an HF directory itself, or the `hf/` folder of a distributed checkpoint
@@ -86,8 +87,10 @@ hf_load_report load_hf(parallel_model<Spec>& model, const parallel_groups& g, co
 }
 template <class Spec>
 void save_hf(parallel_model<Spec>& model, const parallel_groups& g, const std::filesystem::path& dir,
-             at::ScalarType dtype = at::kFloat, std::string model_type = "", const std::filesystem::path& carry_from = {}) {
-  save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type), carry_from);
+             at::ScalarType dtype = at::kFloat, std::string model_type = "", const std::filesystem::path& carry_from = {},
+             bool merge_lora = false) {
+  save_hf(model.parameters(), model.config(), g, dir, dtype, std::move(model_type), carry_from,
+          merge_lora ? model.lora() : nullptr);
 }
 
 }  // namespace megadsl
