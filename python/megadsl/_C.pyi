@@ -143,7 +143,7 @@ class Model:
         """
     def __repr__(self) -> str:
         ...
-    def _weight_stream(self, dtype: str, bucket_mb: typing.SupportsFloat | typing.SupportsIndex, shard_tp: typing.SupportsInt | typing.SupportsIndex, shard_rank: typing.SupportsInt | typing.SupportsIndex) -> _WeightStream:
+    def _weight_stream(self, dtype: str, bucket_mb: typing.SupportsFloat | typing.SupportsIndex, shard_tp: typing.SupportsInt | typing.SupportsIndex, shard_rank: typing.SupportsInt | typing.SupportsIndex, merge_lora: bool | None = None) -> _WeightStream:
         ...
     def close(self) -> None:
         """
@@ -154,14 +154,15 @@ class Model:
         """
         Bytes of device storage this rank's parameters and gradients hold now (0 while offloaded).
         """
-    def export_weights(self, dtype = 'bf16', bucket_mb = 512, shard_tp = 1, shard_rank = 0):
+    def export_weights(self, dtype = 'bf16', bucket_mb = 512, shard_tp = 1, shard_rank = 0, merge_lora = None):
         """
         Streams the model's weights as (HF name, tensor) pairs for a rollout engine (vLLM, SGLang),
             without a disk: gathered over tp, pp and ep in buckets of about `bucket_mb` MB, in HF's layout
             and `dtype` ("bf16", "fp16", "fp32"): the tensors save_hf writes, bit for bit. A collective:
             every rank iterates the generator to its end, in step, and every rank gets every tensor (or,
             with shard_tp > 1, rollout tp rank `shard_rank`'s slice of it). At most one bucket is held
-            beyond the model.
+            beyond the model. A model loaded with a LoRA adapter needs merge_lora: True sends its bases
+            with the adapters merged (as save_hf(merge_lora=True) writes them), False the base alone.
         """
     def finalize_grads(self) -> None:
         """

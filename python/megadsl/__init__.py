@@ -155,14 +155,15 @@ def plan(model, layout=None, *, seq=4096, critic=False, value_bias=True, world=N
                     config=None if config is None else _os.fspath(config), seq=seq)
 
 
-def _export_weights(self, dtype="bf16", bucket_mb=512, shard_tp=1, shard_rank=0):
+def _export_weights(self, dtype="bf16", bucket_mb=512, shard_tp=1, shard_rank=0, merge_lora=None):
     """Streams the model's weights as (HF name, tensor) pairs for a rollout engine (vLLM, SGLang),
     without a disk: gathered over tp, pp and ep in buckets of about `bucket_mb` MB, in HF's layout
     and `dtype` ("bf16", "fp16", "fp32"): the tensors save_hf writes, bit for bit. A collective:
     every rank iterates the generator to its end, in step, and every rank gets every tensor (or,
     with shard_tp > 1, rollout tp rank `shard_rank`'s slice of it). At most one bucket is held
-    beyond the model."""
-    stream = self._weight_stream(dtype, float(bucket_mb), int(shard_tp), int(shard_rank))
+    beyond the model. A model loaded with a LoRA adapter needs merge_lora: True sends its bases
+    with the adapters merged (as save_hf(merge_lora=True) writes them), False the base alone."""
+    stream = self._weight_stream(dtype, float(bucket_mb), int(shard_tp), int(shard_rank), merge_lora)
     while True:
         bucket = stream.next_bucket()
         if not bucket:

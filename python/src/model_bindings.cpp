@@ -552,8 +552,13 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
   model.def(
       "_weight_stream",
       [](const std::shared_ptr<dynamic_model>& self, const std::string& dtype, double bucket_mb, std::int64_t shard_tp,
-         std::int64_t shard_rank) {
+         std::int64_t shard_rank, std::optional<bool> merge_lora) {
         if (self->closed()) throw std::runtime_error("megadsl: export_weights: this Model is closed");
+        if (!merge_lora && self->lora() != nullptr)
+          throw py::value_error("megadsl: export_weights: this model carries a LoRA adapter; pass merge_lora=True to send "
+                                "the merged weights (W + scaling * B A) or merge_lora=False to send the base alone");
+        if (merge_lora.value_or(false) && self->lora() == nullptr)
+          throw py::value_error("megadsl: export_weights(merge_lora=True): this model carries no LoRA adapter");
         if (!(bucket_mb > 0) || !std::isfinite(bucket_mb))
           throw py::value_error("megadsl: export_weights: bucket_mb is the size of a bucket in MB, a finite number above "
                                 "0, got " + std::string(py::str(py::float_(bucket_mb))));
@@ -562,11 +567,12 @@ loss (value_clip=0.5, loss_agg_mode). An unknown keyword is a TypeError naming i
                                .bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20)),
                                .shard_tp = shard_tp,
                                .shard_rank = shard_rank,
-                               .names = self->hf_names()};
+                               .names = self->hf_names(),
+                               .merge = merge_lora.value_or(false) ? self->lora() : nullptr};
         return std::make_unique<py_weight_stream>(
             py_weight_stream{self, weight_stream(self->parameters(), self->config(), self->groups(), o)});
       },
-      py::arg("dtype"), py::arg("bucket_mb"), py::arg("shard_tp"), py::arg("shard_rank"));
+      py::arg("dtype"), py::arg("bucket_mb"), py::arg("shard_tp"), py::arg("shard_rank"), py::arg("merge_lora") = py::none());
 
   model.def_property_readonly("layout", [](const dynamic_model& self) { return self.config().l; });
   model.def_property_readonly("critic", [](const dynamic_model& self) { return !self.config().head.actor; });

@@ -146,3 +146,9 @@ def save_merged(path, adapter, out, layout):
     model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
     model.save_hf(out, merge_lora=True)
     return True
+
+
+def export_merged(path, adapter, layout):
+    """`path` with the PEFT adapter in `adapter`, in `layout`: export_weights(merge_lora=True) in fp32."""
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
+    return {n: t.clone() for n, t in model.export_weights(dtype="fp32", bucket_mb=1, merge_lora=True)}

@@ -164,6 +164,12 @@ def test_save_hf_merges_the_adapter_as_peft_does(adapters, tmp_path, name, layou
     base = saved_tensors(path)
     for n in adapted:
         assert (ours[n] - base[n]).abs().max().item() > 1e-4, n  # merged, not the base
+    # The rollout sync sends the same merged tensors, in buckets, to every rank.
+    for rank, sent in enumerate(megadsl.launch_local(world, helpers.export_merged, str(path), str(adapter), layout,
+                                                     timeout=600)):
+        assert set(sent) == set(ours), rank
+        for n, t in sent.items():
+            assert torch.equal(t, ours[n]), (rank, n)
     merged = megadsl.Model.from_hf(out)
     with torch.no_grad():
         got = merged.forward(ids, mask)["log_probs"][:, :-1]
@@ -182,3 +188,7 @@ def test_save_hf_asks_whether_to_merge(adapters, tmp_path):
             assert torch.equal(base[n], t), n
     with pytest.raises(ValueError, match="carries no LoRA adapter"):
         megadsl.Model.from_hf(path).save_hf(tmp_path / "b", merge_lora=True)
+    with pytest.raises(ValueError, match="carries a LoRA adapter; pass merge_lora=True to send"):
+        next(model.export_weights())
+    with pytest.raises(ValueError, match="carries no LoRA adapter"):
+        next(megadsl.Model.from_hf(path).export_weights(merge_lora=True))

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 
 namespace megadsl {
@@ -200,7 +201,10 @@ hf_tensor_list weight_stream::next() {
     std::int64_t at = 0;
     for (std::size_t j = first; j < s.cursor; ++j) {
       const named_parameter& p = params[j];
-      hf_tensor_list gathered = gather_parameter(p, s.c, *s.g, s.o.dtype);
+      const bool merging = s.o.merge != nullptr && s.o.merge->adapts(p.tensor);  // gathered in fp32, merged, cast
+      hf_tensor_list gathered = gather_parameter(p, s.c, *s.g, merging ? at::kFloat : s.o.dtype);
+      if (merging)
+        for (auto& [name, t] : gathered) t = s.o.merge->merged(name, t).to(s.o.dtype);
       if (p.plan->row->stacking != hf_stacking::none) {
         // The stack's slices so far; the last one of the layer writes the stack.
         for (auto& x : gathered) stack_parts.push_back(std::move(x));

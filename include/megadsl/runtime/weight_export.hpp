@@ -41,6 +41,9 @@ struct export_options {
   // The names the engine loads: the checkpoint's the model came from (hf_load_report::names: a
   // multimodal checkpoint keeps its text model under a prefix of its own); identity by default.
   hf_name_map names;
+  // LoRA adapters merged into their bases' tensors (W + s B A in fp32, then the cast), what a
+  // rollout engine without LoRA loads; null: the bases as they are.
+  const lora_set* merge = nullptr;
 };
 
 using hf_tensor_list = std::vector<std::pair<std::string, at::Tensor>>;
