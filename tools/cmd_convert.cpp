@@ -26,6 +26,7 @@
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/dist_checkpoint.hpp"
 #include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/lora_io.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl::cli {
@@ -235,6 +236,9 @@ plan prepare(const options& o, const job& j, std::ostream& err) {
   } catch (const checkpoint_error& e) {
     throw usage_error(e.what());
   }
+  if (!o.merge_lora.empty() && p.target != format::hf)
+    throw usage_error("megadsl convert: --merge-lora writes an HF checkpoint with the adapter merged; use --to-format hf "
+                      "(a distributed checkpoint does not carry adapters yet)");
   if (fs::exists(to, ec) && p.target == format::hf && fs::exists(to / "metadata.json", ec))
     bad(o.to + " holds a distributed checkpoint; write the HF checkpoint to another directory");
   if (fs::exists(to, ec) && p.target == format::dist && !fs::exists(to / "metadata.json", ec) &&
@@ -294,8 +298,10 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
   bar.start("megadsl convert: writing " + std::string(name_of(p.target)) + " " + o.to);
   // The tokenizer files, generation_config.json and config.json's other fields come along.
   // A distributed checkpoint keeps them in its hf/ folder, from which they come back.
+  if (!o.merge_lora.empty())  // this rank's shards of the adapter, merged by save_hf
+    model.attach_lora(load_peft_adapter(o.merge_lora, model.config(), groups.me.tp, model.parameters()));
   if (p.target == format::hf) {
-    save_hf(model, groups, o.to, p.type, p.src.model_type, hf_files_of(p.src.dir));
+    save_hf(model, groups, o.to, p.type, p.src.model_type, hf_files_of(p.src.dir), /*merge_lora=*/!o.merge_lora.empty());
   } else {
     checkpoint_extras extras;
     extras.hf_files = hf_files_of(p.src.dir);

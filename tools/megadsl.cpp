@@ -36,7 +36,7 @@ commands:
       [--device cpu|cuda] [--compute fp32|bf16]
                             run the model on a batch: the actor's log_probs and entropy (and
                             logits with --logits), or with --critic the values; plus the valid mask
-  convert --from PATH --to PATH [--to-format hf|dist] [layout] [--dtype fp32|bf16|fp16] [--ranks N]
+  convert --from PATH --to PATH [--to-format hf|dist] [layout] [--dtype fp32|bf16|fp16] [--merge-lora DIR] [--ranks N]
                             HF checkpoint <-> distributed checkpoint, any layout to any layout
   help                      this text
 
@@ -88,6 +88,8 @@ convert:
                             checkpoint written keeps it as its layout (any layout loads it back)
   --critic                  an HF source is a critic (value head); a distributed one says what it is
   --dtype fp32|bf16|fp16    dtype of what is written (default: the source's)
+  --merge-lora DIR          a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)
+                            merged into the HF checkpoint written (W + scaling * B A)
   --ranks N                 as for run
 other:
   --config PATH             with a preset: check that PATH (config.json or its directory)

@@ -192,3 +192,27 @@ def test_save_hf_asks_whether_to_merge(adapters, tmp_path):
         next(model.export_weights())
     with pytest.raises(ValueError, match="carries no LoRA adapter"):
         next(megadsl.Model.from_hf(path).export_weights(merge_lora=True))
+
+
+def test_megadsl_convert_merges_an_adapter(adapters, tmp_path):
+    """`megadsl convert --merge-lora DIR` (the CLI, at tp 2 on 2 ranks) writes what save_hf(merge_lora=True) does."""
+    import subprocess
+    from pathlib import Path
+
+    tool = Path(megadsl.__file__).resolve().parents[2] / "tools" / "megadsl"
+    assert tool.exists(), f"{tool}: build the CLI first (scripts/build.sh)"
+    path, adapter, *_ = adapters["qwen3-tf5"]
+    out = tmp_path / "cli"
+    run = subprocess.run([str(tool), "convert", "--from", str(path), "--to", str(out), "--to-format", "hf",
+                          "--merge-lora", str(adapter), "--tp", "2", "--ranks", "2"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter)
+    model.save_hf(tmp_path / "py", merge_lora=True)
+    ours, want = saved_tensors(out), saved_tensors(tmp_path / "py")
+    assert set(ours) == set(want)
+    for n, t in ours.items():
+        assert torch.equal(t, want[n]), n
+    refused = subprocess.run([str(tool), "convert", "--from", str(path), "--to", str(tmp_path / "d"), "--to-format",
+                              "dist", "--merge-lora", str(adapter)], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "--merge-lora writes an HF checkpoint" in refused.stderr
