@@ -294,11 +294,11 @@ TEST_CASE("the chunked gated delta rule equals the token-by-token rule, values a
 TEST_CASE("an invariant linear's output column has the same bits whatever the output width and rows", "[world4]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   for (const std::int64_t k : {48L, 64L, 96L, 200L}) {
-    const at::Tensor x = at::randn({300, k}, gen, at::kFloat), w = at::randn({256, k}, gen, at::kFloat);
-    const at::Tensor b = at::randn({256}, gen, at::kFloat);
+    const at::Tensor x = at::randn({300, k}, gen, at::kFloat), w = at::randn({600, k}, gen, at::kFloat);
+    const at::Tensor b = at::randn({600}, gen, at::kFloat);
     const at::Tensor whole = invariant_linear(x, w, b);
-    for (const std::int64_t first : {0L, 8L, 60L}) {
-      for (const std::int64_t n : {1L, 2L, 4L, 8L, 12L, 16L, 64L, 70L, 128L}) {
+    for (const std::int64_t first : {0L, 8L, 60L, 200L}) {
+      for (const std::int64_t n : {1L, 2L, 4L, 8L, 12L, 16L, 64L, 70L, 128L, 300L}) {
         INFO("k " << k << ", output columns " << first << " + " << n);
         CHECK(at::equal(invariant_linear(x, w.narrow(0, first, n), b.narrow(0, first, n)), whole.narrow(1, first, n)));
         CHECK(at::equal(invariant_linear(x.narrow(0, 7, 9), w.narrow(0, first, n)), invariant_linear(x, w).narrow(0, 7, 9).narrow(1, first, n)));

@@ -34,7 +34,7 @@ namespace megadsl {
 class comm_group;
 
 inline constexpr std::int64_t invariant_row_tile = 128;
-inline constexpr std::int64_t invariant_col_tile = 64;
+inline constexpr std::int64_t invariant_col_tile = 256;
 inline constexpr std::int64_t invariant_k_chunks = 8;
 inline constexpr std::int64_t invariant_sum_block = 128;
 inline constexpr std::int64_t invariant_pointwise_block = 32768;  // a multiple of any SIMD loop's step (<= 128), at most ATen's grain
