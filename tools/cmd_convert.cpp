@@ -276,8 +276,10 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
                 std::to_string(p.src.tensors) + (p.src.kind == format::hf ? " tensors, " : " pieces, ") +
                 size_text(p.src.bytes) + ")",
             p.src.files);
+  hf_name_map names;  // where an HF source stores its text model (a multimodal one's adapters are named so)
   if (p.src.kind == format::hf) {
     const hf_load_report r = load_hf(model, groups, p.src.dir);
+    names = r.names;
     bar.finish();
     if (speak) {
       for (const std::string& n : r.notes) err << "note: " << n << '\n';
@@ -299,7 +301,7 @@ void convert(parallel_groups& groups, std::int64_t world, const options& o, cons
   // The tokenizer files, generation_config.json and config.json's other fields come along.
   // A distributed checkpoint keeps them in its hf/ folder, from which they come back.
   if (!o.merge_lora.empty())  // this rank's shards of the adapter, merged by save_hf
-    model.attach_lora(load_peft_adapter(o.merge_lora, model.config(), groups.me.tp, model.parameters()));
+    model.attach_lora(load_peft_adapter(o.merge_lora, model.config(), groups.me.tp, model.parameters(), names));
   if (p.target == format::hf) {
     save_hf(model, groups, o.to, p.type, p.src.model_type, hf_files_of(p.src.dir), /*merge_lora=*/!o.merge_lora.empty());
   } else {

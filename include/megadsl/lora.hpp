@@ -103,6 +103,7 @@ constexpr std::string_view lora_unsupported(const param_row& row, const row_geom
   if (row.where == placement::expert) return "a mixture's experts take no adapters yet";
   if (row.where != placement::layer) return "only the decoder layers' linears take adapters (not the embedding or a head)";
   if (is_bias(row) || g.across == 0) return "a vector is no linear";
+  if (row.form != hf_form::as_held) return "it is no nn.Linear (a conv's weight, a scalar)";
   if (!g.token_matrix) return "it is no linear over the tokens (a router's or a per-head weight)";
   if (g.vocab) return "the vocabulary's rows take no adapters";
   return {};

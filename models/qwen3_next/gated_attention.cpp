@@ -10,6 +10,7 @@
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/models/qwen3_next/gated_attention.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -46,10 +47,15 @@ class gated_attention final : public layer_module {
     if (x.size(0) != rows) x = x.narrow(0, 0, rows);            // SP padding rows: (T, H)
     const auto q_gate = c.linear(x, q_, q_bias_).view({rows, n, 2 * d}).split_with_sizes({d, d}, -1);
     at::Tensor q = q_gate[0].reshape({rows, g, n / g, d});                       // (rows, G, Q, d)
-    // This rank's kv heads' rows of the replicated k_proj / v_proj (their gradients land in those rows).
+    // This rank's kv heads' rows of the replicated k_proj / v_proj (their gradients land in those
+    // rows); with a LoRA adapter on it, the whole projection (the adapter's update is whole), narrowed.
     const auto mine = [&](const at::Tensor& p) { return p.defined() ? c.w(p).narrow(0, first_kv_ * d, g * d) : p; };
-    at::Tensor k = c.linear(x, mine(k_), mine(k_bias_)).view({rows, g, d});      // (rows, G, d)
-    at::Tensor v = c.linear(x, mine(v_), mine(v_bias_)).view({rows, g, d});
+    const auto kv = [&](const at::Tensor& w, const at::Tensor& b) {
+      if (c.lora != nullptr && c.lora->adapts(w)) return c.linear(x, w, b).narrow(-1, first_kv_ * d, g * d);
+      return c.linear(x, mine(w), mine(b));
+    };
+    at::Tensor k = kv(k_, k_bias_).view({rows, g, d});  // (rows, G, d)
+    at::Tensor v = kv(v_, v_bias_).view({rows, g, d});
     qk_norm_->apply(q, k, c);  // per head: on this rank's rows
     // Context parallelism (Ulysses): whole sequences of this cp rank's share of the heads.
     if (c.cp != nullptr) cp_whole_stream_heads({}, q, k, v, tokens, *c.cp);     // (T, G/cp, Q, d) or (T, 1, Q/cp, d)

@@ -123,7 +123,7 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   m->carry_ = dir;
   m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
   if (!o.lora_adapter.empty())
-    m->attach_lora(load_peft_adapter(o.lora_adapter, m->config(), m->coords().tp, m->parameters()));
+    m->attach_lora(load_peft_adapter(o.lora_adapter, m->config(), m->coords().tp, m->parameters(), m->hf_names()));
   std::lock_guard lock(registry_mutex);
   std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });
   registry.push_back(m);

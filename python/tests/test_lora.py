@@ -2,7 +2,7 @@
 megadsl in any layout and gives PEFT's log-probs; what megadsl cannot honour is refused in one line.
 
 The adapters are made here: PEFT's get_peft_model on the fixture with init_lora_weights=False (A
-and B random, so the update is not zero), saved with save_pretrained."""
+and B random, so the update is not zero; B scaled to a tenth), saved with save_pretrained."""
 
 import json
 
@@ -13,12 +13,14 @@ import helpers
 import megadsl
 
 # (fixture, target_modules, use_rslora): a dense family on all its linears, MLA's projections, a
-# mixture's attention.
+# mixture's attention, Qwen3-Next's linear and full attention.
 CASES = [
     ("qwen3-tf5", "all-linear", False),
     ("llama-gqa", ["q_proj", "v_proj", "down_proj"], True),
     ("deepseek-v3-tf5", ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"], False),
     ("qwen3-moe-tf5", ["q_proj", "k_proj", "v_proj", "o_proj"], False),
+    # the gated DeltaNet's projections, and the output-gated attention's replicated k / v
+    ("qwen3-next-tf5", ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"], False),
 ]
 LAYOUTS = [
     (dict(tp=2, sp=True, rmpad=True), 2),
@@ -45,6 +47,10 @@ def peft_adapter(fixture, targets, rslora, out):
     config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
                         init_lora_weights=False)
     model = get_peft_model(base, config).eval()
+    with torch.no_grad():  # B at a tenth of nn.Linear's init: an update the size a trained one has
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(0.1)
     model.save_pretrained(out)
     ids, mask = batch(base.config.vocab_size)
     with torch.no_grad():
@@ -101,7 +107,7 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
         (dict(use_dora=True), r"adapter_config.json: use_dora = true: DoRA are not supported"),
         (dict(rank_pattern={"q_proj": 8}), r"rank_pattern = .*per-module ranks"),
         (dict(target_modules=".*proj"), r"target_modules is the regular expression"),
-        (dict(r=8), r"lora_A.weight has shape \[4, 64\]; this model's is \[8, 64\]"),
+        (dict(r=8), r"lora_A.weight has shape \[4, \d+\]; this model's is \[8, \d+\]"),
         (dict(target_modules=["q_proj"]), r"holds an adapter on model.layers.0.\S+, which target_modules in adapter_config.json does not name"),
     ]:
         with pytest.raises(megadsl.CheckpointError, match=match) as info:

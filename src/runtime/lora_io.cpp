@@ -6,11 +6,12 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
+#include <optional>
 #include <string>
 
 #include "../spec/json_bounded.hpp"
 #include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/runtime/shard_io.hpp"
@@ -31,6 +32,12 @@ bool unused(const json& v, std::string_view none = {}) {
   if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return true;
   if ((v.is_array() || v.is_object()) && v.empty()) return true;
   return v.is_string() && !none.empty() && v.get<std::string>() == none;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
 }
 
 }  // namespace
@@ -70,6 +77,16 @@ lora read_peft_config(const fs::path& dir) {
   for (const auto& r : refused)
     if (const auto it = j.find(r.key); it != j.end() && !unused(*it, r.none))
       fail(std::string(r.key) + " = " + it->dump() + ": " + r.what + " are not supported; save the adapter without it");
+  if (const auto it = j.find("alora_invocation_tokens"); it != j.end() && !unused(*it))
+    fail("alora_invocation_tokens = " + it->dump() + ": activated LoRA (applied after those tokens only) is not supported");
+  // An initialisation that rewrites the base weights: the adapter fits that rewritten base only,
+  // unless PEFT converted it to a plain LoRA on save (path_initial_model_for_weight_conversion).
+  if (const auto it = j.find("init_lora_weights"); it != j.end() && it->is_string()) {
+    const std::string init = it->get<std::string>();
+    if (init.starts_with("pissa") || init == "olora" || init.starts_with("corda") || init == "loftq")
+      fail("init_lora_weights = \"" + init + "\" rewrites the base weights, which megadsl loads as they are; save the "
+           "adapter converted to a plain LoRA (PEFT's path_initial_model_for_weight_conversion) or merge it into its base");
+  }
   lora out;
   std::int64_t rank = 0;
   std::string why;
@@ -112,7 +129,7 @@ lora read_peft_config(const fs::path& dir) {
 }
 
 std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_config& c, std::int64_t tp_rank,
-                                            const std::vector<named_parameter>& params) {
+                                            const std::vector<named_parameter>& params, const hf_name_map& names) {
   const lora settings = read_peft_config(dir);
   const fs::path file = dir / weights_name;
   const auto fail = [&](const std::string& problem) -> void {
@@ -125,53 +142,62 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
     throw std::invalid_argument("megadsl: LoRA adapters with invariant arithmetic (layout::invariant) are not supported yet; "
                                 "load the adapter without invariant=True");
   const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
-  // Every adapter the model applies, in every layer (each rank checks the whole file alike), and
-  // every module it could adapt.
+  // Every adapter the model applies, in every layer, with its shape (each rank checks the whole
+  // file alike, before any rank reads its own), and every module it could adapt.
   const auto modules_of = [&](const lora_adapter_list& list) {
-    std::set<std::string> out;
+    std::map<std::string, const lora_adapter*> out;
     for (const lora_adapter& a : list)
       for (std::int64_t layer = 0; layer < s.layers.get(); ++layer)
-        if (in_layer(*a.row, s, layer)) out.insert(with_layer(a.module, layer));
+        if (in_layer(*a.row, s, layer)) out[with_layer(a.module, layer)] = &a;
     return out;
   };
-  const std::set<std::string> expected = modules_of(adapters);
+  const std::map<std::string, const lora_adapter*> expected = modules_of(adapters);
   lora every = settings;
   every.target_count = 0;
-  const std::set<std::string> adaptable = modules_of(lora_adapters(s, c.l, every.target(all_linear), c.head));
+  const lora_adapter_list linears = lora_adapters(s, c.l, every.target(all_linear), c.head);
+  const std::map<std::string, const lora_adapter*> adaptable = modules_of(linears);
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) fail("no such file; PEFT's save_pretrained writes the adapter's weights there");
   const safetensors_file st = safetensors_file::open(file);
-  std::set<std::string> found;
+  std::map<std::string, std::string> key_of;  // the text model's module -> its key in the file (a multimodal model's under its prefix)
   for (const tensor_info& t : st.tensors()) {
     const std::string_view name = t.name;
     const bool a = name.ends_with(".lora_A.weight"), b = name.ends_with(".lora_B.weight");
     if (!name.starts_with(prefix) || !(a || b))
       fail("holds \"" + t.name + "\", not a LoRA weight (base_model.model.<module>.lora_A.weight or .lora_B.weight)");
-    const std::string module(name.substr(prefix.size(), name.size() - prefix.size() - 14));
+    const std::string stored(name.substr(prefix.size(), name.size() - prefix.size() - 14));
+    const std::optional<std::string> text = names.text_name(stored + ".weight");
+    if (!text) fail("holds an adapter on " + stored + ", outside the text model megadsl runs (a vision tower's?)");
+    const std::string module = text->substr(0, text->size() - 7);
     if (!expected.contains(module))
-      fail("holds an adapter on " + module + (adaptable.contains(module)
+      fail("holds an adapter on " + stored + (adaptable.contains(module)
                                                   ? ", which target_modules in adapter_config.json does not name"
                                                   : ", which megadsl does not adapt in this model (a mixture's experts "
                                                     "and routers, the embedding and the LM head take none yet)"));
-    found.insert(module);
+    key_of[module] = std::string(prefix) + stored;
   }
-  for (const std::string& module : expected)
-    if (!found.contains(module)) fail("has no adapter on " + module + ", which target_modules names");
   const std::int64_t r = settings.rank.get();
+  for (const auto& [module, a] : expected) {
+    const auto it = key_of.find(module);
+    if (it == key_of.end()) fail("has no adapter on " + names.stored(module) + ", which target_modules names");
+    const auto check = [&](const char* which, std::int64_t rows, std::int64_t cols, const char* what) {
+      const tensor_info* t = st.find(it->second + which);
+      if (t == nullptr) fail("has no " + it->second + which + " beside the other of its pair");
+      if (t->shape != std::vector<std::int64_t>{rows, cols})
+        fail(it->second + which + " has shape " + shape_text(t->shape) + "; this model's is [" + std::to_string(rows) + ", " +
+             std::to_string(cols) + "] " + what);
+    };
+    check(".lora_A.weight", r, a->in, "(r, the module's inputs)");
+    check(".lora_B.weight", a->out, r, "(the module's outputs, r)");
+  }
   auto out = std::make_shared<lora_set>();
   for (const named_parameter& p : params) {
     if (p.plan == nullptr || p.plan->row == nullptr || p.plan->row->where != placement::layer) continue;
     for (const lora_adapter& a : adapters) {
       if (a.row->name != p.plan->row->name) continue;
       const std::string module = with_layer(a.module, p.at.layer);
-      const std::string key = std::string(prefix) + module;
+      const std::string& key = key_of.at(module);
       const at::Tensor A = st.read(key + ".lora_A.weight", at::kFloat), B = st.read(key + ".lora_B.weight", at::kFloat);
-      if (A.dim() != 2 || A.size(0) != r || A.size(1) != a.in)
-        fail(key + ".lora_A.weight has shape " + c10::str(A.sizes()) + "; this model's is [" + std::to_string(r) + ", " +
-             std::to_string(a.in) + "] (r, the module's inputs)");
-      if (B.dim() != 2 || B.size(0) != a.out || B.size(1) != r)
-        fail(key + ".lora_B.weight has shape " + c10::str(B.sizes()) + "; this model's is [" + std::to_string(a.out) + ", " +
-             std::to_string(r) + "] (the module's outputs, r)");
       lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling()};
       for (const shard_piece& piece : shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::all)) {
         if (!p.plan->row->concatenated && piece.slot != a.source) continue;

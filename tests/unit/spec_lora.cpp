@@ -9,6 +9,7 @@
 #include "megadsl/models/deepseek_v3.hpp"
 #include "megadsl/models/llama.hpp"
 #include "megadsl/models/phi3.hpp"
+#include "megadsl/models/qwen3_next.hpp"
 #include "megadsl/models/qwen_moe.hpp"
 #include "megadsl/models/tiny.hpp"
 
@@ -125,6 +126,9 @@ TEST_CASE("LoRA settings that cannot apply are refused by named rules", "[spec][
   CHECK_THAT(rules_text(megadsl::qwen3_30b_a3b::shape, lora{.rank = 8}.target("gate_proj")),
              Catch::Contains("lora_target_supported") && Catch::Contains("a mixture's experts take no adapters yet"));
   CHECK(megadsl::lora_adapters(megadsl::qwen3_30b_a3b::shape, layout{}, lora{.rank = 8}.target("all-linear")).size() == 4);
+  // The gated DeltaNet's causal conv is no nn.Linear (PEFT's all-linear leaves it out too).
+  CHECK_THAT(rules_text(megadsl::qwen3_next_80b_a3b::shape, lora{.rank = 8}.target("conv1d")),
+             Catch::Contains("lora_target_supported") && Catch::Contains("no nn.Linear"));
   CHECK(megadsl::lora_rules(tiny, lora{}).ok());  // rank 0: no adapters, nothing to check
   CHECK(megadsl::lora_adapters(tiny, layout{}, lora{}.target("q_proj")).size() == 0);
 }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/lora.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
@@ -26,8 +27,10 @@ class lora_set;
 lora read_peft_config(const std::filesystem::path& dir);
 
 // This rank's adapters of `dir` for the model `c` whose parameters (this rank's shards) are
-// `params`: checked against the model (names, shapes, the lora rules) on every rank alike.
+// `params`: checked against the model (names, shapes, the lora rules) on every rank alike. `names`:
+// where the checkpoint stores its text model (a multimodal one under a prefix, as PEFT on it names
+// the adapters).
 std::shared_ptr<lora_set> load_peft_adapter(const std::filesystem::path& dir, const runtime_config& c, std::int64_t tp_rank,
-                                            const std::vector<named_parameter>& params);
+                                            const std::vector<named_parameter>& params, const hf_name_map& names = {});
 
 }  // namespace megadsl
