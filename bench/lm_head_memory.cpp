@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/formulas.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "counting_allocator.hpp"
 
@@ -72,26 +73,27 @@ int main(int argc, char** argv) {
       chunk_arg = std::stoll(argv[i + 1]);
     }
   }
-  // The training default (decoder_stage.cpp): 2^25 logits a chunk.
-  const std::int64_t chunk = chunk_arg > 0 ? chunk_arg : (std::int64_t{1} << 25) / vocab;
+  // The training default (formulas.hpp): 2^25 logits a chunk.
+  const std::int64_t chunk = chunk_arg > 0 ? chunk_arg : md::lm_head_chunk_elements / vocab;
   std::printf("LM head, vocab %lld, hidden %lld, fp32, tp 1: extra peak of one forward + backward (log-probs + entropy)\n",
               static_cast<long long>(vocab), static_cast<long long>(hidden));
-  std::printf("%8s  %-16s  %12s  %9s  %s\n", "tokens", "head", "extra GiB", "seconds", "max |chunked - whole|");
+  std::printf("%8s  %-16s  %12s  %9s  %9s  %s\n", "tokens", "head", "extra GiB", "plan GiB", "seconds", "max |chunked - whole|");
   for (const std::int64_t t : tokens) {
     at::manual_seed(0);
     const at::Tensor h = at::randn({t, hidden}), w = at::randn({vocab, hidden}) * 0.1;
     const at::Tensor labels = at::randint(0, vocab, {t}, at::kLong);
     const result c = run(counting, h, w, labels, chunk);
-    std::printf("%8lld  chunked (%5lld)  %12.3f  %9.2f\n", static_cast<long long>(t), static_cast<long long>(chunk),
-                gib(c.peak), c.seconds);
+    std::printf("%8lld  chunked (%5lld)  %12.3f  %9.3f  %9.2f\n", static_cast<long long>(t), static_cast<long long>(chunk),
+                gib(c.peak), gib(md::lm_head_peak_bytes(t, vocab, chunk)), c.seconds);
     if (t <= whole_max) {
       const result o = run(counting, h, w, labels, 0);
-      std::printf("%8lld  %-16s  %12.3f  %9.2f  log-probs %.2e, entropy %.2e, grad h %.2e, grad w %.2e\n",
-                  static_cast<long long>(t), "whole", gib(o.peak), o.seconds, diff(c.logp, o.logp),
+      std::printf("%8lld  %-16s  %12.3f  %9.3f  %9.2f  log-probs %.2e, entropy %.2e, grad h %.2e, grad w %.2e\n",
+                  static_cast<long long>(t), "whole", gib(o.peak), gib(md::lm_head_peak_bytes(t, vocab, -1)), o.seconds,
+                  diff(c.logp, o.logp),
                   diff(c.entropy, o.entropy), diff(c.grad_h, o.grad_h), diff(c.grad_w, o.grad_w));
     } else {
-      std::printf("%8lld  %-16s  %12.3f  %9s  (not run: its logits alone are %.1f GiB)\n", static_cast<long long>(t),
-                  "whole (T x V)", gib(static_cast<double>(t) * vocab * 4), "-", gib(static_cast<double>(t) * vocab * 4));
+      std::printf("%8lld  %-16s  %12s  %9.3f  %9s  (not run: its logits alone are %.1f GiB)\n", static_cast<long long>(t),
+                  "whole (T x V)", "-", gib(md::lm_head_peak_bytes(t, vocab, -1)), "-", gib(static_cast<double>(t) * vocab * 4));
     }
   }
   return 0;

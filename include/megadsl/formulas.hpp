@@ -302,6 +302,32 @@ constexpr double megatron_flops(const shape& s, const layout& l, const Seqlens& 
          (causal ? 6.0 : 12.0) * squares * static_cast<double>(score_units(s));
 }
 
+// ---- the LM head in training (layers/vocab_parallel.hpp) ------------------------------------------
+
+// A training step computes the head's (tokens x V'/tp) logits whole up to this many a micro-batch
+// (1 GiB in fp32), in chunks of about lm_head_chunk_elements beyond it (forward and backward, the
+// GEMM again in the backward); inference always goes a chunk at a time.
+inline constexpr std::int64_t lm_head_whole_max_elements = std::int64_t{1} << 28;
+inline constexpr std::int64_t lm_head_chunk_elements = std::int64_t{1} << 25;  // 128 MB in fp32
+
+// The tokens of the chunk a training step's head takes for `tokens` per rank over `vocab_local`
+// (V'/tp) columns, asked `asked` (model_options::head_chunk_tokens: > 0 that chunk, -1 whole, 0
+// the rule above); 0: whole.
+constexpr std::int64_t lm_head_training_chunk(std::int64_t tokens, std::int64_t vocab_local, std::int64_t asked) {
+  if (asked > 0) return asked;
+  if (asked < 0 || tokens * vocab_local <= lm_head_whole_max_elements) return 0;
+  return vocab_local >= lm_head_chunk_elements ? 1 : lm_head_chunk_elements / vocab_local;
+}
+
+// The head's extra peak bytes in one forward + backward of a micro-batch of `tokens` per rank over
+// `vocab_local` (V'/tp) columns: three fp32 (rows, V'/tp) buffers (the logits, their softmax,
+// their gradient) of the whole micro-batch or of one chunk (bench_lm_head_memory measures it).
+constexpr double lm_head_peak_bytes(std::int64_t tokens, std::int64_t vocab_local, std::int64_t asked = 0) {
+  const std::int64_t chunk = lm_head_training_chunk(tokens, vocab_local, asked);
+  const std::int64_t rows = chunk > 0 && chunk < tokens ? chunk : tokens;
+  return 3.0 * 4.0 * static_cast<double>(rows) * static_cast<double>(vocab_local);
+}
+
 // ---- communication -------------------------------------------------------------------------------
 
 // Bytes one rank sends on the wire under ring algorithms (NCCL's and Gloo's): an all-reduce of B

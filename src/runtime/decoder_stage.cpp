@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "megadsl/formulas.hpp"
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/dropout.hpp"
@@ -35,14 +36,12 @@
 namespace megadsl::detail {
 namespace {
 
-// Inference computes the LM head and its log-softmax a block of tokens at a time, about this many
-// logits (128 MB in fp32, ~1000 tokens of a 32k vocabulary): the whole (T, V) is never held, and
-// the blocks stay tall enough for the GEMM (64-token blocks made the LM head 1.7x slower here).
-constexpr std::int64_t head_block_elements = std::int64_t{1} << 25;
-// Training computes them whole (one pass, the fused kernels where they apply) up to this many
-// logits a micro-batch (1 GiB in fp32), in such blocks beyond it (chunked_head_logprob_entropy:
-// the GEMM again in the backward), so that a long micro-batch never holds (T, V/tp) logits.
-constexpr std::int64_t head_whole_max_elements = std::int64_t{1} << 28;
+// Inference computes the LM head and its log-softmax a block of tokens at a time, about
+// lm_head_chunk_elements logits (128 MB in fp32, ~1000 tokens of a 32k vocabulary): the whole (T, V)
+// is never held, and the blocks stay tall enough for the GEMM (64-token blocks made the LM head
+// 1.7x slower here). Training computes them whole (one pass, the fused kernels where they apply)
+// up to lm_head_whole_max_elements a micro-batch, in such blocks beyond it (formulas.hpp's
+// lm_head_training_chunk; chunked_head_logprob_entropy: the GEMM again in the backward).
 
 std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
   std::uint64_t h = 1469598103934665603ULL ^ seed;
@@ -523,9 +522,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
       if (asked < -1)
         throw std::invalid_argument("megadsl: head_chunk_tokens = " + std::to_string(asked) +
                                     "; use a chunk of tokens > 0, 0 (chunks where the logits would pass 1 GiB) or -1 (whole)");
-      const std::int64_t block_rows = std::max<std::int64_t>(1, head_block_elements / lm_head_.size(0));
-      const bool large = rows_in * lm_head_.size(0) > head_whole_max_elements;
-      const std::int64_t chunk = asked > 0 ? asked : asked == 0 && large ? block_rows : 0;
+      const std::int64_t block_rows = std::max<std::int64_t>(1, lm_head_chunk_elements / lm_head_.size(0));
+      const std::int64_t chunk = lm_head_training_chunk(rows_in, lm_head_.size(0), asked);
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() && !o.return_logits && chunk > 0) {

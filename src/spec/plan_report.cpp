@@ -148,6 +148,17 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
     model.row({"all-to-all per micro-batch", bytes,
                "sent per rank over ep, forward + backward, bf16, uniform routing, its stage's layers (formulas.hpp moe_all_to_all_bytes)"});
   }
+  if (o.actor) {
+    const std::int64_t vocab_local = padded_vocab(s, l) / l.tp.get();
+    const std::int64_t chunk = lm_head_training_chunk(own_tokens, vocab_local, 0);
+    char bytes[96];
+    std::snprintf(bytes, sizeof bytes, "%.2f GiB (whole: %.2f GiB)", lm_head_peak_bytes(own_tokens, vocab_local) / 1073741824.0,
+                  lm_head_peak_bytes(own_tokens, vocab_local, -1) / 1073741824.0);
+    model.row({"LM head in training", bytes,
+               "extra peak per micro-batch, fp32, its " + grouped(own_tokens) + " tokens x " + grouped(vocab_local) +
+                   " vocab per tp rank, " + (chunk > 0 ? "in chunks of " + grouped(chunk) + " tokens" : std::string("whole")) +
+                   " (formulas.hpp lm_head_peak_bytes; model_options::head_chunk_tokens)"});
+  }
   if (l.cp.get() > 1) {
     char bytes[48];
     std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);

@@ -464,3 +464,24 @@ TEST_CASE("print_plan prints the figures of formulas.hpp", "[plan]") {
                     Catch::Contains("interleaved_microbatches"));
   CHECK(bad.str().empty());
 }
+
+TEST_CASE("the LM head's extra peak in training: whole up to 2^28 logits a micro-batch, chunks of 2^25 beyond", "[formulas][head]") {
+  using megadsl::lm_head_peak_bytes;
+  using megadsl::lm_head_training_chunk;
+  // Qwen's 151,936 vocabulary at tp 1: 1,766 tokens fit in 2^28 logits; beyond, chunks of 220.
+  CHECK(lm_head_training_chunk(1766, 151936, 0) == 0);
+  CHECK(lm_head_training_chunk(1767, 151936, 0) == 220);
+  CHECK(lm_head_training_chunk(1767, 151936, -1) == 0);  // asked whole
+  CHECK(lm_head_training_chunk(100, 151936, 16) == 16);  // asked a chunk
+  // Three fp32 buffers of the rows (logits, softmax, gradient): 64k tokens whole would be 111 GiB
+  // of them, chunked 0.37 GiB (bench_lm_head_memory measured 0.375).
+  CHECK(lm_head_peak_bytes(65536, 151936) == 3.0 * 4 * 220 * 151936);
+  CHECK(lm_head_peak_bytes(65536, 151936, -1) == 3.0 * 4 * 65536 * 151936);
+  CHECK(lm_head_peak_bytes(10, 151936, 16) == 3.0 * 4 * 10 * 151936);  // a chunk longer than the micro-batch
+  // plan prints it for the rank's tokens: Qwen2.5-7B at tp 4, one 65,536-token sequence.
+  const auto e = *megadsl::find_preset("qwen2.5-7b");
+  std::ostringstream out;
+  megadsl::print_plan(out, e.name, e.s, layout{.tp = 4}, {.seq = 65536, .world = 4});
+  CHECK_THAT(out.str(), Catch::Contains("LM head in training") && Catch::Contains("in chunks of 882 tokens") &&
+                            Catch::Contains("its 65,536 tokens x 38,016 vocab per tp rank"));
+}
