@@ -92,7 +92,7 @@ struct grouped_router_defaults {
   double routed_scaling_factor = 1.0;
   double n_group = 1, topk_group = 1;
 };
-template <const router_names& N = hf_grouped_router_names, grouped_router_defaults D = {}>
+template <const router_names& N = hf_grouped_router_names, grouped_router_defaults D = grouped_router_defaults{}>
 struct grouped_sigmoid_router {
   static_assert(!N.expert_bias.empty() && N.bias.empty(), "megadsl: the grouped sigmoid router has an expert bias and no bias on its logits");
   static constexpr config_setting scale_key{.key = "routed_scaling_factor", .fallback = D.routed_scaling_factor,
