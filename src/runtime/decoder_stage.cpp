@@ -516,7 +516,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       };
       const vocab_shard shard{tp_rank_ * lm_head_.size(0), s.vocab.get()};
       // Training chunks the head over the tokens (forward and backward) in blocks where its logits
-      // would be more than head_whole_max_elements, or as the call's or the model's
+      // would be more than lm_head_whole_max_elements, or as the call's or the model's
       // head_chunk_tokens says (model_options).
       const std::int64_t asked = o.head_chunk_tokens != 0 ? o.head_chunk_tokens : cfg_.options.head_chunk_tokens;
       if (asked < -1)
