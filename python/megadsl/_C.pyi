@@ -113,7 +113,7 @@ class Model:
     Build it with Model.from_hf(...) on every rank of the job.
     """
     @staticmethod
-    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None) -> Model:
+    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear') -> Model:
         """
         Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
         on every rank of the job megadsl.init() joined (a world of one process without it): each rank
@@ -139,7 +139,10 @@ class Model:
         PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
         forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
         adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
-        numbers are refused. Forward only for now: Model.trainer refuses a model with an adapter.
+        numbers are refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh
+        adapters as PEFT initialises them (A Kaiming-uniform, B zero), the same in every layout. With an
+        adapter the base is frozen and Model.trainer trains the adapters; save_lora writes them in PEFT's
+        format.
         """
     def __repr__(self) -> str:
         ...
@@ -153,6 +156,10 @@ class Model:
     def device_bytes(self) -> dict:
         """
         Bytes of device storage this rank's parameters and gradients hold now (0 while offloaded).
+        """
+    def export_lora(self) -> list[tuple[str, torch.Tensor]]:
+        """
+        Collective: the LoRA adapters alone, whole, as (PEFT name, fp32 tensor) pairs on every rank ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", ...: the state dict PEFT's get_peft_model_state_dict gives, which vLLM's LoRA loader takes with lora_config).
         """
     def export_weights(self, dtype = 'bf16', bucket_mb = 512, shard_tp = 1, shard_rank = 0, merge_lora = None):
         """
@@ -211,6 +218,10 @@ class Model:
         """
         Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`. A model loaded with a LoRA adapter needs merge_lora: True writes its bases with the adapters merged (PEFT's merge_and_unload, in fp32 before the cast to dtype), False the base alone.
         """
+    def save_lora(self, path: os.PathLike | str | bytes) -> None:
+        """
+        Collective: writes the model's LoRA adapters (trained or as loaded) in PEFT's format to `path` (adapter_config.json, adapter_model.safetensors; one file whatever the layout), which PEFT's PeftModel.from_pretrained and from_hf(lora_adapter=) load. Atomic: `path` holds the old adapter or the new one.
+        """
     def trainer(self, **kwargs) -> ...:
         """
         A trainer of this model with verl's losses: AdamW (lr=1e-5, clip_grad=1.0, weight_decay=0.01,
@@ -254,6 +265,11 @@ class Model:
     def load_notes(self) -> list[str]:
         """
         What loading the checkpoint reported (e.g. a value head that was initialised).
+        """
+    @property
+    def lora_config(self) -> typing.Any:
+        """
+        The adapters' adapter_config.json as a dict (PEFT's LoraConfig keys: r, lora_alpha, target_modules, use_rslora, ...), or None without adapters.
         """
     @property
     def model_type(self) -> str:

@@ -39,17 +39,15 @@ class model_of final : public dynamic_model {
   bool offloaded() override { return live().offloaded(); }
   std::int64_t parameter_bytes() override { return live().parameter_bytes(); }
   std::int64_t gradient_bytes() override { return live().gradient_bytes(); }
-  void attach_lora(std::shared_ptr<const lora_set> adapters) override { live().attach_lora(std::move(adapters)); }
+  void attach_lora(std::shared_ptr<lora_set> adapters) override { live().attach_lora(std::move(adapters)); }
   const lora_set* lora() override { return live().lora(); }
   std::unique_ptr<trainer> make_trainer(const optimizer_config& opt, const actor_loss_config& actor,
                                         const critic_loss_config& critic) override {
     // megadsl::make_trainer's body; a trainer cannot be moved into a unique_ptr.
     parallel_model<Spec>& m = on_device("Model.trainer");
-    if (m.lora() != nullptr)
-      throw std::invalid_argument("megadsl: Model.trainer: this model carries a LoRA adapter (lora_adapter=), and training "
-                                  "adapters is not built yet (it would train the base under a fixed adapter); load the "
-                                  "model without the adapter to train it whole");
-    auto t = std::make_unique<trainer>(model_hooks_of(m), m.parameters(), *groups_, Spec::is_actor, opt, actor, critic);
+    // With LoRA adapters: the adapters (the base frozen).
+    auto t = std::make_unique<trainer>(model_hooks_of(m), m.trainable_parameters(), *groups_, Spec::is_actor, opt, actor,
+                                       critic);
     t->set_batch_checksum(m.config().options.batch_checksum);
     return t;
   }
@@ -124,6 +122,8 @@ std::shared_ptr<dynamic_model> dynamic_model::from_hf(std::shared_ptr<distribute
   m->report_ = megadsl::load_hf(m->parameters(), m->config(), *m->groups_, dir);
   if (!o.lora_adapter.empty())
     m->attach_lora(load_peft_adapter(o.lora_adapter, m->config(), m->coords().tp, m->parameters(), m->hf_names()));
+  else if (o.new_lora.enabled())
+    m->attach_lora(new_adapters(o.new_lora, m->config(), m->coords().tp, m->parameters(), o.options.seed));
   std::lock_guard lock(registry_mutex);
   std::erase_if(registry, [](const std::weak_ptr<dynamic_model>& w) { return w.expired(); });
   registry.push_back(m);
@@ -155,8 +155,31 @@ void dynamic_model::save_hf(const fs::path& dir, at::ScalarType dtype, bool merg
   megadsl::save_hf(parameters(), config(), groups(), dir, dtype, model_type_, carry_, merge_lora ? lora() : nullptr);
 }
 
+void dynamic_model::save_lora(const fs::path& dir) {
+  if (closed()) throw_closed();
+  if (lora() == nullptr)
+    throw std::invalid_argument("megadsl: save_lora: this model carries no LoRA adapter (from_hf's lora_adapter= or lora_rank=)");
+  save_peft_adapter(dir, *lora(), config(), groups(), hf_names());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> dynamic_model::export_lora() {
+  if (closed()) throw_closed();
+  if (lora() == nullptr)
+    throw std::invalid_argument("megadsl: export_lora: this model carries no LoRA adapter (from_hf's lora_adapter= or lora_rank=)");
+  return gather_peft_adapter(*lora(), config(), groups(), hf_names());
+}
+
+namespace {
+void refuse_lora_checkpoint(const dynamic_model& m, const char* what) {
+  if (const_cast<dynamic_model&>(m).lora() != nullptr)
+    throw std::invalid_argument(std::string("megadsl: ") + what + ": distributed checkpoints do not carry LoRA adapters "
+                                "yet; save the adapters with save_lora (PEFT's format) and the base with save_hf");
+}
+}  // namespace
+
 void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {
   if (closed()) throw_closed();
+  refuse_lora_checkpoint(*this, "save_distributed");
   checkpoint_extras extras;
   extras.hf_files = carry_;
   if (t != nullptr) extras.training = t->export_state();
@@ -165,6 +188,7 @@ void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {
 
 void dynamic_model::load_distributed(const fs::path& dir, trainer* t) {
   if (closed()) throw_closed();
+  refuse_lora_checkpoint(*this, "load_distributed");
   checkpoint_extras extras =
       megadsl::load_distributed(parameters(), config(), groups(), dir, {.training_state = t != nullptr});
   if (const fs::path files = hf_files_of(dir); !files.empty()) carry_ = files;  // what save_hf writes with them

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "megadsl/lora.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
@@ -21,6 +22,7 @@ struct hf_model_options {
   head_info head;          // actor unless head.actor is false
   model_options options;   // dtype, compute dtype, device
   std::filesystem::path lora_adapter;  // a PEFT LoRA adapter directory applied in the forward; empty: none
+  lora new_lora;                       // fresh adapters to train (rank 0: none); not with lora_adapter
 };
 
 class dynamic_model {
@@ -50,9 +52,14 @@ class dynamic_model {
   virtual bool offloaded() = 0;
   virtual std::int64_t parameter_bytes() = 0;
   virtual std::int64_t gradient_bytes() = 0;
-  // LoRA adapters on this rank's linears (runtime/lora_io.hpp); null: none.
-  virtual void attach_lora(std::shared_ptr<const lora_set> adapters) = 0;
+  // LoRA adapters on this rank's linears (runtime/lora_io.hpp); null: none. With them the base is
+  // frozen and make_trainer's trainer updates the adapters.
+  virtual void attach_lora(std::shared_ptr<lora_set> adapters) = 0;
   virtual const lora_set* lora() = 0;
+  // The adapters in PEFT's format (runtime/lora_io.hpp's save_peft_adapter); refused without them.
+  void save_lora(const std::filesystem::path& dir);
+  // The adapters, whole, under PEFT's names, on every rank (a collective); refused without them.
+  std::vector<std::pair<std::string, at::Tensor>> export_lora();
 
   // merge_lora: a LoRA adapter's updates merged into its bases' tensors (it refuses a model
   // without one).

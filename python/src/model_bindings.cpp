@@ -14,6 +14,8 @@
 
 #include "bindings.hpp"
 #include "dynamic_model.hpp"
+#include "megadsl/layers/lora_linear.hpp"
+#include "megadsl/runtime/lora_io.hpp"
 #include "megadsl/hf_config.hpp"
 #include "megadsl/runtime/weight_export.hpp"
 #include "world.hpp"
@@ -269,7 +271,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
-         const std::optional<std::filesystem::path>& lora_adapter) {
+         const std::optional<std::filesystem::path>& lora_adapter, std::int64_t lora_rank, double lora_alpha,
+         const py::object& lora_target_modules) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
                       recompute || cp || invariant))
@@ -307,6 +310,39 @@ Build it with Model.from_hf(...) on every rank of the job.)");
                                 std::to_string(head_chunk_tokens));
         o.options.head_chunk_tokens = head_chunk_tokens;
         if (lora_adapter) o.lora_adapter = *lora_adapter;
+        if (lora_rank < 0) throw py::value_error("megadsl.Model.from_hf: lora_rank is > 0 (0: no fresh adapters), got " + std::to_string(lora_rank));
+        if (lora_rank > 0) {
+          if (lora_adapter)
+            throw py::value_error("megadsl.Model.from_hf: give lora_adapter= (a saved adapter) or lora_rank= (fresh "
+                                  "adapters), not both");
+          if (!(lora_alpha > 0)) throw py::value_error("megadsl.Model.from_hf: lora_alpha is > 0");
+          o.new_lora.rank = lora_rank;
+          o.new_lora.alpha = lora_alpha;
+          std::vector<std::string> targets;
+          if (py::isinstance<py::str>(lora_target_modules)) {
+            targets.push_back(lora_target_modules.cast<std::string>());
+            if (targets.back() != all_linear)
+              throw py::value_error("megadsl.Model.from_hf: lora_target_modules is \"all-linear\" or a list of module "
+                                    "names (\"q_proj\", ...), got the string \"" + targets.back() + "\"");
+          } else if (py::isinstance<py::list>(lora_target_modules) || py::isinstance<py::tuple>(lora_target_modules)) {
+            for (const py::handle t : lora_target_modules) {
+              if (!py::isinstance<py::str>(t))
+                throw py::value_error("megadsl.Model.from_hf: lora_target_modules holds " + py::repr(t).cast<std::string>() +
+                                      ", not a module name");
+              targets.push_back(t.cast<std::string>());
+            }
+          } else {
+            throw py::value_error("megadsl.Model.from_hf: lora_target_modules is \"all-linear\" or a list of module names");
+          }
+          if (targets.empty() || targets.size() > static_cast<std::size_t>(max_lora_targets))
+            throw py::value_error("megadsl.Model.from_hf: lora_target_modules names 1 to " + std::to_string(max_lora_targets) +
+                                  " modules");
+          for (const std::string& t : targets) {
+            if (t.empty() || t.size() >= max_lora_target_name)
+              throw py::value_error("megadsl.Model.from_hf: lora_target_modules names \"" + t + "\": empty or too long");
+            o.new_lora.target(t);
+          }
+        }
         // Dropout: config.json's rates (None or True), none (False), or some of its keys at other rates.
         if (py::isinstance<py::bool_>(dropout)) {
           if (!dropout.cast<bool>()) o.options.dropout_chosen = true;  // all rates 0
@@ -345,7 +381,8 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,
-      py::arg("lora_adapter") = py::none(),
+      py::arg("lora_adapter") = py::none(), py::arg("lora_rank") = 0, py::arg("lora_alpha") = 16.0,
+      py::arg("lora_target_modules") = "all-linear",
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -370,7 +407,10 @@ logits where they would pass 1 GiB; -1: whole in training (faster while they fit
 PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
 forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
 adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
-numbers are refused. Forward only for now: Model.trainer refuses a model with an adapter.)");
+numbers are refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh
+adapters as PEFT initialises them (A Kaiming-uniform, B zero), the same in every layout. With an
+adapter the base is frozen and Model.trainer trains the adapters; save_lora writes them in PEFT's
+format.)");
 
   model.def(
       "forward",
@@ -475,6 +515,38 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
       "Collective: writes an HF checkpoint (HF names, true vocab, config.json) to `path`. A model loaded "
       "with a LoRA adapter needs merge_lora: True writes its bases with the adapters merged (PEFT's "
       "merge_and_unload, in fp32 before the cast to dtype), False the base alone.");
+  model.def(
+      "save_lora",
+      [](dynamic_model& self, const std::filesystem::path& path) {
+        py::gil_scoped_release release;
+        self.save_lora(path);
+      },
+      py::arg("path"),
+      "Collective: writes the model's LoRA adapters (trained or as loaded) in PEFT's format to `path` "
+      "(adapter_config.json, adapter_model.safetensors; one file whatever the layout), which PEFT's "
+      "PeftModel.from_pretrained and from_hf(lora_adapter=) load. Atomic: `path` holds the old adapter "
+      "or the new one.");
+  model.def(
+      "export_lora",
+      [](dynamic_model& self) {
+        std::vector<std::pair<std::string, at::Tensor>> out;
+        {
+          py::gil_scoped_release release;
+          out = self.export_lora();
+        }
+        return out;
+      },
+      "Collective: the LoRA adapters alone, whole, as (PEFT name, fp32 tensor) pairs on every rank "
+      "(\"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight\", ...: the state dict PEFT's "
+      "get_peft_model_state_dict gives, which vLLM's LoRA loader takes with lora_config).");
+  model.def_property_readonly(
+      "lora_config",
+      [](dynamic_model& self) -> py::object {
+        if (self.closed() || self.lora() == nullptr) return py::none();
+        return py::module_::import("json").attr("loads")(peft_config_json(self.lora()->settings()));
+      },
+      "The adapters' adapter_config.json as a dict (PEFT's LoraConfig keys: r, lora_alpha, target_modules, "
+      "use_rslora, ...), or None without adapters.");
   model.def(
       "save_distributed",
       [](dynamic_model& self, const std::filesystem::path& path, py_trainer* t) {

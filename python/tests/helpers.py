@@ -152,3 +152,30 @@ def export_merged(path, adapter, layout):
     """`path` with the PEFT adapter in `adapter`, in `layout`: export_weights(merge_lora=True) in fp32."""
     model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
     return {n: t.clone() for n, t in model.export_weights(dtype="fp32", bucket_mb=1, merge_lora=True)}
+
+
+def advantage_loss(outputs, micro_batch, counts):
+    """-sum(advantage * log p) over the loss mask / the global batch's loss tokens: a policy-gradient
+    loss simple enough to write on PEFT's side too (test_lora.py)."""
+    return -(micro_batch["advantages"] * outputs["log_probs"] * micro_batch["loss_mask"]).sum() / counts["batch_num_tokens"]
+
+
+def train_lora(path, adapter, batch, steps, layout, lr, out):
+    """`steps` Trainer.step calls on `path` with the adapter in `adapter` (the base frozen), in `layout`;
+    the adapters saved with save_lora to `out`; each step's loss and gradient norm."""
+    # The expert bias as loaded (DeepSeek-V3's routers): PEFT on transformers does not balance it.
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, moe_expert_bias_update_rate=0.0, **layout)
+    trainer = model.trainer(lr=lr, clip_grad=1.0, weight_decay=0.01)
+    metrics = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss) for _ in range(steps)]
+    model.save_lora(out)
+    return [(m["loss"], m["grad_norm"]) for m in metrics]
+
+
+def train_fresh_lora(path, batch, steps, layout, out):
+    """Fresh rank-8 adapters on every linear (verl's lora_rank / lora_alpha / target_modules),
+    `steps` steps in `layout`, saved with save_lora to `out`; each step's loss and gradient norm."""
+    model = megadsl.Model.from_hf(path, lora_rank=8, lora_alpha=16, lora_target_modules="all-linear", **layout)
+    trainer = model.trainer(lr=1e-3)
+    metrics = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss) for _ in range(steps)]
+    model.save_lora(out)
+    return [(m["loss"], m["grad_norm"]) for m in metrics]

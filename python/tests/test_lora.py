@@ -131,9 +131,20 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
         megadsl.Model.from_hf(moe, lora_adapter=d)
     with pytest.raises(ValueError, match="invariant arithmetic"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, invariant=True)
-    model = megadsl.Model.from_hf(path, lora_adapter=adapter)
-    with pytest.raises(ValueError, match="training adapters is not built yet"):
-        model.trainer()
+    # Training: dropout on the adapters' inputs is not built; distributed checkpoints do not carry
+    # adapters yet; fresh adapters' keys are checked.
+    batch = training_batch(path)
+    model = megadsl.Model.from_hf(path, lora_adapter=with_config(lora_dropout=0.05))
+    with pytest.raises(ValueError, match=r"lora_dropout = 0.05.*not built yet"):
+        model.trainer().step(batch, loss_fn=helpers.advantage_loss)
+    with pytest.raises(ValueError, match="distributed checkpoints do not carry LoRA adapters yet; save the adapters with save_lora"):
+        model.save_distributed(tmp_path / "dist")
+    with pytest.raises(ValueError, match="lora_adapter= .* or lora_rank= .*, not both"):
+        megadsl.Model.from_hf(path, lora_adapter=adapter, lora_rank=8)
+    with pytest.raises(ValueError, match="lora_target_modules is \"all-linear\" or a list"):
+        megadsl.Model.from_hf(path, lora_rank=8, lora_target_modules=".*proj")
+    with pytest.raises(ValueError, match="save_lora: this model carries no LoRA adapter"):
+        megadsl.Model.from_hf(path).save_lora(tmp_path / "none")
 
 
 def saved_tensors(directory, pattern="model*.safetensors"):
@@ -222,3 +233,154 @@ def test_megadsl_convert_merges_an_adapter(adapters, tmp_path):
     refused = subprocess.run([str(tool), "convert", "--from", str(path), "--to", str(tmp_path / "d"), "--to-format",
                               "dist", "--merge-lora", str(adapter)], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "--merge-lora writes an HF checkpoint" in refused.stderr
+
+
+# Training (the base frozen): PEFT on transformers against megadsl, 3 AdamW steps with clipping and
+# weight decay, in layouts: (fixture, [(layout, ranks)]); the adapters of CASES. A dense family on
+# all its linears (dp 2 with the distributed optimizer too), MLA's projections, a mixture's
+# attention (its experts under ep); tp 4 over llama-gqa's 2 kv heads sums a replicated head's rows
+# of B over the ranks holding it.
+# AdamW divides each gradient by its own magnitude: where one is near eps, fp32 noise in it moves
+# that element's update by a fraction of lr (4.5e-5 seen at lr 1e-3 on DeepSeek-V3 at tp 2). At
+# 1e-4 the updates stay within 1e-5 of PEFT's and the adapters still move by 3e-4.
+TRAIN_LR = 1e-4
+TRAIN_STEPS = 3
+TRAIN_CASES = {
+    "qwen3-tf5": [(dict(), 1), (dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4), (dict(tp=1), 2)],
+    "deepseek-v3-tf5": [(dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4)],
+    "qwen3-moe-tf5": [(dict(tp=2, pp=2), 4), (dict(ep=2), 2)],
+    "llama-gqa": [(dict(tp=4), 4)],
+}
+
+
+def training_batch(path):
+    """4 rows (2 micro-batches, dp 2): left- and right-padded ones among them."""
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(1, json.loads((path / "config.json").read_text())["vocab_size"], (4, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, 11:] = 0
+    mask[3, 7:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "loss_mask": helpers.lp_valid(mask).float(),
+            "advantages": torch.randn(ids.shape, generator=g)}
+
+
+def peft_train(path, adapter, batch, steps):
+    """PEFT's side: the same loss (helpers.advantage_loss) through PEFT on transformers, torch's AdamW
+    over the adapters with the global norm clipped at 1. Each step's loss and norm, the trained
+    adapters, and the trained model's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    opt = torch.optim.AdamW(trained, lr=TRAIN_LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+
+    def log_probs():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        return torch.nn.functional.pad(lp, (0, 1))
+
+    steps_out = []
+    for _ in range(steps):
+        loss = -(batch["advantages"] * log_probs() * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        opt.step()
+        opt.zero_grad()
+        steps_out.append((loss.item(), norm.item()))
+    with torch.no_grad():
+        lp = log_probs()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return steps_out, weights, lp
+
+
+def adapter_weights(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("name", list(TRAIN_CASES))
+def test_training_the_adapters_equals_peft(adapters, tmp_path, name):
+    """The adapters' losses, gradient norms and weights after 3 steps equal PEFT's within 1e-5 in
+    every layout; what megadsl saves loads in PEFT with the same log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path, adapter, *_ = adapters[name]
+    batch = training_batch(path)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    want_steps, want, want_lp = peft_train(path, adapter, batch, TRAIN_STEPS)
+    assert want_steps[0][1] > 0
+    start = adapter_weights(adapter)
+    moved = max((want[k.replace(".weight", ".default.weight")] - v).abs().max().item() for k, v in start.items())
+    assert moved > 1e-4  # the steps change the adapters
+    for layout, world in TRAIN_CASES[name]:
+        out = tmp_path / f"saved-{len(list(tmp_path.iterdir()))}"
+        if world == 1:
+            got_steps = [helpers.train_lora(str(path), str(adapter), batch, TRAIN_STEPS, layout, TRAIN_LR, str(out))]
+        else:
+            got_steps = megadsl.launch_local(world, helpers.train_lora, str(path), str(adapter), batch, TRAIN_STEPS,
+                                             layout, TRAIN_LR, str(out), timeout=600)
+        for rank, steps in enumerate(got_steps):
+            for (loss, norm), (want_loss, want_norm) in zip(steps, want_steps):
+                assert abs(loss - want_loss) < 1e-5, (layout, rank, loss, want_loss)
+                assert abs(norm - want_norm) < 1e-5 * max(1.0, want_norm), (layout, rank, norm, want_norm)
+        saved = adapter_weights(out)
+        assert set(saved) == set(start), layout
+        for k, v in saved.items():
+            diff = (v - want[k.replace(".weight", ".default.weight")]).abs().max().item()
+            assert diff < 1e-5, (layout, k, diff)
+    # The last save loads in PEFT and gives the PEFT-trained model's log-probs.
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(base, out).eval()
+    with torch.no_grad():
+        logits = reloaded(input_ids=ids, attention_mask=mask).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    valid = helpers.lp_valid(mask)[:, :-1]
+    assert helpers.max_diff(lp, want_lp[:, :-1], valid) < 1e-5
+
+
+
+def test_fresh_adapters_start_at_the_base_and_train_alike_in_every_layout(fixtures, tmp_path):
+    """lora_rank= (verl's keys): PEFT's initialisation (A within Kaiming's bound, B zero), so the first
+    forward is the base's; drawn per module, so two steps give the same adapters at tp 2 x pp 2 as
+    in one process. What save_lora writes loads in PEFT."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path = fixtures / "qwen3-tf5"
+    batch = training_batch(path)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    fresh = megadsl.Model.from_hf(path, lora_rank=8, lora_alpha=16)
+    with torch.no_grad():
+        assert torch.equal(fresh.forward(ids, mask)["log_probs"], megadsl.Model.from_hf(path).forward(ids, mask)["log_probs"])
+    fresh.save_lora(tmp_path / "start")
+    config = json.loads((tmp_path / "start" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["target_modules"] == "all-linear"
+    start = adapter_weights(tmp_path / "start")
+    for k, v in start.items():
+        if "lora_B" in k:
+            assert torch.equal(v, torch.zeros_like(v)), k
+        else:
+            assert 0 < v.abs().max() <= 1 / v.shape[1] ** 0.5, k
+    one = helpers.train_fresh_lora(str(path), batch, 2, {}, str(tmp_path / "one"))
+    many = megadsl.launch_local(4, helpers.train_fresh_lora, str(path), batch, 2, dict(tp=2, pp=2), str(tmp_path / "many"),
+                                timeout=600)
+    for (loss, norm), (want_loss, want_norm) in zip(many[0], one):
+        assert abs(loss - want_loss) < 1e-5 and abs(norm - want_norm) < 1e-5 * max(1, want_norm)
+    a, b = adapter_weights(tmp_path / "one"), adapter_weights(tmp_path / "many")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max(a[k].abs().max().item() for k in a if "lora_B" in k) > 1e-4  # B moved off zero
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, tmp_path / "one").eval()
+    with torch.no_grad():
+        logits = peft(input_ids=ids, attention_mask=mask).logits.float()
+        ours = megadsl.Model.from_hf(path, lora_adapter=tmp_path / "one").forward(ids, mask)["log_probs"]
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    valid = helpers.lp_valid(mask)[:, :-1]
+    assert helpers.max_diff(ours[:, :-1], lp, valid) < 1e-5

@@ -139,8 +139,42 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   const runtime_config& config() const override { return cfg_; }
   std::vector<named_parameter>& parameters() override { return params_; }
-  void attach_lora(std::shared_ptr<const lora_set> adapters) override { lora_ = std::move(adapters); }
+  std::vector<named_parameter>& trainable_parameters() override { return lora_ != nullptr ? lora_params_ : params_; }
   const lora_set* lora() const override { return lora_.get(); }
+
+  // The adapters become what training updates and the base is frozen: no gradient, so no
+  // optimizer state, distributed-optimizer slice or gradient sync for it. Each adapter tensor is
+  // a named_parameter of its base's plan; how its gradient is summed (layers/lora_linear.hpp):
+  //   the matrix whole on a split base (A of a column base, B of a row one): partial over tp,
+  //       then the same on every tp rank, counted once;
+  //   its pieces: whole on their rank; a replicated kv head's summed over the ranks of that head,
+  //       counted on its main replica;
+  //   on a base whole on every tp rank: the same on each (partial over tp under SP, as the base's).
+  void attach_lora(std::shared_ptr<lora_set> adapters) override {
+    lora_ = std::move(adapters);
+    lora_params_.clear();
+    lora_replicas_.clear();
+    for (named_parameter& p : params_) p.tensor.requires_grad_(lora_ == nullptr);
+    if (lora_ == nullptr) return;
+    for (const named_parameter& p : params_) {
+      std::vector<lora_shard>* list = lora_->adapters_of(p.tensor);
+      if (list == nullptr) continue;
+      for (lora_shard& a : *list) {
+        const bool split = a.base_split;
+        const std::string sharded = a.module + (a.along_output ? ".lora_B.weight" : ".lora_A.weight");
+        a.whole.requires_grad_(true);
+        lora_params_.push_back({a.module + (a.along_output ? ".lora_A.weight" : ".lora_B.weight"), a.whole, p.plan,
+                                split || p.tp_partial_grad, tp_rank_ == 0, p.at});
+        lora_replicas_.push_back(0);
+        for (lora_shard::piece& x : a.pieces) {
+          x.part.requires_grad_(true);
+          lora_params_.push_back({sharded + "@" + std::to_string(x.global_offset), x.part, p.plan,
+                                  !split && p.tp_partial_grad, split ? x.main : tp_rank_ == 0, p.at});
+          lora_replicas_.push_back(split ? x.replica_units : 0);
+        }
+      }
+    }
+  }
 
   model_output forward(const batch& b, const forward_options& o) override {
     agree_on_batch(*groups_->world, batch_call::forward, groups_->me.dp, {fields_of(b)}, cfg_.options.batch_checksum,
@@ -177,6 +211,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
                      fields_of(o));
     }
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
+    if (lora_ != nullptr && lora_->settings().dropout.get() > 0)
+      throw std::invalid_argument("megadsl: LoRA lora_dropout = " + std::to_string(lora_->settings().dropout.get()) +
+                                  ": dropout on the adapters' inputs in training is not built yet; train with "
+                                  "lora_dropout 0 (verl's default)");
     const running_inputs running(inputs_);
     // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp
     // rank routes the same tokens, and their gradients are summed over tp (copy_to_tp, the
@@ -211,6 +249,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
   }
 
   void finalize_grads(bool over_dp) override {
+    if (lora_ != nullptr) {
+      finalize_lora_grads(over_dp);
+      update_expert_biases();
+      return;
+    }
     for (auto& p : params_) {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       at::Tensor g = p.tensor.grad();
@@ -229,6 +272,44 @@ class decoder_stage final : public model_core, public pipeline_stage {
       groups_->embedding->all_reduce(g);
     }
     update_expert_biases();
+  }
+
+  // The adapters' gradients (attach_lora): summed over dp in one collective, over tp in another
+  // (the tp-partial ones), then each replicated kv head's rows of B over the ranks of that head.
+  void finalize_lora_grads(bool over_dp) {
+    std::vector<at::Tensor> grads, partial;
+    for (named_parameter& p : lora_params_) {
+      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+      grads.push_back(p.tensor.grad());
+      if (p.tp_partial_grad) partial.push_back(p.tensor.grad());
+    }
+    const auto sum_flat = [](const comm_group& group, const std::vector<at::Tensor>& ts) {
+      if (ts.empty() || group.size() == 1) return;
+      std::vector<at::Tensor> flat;
+      for (const at::Tensor& t : ts) flat.push_back(t.reshape({-1}));
+      at::Tensor all = at::cat(flat);
+      group.all_reduce(all);
+      std::int64_t at = 0;
+      for (const at::Tensor& t : ts) {
+        t.view({-1}).copy_(all.narrow(0, at, t.numel()));
+        at += t.numel();
+      }
+    };
+    if (over_dp) sum_flat(groups_->gradient_dp(), grads);
+    if constexpr (Tp) {
+      sum_flat(*tp_, partial);
+      for (std::size_t i = 0; i < lora_params_.size(); ++i) {
+        const std::int64_t units = lora_replicas_[i];
+        if (units == 0) continue;
+        at::Tensor g = lora_params_[i].tensor.grad();
+        const at::Tensor all = tp_->all_gather(g.contiguous().unsqueeze(0), 0);  // (tp, extent, r)
+        const std::int64_t my_unit = tp_rank_ * units / tp_size_;
+        at::Tensor sum = at::zeros_like(g);
+        for (std::int64_t r = 0; r < tp_size_; ++r)
+          if (r * units / tp_size_ == my_unit) sum += all[r];
+        g.copy_(sum);
+      }
+    }
   }
 
   // The aux-loss-free balancing of the routers with an expert bias (Megatron's
@@ -263,6 +344,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   std::vector<std::int64_t> norm_elements() override {
     std::vector<std::int64_t> out;
+    if (lora_ != nullptr) {
+      for (const auto& p : lora_params_) out.push_back(p.counted_in_norm ? p.tensor.numel() : 0);
+      return out;
+    }
     out.reserve(params_.size());
     for (const auto& p : params_) {
       const std::int64_t n = p.tensor.numel();
@@ -287,11 +372,12 @@ class decoder_stage final : public model_core, public pipeline_stage {
     at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     at::Tensor expert_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
     const std::vector<std::int64_t> counted = norm_elements();  // copies and kv replicas left out
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor& g = params_[i].tensor.grad();
+    const std::vector<named_parameter>& trained = trainable_parameters();
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+      const at::Tensor& g = trained[i].tensor.grad();
       if (!g.defined() || counted[i] == 0) continue;
       // An expert's: other experts are on the other ep ranks.
-      (params_[i].plan->row->where == placement::expert ? expert_sq : sq) += squared_sum(g.reshape({-1}).narrow(0, 0, counted[i]));
+      (trained[i].plan->row->where == placement::expert ? expert_sq : sq) += squared_sum(g.reshape({-1}).narrow(0, 0, counted[i]));
     }
     if (ep_ != nullptr) ep_->all_reduce(expert_sq);
     sq += expert_sq;
@@ -451,6 +537,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
     if (ch.first_stage) {
       layer_context c = context(in, 0);
       x = embedding_dropout(embedding_->forward(in.pk.ids, c), c);
+      // A frozen embedding under adapters: its output as a leaf that wants a gradient, so a
+      // recomputed layer's adapters (whose inputs would otherwise want none) get theirs.
+      if (lora_ != nullptr && at::GradMode::is_enabled() && !x.requires_grad()) x = x.detach().requires_grad_(true);
     }
     if (cfg_.l.recompute.get() != recompute_kind::full || !at::GradMode::is_enabled()) {
       for (std::int64_t i = 0; i < ch.count; ++i) x = decoder_layer(x, ch.first_layer + i, in);
@@ -751,7 +840,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   bool logit_divides_ = false; // the logits divided by it, not multiplied
   std::vector<std::unique_ptr<layer_module>> layers_;     // by global layer; null where another stage holds it
   std::vector<named_parameter> params_;
-  std::shared_ptr<const lora_set> lora_;  // LoRA adapters on this rank's layers (layers/lora_linear.hpp); null: none
+  std::shared_ptr<lora_set> lora_;  // LoRA adapters on this rank's layers (layers/lora_linear.hpp); null: none
+  std::vector<named_parameter> lora_params_;    // their tensors, what training updates (attach_lora)
+  std::vector<std::int64_t> lora_replicas_;     // per lora_params_: a replicated kv head's unit count, else 0
 };
 
 }  // namespace

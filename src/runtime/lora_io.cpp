@@ -2,7 +2,10 @@
 #include "megadsl/runtime/lora_io.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -14,7 +17,9 @@
 #include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/io/safetensors.hpp"
 #include "megadsl/layers/lora_linear.hpp"
+#include "megadsl/io/atomic_file.hpp"
 #include "megadsl/runtime/shard_io.hpp"
+#include "checkpoint_dir.hpp"
 
 namespace megadsl {
 namespace {
@@ -38,6 +43,21 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string out = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
+}
+
+// Every module `list` adapts, in every layer, by HF name (sorted: the same order on every rank).
+std::map<std::string, const lora_adapter*> modules_of(const lora_adapter_list& list, const shape& s) {
+  std::map<std::string, const lora_adapter*> out;
+  for (const lora_adapter& a : list)
+    for (std::int64_t layer = 0; layer < s.layers.get(); ++layer)
+      if (in_layer(*a.row, s, layer)) out[with_layer(a.module, layer)] = &a;
+  return out;
+}
+
+std::uint64_t fnv1a(std::string_view text, std::uint64_t seed) {
+  std::uint64_t h = 1469598103934665603ULL ^ seed;
+  for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  return h;
 }
 
 }  // namespace
@@ -144,18 +164,11 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
   const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
   // Every adapter the model applies, in every layer, with its shape (each rank checks the whole
   // file alike, before any rank reads its own), and every module it could adapt.
-  const auto modules_of = [&](const lora_adapter_list& list) {
-    std::map<std::string, const lora_adapter*> out;
-    for (const lora_adapter& a : list)
-      for (std::int64_t layer = 0; layer < s.layers.get(); ++layer)
-        if (in_layer(*a.row, s, layer)) out[with_layer(a.module, layer)] = &a;
-    return out;
-  };
-  const std::map<std::string, const lora_adapter*> expected = modules_of(adapters);
+  const std::map<std::string, const lora_adapter*> expected = modules_of(adapters, s);
   lora every = settings;
   every.target_count = 0;
   const lora_adapter_list linears = lora_adapters(s, c.l, every.target(all_linear), c.head);
-  const std::map<std::string, const lora_adapter*> adaptable = modules_of(linears);
+  const std::map<std::string, const lora_adapter*> adaptable = modules_of(linears, s);
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) fail("no such file; PEFT's save_pretrained writes the adapter's weights there");
   const safetensors_file st = safetensors_file::open(file);
@@ -190,28 +203,154 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
     check(".lora_A.weight", r, a->in, "(r, the module's inputs)");
     check(".lora_B.weight", a->out, r, "(the module's outputs, r)");
   }
-  auto out = std::make_shared<lora_set>();
+  return shard_adapters(settings, c, tp_rank, params, [&](const std::string& module) {
+    const std::string& key = key_of.at(module);
+    return std::pair{st.read(key + ".lora_A.weight", at::kFloat), st.read(key + ".lora_B.weight", at::kFloat)};
+  });
+}
+
+std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
+                                         const std::vector<named_parameter>& params, const whole_lora_source& whole) {
+  const shape& s = c.s;
+  const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
+  const std::int64_t tp = c.l.tp.get();
+  auto out = std::make_shared<lora_set>(settings);
   for (const named_parameter& p : params) {
     if (p.plan == nullptr || p.plan->row == nullptr || p.plan->row->where != placement::layer) continue;
     for (const lora_adapter& a : adapters) {
       if (a.row->name != p.plan->row->name) continue;
       const std::string module = with_layer(a.module, p.at.layer);
-      const std::string& key = key_of.at(module);
-      const at::Tensor A = st.read(key + ".lora_A.weight", at::kFloat), B = st.read(key + ".lora_B.weight", at::kFloat);
-      lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling()};
+      const auto [A, B] = whole(module);
+      lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling(),
+                       .base_split = p.plan->split_dim >= 0 && tp > 1, .out = a.out, .in = a.in};
+      const std::vector<shard_piece> mains = shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::main_replica);
       for (const shard_piece& piece : shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::all)) {
         if (!p.plan->row->concatenated && piece.slot != a.source) continue;
         shard.along_output = piece.dim == 0;
         const at::Tensor part = piece.dim == 0 ? B.narrow(0, piece.global_offset, piece.extent)
                                                : A.narrow(1, piece.global_offset, piece.extent);
-        shard.pieces.push_back({piece.local_offset, piece.extent, part.contiguous().to(p.tensor.device())});
+        const geometry_source& src = p.plan->geo.sources[static_cast<std::size_t>(piece.source)];
+        const bool replicated = src.replicated_when_fewer && src.units < tp;
+        shard.pieces.push_back({.local_offset = piece.local_offset, .extent = piece.extent,
+                                .global_offset = piece.global_offset, .replica_units = replicated ? src.units : 0,
+                                .main = std::find(mains.begin(), mains.end(), piece) != mains.end(),
+                                .part = part.clone(at::MemoryFormat::Contiguous).to(p.tensor.device())});
       }
-      shard.whole = (shard.along_output ? A : B).to(p.tensor.device());
+      shard.whole = (shard.along_output ? A : B).clone(at::MemoryFormat::Contiguous).to(p.tensor.device());
       out->add(p.tensor, p.at.layer, std::move(shard));
       out->add_whole(module, A, B, settings.scaling());
     }
   }
   return out;
+}
+
+std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
+                                       const std::vector<named_parameter>& params, std::uint64_t seed) {
+  if (const violations v = lora_rules(c.s, settings, c.head); !v.ok())
+    throw std::invalid_argument("megadsl: LoRA: " + std::string(v.joined().view()));
+  if (c.l.invariant.get())
+    throw std::invalid_argument("megadsl: LoRA adapters with invariant arithmetic (layout::invariant) are not supported yet; "
+                                "build the model without invariant=True");
+  const std::int64_t r = settings.rank.get();
+  const lora_adapter_list list = lora_adapters(c.s, c.l, settings, c.head);
+  const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);  // pointers into `list`
+  return shard_adapters(settings, c, tp_rank, params, [&](const std::string& module) {
+    const lora_adapter& a = *all.at(module);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(module, seed));
+    const double bound = 1.0 / std::sqrt(static_cast<double>(a.in));  // kaiming_uniform_(a = sqrt(5))
+    return std::pair{at::empty({r, a.in}, at::kFloat).uniform_(-bound, bound, gen), at::zeros({a.out, r}, at::kFloat)};
+  });
+}
+
+std::string peft_config_json(const lora& settings) {
+  json targets = json::array();
+  for (int i = 0; i < settings.target_count; ++i) {
+    const std::string_view t = settings.targets[static_cast<std::size_t>(i)].view();
+    if (t == all_linear) targets = std::string(all_linear);
+    else if (targets.is_array()) targets.push_back(std::string(t));
+  }
+  const json config = {{"peft_type", "LORA"},
+                       {"task_type", "CAUSAL_LM"},
+                       {"r", settings.rank.get()},
+                       {"lora_alpha", settings.alpha.get()},
+                       {"lora_dropout", settings.dropout.get()},
+                       {"use_rslora", settings.rslora.get()},
+                       {"target_modules", targets},
+                       {"bias", "none"},
+                       {"fan_in_fan_out", false},
+                       {"inference_mode", true},
+                       {"init_lora_weights", true},
+                       {"base_model_name_or_path", nullptr},
+                       {"revision", nullptr},
+                       {"modules_to_save", nullptr}};
+  return config.dump(2) + "\n";
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_set& set, const runtime_config& c,
+                                                                   const parallel_groups& g, const hf_name_map& names) {
+  const lora& settings = set.settings();
+  const std::int64_t r = settings.rank.get();
+  set.gather_whole(g.tp.get());  // every tp rank's shards into whole A and B
+  // Every stage's modules in one buffer (each module lives on one stage), summed over pp.
+  const lora_adapter_list list = lora_adapters(c.s, c.l, settings, c.head);
+  const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);  // pointers into `list`
+  std::int64_t total = 0;
+  for (const auto& [module, a] : all) total += r * (a->in + a->out);
+  at::Tensor flat = at::zeros({total}, at::kFloat);
+  std::int64_t at = 0;
+  for (const auto& [module, a] : all) {
+    if (const auto [A, B] = set.whole(module); A.defined()) {
+      flat.narrow(0, at, r * a->in).copy_(A.reshape({-1}));
+      flat.narrow(0, at + r * a->in, a->out * r).copy_(B.reshape({-1}));
+    }
+    at += r * (a->in + a->out);
+  }
+  if (g.pp->size() > 1) {
+    at::Tensor on = flat.to(c.options.device);
+    g.pp->all_reduce(on);
+    flat = on.cpu();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  at = 0;
+  for (const auto& [module, a] : all) {
+    const std::string key = std::string(prefix) + names.stored(module + ".weight");
+    const std::string stem = key.substr(0, key.size() - 7);
+    out.emplace_back(stem + ".lora_A.weight", flat.narrow(0, at, r * a->in).view({r, a->in}).clone());
+    out.emplace_back(stem + ".lora_B.weight", flat.narrow(0, at + r * a->in, a->out * r).view({a->out, r}).clone());
+    at += r * (a->in + a->out);
+  }
+  return out;
+}
+
+void save_peft_adapter(const fs::path& dir, const lora_set& set, const runtime_config& c, const parallel_groups& g,
+                       const hf_name_map& names) {
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = gather_peft_adapter(set, c, g, names);
+  const bool writer = g.world->rank() == 0;
+  fs::path target = dir;
+  if (!target.has_filename()) target = target.parent_path();
+  const comm_group& world = *g.world;
+  const fs::path staging = staging_name(world, target);
+  const cleanup_on_signal staging_cleanup(staging, /*directory=*/true);
+  std::optional<target_lock> lock;
+  save_step(world, staging, [&] {
+    if (!writer) return;
+    lock.emplace(target);
+    remove_stale_staging(target);
+    std::error_code ec;
+    if (fs::exists(target, ec) && !fs::is_directory(target, ec))
+      throw checkpoint_error("megadsl: cannot save a LoRA adapter to " + target.string() + ": it exists and is not a directory");
+    if (fs::exists(target, ec) && !fs::is_empty(target, ec) && !fs::exists(target / config_name, ec))
+      throw checkpoint_error("megadsl: cannot save a LoRA adapter to " + target.string() + ": it holds files but no " +
+                             std::string(config_name) + ", and saving would replace them; choose a new or empty directory");
+    fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec);
+    if (!fs::create_directory(staging, ec) || ec)
+      throw checkpoint_error("megadsl: cannot save a LoRA adapter to " + target.string() + ": cannot create " +
+                             staging.string() + (ec ? ": " + ec.message() : ": it exists"));
+    write_safetensors(staging / weights_name, tensors, {{"format", "pt"}});
+    write_file_atomically(staging / config_name, peft_config_json(set.settings()));
+    fsync_dir(staging);
+    move_into_place(staging, target);
+  });
 }
 
 }  // namespace megadsl

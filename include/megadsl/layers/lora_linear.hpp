@@ -12,6 +12,11 @@
 //       base's product it is added to, and goes through the base's own reduction.
 // The forward is a sum of plain linears (autograd's backward); adapters are fp32 and cast to the
 // compute dtype as the base is.
+//
+// Training (the base frozen, the adapters the model's trainable parameters): the gradient of a
+// column base's A, and of a row base's B, is a partial sum over tp (each rank saw its own output
+// columns, or its own input columns); a replicated kv head's rows of B are summed over the ranks
+// holding that head; the rest is whole on its rank. runtime/decoder_stage.cpp sums them so.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,21 +25,32 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
+
+#include "megadsl/lora.hpp"
 
 namespace megadsl {
 
 struct layer_context;
+class comm_group;
 
 // One HF module's adapter on this rank's shard of its base.
 struct lora_shard {
   struct piece {
     std::int64_t local_offset = 0, extent = 0;  // the base shard's columns (output) or inputs it covers
-    at::Tensor part;                            // B's rows (extent, r) or A's columns (r, extent)
+    std::int64_t global_offset = 0;             // where they sit in the HF module (B's rows or A's columns)
+    // A kv source with fewer heads than tp ranks: its head count (the ranks of one head sum its
+    // gradient); 0: not replicated.
+    std::int64_t replica_units = 0;
+    bool main = true;  // this rank is the piece's main replica: counted in the norm, written when gathered
+    at::Tensor part;   // B's rows (extent, r) or A's columns (r, extent)
   };
   std::string module;           // its HF module ("model.layers.3.self_attn.q_proj"): errors name it
   bool along_output = true;     // pieces of B (output columns); false: pieces of A (input columns)
   double scaling = 1.0;         // PEFT's alpha / r (alpha / sqrt(r) under rsLoRA)
+  bool base_split = true;       // the base is split over tp (else whole on every tp rank)
+  std::int64_t out = 0, in = 0; // the HF module's outputs and inputs: B is (out, r), A (r, in)
   at::Tensor whole;             // A (r, in) when along_output, else B (out, r)
   std::vector<piece> pieces;
 };
@@ -44,13 +60,23 @@ struct lora_shard {
 // adapting q_proj and v_proj) holds one shard per source.
 class lora_set {
  public:
+  explicit lora_set(const lora& settings = {}) : settings_(settings) {}
   void add(const at::Tensor& base, std::int64_t layer, lora_shard adapter);
+  // The settings the adapters were made with (rank, alpha, targets: adapter_config.json's).
+  [[nodiscard]] const lora& settings() const { return settings_; }
+  // The adapters on `base` for training (nothing marked); null if none.
+  std::vector<lora_shard>* adapters_of(const at::Tensor& base);
   // The adapters on `base`, null if none; marks them applied.
   const std::vector<lora_shard>* use(const at::Tensor& base) const;
   // Whether `base` has adapters (nothing marked).
   [[nodiscard]] bool adapts(const at::Tensor& base) const;
   // Each adapted HF module's whole A (r, in) and B (out, r) in fp32, for merging (save_hf).
   void add_whole(std::string module, at::Tensor a, at::Tensor b, double scaling);
+  // Recomputes every whole A and B from this rank's shards (after training moved them): a
+  // collective over `tp` (null: one rank), every rank of it calling with the same adapters.
+  void gather_whole(const comm_group* tp) const;
+  // The whole (A, B) of `module` on this stage; null if it has none here.
+  [[nodiscard]] std::pair<at::Tensor, at::Tensor> whole(const std::string& module) const;
   // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in
   // fp32 (w as is when the module has no adapter here).
   [[nodiscard]] at::Tensor merged(std::string_view hf_name, const at::Tensor& w) const;
@@ -70,8 +96,10 @@ class lora_set {
     at::Tensor a, b;
     double scaling = 1.0;
   };
-  std::unordered_map<const void*, entry> by_base_;
-  std::unordered_map<std::string, whole_adapter> whole_;  // by HF module
+  lora settings_;
+  std::vector<entry> entries_;  // in the order added: the same on every rank of a stage
+  std::unordered_map<const void*, std::size_t> by_base_;  // base TensorImpl -> entries_ index
+  mutable std::unordered_map<std::string, whole_adapter> whole_;  // by HF module
   mutable std::unordered_map<std::int64_t, bool> checked_;
   std::size_t count_ = 0;
 };

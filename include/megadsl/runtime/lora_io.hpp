@@ -11,7 +11,11 @@
 //                         experts and routers, the embedding and the LM head take none yet: refused)
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -32,5 +36,36 @@ lora read_peft_config(const std::filesystem::path& dir);
 // the adapters).
 std::shared_ptr<lora_set> load_peft_adapter(const std::filesystem::path& dir, const runtime_config& c, std::int64_t tp_rank,
                                             const std::vector<named_parameter>& params, const hf_name_map& names = {});
+
+// A module's whole adapter (A (r, in), B (out, r), fp32 on the CPU), by its HF module name.
+using whole_lora_source = std::function<std::pair<at::Tensor, at::Tensor>(const std::string& module)>;
+
+// This rank's adapters, cut from each adapted module's whole A and B (`whole`, called for every
+// module of this rank's layers, alike on every rank) as the base's shard is (DESIGN decision 21).
+std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
+                                         const std::vector<named_parameter>& params, const whole_lora_source& whole);
+
+// Fresh adapters for `settings` (verl's lora_rank / lora_alpha / target_modules): PEFT's default
+// initialisation, A Kaiming-uniform (bound 1 / sqrt(in)) and B zero, drawn per module from `seed`
+// and its HF name, so the same in every layout.
+std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
+                                       const std::vector<named_parameter>& params, std::uint64_t seed);
+
+// adapter_config.json for `settings`, as PEFT's LoraConfig.to_dict writes the keys megadsl honours.
+std::string peft_config_json(const lora& settings);
+
+// Every adapter of the model (trained or not), whole, under PEFT's names
+// ("base_model.model.<module>.lora_A.weight", the text model's names through `names`), in fp32 on
+// the CPU, on every rank: a collective over the job (tp gathers the shards, pp the stages').
+std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_set& set, const runtime_config& c,
+                                                                   const parallel_groups& g, const hf_name_map& names = {});
+
+// The adapters `set` (trained or not) written in PEFT's format to `dir` (adapter_config.json,
+// adapter_model.safetensors under "base_model.model.<module>.lora_A.weight", the text model's
+// names through `names`): one file whatever the layout, which PEFT's PeftModel.from_pretrained
+// loads. A collective over the job (the stages' adapters meet on the writer); atomic: `dir` holds
+// the old adapter or the new one.
+void save_peft_adapter(const std::filesystem::path& dir, const lora_set& set, const runtime_config& c,
+                       const parallel_groups& g, const hf_name_map& names = {});
 
 }  // namespace megadsl

@@ -160,12 +160,13 @@ class model_core {
   virtual double forward_backward(const std::vector<batch>& microbatches, const loss_function& loss,
                                   const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
+  virtual std::vector<named_parameter>& trainable_parameters() = 0;
   virtual void finalize_grads(bool over_dp) = 0;
   virtual double grad_norm() = 0;
   virtual std::vector<std::int64_t> norm_elements() = 0;
   virtual double moe_aux_loss() = 0;
   virtual const runtime_config& config() const = 0;
-  virtual void attach_lora(std::shared_ptr<const lora_set> adapters) = 0;
+  virtual void attach_lora(std::shared_ptr<lora_set> adapters) = 0;
   virtual const lora_set* lora() const = 0;
 };
 
@@ -223,8 +224,12 @@ class parallel_model {
 
   // This rank's parameters in table order (layers expanded with their global index).
   std::vector<named_parameter>& parameters() { return core_->parameters(); }
+  // What training updates: parameters(), or with LoRA adapters attached the adapters' tensors
+  // (the base frozen), each named "<HF module>.lora_A.weight" / ".lora_B.weight" (a piece of B or
+  // A in a fused or split base: "...weight@<its first HF row or column>").
+  std::vector<named_parameter>& trainable_parameters() { return core_->trainable_parameters(); }
 
-  // Megatron's finalize_model_grads: sum over dp (an expert's over the expert-data-parallel
+  // Megatron's finalize_model_grads (of trainable_parameters()): sum over dp (an expert's over the expert-data-parallel
   // group), over tp for partial gradients (SP-applied norms, value head, router) and kv-head
   // replicas, and over the embedding group for tied embeddings across stages.
   // `over_dp` false leaves out the sums over dp and edp: the distributed optimizer reduce-scatters
@@ -244,9 +249,10 @@ class parallel_model {
   // a dense model or with the coefficients at 0.
   double moe_aux_loss() { return core_->moe_aux_loss(); }
   const runtime_config& config() const { return core_->config(); }
-  // LoRA adapters on this rank's linears (runtime/lora_io.hpp's load_peft_adapter), applied in every
-  // forward from now on; null removes them. Forward only: training them is not built yet.
-  void attach_lora(std::shared_ptr<const lora_set> adapters) { core_->attach_lora(std::move(adapters)); }
+  // LoRA adapters on this rank's linears (runtime/lora_io.hpp's load_peft_adapter or
+  // new_adapters), applied in every forward from now on; the base is frozen and training updates
+  // the adapters (trainable_parameters()). Null removes them and unfreezes the base.
+  void attach_lora(std::shared_ptr<lora_set> adapters) { core_->attach_lora(std::move(adapters)); }
   [[nodiscard]] const lora_set* lora() const { return core_->lora(); }
 
   // Between phases (verl's param_offload / grad_offload): this rank's parameters and, separately,

@@ -193,7 +193,7 @@ class trainer {
 template <ModelSpec Spec>
 trainer make_trainer(parallel_model<Spec>& model, const parallel_groups& groups, const optimizer_config& opt = {},
                      const actor_loss_config& actor_cfg = {}, const critic_loss_config& critic_cfg = {}) {
-  trainer t(model_hooks_of(model), model.parameters(), groups, Spec::is_actor, opt, actor_cfg, critic_cfg);
+  trainer t(model_hooks_of(model), model.trainable_parameters(), groups, Spec::is_actor, opt, actor_cfg, critic_cfg);
   t.set_batch_checksum(model.config().options.batch_checksum);
   return t;
 }

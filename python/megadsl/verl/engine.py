@@ -118,6 +118,85 @@ def _dropout_overrides(model_config, path):
     return dropout or None
 
 
+# Megatron's module names (verl's model.lora.target_modules) as the HF modules PEFT adapts. The
+# fused ones (linear_qkv, linear_fc1 under type "lora": one A shared by q, k and v, or by gate and
+# up) are not PEFT's per-module adapters and are refused.
+MEGATRON_LORA_TARGETS = {
+    "linear_q": "q_proj", "linear_k": "k_proj", "linear_v": "v_proj", "linear_proj": "o_proj",
+    "linear_fc1_gate": "gate_proj", "linear_fc1_up": "up_proj", "linear_fc2": "down_proj",
+    "linear_q_proj": "q_proj", "linear_q_down_proj": "q_a_proj", "linear_q_up_proj": "q_b_proj",
+    "linear_kv_down_proj": "kv_a_proj_with_mqa", "linear_kv_up_proj": "kv_b_proj",
+}
+# verl's replace_lora_wrapper: the projections vLLM's LoRA-enabled model always wraps.
+VLLM_WRAPPED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _lora_options(model_config):
+    """verl's LoRA keys as from_hf's keywords, and whether weight sync merges (model.lora.merge):
+    FSDP's model.lora_rank / lora_alpha / target_modules / lora_adapter_path, or Megatron's
+    model.lora.{rank, alpha, target_modules, adapter_path, ...}. None without LoRA. What megadsl
+    cannot honour is refused, naming the key."""
+    mega = _cfg(model_config, "lora") or {}
+    rank = int(_cfg(model_config, "lora_rank", 0) or 0)
+    mrank = int(_cfg(mega, "rank", 0) or 0)
+    merge = bool(_cfg(mega, "merge", False))
+
+    def refuse(key, why):
+        raise ValueError(f"megadsl.verl: model.{key}: {why}")
+
+    if rank > 0 and mrank > 0:
+        refuse("lora.rank", "both model.lora_rank and model.lora.rank are set; give one")
+    if rank > 0:
+        for key in ("exclude_modules", "target_parameters"):
+            if _cfg(model_config, key):
+                refuse(key, "is not supported with megadsl's LoRA (PEFT's plain target_modules only)")
+        opts = {"lora_rank": rank, "lora_alpha": float(_cfg(model_config, "lora_alpha", 16)),
+                "lora_target_modules": _targets(_cfg(model_config, "target_modules", "all-linear"), {})}
+        adapter = _cfg(model_config, "lora_adapter_path")
+    elif mrank > 0:
+        kind = str(_cfg(mega, "type", "lora"))
+        if kind not in ("lora", "canonical_lora"):
+            refuse("lora.type", f"{kind!r} is not supported; megadsl trains PEFT's LoRA (type lora or canonical_lora)")
+        if float(_cfg(mega, "dropout", 0.0) or 0.0) != 0.0:
+            refuse("lora.dropout", "dropout on the adapters' inputs is not built yet; set it to 0")
+        if _cfg(mega, "exclude_modules"):
+            refuse("lora.exclude_modules", "is not supported; name the targets in lora.target_modules")
+        if _cfg(mega, "dtype") not in (None, "fp32", "float32"):
+            refuse("lora.dtype", "megadsl keeps adapters in fp32 (as its parameters); leave it null")
+        # Megatron-Bridge's default A is xavier; megadsl's (and PEFT's) Kaiming must be asked for.
+        init_a = str(_cfg(mega, "lora_A_init_method", "xavier"))
+        if _cfg(mega, "adapter_path") is None and init_a != "kaiming":
+            refuse("lora.lora_A_init_method", f"{init_a!r}: megadsl initialises A as PEFT does "
+                   "(Kaiming-uniform, B zero); set lora_A_init_method: kaiming, or start from lora.adapter_path")
+        if str(_cfg(mega, "lora_B_init_method", "zero")) != "zero":
+            refuse("lora.lora_B_init_method", "B starts at zero (PEFT's); set it to zero")
+        opts = {"lora_rank": mrank, "lora_alpha": float(_cfg(mega, "alpha", 32)),
+                "lora_target_modules": _targets(_cfg(mega, "target_modules", ["linear_qkv"]), MEGATRON_LORA_TARGETS)}
+        adapter = _cfg(mega, "adapter_path")
+    else:
+        return None, merge
+    if adapter:
+        return {"lora_adapter": os.fspath(adapter)}, merge  # rank, alpha and targets from its adapter_config.json
+    return opts, merge
+
+
+def _targets(given, megatron):
+    """target_modules as from_hf takes them: "all-linear" or HF module names (Megatron's mapped)."""
+    if isinstance(given, str):
+        if given != "all-linear":
+            raise ValueError(f"megadsl.verl: model target_modules {given!r}: \"all-linear\" or a list of module names")
+        return given
+    out = []
+    for name in list(given):
+        name = str(name)
+        if name in ("linear_qkv", "linear_fc1"):
+            raise ValueError(f"megadsl.verl: model.lora.target_modules names {name}, Megatron's fused LoRA (one A shared "
+                             "by its projections), which is not PEFT's per-module adapters; use type canonical_lora "
+                             "with linear_q, linear_k, linear_v (linear_fc1_gate, linear_fc1_up)")
+        out.append(megatron.get(name, name))
+    return out
+
+
 class _ModeContext:
     """train_mode / eval_mode: brings offloaded state back on entry and offloads it again on exit,
     as the engine config asks (verl's BaseEngineCtx, with megadsl's offload)."""
@@ -163,9 +242,8 @@ class MegadslEngine(BaseEngine):
         if not os.path.isdir(self.path):
             raise ValueError(f"megadsl.verl: {self.path} is not a directory; model.path is the HF checkpoint "
                              "directory megadsl loads (download it first)")
-        if int(_cfg(model_config, "lora_rank", 0) or 0) > 0 or int(_cfg(_cfg(model_config, "lora"), "rank", 0) or 0) > 0:
-            raise ValueError("megadsl.verl: LoRA (model.lora_rank / model.lora.rank > 0) is not supported yet; "
-                             "megadsl trains all parameters")
+        # LoRA: the adapters train, the base is frozen; weight sync ships them, or merged weights.
+        self.lora, self.lora_merge = _lora_options(model_config)
         # verl's full_determinism (repeatable runs) is megadsl's invariant arithmetic, which also
         # makes a sequence's outputs independent of the micro-batching, the padding and the layout.
         self.invariant = bool(_cfg(ec, "invariant", False)) or bool(_cfg(ec, "full_determinism", False))
@@ -173,6 +251,10 @@ class MegadslEngine(BaseEngine):
             raise ValueError(f"megadsl.verl: engine dtype {_cfg(ec, 'dtype')!r} is not one of {', '.join(DTYPES)}")
         self._save_contents = _contents(checkpoint_config, "save_contents", ("model", "optimizer", "extra"))
         self._load_contents = _contents(checkpoint_config, "load_contents", self._save_contents)
+        if self.lora is not None and "optimizer" in self._save_contents + self._load_contents:
+            raise ValueError("megadsl.verl: checkpoint.save_contents / load_contents name optimizer: with LoRA the "
+                             "checkpoint holds the adapters (PEFT's format) but not yet AdamW's state of them; "
+                             "leave optimizer out")
         mode = str(_cfg(_cfg(ec, "router_replay"), "mode", "disabled"))
         if mode not in ("disabled", "R2", "R3"):
             raise ValueError(f"megadsl.verl: router_replay.mode {mode!r} is not one of disabled, R2, R3")
@@ -249,7 +331,7 @@ class MegadslEngine(BaseEngine):
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
             moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)),
             moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)), dropout=self.dropout,
-            head_chunk_tokens=int(_cfg(ec, "head_chunk_tokens", 0) or 0))
+            head_chunk_tokens=int(_cfg(ec, "head_chunk_tokens", 0) or 0), **(self.lora or {}))
         m = self.model
         assert (m.tp_rank, m.pp_rank, m.dp_rank, m.cp_rank) == tuple(self.coords[k] for k in ("tp", "pp", "dp", "cp"))
         if not _cfg(ec, "forward_only", False):
@@ -446,12 +528,34 @@ class MegadslEngine(BaseEngine):
 
     # ---- weights to the rollout engine ------------------------------------------------------
 
-    def get_per_tensor_param(self, **kwargs):
+    def get_per_tensor_param(self, base_sync_done=False, **kwargs):
         """(HF name, full tensor) in HF's layout and export_dtype, streamed in buckets (every rank
-        iterates it in step: a collective) — the tensors save_hf writes, bit for bit."""
-        gen = self._model().export_weights(dtype=_cfg(self.engine_config, "export_dtype", "bf16"),
-                                           bucket_mb=float(_cfg(self.engine_config, "export_bucket_mb", 512.0)))
-        return gen, None
+        iterates it in step: a collective) — the tensors save_hf writes, bit for bit.
+
+        With LoRA, as verl's FSDP engine sends them: model.lora.merge the merged weights (W + s B A);
+        else the base first (base_sync_done false; an adapted projection's weight under
+        "<module>.base_layer.weight", as vLLM's LoRA model names it), then the adapters alone under
+        PEFT's names with their LoraConfig as a dict."""
+        model = self._model()
+        dtype = _cfg(self.engine_config, "export_dtype", "bf16")
+        bucket = float(_cfg(self.engine_config, "export_bucket_mb", 512.0))
+        if self.lora is None:
+            return model.export_weights(dtype=dtype, bucket_mb=bucket), None
+        if self.lora_merge:
+            return model.export_weights(dtype=dtype, bucket_mb=bucket, merge_lora=True), None
+        if base_sync_done:
+            return iter(model.export_lora()), model.lora_config
+        adapted = {name[len("base_model.model."):-len(".lora_A.weight")] for name, _ in model.export_lora()
+                   if name.endswith(".lora_A.weight")}
+
+        def base():
+            for name, t in model.export_weights(dtype=dtype, bucket_mb=bucket, merge_lora=False):
+                module, _, leaf = name.rpartition(".")
+                if leaf in ("weight", "bias") and (module in adapted or module.endswith(VLLM_WRAPPED)):
+                    name = f"{module}.base_layer.{leaf}"
+                yield name, t
+
+        return base(), model.lora_config
 
     def get_per_tensor_param_shard(self, **kwargs):
         """Each HF tensor's slice for this rank's tp rank (gathered over pp and ep), with verl's
@@ -461,6 +565,10 @@ class MegadslEngine(BaseEngine):
         fewer than tp) is refused."""
         from verl.workers.engine.spec import BlockPlacement, ShardSpec
 
+        if self.lora is not None:
+            raise NotImplementedError("megadsl.verl: get_per_tensor_param_shard with LoRA: the sharded export sends base "
+                                      "weights only (as verl's FSDP engine); use get_per_tensor_param, which ships the "
+                                      "adapters or merged weights (model.lora.merge)")
         model = self._model()
         tp = model.layout.tp
         if getattr(self, "_full_shapes", None) is None:  # once: the HF shapes, from a full export
@@ -534,11 +642,14 @@ class MegadslEngine(BaseEngine):
         contents = self._save_contents
         with self._reloaded():
             os.makedirs(local_path, exist_ok=True)
-            if "model" in contents:
+            if "model" in contents and self.lora is not None:
+                model.save_lora(os.path.join(local_path, "lora_adapter"))  # the base is as loaded
+            elif "model" in contents:
                 model.save_distributed(os.path.join(local_path, "megadsl"),
                                        trainer=self.trainer if "optimizer" in contents else None)
             if "hf_model" in contents:
-                model.save_hf(os.path.join(local_path, "huggingface"))
+                model.save_hf(os.path.join(local_path, "huggingface"),
+                              **({"merge_lora": True} if self.lora is not None else {}))
         if model.rank == 0:
             state = {"global_step": int(global_step), "contents": contents}
             if "extra" in contents and self._scheduler is not None:
@@ -578,6 +689,10 @@ class MegadslEngine(BaseEngine):
         if missing:
             raise ValueError(f"megadsl.verl: checkpoint.load_contents names {missing[0]}, which {local_path} does not "
                              f"hold (saved: {', '.join(saved)})")
+        if "model" in want and self.lora is not None:
+            raise ValueError(f"megadsl.verl: load_checkpoint with LoRA: start a new engine from the saved adapter "
+                             f"(model.lora_adapter_path = {os.path.join(local_path, 'lora_adapter')}); loading "
+                             "adapters into a built engine is not supported yet")
         if "model" in want:
             with self._reloaded():
                 self._model().load_distributed(os.path.join(local_path, "megadsl"),

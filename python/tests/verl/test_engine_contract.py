@@ -70,11 +70,83 @@ def test_an_unsupported_option_is_one_line(qwen3, config, match):
     assert "\n" not in str(info.value), str(info.value)
 
 
-def test_lora_is_refused(qwen3):
-    with pytest.raises(ValueError, match="LoRA .* is not supported yet"):
-        EngineRegistry.new(model_type="language_model", backend="megadsl",
-                           model_config=HFModelConfig(path=str(qwen3), load_tokenizer=False, lora_rank=8),
-                           engine_config=megadsl.verl.MegadslEngineConfig(), optimizer_config=None)
+def lora_engine(path, checkpoint=None, **model):
+    return EngineRegistry.new(model_type="language_model", backend="megadsl",
+                              model_config=HFModelConfig(path=str(path), load_tokenizer=False, **model),
+                              engine_config=megadsl.verl.MegadslEngineConfig(use_dynamic_bsz=False,
+                                                                             micro_batch_size_per_gpu=ranks.MICRO),
+                              optimizer_config=FSDPOptimizerConfig(lr=1e-3),
+                              checkpoint_config=checkpoint or CheckpointConfig(save_contents=["model", "extra"],
+                                                                                 load_contents=["model", "extra"]))
+
+
+def test_verls_lora_keys_train_the_adapters_and_sync_them(qwen3, tmp_path):
+    """model.lora_rank / lora_alpha / target_modules (verl's FSDP keys): fresh adapters train, the base
+    stays as loaded; get_per_tensor_param ships, as verl's FSDP engine does, the base under vLLM's
+    base_layer names, then the adapters alone under PEFT's names with their LoraConfig, or (lora.merge)
+    the merged weights; save_checkpoint writes the adapter in PEFT's format, which a new engine
+    continues from (lora_adapter_path)."""
+    e = lora_engine(qwen3, lora_rank=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    e.initialize()
+    base = {k: v.detach().clone() for k, v in e.model.parameters().items()}
+    with e.train_mode():
+        trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=partial(ppo_loss, config=ranks.actor_config()))
+    assert sum(trained["loss"]) != 0 and trained["metrics"]["grad_norm"] > 0
+    assert all(torch.equal(v, base[k]) for k, v in e.model.parameters().items())  # frozen
+    adapters, config = e.get_per_tensor_param(base_sync_done=True)
+    adapters = dict(adapters)
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and sorted(config["target_modules"]) == ["down_proj", "q_proj", "v_proj"]
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in adapters
+    assert len(adapters) == 2 * 3 * 4  # A and B of 3 modules in 4 layers
+    assert max(t.abs().max().item() for n, t in adapters.items() if "lora_B" in n) > 0  # B left zero
+    first, config = e.get_per_tensor_param(base_sync_done=False)
+    first = dict(first)
+    assert "model.layers.0.self_attn.q_proj.base_layer.weight" in first and "model.layers.0.self_attn.q_proj.weight" not in first
+    assert "model.embed_tokens.weight" in first and config["r"] == 8
+    e.save_checkpoint(str(tmp_path / "step1"), global_step=1)
+    saved = tmp_path / "step1" / "lora_adapter"
+    assert (saved / "adapter_config.json").is_file() and (saved / "adapter_model.safetensors").is_file()
+    again = lora_engine(qwen3, lora_rank=8, lora_adapter_path=str(saved))
+    again.initialize()
+    with torch.no_grad():
+        assert all(torch.equal(t, adapters[n]) for n, t in again.model.export_lora())
+    merged = lora_engine(qwen3, lora_adapter_path=str(saved), lora_rank=8, lora={"merge": True})
+    merged.initialize()
+    weights, config = merged.get_per_tensor_param()
+    weights = dict(weights)
+    assert config is None and "model.layers.0.self_attn.q_proj.weight" in weights
+    q = "model.layers.0.self_attn.q_proj"
+    a, b = adapters[f"base_model.model.{q}.lora_A.weight"], adapters[f"base_model.model.{q}.lora_B.weight"]
+    expect = first[q + ".base_layer.weight"].float() + 2.0 * b @ a  # scaling alpha / r = 16 / 8
+    assert (weights[q + ".weight"].float() - expect).abs().max() < 2e-2  # both in bf16 (export_dtype)
+    assert not torch.equal(weights[q + ".weight"], first[q + ".base_layer.weight"])
+    for x in (e, again, merged):
+        x.model.close()
+
+
+def test_megatrons_lora_keys_map_to_the_hf_modules(qwen3):
+    e = lora_engine(qwen3, lora={"rank": 4, "alpha": 8, "type": "canonical_lora", "lora_A_init_method": "kaiming",
+                                 "target_modules": ["linear_q", "linear_v", "linear_proj", "linear_fc2"]})
+    e.initialize()
+    assert sorted(e.model.lora_config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "v_proj"]
+    assert e.model.lora_config["r"] == 4
+    e.model.close()
+
+
+@pytest.mark.parametrize("model, match", [
+    (dict(lora={"rank": 8, "type": "dora"}), r"model.lora.type: 'dora' is not supported"),
+    (dict(lora={"rank": 8, "lora_A_init_method": "kaiming"}), r"names linear_qkv, Megatron's fused LoRA"),
+    (dict(lora={"rank": 8, "target_modules": ["linear_q"]}), r"model.lora.lora_A_init_method: 'xavier'"),
+    (dict(lora={"rank": 8, "dropout": 0.1, "lora_A_init_method": "kaiming"}), r"model.lora.dropout"),
+    (dict(lora_rank=8, exclude_modules="o_proj"), r"model.exclude_modules"),
+    (dict(lora_rank=8, target_modules=".*proj"), r"\"all-linear\" or a list of module names"),
+])
+def test_lora_keys_megadsl_cannot_honour_are_refused(qwen3, model, match):
+    with pytest.raises(ValueError, match=match) as info:
+        lora_engine(qwen3, **model)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="leave optimizer out"):
+        lora_engine(qwen3, checkpoint=CheckpointConfig(save_contents=["model", "optimizer"]), lora_rank=8)
 
 
 def test_another_engines_keys_name_the_key_and_the_group():
