@@ -169,28 +169,18 @@ std::vector<std::pair<std::string, at::Tensor>> dynamic_model::export_lora() {
   return gather_peft_adapter(*lora(), config(), groups(), hf_names());
 }
 
-namespace {
-void refuse_lora_checkpoint(const dynamic_model& m, const char* what) {
-  if (const_cast<dynamic_model&>(m).lora() != nullptr)
-    throw std::invalid_argument(std::string("megadsl: ") + what + ": distributed checkpoints do not carry LoRA adapters "
-                                "yet; save the adapters with save_lora (PEFT's format) and the base with save_hf");
-}
-}  // namespace
-
 void dynamic_model::save_distributed(const fs::path& dir, const trainer* t) {
   if (closed()) throw_closed();
-  refuse_lora_checkpoint(*this, "save_distributed");
   checkpoint_extras extras;
   extras.hf_files = carry_;
   if (t != nullptr) extras.training = t->export_state();
-  megadsl::save_distributed(parameters(), config(), groups(), dir, extras);
+  save_model_checkpoint(parameters(), lora(), config(), groups(), dir, std::move(extras), hf_names());
 }
 
 void dynamic_model::load_distributed(const fs::path& dir, trainer* t) {
   if (closed()) throw_closed();
-  refuse_lora_checkpoint(*this, "load_distributed");
-  checkpoint_extras extras =
-      megadsl::load_distributed(parameters(), config(), groups(), dir, {.training_state = t != nullptr});
+  checkpoint_extras extras = load_model_checkpoint(parameters(), const_cast<lora_set*>(lora()), config(), groups(), dir,
+                                                   t != nullptr, hf_names());
   if (const fs::path files = hf_files_of(dir); !files.empty()) carry_ = files;  // what save_hf writes with them
   if (t == nullptr) return;
   if (!extras.training)

@@ -179,3 +179,20 @@ def train_fresh_lora(path, batch, steps, layout, out):
     metrics = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss) for _ in range(steps)]
     model.save_lora(out)
     return [(m["loss"], m["grad_norm"]) for m in metrics]
+
+
+def lora_steps_with_checkpoint(path, adapter, batch, layout, ckpt, phase, out):
+    """phase "save": 2 steps of the adapter's training, then save_distributed with the trainer;
+    "resume": load_distributed into a fresh model and trainer, 1 step; "straight": 3 steps. The
+    adapters saved with save_lora to `out` (resume and straight); each step's loss."""
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, moe_expert_bias_update_rate=0.0, **layout)
+    trainer = model.trainer(lr=1e-3, weight_decay=0.01)
+    if phase == "resume":
+        model.load_distributed(ckpt, trainer=trainer)
+    steps = {"save": 2, "resume": 1, "straight": 3}[phase]
+    losses = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss)["loss"] for _ in range(steps)]
+    if phase == "save":
+        model.save_distributed(ckpt, trainer=trainer)
+    else:
+        model.save_lora(out)
+    return losses, trainer.steps

@@ -131,14 +131,11 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
         megadsl.Model.from_hf(moe, lora_adapter=d)
     with pytest.raises(ValueError, match="invariant arithmetic"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, invariant=True)
-    # Training: dropout on the adapters' inputs is not built; distributed checkpoints do not carry
-    # adapters yet; fresh adapters' keys are checked.
+    # Training: dropout on the adapters' inputs is not built; fresh adapters' keys are checked.
     batch = training_batch(path)
     model = megadsl.Model.from_hf(path, lora_adapter=with_config(lora_dropout=0.05))
     with pytest.raises(ValueError, match=r"lora_dropout = 0.05.*not built yet"):
         model.trainer().step(batch, loss_fn=helpers.advantage_loss)
-    with pytest.raises(ValueError, match="distributed checkpoints do not carry LoRA adapters yet; save the adapters with save_lora"):
-        model.save_distributed(tmp_path / "dist")
     with pytest.raises(ValueError, match="lora_adapter= .* or lora_rank= .*, not both"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, lora_rank=8)
     with pytest.raises(ValueError, match="lora_target_modules is \"all-linear\" or a list"):
@@ -237,7 +234,7 @@ def test_megadsl_convert_merges_an_adapter(adapters, tmp_path):
 
 # Training (the base frozen): PEFT on transformers against megadsl, 3 AdamW steps with clipping and
 # weight decay, in layouts: (fixture, [(layout, ranks)]); the adapters of CASES. A dense family on
-# all its linears (dp 2 with the distributed optimizer too), MLA's projections, a mixture's
+# all its linears (dp 2 with the distributed optimizer too, vpp, cp), MLA's projections, a mixture's
 # attention (its experts under ep); tp 4 over llama-gqa's 2 kv heads sums a replicated head's rows
 # of B over the ranks holding it.
 # AdamW divides each gradient by its own magnitude: where one is near eps, fp32 noise in it moves
@@ -246,7 +243,8 @@ def test_megadsl_convert_merges_an_adapter(adapters, tmp_path):
 TRAIN_LR = 1e-4
 TRAIN_STEPS = 3
 TRAIN_CASES = {
-    "qwen3-tf5": [(dict(), 1), (dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4), (dict(tp=1), 2)],
+    "qwen3-tf5": [(dict(), 1), (dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4), (dict(tp=1), 2),
+                  (dict(pp=2, vpp=2), 2), (dict(cp=2, rmpad=True), 2)],
     "deepseek-v3-tf5": [(dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4)],
     "qwen3-moe-tf5": [(dict(tp=2, pp=2), 4), (dict(ep=2), 2)],
     "llama-gqa": [(dict(tp=4), 4)],
@@ -384,3 +382,30 @@ def test_fresh_adapters_start_at_the_base_and_train_alike_in_every_layout(fixtur
     lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     valid = helpers.lp_valid(mask)[:, :-1]
     assert helpers.max_diff(ours[:, :-1], lp, valid) < 1e-5
+
+
+def test_a_distributed_checkpoint_carries_the_adapters_and_their_adamw_state(adapters, tmp_path):
+    """save_distributed with the trainer keeps the adapters and their AdamW moments (lora/, whole):
+    2 steps, saved at tp 2 x pp 2, resumed for a 3rd step in the same layout, equal the 3 steps
+    straight bit for bit; resumed at tp 1, within 1e-6 of them. A model without adapters (and one
+    with other settings) is refused the checkpoint."""
+    path, adapter, *_ = adapters["qwen3-tf5"]
+    batch = training_batch(path)
+    ckpt = str(tmp_path / "ckpt")
+    run = lambda world, layout, phase, out="": megadsl.launch_local(  # noqa: E731
+        world, helpers.lora_steps_with_checkpoint, str(path), str(adapter), batch, layout, ckpt, phase, out, timeout=600)
+    layout = dict(tp=2, pp=2)
+    straight = run(4, layout, "straight", str(tmp_path / "straight"))[0]
+    run(4, layout, "save")
+    resumed = run(4, layout, "resume", str(tmp_path / "resumed"))[0]
+    assert resumed[1] == 3 and resumed[0][0] == straight[0][2]
+    a, b = adapter_weights(tmp_path / "straight"), adapter_weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    one = helpers.lora_steps_with_checkpoint(str(path), str(adapter), batch, {}, ckpt, "resume", str(tmp_path / "one"))
+    assert abs(one[0][0] - straight[0][2]) < 1e-6
+    c = adapter_weights(tmp_path / "one")
+    assert max((a[k] - c[k]).abs().max().item() for k in a) < 1e-6
+    with pytest.raises(megadsl.CheckpointError, match="holds LoRA adapters .lora/., and this model has none"):
+        megadsl.Model.from_hf(path).load_distributed(ckpt)
+    with pytest.raises(megadsl.CheckpointError, match="on other target_modules or rank than this model's"):
+        megadsl.Model.from_hf(path, lora_rank=8).load_distributed(ckpt)

@@ -78,6 +78,37 @@ void lora_set::gather_whole(const comm_group* tp) const {
   }
 }
 
+std::vector<at::Tensor> lora_set::tensors() const {
+  std::vector<at::Tensor> out;
+  for (const entry& e : entries_)
+    for (const lora_shard& a : e.adapters) {
+      out.push_back(a.whole);
+      for (const lora_shard::piece& p : a.pieces) out.push_back(p.part);
+    }
+  return out;
+}
+
+std::shared_ptr<lora_set> lora_set::with_tensors(const std::vector<at::Tensor>& values) const {
+  auto out = std::make_shared<lora_set>(*this);
+  std::size_t i = 0;
+  const auto next = [&](const at::Tensor& like) {
+    if (i >= values.size() || !values[i].sizes().equals(like.sizes()))
+      throw std::invalid_argument("megadsl: LoRA: " + std::to_string(values.size()) +
+                                  " tensors do not match the adapters' shapes (at tensor " + std::to_string(i) + ")");
+    return values[i++];
+  };
+  for (entry& e : out->entries_)
+    for (lora_shard& a : e.adapters) {
+      a.whole = next(a.whole);
+      for (lora_shard::piece& p : a.pieces) p.part = next(p.part);
+    }
+  if (i != values.size())
+    throw std::invalid_argument("megadsl: LoRA: " + std::to_string(values.size()) + " tensors for " + std::to_string(i) +
+                                " adapter tensors");
+  out->whole_.clear();
+  return out;
+}
+
 std::pair<at::Tensor, at::Tensor> lora_set::whole(const std::string& module) const {
   const auto it = whole_.find(module);
   if (it == whole_.end()) return {};

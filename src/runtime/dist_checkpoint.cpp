@@ -3,6 +3,7 @@
 // Over 600 lines on purpose: writing, reading and resharding share the pieces' geometry and the
 // manifest's checks (one anonymous namespace); apart, those helpers would become an interface.
 #include "megadsl/runtime/dist_checkpoint.hpp"
+#include "megadsl/runtime/lora_io.hpp"
 #include "megadsl/reflection.hpp"
 
 #include <ATen/ATen.h>
@@ -586,6 +587,7 @@ void save_distributed(const std::vector<named_parameter>& params, const runtime_
     copy_hf_files(extras.hf_files, staging / "hf", /*with_config=*/true);
     carry_multimodal_part(extras.hf_files, staging / "hf",
                           std::string(model_type_for(config.s, config.options.attention_window)));
+    if (extras.write_also) extras.write_also(staging);
     const json m = build_manifest(staging, config, groups, params, extras);
     write_file_atomically(staging / manifest_name, m.dump(1) + "\n");
     fsync_dir(staging);
@@ -641,6 +643,37 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
   agree(world, error);
   c10::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params.size(); ++i) params[i].tensor.detach().copy_(values[i]);
+  return extras;
+}
+
+void save_model_checkpoint(const std::vector<named_parameter>& params, const lora_set* adapters, const runtime_config& config,
+                           const parallel_groups& groups, const fs::path& dir, checkpoint_extras extras,
+                           const hf_name_map& names) {
+  if (adapters != nullptr) {
+    // The adapters and their moments whole in lora/; the base's pieces carry no moments (frozen).
+    extras.write_also = lora_checkpoint_writer(*adapters, extras.training ? &*extras.training : nullptr, config, groups, names);
+    if (extras.training) {
+      extras.training->exp_avg.clear();
+      extras.training->exp_avg_sq.clear();
+    }
+  }
+  save_distributed(params, config, groups, dir, extras);
+}
+
+checkpoint_extras load_model_checkpoint(std::vector<named_parameter>& params, lora_set* adapters, const runtime_config& config,
+                                        const parallel_groups& groups, const fs::path& dir, bool training_state,
+                                        const hf_name_map& names) {
+  std::error_code ec;
+  const bool saved_lora = fs::exists(dir / lora_checkpoint_folder / "adapter_config.json", ec);
+  if (saved_lora != (adapters != nullptr))
+    throw checkpoint_error("megadsl: load_distributed: " + dir.string() +
+                           (saved_lora ? " holds LoRA adapters (lora/), and this model has none; build it with the "
+                                         "checkpoint's LoRA settings (from_hf's lora_rank= or lora_adapter=)"
+                                       : " holds no LoRA adapters, and this model has some; build it without them"));
+  checkpoint_extras extras = load_distributed(params, config, groups, dir, {.training_state = training_state});
+  if (adapters != nullptr)
+    load_lora_checkpoint(dir, *adapters, config, groups.me.tp, params, names,
+                         training_state && extras.training ? &*extras.training : nullptr);
   return extras;
 }
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -351,6 +352,74 @@ void save_peft_adapter(const fs::path& dir, const lora_set& set, const runtime_c
     fsync_dir(staging);
     move_into_place(staging, target);
   });
+}
+
+std::function<void(const fs::path&)> lora_checkpoint_writer(const lora_set& set, const training_state* state,
+                                                           const runtime_config& c, const parallel_groups& g,
+                                                           const hf_name_map& names) {
+  auto adapters = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>(gather_peft_adapter(set, c, g, names));
+  auto moments = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
+  if (state != nullptr && !state->exp_avg.empty()) {
+    const char* kinds[] = {"exp_avg/", "exp_avg_sq/"};
+    const std::vector<at::Tensor>* values[] = {&state->exp_avg, &state->exp_avg_sq};
+    for (int k = 0; k < 2; ++k)
+      for (auto& [name, t] : gather_peft_adapter(*set.with_tensors(*values[k]), c, g, names))
+        moments->emplace_back(kinds[k] + name, std::move(t));
+  }
+  const std::string config = peft_config_json(set.settings());
+  return [adapters, moments, config](const fs::path& staging) {
+    const fs::path folder = staging / lora_checkpoint_folder;
+    fs::create_directories(folder);
+    write_safetensors(folder / weights_name, *adapters, {{"format", "pt"}});
+    if (!moments->empty()) write_safetensors(folder / "optimizer.safetensors", *moments, {{"format", "pt"}});
+    write_file_atomically(folder / config_name, config);
+  };
+}
+
+void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_config& c, std::int64_t tp_rank,
+                          const std::vector<named_parameter>& params, const hf_name_map& names, training_state* state) {
+  const fs::path folder = dir / lora_checkpoint_folder;
+  const lora saved = read_peft_config(folder);
+  const lora& mine = set.settings();
+  if (saved.rank.get() != mine.rank.get() || saved.alpha.get() != mine.alpha.get() || saved.rslora.get() != mine.rslora.get() ||
+      saved.target_count != mine.target_count || saved.targets != mine.targets)
+    throw checkpoint_error("megadsl: " + (folder / config_name).string() + ": holds adapters of r = " +
+                           std::to_string(saved.rank.get()) + ", lora_alpha = " + std::to_string(saved.alpha.get()) +
+                           " on other target_modules or rank than this model's (r = " + std::to_string(mine.rank.get()) +
+                           "); build the model with the checkpoint's LoRA settings");
+  const std::vector<at::Tensor> into = set.tensors();
+  const std::vector<at::Tensor> values = load_peft_adapter(folder, c, tp_rank, params, names)->tensors();
+  if (values.size() != into.size())
+    throw checkpoint_error("megadsl: " + folder.string() + ": its adapters do not match this model's");
+  {
+    const c10::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(values[i]);
+  }
+  if (state == nullptr) return;
+  const fs::path file = folder / "optimizer.safetensors";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    throw checkpoint_error("megadsl: " + file.string() + ": no such file; the checkpoint holds no AdamW state of its "
+                           "LoRA adapters (saved without a trainer); load it without one");
+  const safetensors_file st = safetensors_file::open(file);
+  const lora_adapter_list list = lora_adapters(c.s, c.l, mine, c.head);
+  const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);
+  for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+    const auto moment = shard_adapters(mine, c, tp_rank, params, [&](const std::string& module) {
+      const std::string key = std::string(prefix) + names.stored(module + ".weight");
+      const std::string stem = kind + key.substr(0, key.size() - 7);
+      const lora_adapter& a = *all.at(module);
+      const auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
+        const tensor_info* t = st.find(name);
+        if (t == nullptr || t->shape != shape)
+          throw checkpoint_error("megadsl: " + file.string() + ": " + name + (t == nullptr ? " is missing" : " has shape " + shape_text(t->shape)));
+        return st.read(name, at::kFloat);
+      };
+      const std::int64_t r = mine.rank.get();
+      return std::pair{read(stem + ".lora_A.weight", {r, a.in}), read(stem + ".lora_B.weight", {a.out, r})};
+    });
+    (std::string_view(kind) == "exp_avg/" ? state->exp_avg : state->exp_avg_sq) = moment->tensors();
+  }
 }
 
 }  // namespace megadsl

@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -75,6 +76,12 @@ class lora_set {
   // Recomputes every whole A and B from this rank's shards (after training moved them): a
   // collective over `tp` (null: one rank), every rank of it calling with the same adapters.
   void gather_whole(const comm_group* tp) const;
+  // Every adapter tensor of this rank in training order (each base's adapters in the order added:
+  // the whole matrix, then its pieces), the order of the model's trainable_parameters().
+  [[nodiscard]] std::vector<at::Tensor> tensors() const;
+  // The same adapters holding `values` (in tensors()' order, the same shapes) in their place: a
+  // moment of AdamW shaped as the adapters, to gather or shard as they are.
+  [[nodiscard]] std::shared_ptr<lora_set> with_tensors(const std::vector<at::Tensor>& values) const;
   // The whole (A, B) of `module` on this stage; null if it has none here.
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> whole(const std::string& module) const;
   // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in

@@ -18,6 +18,8 @@
 //       came from, when the saver gave them (checkpoint_extras::hf_files): what save_hf writes back;
 //       for a multimodal source also multimodal.safetensors, its tensors outside the text model
 //       (vision tower, ...: hf_io.hpp carry_multimodal_part), which save_hf writes back beside it.
+//   lora/  a model with LoRA adapters: adapter_config.json and adapter_model.safetensors (PEFT's
+//       format) and AdamW's moments of them whole in optimizer.safetensors (runtime/lora_io.hpp).
 //   metadata.json  written last by rank 0: format, version, the model (every shape field, the
 //       head, the dtype), the layout and grid that wrote it, the training counters (steps,
 //       samples, AdamW's step) when saved, and every file with its size and pieces (key, tensor,
@@ -42,11 +44,13 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "megadsl/io/checkpoint_error.hpp"
+#include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 #include "megadsl/runtime/trainer.hpp"
 
@@ -65,6 +69,10 @@ struct checkpoint_extras {
   // it back to HF (hf_files_of(dir) as save_hf's carry_from) loses none of them, nor a multimodal
   // source's vision tower (carried as hf/multimodal.safetensors). Saving only.
   std::filesystem::path hf_files;
+  // More files rank 0 writes into the staging directory before metadata.json (so they land with
+  // the checkpoint, atomically): a model's LoRA adapters and their moments (lora_io.hpp's
+  // lora_checkpoint_writer, in `lora/`). Saving only.
+  std::function<void(const std::filesystem::path& staging)> write_also;
 };
 
 struct dist_load_options {
@@ -85,21 +93,34 @@ checkpoint_extras load_distributed(std::vector<named_parameter>& params, const r
                                    const parallel_groups& groups, const std::filesystem::path& dir,
                                    const dist_load_options& options = {});
 
-// A model and, optionally, its trainer.
+// A model's parameters and, with `adapters` (the model's LoRA adapters), their part in `lora/`:
+// `extras.training` holds the trainer's state (its moments in the order of the model's
+// trainable_parameters(): the adapters' when it has them). Collective.
+void save_model_checkpoint(const std::vector<named_parameter>& params, const lora_set* adapters, const runtime_config& config,
+                           const parallel_groups& groups, const std::filesystem::path& dir, checkpoint_extras extras,
+                           const hf_name_map& names = {});
+// Loads them back (adapters: the model's, built with the checkpoint's LoRA settings; a checkpoint
+// with adapters for a model without, or the reverse, is refused); the training state's moments are
+// in trainable order. Collective.
+checkpoint_extras load_model_checkpoint(std::vector<named_parameter>& params, lora_set* adapters, const runtime_config& config,
+                                        const parallel_groups& groups, const std::filesystem::path& dir, bool training_state,
+                                        const hf_name_map& names = {});
+
+// A model and, optionally, its trainer (with LoRA adapters: theirs too).
 template <ModelSpec Spec>
 void save_distributed(parallel_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
                       const trainer* t = nullptr) {
   checkpoint_extras extras;
   if (t != nullptr) extras.training = t->export_state();
-  save_distributed(model.parameters(), model.config(), groups, dir, extras);
+  save_model_checkpoint(model.parameters(), model.lora(), model.config(), groups, dir, std::move(extras));
 }
 
 // With a trainer, the checkpoint must hold a training state, which the trainer continues from.
 template <ModelSpec Spec>
 void load_distributed(parallel_model<Spec>& model, const parallel_groups& groups, const std::filesystem::path& dir,
                       trainer* t = nullptr) {
-  checkpoint_extras extras =
-      load_distributed(model.parameters(), model.config(), groups, dir, {.training_state = t != nullptr});
+  checkpoint_extras extras = load_model_checkpoint(model.parameters(), const_cast<lora_set*>(model.lora()), model.config(),
+                                                   groups, dir, t != nullptr);
   if (t == nullptr) return;
   if (!extras.training)
     throw checkpoint_error("megadsl: distributed checkpoint " + dir.string() +

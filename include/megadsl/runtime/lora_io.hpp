@@ -22,6 +22,7 @@
 #include "megadsl/io/hf_name_map.hpp"
 #include "megadsl/lora.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
+#include "megadsl/runtime/trainer.hpp"
 
 namespace megadsl {
 
@@ -59,6 +60,25 @@ std::string peft_config_json(const lora& settings);
 // the CPU, on every rank: a collective over the job (tp gathers the shards, pp the stages').
 std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_set& set, const runtime_config& c,
                                                                    const parallel_groups& g, const hf_name_map& names = {});
+
+// Distributed checkpoints of a model with adapters (runtime/dist_checkpoint.hpp): the base as
+// usual, and in the checkpoint's `lora/` folder the adapters in PEFT's format plus AdamW's moments
+// of them, whole, in optimizer.safetensors ("exp_avg/<PEFT name>", "exp_avg_sq/<PEFT name>"):
+// layout-free, so a run resumes in any layout.
+inline constexpr std::string_view lora_checkpoint_folder = "lora";
+
+// Collective over the job: the adapters and, when `state` holds moments (in the order of the
+// model's trainable_parameters()), the moments, gathered whole; returns what rank 0 writes into
+// the staging directory (checkpoint_extras::write_also).
+std::function<void(const std::filesystem::path&)> lora_checkpoint_writer(const lora_set& set, const training_state* state,
+                                                                        const runtime_config& c, const parallel_groups& g,
+                                                                        const hf_name_map& names = {});
+
+// Reads checkpoint `dir`'s `lora/` into `set` (the model's adapters: the same rank, alpha and
+// targets, else checkpoint_error naming both), each rank its shards; with `state`, the moments in
+// trainable order into state->exp_avg / exp_avg_sq (the checkpoint must hold them).
+void load_lora_checkpoint(const std::filesystem::path& dir, lora_set& set, const runtime_config& c, std::int64_t tp_rank,
+                          const std::vector<named_parameter>& params, const hf_name_map& names, training_state* state);
 
 // The adapters `set` (trained or not) written in PEFT's format to `dir` (adapter_config.json,
 // adapter_model.safetensors under "base_model.model.<module>.lora_A.weight", the text model's

@@ -251,10 +251,7 @@ class MegadslEngine(BaseEngine):
             raise ValueError(f"megadsl.verl: engine dtype {_cfg(ec, 'dtype')!r} is not one of {', '.join(DTYPES)}")
         self._save_contents = _contents(checkpoint_config, "save_contents", ("model", "optimizer", "extra"))
         self._load_contents = _contents(checkpoint_config, "load_contents", self._save_contents)
-        if self.lora is not None and "optimizer" in self._save_contents + self._load_contents:
-            raise ValueError("megadsl.verl: checkpoint.save_contents / load_contents name optimizer: with LoRA the "
-                             "checkpoint holds the adapters (PEFT's format) but not yet AdamW's state of them; "
-                             "leave optimizer out")
+
         mode = str(_cfg(_cfg(ec, "router_replay"), "mode", "disabled"))
         if mode not in ("disabled", "R2", "R3"):
             raise ValueError(f"megadsl.verl: router_replay.mode {mode!r} is not one of disabled, R2, R3")
@@ -642,9 +639,7 @@ class MegadslEngine(BaseEngine):
         contents = self._save_contents
         with self._reloaded():
             os.makedirs(local_path, exist_ok=True)
-            if "model" in contents and self.lora is not None:
-                model.save_lora(os.path.join(local_path, "lora_adapter"))  # the base is as loaded
-            elif "model" in contents:
+            if "model" in contents:  # with LoRA, the adapters and their moments too (megadsl/lora, PEFT's format)
                 model.save_distributed(os.path.join(local_path, "megadsl"),
                                        trainer=self.trainer if "optimizer" in contents else None)
             if "hf_model" in contents:
@@ -689,10 +684,6 @@ class MegadslEngine(BaseEngine):
         if missing:
             raise ValueError(f"megadsl.verl: checkpoint.load_contents names {missing[0]}, which {local_path} does not "
                              f"hold (saved: {', '.join(saved)})")
-        if "model" in want and self.lora is not None:
-            raise ValueError(f"megadsl.verl: load_checkpoint with LoRA: start a new engine from the saved adapter "
-                             f"(model.lora_adapter_path = {os.path.join(local_path, 'lora_adapter')}); loading "
-                             "adapters into a built engine is not supported yet")
         if "model" in want:
             with self._reloaded():
                 self._model().load_distributed(os.path.join(local_path, "megadsl"),
