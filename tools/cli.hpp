@@ -57,6 +57,7 @@ struct options {
   bool critic_given = false;  // --critic was on the command line (convert: check it against the source)
   std::string from, to;       // convert: --from, --to
   std::string merge_lora;     // convert: --merge-lora, a PEFT adapter directory merged into what is written
+  std::string lora_adapter;   // run: --lora-adapter, a PEFT adapter directory applied in the forward
   std::string to_format;      // convert: --to-format hf|dist ("": the other format than --from's)
   std::string dtype;          // convert: --dtype fp32|bf16|fp16 ("": the source's)
   std::string device = "cpu"; // run: --device cpu|cuda (CUDA: NCCL groups, GPU LOCAL_RANK % count)

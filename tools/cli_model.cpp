@@ -48,7 +48,8 @@ constexpr std::string_view layout_flags[] = {
     "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--invariant", "--cp", "--ep", "--etp",
     "--recompute", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
-    "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute", "--merge-lora"};
+    "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute", "--merge-lora",
+    "--lora-adapter"};
 
 // Flags of one command only, and which.
 struct command_flag {
@@ -57,7 +58,8 @@ struct command_flag {
 constexpr command_flag command_flags[] = {
     {"--seq", "plan"},           {"--input", "run"},   {"--output", "run"}, {"--temperature", "run"},
     {"--logits", "run"},         {"--from", "convert"}, {"--to", "convert"}, {"--to-format", "convert"},
-    {"--dtype", "convert"},      {"--device", "run"},  {"--compute", "run"}, {"--merge-lora", "convert"}};
+    {"--dtype", "convert"},      {"--device", "run"},  {"--compute", "run"}, {"--merge-lora", "convert"},
+    {"--lora-adapter", "run"}};
 
 std::int64_t parse_int(std::string_view flag, std::string_view text) {
   std::int64_t v = 0;
@@ -157,6 +159,7 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     } else if (flag == "--from" && o.command == "convert") o.from = std::string(value());
     else if (flag == "--to" && o.command == "convert") o.to = std::string(value());
     else if (flag == "--merge-lora" && o.command == "convert") o.merge_lora = std::string(value());
+    else if (flag == "--lora-adapter" && o.command == "run") o.lora_adapter = std::string(value());
     else if (flag == "--to-format" && o.command == "convert") {
       o.to_format = std::string(value());
       if (o.to_format != "hf" && o.to_format != "dist")

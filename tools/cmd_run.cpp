@@ -40,6 +40,7 @@
 #include "megadsl/models/registry.hpp"
 #include "megadsl/parallel/distributed.hpp"
 #include "megadsl/runtime/hf_io.hpp"
+#include "megadsl/runtime/lora_io.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
 
 namespace megadsl::cli {
@@ -349,6 +350,8 @@ std::vector<std::pair<std::string, at::Tensor>> run_model(parallel_groups& group
   parallel_model<Spec> model(groups, mo, s, o.l);
   bar.start("megadsl run: loading " + dir.string(), {});
   const hf_load_report report = load_hf(model, groups, dir);
+  if (!o.lora_adapter.empty())  // this rank's shards of the adapter, applied in the forward
+    model.attach_lora(load_peft_adapter(o.lora_adapter, model.config(), groups.me.tp, model.parameters(), report.names));
   bar.finish();
   if (speak)
     for (const std::string& n : report.notes) err << "note: " << n << '\n';

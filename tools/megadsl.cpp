@@ -32,7 +32,7 @@ commands:
                             memory per rank, FLOPs per token, communication per step
   presets                   the preset models and their published parameter counts
   families                  the families (HF model_type) megadsl composes, and their presets
-  run MODEL_DIR [layout] --input FILE --output FILE [--ranks N] [--temperature T] [--logits]
+  run MODEL_DIR [layout] --input FILE --output FILE [--ranks N] [--temperature T] [--logits] [--lora-adapter DIR]
       [--device cpu|cuda] [--compute fp32|bf16]
                             run the model on a batch: the actor's log_probs and entropy (and
                             logits with --logits), or with --critic the values; plus the valid mask
@@ -76,6 +76,8 @@ run:
   --device cpu|cuda         where the model runs (cuda: GPU LOCAL_RANK % count, NCCL groups)
   --compute fp32|bf16       bf16: compute in bf16 over fp32 weights; log-probs in fp32
   --logits                  also the full logits (batch, seq, vocab)
+  --lora-adapter DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)
+                            applied in the forward, each rank its shards of it
   --ranks N                 local processes to start (default tp * cp * pp, with ep; a multiple adds data
                             parallelism). Under torchrun/srun (RANK, WORLD_SIZE set) the job's ranks
                             are used instead and nothing is started.

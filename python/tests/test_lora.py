@@ -409,3 +409,20 @@ def test_a_distributed_checkpoint_carries_the_adapters_and_their_adamw_state(ada
         megadsl.Model.from_hf(path).load_distributed(ckpt)
     with pytest.raises(megadsl.CheckpointError, match="on other target_modules or rank than this model's"):
         megadsl.Model.from_hf(path, lora_rank=8).load_distributed(ckpt)
+
+
+def test_megadsl_run_applies_an_adapter(adapters, tmp_path):
+    """`megadsl run --lora-adapter DIR` (the CLI, at tp 2 on 2 ranks) gives PEFT's log-probs."""
+    import subprocess
+    from pathlib import Path
+
+    tool = Path(megadsl.__file__).resolve().parents[2] / "tools" / "megadsl"
+    path, adapter, want, ids, mask = adapters["qwen3-tf5"]
+    (tmp_path / "in.json").write_text(json.dumps({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}))
+    run = subprocess.run([str(tool), "run", str(path), "--input", str(tmp_path / "in.json"), "--output",
+                          str(tmp_path / "out.json"), "--lora-adapter", str(adapter), "--tp", "2", "--ranks", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    got = torch.tensor(json.loads((tmp_path / "out.json").read_text())["log_probs"])
+    valid = helpers.lp_valid(mask)[:, :-1]
+    assert helpers.max_diff(got[:, :-1], want, valid) < 1e-5
