@@ -272,6 +272,14 @@ class Model:
         The adapters' adapter_config.json as a dict (PEFT's LoraConfig keys: r, lora_alpha, target_modules, use_rslora, ...), or None without adapters.
         """
     @property
+    def lora_enabled(self) -> bool:
+        """
+        Whether the forwards apply the LoRA adapters (False: the base alone, as PEFT's disable_adapter; verl's reference log-probs from the actor). Set it alike on every rank.
+        """
+    @lora_enabled.setter
+    def lora_enabled(self, arg1: bool) -> None:
+        ...
+    @property
     def model_type(self) -> str:
         ...
     @property

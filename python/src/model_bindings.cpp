@@ -539,6 +539,16 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
       "Collective: the LoRA adapters alone, whole, as (PEFT name, fp32 tensor) pairs on every rank "
       "(\"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight\", ...: the state dict PEFT's "
       "get_peft_model_state_dict gives, which vLLM's LoRA loader takes with lora_config).");
+  model.def_property(
+      "lora_enabled",
+      [](dynamic_model& self) { return !self.closed() && self.lora() != nullptr && self.lora()->enabled(); },
+      [](dynamic_model& self, bool on) {
+        if (self.closed() || self.lora() == nullptr)
+          throw py::value_error("megadsl: lora_enabled: this model carries no LoRA adapter");
+        const_cast<lora_set*>(self.lora())->set_enabled(on);
+      },
+      "Whether the forwards apply the LoRA adapters (False: the base alone, as PEFT's disable_adapter; "
+      "verl's reference log-probs from the actor). Set it alike on every rank.");
   model.def_property_readonly(
       "lora_config",
       [](dynamic_model& self) -> py::object {

@@ -163,8 +163,7 @@ def advantage_loss(outputs, micro_batch, counts):
 def train_lora(path, adapter, batch, steps, layout, lr, out):
     """`steps` Trainer.step calls on `path` with the adapter in `adapter` (the base frozen), in `layout`;
     the adapters saved with save_lora to `out`; each step's loss and gradient norm."""
-    # The expert bias as loaded (DeepSeek-V3's routers): PEFT on transformers does not balance it.
-    model = megadsl.Model.from_hf(path, lora_adapter=adapter, moe_expert_bias_update_rate=0.0, **layout)
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
     trainer = model.trainer(lr=lr, clip_grad=1.0, weight_decay=0.01)
     metrics = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss) for _ in range(steps)]
     model.save_lora(out)
@@ -185,7 +184,7 @@ def lora_steps_with_checkpoint(path, adapter, batch, layout, ckpt, phase, out):
     """phase "save": 2 steps of the adapter's training, then save_distributed with the trainer;
     "resume": load_distributed into a fresh model and trainer, 1 step; "straight": 3 steps. The
     adapters saved with save_lora to `out` (resume and straight); each step's loss."""
-    model = megadsl.Model.from_hf(path, lora_adapter=adapter, moe_expert_bias_update_rate=0.0, **layout)
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
     trainer = model.trainer(lr=1e-3, weight_decay=0.01)
     if phase == "resume":
         model.load_distributed(ckpt, trainer=trainer)

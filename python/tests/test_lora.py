@@ -344,6 +344,31 @@ def test_training_the_adapters_equals_peft(adapters, tmp_path, name):
 
 
 
+def test_the_base_stays_as_loaded_and_the_adapters_can_be_switched_off(adapters):
+    """Training with adapters leaves every base tensor as loaded, a router's expert bias included
+    (DeepSeek-V3's, which full training balances after each step); lora_enabled=False gives the
+    base's log-probs (verl's disable_adapter), True the adapted ones again. A critic is refused."""
+    path, adapter, want, ids, mask = adapters["deepseek-v3-tf5"]
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter)
+    base = {k: v.detach().clone() for k, v in model.parameters().items()}
+    assert any("expert_bias" in k or "correction_bias" in k for k in base), sorted(base)[:20]
+    trainer = model.trainer(lr=1e-3)
+    for _ in range(2):
+        trainer.step(training_batch(path), microbatches=2, loss_fn=helpers.advantage_loss)
+    assert all(torch.equal(v, base[k]) for k, v in model.parameters().items())
+    plain = megadsl.Model.from_hf(path)
+    with torch.no_grad():
+        model.lora_enabled = False
+        off = model.forward(ids, mask)["log_probs"]
+        model.lora_enabled = True
+        on = model.forward(ids, mask)["log_probs"]
+        assert torch.equal(off, plain.forward(ids, mask)["log_probs"])
+    valid = helpers.lp_valid(mask)
+    assert helpers.max_diff(on, off, valid) > 1e-3 and model.lora_enabled
+    with pytest.raises(ValueError, match="LoRA on a critic .value model. is not supported yet"):
+        megadsl.Model.from_hf(path, critic=True, lora_rank=4)
+
+
 def test_fresh_adapters_start_at_the_base_and_train_alike_in_every_layout(fixtures, tmp_path):
     """lora_rank= (verl's keys): PEFT's initialisation (A within Kaiming's bound, B zero), so the first
     forward is the base's; drawn per module, so two steps give the same adapters at tp 2 x pp 2 as

@@ -20,7 +20,7 @@ void lora_set::add(const at::Tensor& base, std::int64_t layer, lora_shard adapte
 }
 
 const std::vector<lora_shard>* lora_set::use(const at::Tensor& base) const {
-  if (by_base_.empty() || !base.defined()) return nullptr;
+  if (!enabled_ || by_base_.empty() || !base.defined()) return nullptr;
   const auto it = by_base_.find(base.unsafeGetTensorImpl());
   if (it == by_base_.end()) return nullptr;
   const entry& e = entries_[it->second];
@@ -132,7 +132,7 @@ at::Tensor lora_set::merged(std::string_view hf_name, const at::Tensor& w) const
 }
 
 void lora_set::check_applied(std::int64_t layer) const {
-  if (by_base_.empty() || checked_[layer]) return;
+  if (!enabled_ || by_base_.empty() || checked_[layer]) return;
   for (const entry& e : entries_)
     if (e.layer == layer && !e.applied)
       throw std::logic_error("megadsl: the LoRA adapter on " + e.adapters.front().module +

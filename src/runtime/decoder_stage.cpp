@@ -151,6 +151,9 @@ class decoder_stage final : public model_core, public pipeline_stage {
   //       counted on its main replica;
   //   on a base whole on every tp rank: the same on each (partial over tp under SP, as the base's).
   void attach_lora(std::shared_ptr<lora_set> adapters) override {
+    if (adapters != nullptr && !cfg_.head.actor)
+      throw std::invalid_argument("megadsl: LoRA on a critic (value model) is not supported yet: its value head would stay "
+                                  "frozen with the base (PEFT trains it as a module to save); train the critic whole");
     lora_ = std::move(adapters);
     lora_params_.clear();
     lora_replicas_.clear();
@@ -250,8 +253,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
 
   void finalize_grads(bool over_dp) override {
     if (lora_ != nullptr) {
+      // The base is frozen, the routers' expert biases included (PEFT's adapters ship without
+      // them): the step's expert loads are dropped.
       finalize_lora_grads(over_dp);
-      update_expert_biases();
+      for (const expert_load* e : expert_loads_) e->tokens.zero_();
       return;
     }
     for (auto& p : params_) {

@@ -373,6 +373,7 @@ std::function<void(const fs::path&)> lora_checkpoint_writer(const lora_set& set,
     write_safetensors(folder / weights_name, *adapters, {{"format", "pt"}});
     if (!moments->empty()) write_safetensors(folder / "optimizer.safetensors", *moments, {{"format", "pt"}});
     write_file_atomically(folder / config_name, config);
+    fsync_dir(folder);
   };
 }
 
@@ -396,27 +397,36 @@ void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_conf
     for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(values[i]);
   }
   if (state == nullptr) return;
+  // No moments saved (the trainer had not stepped): AdamW starts fresh, as without adapters.
   const fs::path file = folder / "optimizer.safetensors";
+  state->exp_avg.clear();
+  state->exp_avg_sq.clear();
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
-    throw checkpoint_error("megadsl: " + file.string() + ": no such file; the checkpoint holds no AdamW state of its "
-                           "LoRA adapters (saved without a trainer); load it without one");
+  if (!fs::is_regular_file(file, ec)) return;
   const safetensors_file st = safetensors_file::open(file);
   const lora_adapter_list list = lora_adapters(c.s, c.l, mine, c.head);
   const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);
-  for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
-    const auto moment = shard_adapters(mine, c, tp_rank, params, [&](const std::string& module) {
-      const std::string key = std::string(prefix) + names.stored(module + ".weight");
-      const std::string stem = kind + key.substr(0, key.size() - 7);
-      const lora_adapter& a = *all.at(module);
-      const auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
+  const std::int64_t r = mine.rank.get();
+  const auto stem_of = [&](const char* kind, const std::string& module) {
+    const std::string key = std::string(prefix) + names.stored(module + ".weight");
+    return kind + key.substr(0, key.size() - 7);
+  };
+  // Every module's moments checked on every rank alike before any rank reads its own (a rank
+  // that failed alone would leave the others waiting).
+  for (const char* kind : {"exp_avg/", "exp_avg_sq/"})
+    for (const auto& [module, a] : all)
+      for (const auto& [which, shape] : {std::pair{".lora_A.weight", std::vector<std::int64_t>{r, a->in}},
+                                         std::pair{".lora_B.weight", std::vector<std::int64_t>{a->out, r}}}) {
+        const std::string name = stem_of(kind, module) + which;
         const tensor_info* t = st.find(name);
         if (t == nullptr || t->shape != shape)
-          throw checkpoint_error("megadsl: " + file.string() + ": " + name + (t == nullptr ? " is missing" : " has shape " + shape_text(t->shape)));
-        return st.read(name, at::kFloat);
-      };
-      const std::int64_t r = mine.rank.get();
-      return std::pair{read(stem + ".lora_A.weight", {r, a.in}), read(stem + ".lora_B.weight", {a.out, r})};
+          throw checkpoint_error("megadsl: " + file.string() + ": " + name +
+                                 (t == nullptr ? " is missing" : " has shape " + shape_text(t->shape) + ", not " + shape_text(shape)));
+      }
+  for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+    const auto moment = shard_adapters(mine, c, tp_rank, params, [&](const std::string& module) {
+      const std::string stem = stem_of(kind, module);
+      return std::pair{st.read(stem + ".lora_A.weight", at::kFloat), st.read(stem + ".lora_B.weight", at::kFloat)};
     });
     (std::string_view(kind) == "exp_avg/" ? state->exp_avg : state->exp_avg_sq) = moment->tensors();
   }

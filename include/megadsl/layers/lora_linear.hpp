@@ -67,6 +67,10 @@ class lora_set {
   [[nodiscard]] const lora& settings() const { return settings_; }
   // The adapters on `base` for training (nothing marked); null if none.
   std::vector<lora_shard>* adapters_of(const at::Tensor& base);
+  // Off: the forwards skip the adapters (the base alone: verl's disable_adapter for the reference
+  // policy's log-probs when it is the actor without its adapters). On by default.
+  void set_enabled(bool on) { enabled_ = on; }
+  [[nodiscard]] bool enabled() const { return enabled_; }
   // The adapters on `base`, null if none; marks them applied.
   const std::vector<lora_shard>* use(const at::Tensor& base) const;
   // Whether `base` has adapters (nothing marked).
@@ -104,6 +108,7 @@ class lora_set {
     double scaling = 1.0;
   };
   lora settings_;
+  bool enabled_ = true;
   std::vector<entry> entries_;  // in the order added: the same on every rank of a stage
   std::unordered_map<const void*, std::size_t> by_base_;  // base TensorImpl -> entries_ index
   mutable std::unordered_map<std::string, whole_adapter> whole_;  // by HF module

@@ -76,7 +76,8 @@ std::function<void(const std::filesystem::path&)> lora_checkpoint_writer(const l
 
 // Reads checkpoint `dir`'s `lora/` into `set` (the model's adapters: the same rank, alpha and
 // targets, else checkpoint_error naming both), each rank its shards; with `state`, the moments in
-// trainable order into state->exp_avg / exp_avg_sq (the checkpoint must hold them).
+// trainable order into state->exp_avg / exp_avg_sq (none when it was saved before AdamW's first
+// step: AdamW starts fresh). Every rank checks every module's tensors alike before reading.
 void load_lora_checkpoint(const std::filesystem::path& dir, lora_set& set, const runtime_config& c, std::int64_t tp_rank,
                           const std::vector<named_parameter>& params, const hf_name_map& names, training_state* state);
 

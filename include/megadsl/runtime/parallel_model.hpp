@@ -251,7 +251,9 @@ class parallel_model {
   const runtime_config& config() const { return core_->config(); }
   // LoRA adapters on this rank's linears (runtime/lora_io.hpp's load_peft_adapter or
   // new_adapters), applied in every forward from now on; the base is frozen and training updates
-  // the adapters (trainable_parameters()). Null removes them and unfreezes the base.
+  // the adapters (trainable_parameters()). Null removes them and unfreezes the base. Attach them
+  // before make_trainer: a trainer keeps the parameter list it was built with. The routers' expert
+  // biases stay as loaded too (the step's expert loads are dropped).
   void attach_lora(std::shared_ptr<lora_set> adapters) { core_->attach_lora(std::move(adapters)); }
   [[nodiscard]] const lora_set* lora() const { return core_->lora(); }
 

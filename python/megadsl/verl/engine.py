@@ -374,6 +374,20 @@ class MegadslEngine(BaseEngine):
         c = self.coords
         return c["tp"] == 0 and c["cp"] == 0 and c["pp"] == self.layout.pp - 1
 
+    @contextmanager
+    def disable_adapter(self):
+        """The forwards without the LoRA adapters (verl's reference log-probs from the actor, its
+        no_lora_adapter): the base alone, as PEFT's disable_adapter."""
+        model = self._model()
+        if self.lora is None:
+            yield
+            return
+        model.lora_enabled = False
+        try:
+            yield
+        finally:
+            model.lora_enabled = True
+
     def optimizer_zero_grad(self):
         """Nothing to do: each megadsl step starts from zero gradients."""
 

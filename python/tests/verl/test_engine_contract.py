@@ -4,6 +4,7 @@ wrong order, a config key of another engine, an unsupported option or a batch wi
 reads; McoreOptimizerConfig trained as verl's Megatron engine would (Megatron's decay rule and
 verl's get_megatron_optimizer_param_scheduler); checkpoint.save_contents / load_contents."""
 
+from contextlib import nullcontext
 from functools import partial
 
 import pytest
@@ -127,6 +128,32 @@ def test_verls_lora_keys_train_the_adapters_and_sync_them(qwen3, tmp_path):
     assert (weights[q + ".weight"].float() - expect).abs().max() < 2e-2  # both in bf16 (export_dtype)
     assert not torch.equal(weights[q + ".weight"], first[q + ".base_layer.weight"])
     for x in (e, again, merged):
+        x.model.close()
+
+
+def test_disable_adapter_gives_the_base_policy(qwen3):
+    """verl takes the reference log-probs from a LoRA actor under engine.disable_adapter()
+    (no_lora_adapter): the base model's, bit for bit; outside it, the adapted policy's."""
+    e = lora_engine(qwen3, lora_rank=8, lora_alpha=16)
+    e.initialize()
+    loss = partial(ppo_loss, config=ranks.actor_config())
+    with e.train_mode():
+        e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=loss)  # B off zero
+    plain = engine(qwen3)
+    plain.initialize()
+    out = {}
+    for name, eng, off in (("ref", e, True), ("actor", e, False), ("base", plain, False)):
+        with eng.eval_mode():
+            with eng.disable_adapter() if off else nullcontext():
+                out[name] = eng.infer_batch(ranks.make_batch(0, e.model.vocab))["model_output"]["log_probs"].values()
+    assert torch.equal(out["ref"], out["base"]) and not torch.equal(out["actor"], out["base"])
+    assert e.model.lora_enabled
+    with pytest.raises(ValueError, match="LoRA on a critic"):
+        EngineRegistry.new(model_type="value_model", backend="megadsl",
+                           model_config=HFModelConfig(path=str(qwen3), load_tokenizer=False, lora_rank=8),
+                           engine_config=megadsl.verl.MegadslEngineConfig(), optimizer_config=FSDPOptimizerConfig(lr=1e-4),
+                           checkpoint_config=None).initialize()
+    for x in (e, plain):
         x.model.close()
 
 
