@@ -195,6 +195,10 @@ class Model:
         """
         Collective: loads a distributed checkpoint saved under any layout (resharded to this one).
         """
+    def lora_parameters(self) -> dict:
+        """
+        This rank's LoRA adapter shards, what its trainer updates (the live tensors): "<HF module>.lora_A.weight" for a matrix whole here, "<HF module>.lora_B.weight@<first row>" for a piece of one (B's rows of a column-parallel base, A's columns "...lora_A.weight@<first column>" of a row-parallel one).
+        """
     def offload(self, *, parameters: bool = True, gradients: bool = True) -> None:
         """
         Moves this rank's parameters and/or gradients to host memory (pinned, asynchronously on CUDA)

@@ -32,6 +32,9 @@ class model_of final : public dynamic_model {
     return live().forward(microbatches, o);
   }
   std::vector<named_parameter>& parameters() override { return on_device("its parameters").parameters(); }
+  std::vector<named_parameter>& trainable_parameters() override {
+    return on_device("its parameters").trainable_parameters();
+  }
   void finalize_grads() override { on_device("finalize_grads").finalize_grads(); }
   double grad_norm() override { return on_device("grad_norm").grad_norm(); }
   void offload(bool params, bool grads) override { live().offload(params, grads); }

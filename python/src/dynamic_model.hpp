@@ -41,6 +41,8 @@ class dynamic_model {
   // Each micro-batch's outputs; pipelined over the stages at pp > 1.
   virtual std::vector<model_output> forward(const std::vector<batch>& microbatches, const forward_options& o) = 0;
   virtual std::vector<named_parameter>& parameters() = 0;
+  // What training updates: parameters(), or the LoRA adapters' tensors (parallel_model's).
+  virtual std::vector<named_parameter>& trainable_parameters() = 0;
   virtual void finalize_grads() = 0;  // over dp too (after a backward of the caller's own)
   virtual double grad_norm() = 0;
   // A trainer of this model; it refers to the model, which must outlive it (and stay open).

@@ -502,6 +502,18 @@ autograd graph when torch's grad mode is on (use torch.no_grad() for inference).
       },
       "This rank's parameter shards by megadsl name (layers.3.qkv.weight, ...): the live tensors, not copies.");
   model.def(
+      "lora_parameters",
+      [](dynamic_model& self) {
+        if (self.closed() || self.lora() == nullptr)
+          throw py::value_error("megadsl: lora_parameters: this model carries no LoRA adapter");
+        py::dict d;
+        for (const named_parameter& p : self.trainable_parameters()) d[py::str(p.name)] = p.tensor;
+        return d;
+      },
+      "This rank's LoRA adapter shards, what its trainer updates (the live tensors): \"<HF module>.lora_A.weight\" "
+      "for a matrix whole here, \"<HF module>.lora_B.weight@<first row>\" for a piece of one (B's rows of a "
+      "column-parallel base, A's columns \"...lora_A.weight@<first column>\" of a row-parallel one).");
+  model.def(
       "save_hf",
       [](dynamic_model& self, const std::filesystem::path& path, const std::string& dtype, std::optional<bool> merge_lora) {
         const at::ScalarType t = dtype_of(dtype, "dtype");

@@ -195,3 +195,14 @@ def lora_steps_with_checkpoint(path, adapter, batch, layout, ckpt, phase, out):
     else:
         model.save_lora(out)
     return losses, trainer.steps
+
+
+def lora_gradients(path, adapter, batch, layout):
+    """One forward and backward of advantage_loss through the adapters (pp 1), finalize_grads: this
+    rank's adapter gradients by lora_parameters' names."""
+    model = megadsl.Model.from_hf(path, lora_adapter=adapter, **layout)
+    out = model.forward(batch["input_ids"], batch["attention_mask"])
+    loss = -(batch["advantages"] * out["log_probs"] * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+    loss.backward()
+    model.finalize_grads()
+    return {name: t.grad.clone() for name, t in model.lora_parameters().items()}

@@ -344,6 +344,42 @@ def test_training_the_adapters_equals_peft(adapters, tmp_path, name):
 
 
 
+@pytest.mark.parametrize("name, layout, world", [("qwen3-tf5", dict(), 1), ("qwen3-tf5", dict(tp=2, sp=True), 2),
+                                                  ("deepseek-v3-tf5", dict(tp=2, sp=True), 2)])
+def test_the_adapters_gradients_equal_pefts(adapters, name, layout, world):
+    """Each rank's adapter gradients after one backward (finalize_grads: the tp sums of a split base's
+    whole matrix, dp) equal PEFT's within 1e-5: a matrix whole here against PEFT's whole, a piece
+    against its rows of B (or columns of A) at its global offset."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path, adapter, *_ = adapters[name]
+    batch = training_batch(path)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter,
+                                     is_trainable=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    logits = peft(input_ids=ids, attention_mask=mask).logits.float()
+    lp = torch.nn.functional.pad(torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0], (0, 1))
+    (-(batch["advantages"] * lp * batch["loss_mask"]).sum() / batch["loss_mask"].sum()).backward()
+    want = {n.replace("base_model.model.", "").replace(".default", ""): p.grad for n, p in peft.named_parameters()
+            if p.requires_grad}
+    runs = ([helpers.lora_gradients(str(path), str(adapter), batch, layout)] if world == 1 else
+            megadsl.launch_local(world, helpers.lora_gradients, str(path), str(adapter), batch, layout, timeout=600))
+    for rank, grads in enumerate(runs):
+        covered = set()
+        for key, g in grads.items():
+            tensor, _, offset = key.partition("@")
+            full = want[tensor]
+            if offset:
+                dim = 0 if ".lora_B." in tensor else 1
+                full = full.narrow(dim, int(offset), g.shape[dim])
+            assert full.shape == g.shape, (key, full.shape, g.shape)
+            assert (g - full).abs().max().item() < 1e-5, (layout, rank, key)
+            covered.add(tensor)
+        assert covered == set(want), set(want) - covered
+        assert max(g.abs().max().item() for g in grads.values()) > 1e-4
+
+
 def test_the_base_stays_as_loaded_and_the_adapters_can_be_switched_off(adapters):
     """Training with adapters leaves every base tensor as loaded, a router's expert bias included
     (DeepSeek-V3's, which full training balances after each step); lora_enabled=False gives the
