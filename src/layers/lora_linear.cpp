@@ -119,10 +119,6 @@ bool lora_set::adapts(const at::Tensor& base) const {
   return base.defined() && by_base_.contains(base.unsafeGetTensorImpl());
 }
 
-void lora_set::add_whole(std::string module, at::Tensor a, at::Tensor b, double scaling) {
-  whole_[std::move(module)] = {std::move(a), std::move(b), scaling};
-}
-
 at::Tensor lora_set::merged(std::string_view hf_name, const at::Tensor& w) const {
   if (!hf_name.ends_with(".weight")) return w;
   const auto it = whole_.find(std::string(hf_name.substr(0, hf_name.size() - 7)));

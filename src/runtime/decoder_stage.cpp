@@ -32,6 +32,7 @@
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "cpu_allocator.hpp"
+#include "name_seed.hpp"
 
 namespace megadsl::detail {
 namespace {
@@ -43,17 +44,11 @@ namespace {
 // up to lm_head_whole_max_elements a micro-batch, in such blocks beyond it (formulas.hpp's
 // lm_head_training_chunk; chunked_head_logprob_entropy: the GEMM again in the backward).
 
-std::uint64_t fnv1a(std::string_view s, std::uint64_t seed) {
-  std::uint64_t h = 1469598103934665603ULL ^ seed;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-  return h;
-}
-
 // The full HF tensor of `name`, the same on every rank and under every layout (DESIGN §13), as its
 // row says it starts: a norm's weight at 1, or at 0 for a (1 + w) norm (Gemma's zero-centred
 // weights), a bias at 0, a constant row at its value (test_init perturbs these), the rest N(0, init_std).
 at::Tensor init_full(std::string_view hf_name, const dims& d, const model_options& o, const param_row& row) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(hf_name, o.seed));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(name_seed(hf_name, o.seed));
   const std::vector<std::int64_t> size = d.rank == 1 ? std::vector<std::int64_t>{d.rows}
                                                      : std::vector<std::int64_t>{d.rows, d.cols};
   const bool bias = is_bias(row);

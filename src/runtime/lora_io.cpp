@@ -21,6 +21,7 @@
 #include "megadsl/io/atomic_file.hpp"
 #include "megadsl/runtime/shard_io.hpp"
 #include "checkpoint_dir.hpp"
+#include "name_seed.hpp"
 
 namespace megadsl {
 namespace {
@@ -55,10 +56,11 @@ std::map<std::string, const lora_adapter*> modules_of(const lora_adapter_list& l
   return out;
 }
 
-std::uint64_t fnv1a(std::string_view text, std::uint64_t seed) {
-  std::uint64_t h = 1469598103934665603ULL ^ seed;
-  for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
-  return h;
+// A module's key stem in PEFT's files: "base_model.model.<its stored name>" (a multimodal
+// checkpoint's text model under its prefix), before ".lora_A.weight".
+std::string peft_stem(const std::string& module, const hf_name_map& names) {
+  const std::string stored = names.stored(module + ".weight");
+  return std::string(prefix) + stored.substr(0, stored.size() - 7);
 }
 
 }  // namespace
@@ -239,7 +241,6 @@ std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_con
       }
       shard.whole = (shard.along_output ? A : B).clone(at::MemoryFormat::Contiguous).to(p.tensor.device());
       out->add(p.tensor, p.at.layer, std::move(shard));
-      out->add_whole(module, A, B, settings.scaling());
     }
   }
   return out;
@@ -257,7 +258,7 @@ std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_confi
   const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);  // pointers into `list`
   return shard_adapters(settings, c, tp_rank, params, [&](const std::string& module) {
     const lora_adapter& a = *all.at(module);
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(module, seed));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::name_seed(module, seed));
     const double bound = 1.0 / std::sqrt(static_cast<double>(a.in));  // kaiming_uniform_(a = sqrt(5))
     return std::pair{at::empty({r, a.in}, at::kFloat).uniform_(-bound, bound, gen), at::zeros({a.out, r}, at::kFloat)};
   });
@@ -314,8 +315,7 @@ std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_s
   std::vector<std::pair<std::string, at::Tensor>> out;
   at = 0;
   for (const auto& [module, a] : all) {
-    const std::string key = std::string(prefix) + names.stored(module + ".weight");
-    const std::string stem = key.substr(0, key.size() - 7);
+    const std::string stem = peft_stem(module, names);
     out.emplace_back(stem + ".lora_A.weight", flat.narrow(0, at, r * a->in).view({r, a->in}).clone());
     out.emplace_back(stem + ".lora_B.weight", flat.narrow(0, at + r * a->in, a->out * r).view({a->out, r}).clone());
     at += r * (a->in + a->out);
@@ -407,10 +407,7 @@ void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_conf
   const lora_adapter_list list = lora_adapters(c.s, c.l, mine, c.head);
   const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);
   const std::int64_t r = mine.rank.get();
-  const auto stem_of = [&](const char* kind, const std::string& module) {
-    const std::string key = std::string(prefix) + names.stored(module + ".weight");
-    return kind + key.substr(0, key.size() - 7);
-  };
+  const auto stem_of = [&](const char* kind, const std::string& module) { return kind + peft_stem(module, names); };
   // Every module's moments checked on every rank alike before any rank reads its own (a rank
   // that failed alone would leave the others waiting).
   for (const char* kind : {"exp_avg/", "exp_avg_sq/"})

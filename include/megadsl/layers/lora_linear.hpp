@@ -75,10 +75,9 @@ class lora_set {
   const std::vector<lora_shard>* use(const at::Tensor& base) const;
   // Whether `base` has adapters (nothing marked).
   [[nodiscard]] bool adapts(const at::Tensor& base) const;
-  // Each adapted HF module's whole A (r, in) and B (out, r) in fp32, for merging (save_hf).
-  void add_whole(std::string module, at::Tensor a, at::Tensor b, double scaling);
-  // Recomputes every whole A and B from this rank's shards (after training moved them): a
-  // collective over `tp` (null: one rank), every rank of it calling with the same adapters.
+  // Computes every adapted HF module's whole A (r, in) and B (out, r) in fp32 from this rank's
+  // shards, for merged() and saving: a collective over `tp` (null: one rank), every rank of it
+  // calling with the same adapters. Called where they are merged or saved (they move in training).
   void gather_whole(const comm_group* tp) const;
   // Every adapter tensor of this rank in training order (each base's adapters in the order added:
   // the whole matrix, then its pieces), the order of the model's trainable_parameters().
@@ -89,7 +88,7 @@ class lora_set {
   // The whole (A, B) of `module` on this stage; null if it has none here.
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> whole(const std::string& module) const;
   // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in
-  // fp32 (w as is when the module has no adapter here).
+  // fp32 (w as is when the module has no adapter here), from the last gather_whole.
   [[nodiscard]] at::Tensor merged(std::string_view hf_name, const at::Tensor& w) const;
   // After layer `layer` ran a forward: throws std::logic_error naming an adapter of that layer
   // that its block did not apply (it reads that weight some other way), once per layer.

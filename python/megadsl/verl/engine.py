@@ -554,10 +554,16 @@ class MegadslEngine(BaseEngine):
             return model.export_weights(dtype=dtype, bucket_mb=bucket), None
         if self.lora_merge:
             return model.export_weights(dtype=dtype, bucket_mb=bucket, merge_lora=True), None
+        # verl asks for the adapters first (base_sync_done=True, held), then for the base on its
+        # first sync: the adapted modules' names come from that export, not a second gather.
         if base_sync_done:
-            return iter(model.export_lora()), model.lora_config
-        adapted = {name[len("base_model.model."):-len(".lora_A.weight")] for name, _ in model.export_lora()
-                   if name.endswith(".lora_A.weight")}
+            adapters = model.export_lora()
+            self._adapted = {name[len("base_model.model."):-len(".lora_A.weight")] for name, _ in adapters
+                             if name.endswith(".lora_A.weight")}
+            return iter(adapters), model.lora_config
+        if getattr(self, "_adapted", None) is None:
+            self.get_per_tensor_param(base_sync_done=True)
+        adapted = self._adapted
 
         def base():
             for name, t in model.export_weights(dtype=dtype, bucket_mb=bucket, merge_lora=False):

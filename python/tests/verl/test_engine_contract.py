@@ -95,16 +95,18 @@ def test_verls_lora_keys_train_the_adapters_and_sync_them(qwen3, tmp_path):
         trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=partial(ppo_loss, config=ranks.actor_config()))
     assert sum(trained["loss"]) != 0 and trained["metrics"]["grad_norm"] > 0
     assert all(torch.equal(v, base[k]) for k, v in e.model.parameters().items())  # frozen
+    # verl's order (engine_workers.update_weights): the adapters asked for and held, the base asked
+    # for and sent first (the first sync), then the adapters sent.
     adapters, config = e.get_per_tensor_param(base_sync_done=True)
+    first, base_config = e.get_per_tensor_param(base_sync_done=False)
+    first = dict(first)
     adapters = dict(adapters)
     assert config["r"] == 8 and config["lora_alpha"] == 16 and sorted(config["target_modules"]) == ["down_proj", "q_proj", "v_proj"]
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in adapters
     assert len(adapters) == 2 * 3 * 4  # A and B of 3 modules in 4 layers
     assert max(t.abs().max().item() for n, t in adapters.items() if "lora_B" in n) > 0  # B left zero
-    first, config = e.get_per_tensor_param(base_sync_done=False)
-    first = dict(first)
     assert "model.layers.0.self_attn.q_proj.base_layer.weight" in first and "model.layers.0.self_attn.q_proj.weight" not in first
-    assert "model.embed_tokens.weight" in first and config["r"] == 8
+    assert "model.embed_tokens.weight" in first and base_config["r"] == 8
     e.save_checkpoint(str(tmp_path / "step1"), global_step=1)
     saved = tmp_path / "step1" / "megadsl" / "lora"
     assert (saved / "adapter_config.json").is_file() and (saved / "adapter_model.safetensors").is_file()
