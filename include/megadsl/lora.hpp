@@ -15,6 +15,12 @@
 // ending after a '.' ("q_proj", "self_attn.o_proj"); "all-linear" is every linear of the layers
 // (PEFT's: every nn.Linear but the output layer). A fused row adapts each HF source it stores on
 // its own (q_proj, k_proj and v_proj of megadsl's fused q/k/v), as PEFT does on the HF model.
+//
+// A mixture's experts take adapters as PEFT adapts transformers' fused experts, by
+// target_parameters ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"; PEFT's ParamWrapper):
+// one adapter per expert, stacked, A (r E, in) with expert e's rows [e r, (e + 1) r) and B (out, r E)
+// with expert e's columns e, E + e, ... (B viewed (out, r, E)); gate_up_proj's outputs are
+// [gate; up]. Each expert's adapter is sharded over tp as its expert is and lives on its ep rank.
 #pragma once
 
 #include <array>
@@ -32,6 +38,7 @@
 namespace megadsl {
 
 inline constexpr int max_lora_targets = 16;
+inline constexpr int max_lora_parameters = 4;
 inline constexpr std::size_t max_lora_target_name = 48;
 inline constexpr std::string_view all_linear = "all-linear";
 
@@ -53,6 +60,8 @@ struct lora {
   real dropout = 0.0;    // lora_dropout, on the adapter's input in training
   std::array<lora_target, max_lora_targets> targets{};
   int target_count = 0;
+  std::array<lora_target, max_lora_parameters> parameters{};  // PEFT's target_parameters (a mixture's experts)
+  int parameter_count = 0;
 
   // Adds a target module name (or "all-linear"); a name too long or one target too many is refused
   // where it is written (a constant expression fails to compile; at run time, lora_error).
@@ -63,6 +72,16 @@ struct lora {
     lora_target t;
     for (std::size_t i = 0; i < module.size(); ++i) t.name[i] = module[i];
     targets[static_cast<std::size_t>(target_count++)] = t;
+    return *this;
+  }
+  // Adds a target parameter (PEFT's target_parameters: "mlp.experts.gate_up_proj"), refused as target() is.
+  constexpr lora& target_parameter(std::string_view parameter) {
+    if (parameter.empty() || parameter.size() >= max_lora_target_name)
+      throw "megadsl: a LoRA target parameter name is empty or longer than max_lora_target_name (lora.hpp)";
+    if (parameter_count == max_lora_parameters) throw "megadsl: more LoRA target parameters than max_lora_parameters (lora.hpp)";
+    lora_target t;
+    for (std::size_t i = 0; i < parameter.size(); ++i) t.name[i] = parameter[i];
+    parameters[static_cast<std::size_t>(parameter_count++)] = t;
     return *this;
   }
   [[nodiscard]] constexpr bool enabled() const { return !rank.is_static() || rank.get() != 0; }
@@ -98,9 +117,55 @@ constexpr bool lora_target_matches(std::string_view module, std::string_view tar
   return module.size() == target.size() || module[module.size() - target.size() - 1] == '.';
 }
 
+// Whether `target` names the parameter `parameter` of `module` as PEFT matches a
+// target_parameters entry: "<module>.<parameter>" whole, or its end after a '.'.
+constexpr bool lora_parameter_matches(std::string_view module, std::string_view parameter, std::string_view target) {
+  if (target == parameter) return true;
+  if (target.size() <= parameter.size() || !target.ends_with(parameter) || target[target.size() - parameter.size() - 1] != '.')
+    return false;
+  return lora_target_matches(module, target.substr(0, target.size() - parameter.size() - 1));
+}
+
+// A per-expert row's experts module and the parameter transformers fuses it into
+// ("model.layers.{layer}.mlp.experts", "gate_up_proj" of ...experts.{expert}.gate_proj.weight and
+// up_proj; "down_proj"); a stacked row's own split at its last '.'; empty for other rows.
+struct experts_parameter {
+  std::string_view module, parameter;
+};
+constexpr experts_parameter experts_parameter_of(const param_row& row) {
+  if (row.where != placement::expert || is_bias(row)) return {};
+  const std::string_view hf = row.hf[0];
+  if (row.stacking != hf_stacking::none) {
+    const std::size_t dot = hf.rfind('.');
+    return dot == std::string_view::npos ? experts_parameter{} : experts_parameter{hf.substr(0, dot), hf.substr(dot + 1)};
+  }
+  const std::size_t at = hf.find(".{expert}.");
+  if (at == std::string_view::npos) return {};
+  if (row.name.ends_with("experts.{expert}.gate_up.weight")) return {hf.substr(0, at), "gate_up_proj"};
+  if (row.name.ends_with("experts.{expert}.down.weight")) return {hf.substr(0, at), "down_proj"};
+  return {};
+}
+
+// Why an expert row cannot carry PEFT's adapter on its fused parameter (empty: it can).
+constexpr std::string_view lora_experts_unsupported(const param_row& row) {
+  if (row.stacking != hf_stacking::none)
+    return "stacked experts stored transposed (Llama 4's, gpt-oss's) take no adapters yet";
+  const std::string_view p = experts_parameter_of(row).parameter;
+  for (int i = 0; i < row.hf_count; ++i) {
+    const std::string_view hf = row.hf[static_cast<std::size_t>(i)];
+    const std::string_view want = p == "down_proj" ? "down_proj.weight" : i == 0 ? "gate_proj.weight" : "up_proj.weight";
+    if (!hf.ends_with(want))
+      return "its experts' HF names (Mixtral's w1/w3/w2) are not those transformers fuses into experts.gate_up_proj and "
+             "down_proj under the same module";
+  }
+  return {};
+}
+
 // Why a row cannot carry an adapter (empty: it can): only the layers' linear weights can.
 constexpr std::string_view lora_unsupported(const param_row& row, const row_geometry& g) {
-  if (row.where == placement::expert) return "a mixture's experts take no adapters yet";
+  if (row.where == placement::expert)
+    return "a mixture's experts take adapters through target_parameters (PEFT's \"mlp.experts.gate_up_proj\", "
+           "\"mlp.experts.down_proj\"), not target_modules";
   if (row.where != placement::layer) return "only the decoder layers' linears take adapters (not the embedding or a head)";
   if (is_bias(row) || g.across == 0) return "a vector is no linear";
   if (row.form != hf_form::as_held) return "it is no nn.Linear (a conv's weight, a scalar)";
@@ -114,11 +179,19 @@ constexpr std::string_view lora_unsupported(const param_row& row, const row_geom
 struct lora_adapter {
   const param_row* row = nullptr;
   int source = 0;              // the HF source of the row (0 for a row of one source or stored concatenated)
-  std::string_view module;     // its HF module ("model.layers.{layer}.self_attn.q_proj")
+  std::string_view module;     // its HF module ("model.layers.{layer}.self_attn.q_proj"; experts: "...mlp.experts")
+  // A mixture's experts: the fused parameter adapted ("gate_up_proj"), the layer's experts E (each
+  // expert's adapter is (in, out) below; PEFT stacks them), and how many ParamWrappers of later
+  // parameters of the module wrap this one (its key's ".base_layer" count). Linears: empty, 0, 0.
+  std::string_view parameter{};
+  std::int64_t experts = 0;
+  int nesting = 0;
   std::int64_t in = 0, out = 0;
   int split = -1;              // the base's: 0 column, 1 row, -1 whole
   dims a_local{}, b_local{};   // A (r, in or in / tp), B (out or out / tp, r); kv heads fewer than tp: their group's one
   [[nodiscard]] constexpr std::int64_t whole_params(std::int64_t r) const { return r * (in + out); }
+  // PEFT's stacked A's rows and B's columns: r, or r E for a mixture's experts.
+  [[nodiscard]] constexpr std::int64_t stacked_rank(std::int64_t r) const { return experts > 0 ? r * experts : r; }
 };
 
 struct lora_adapter_list {
@@ -138,9 +211,16 @@ constexpr bool lora_targets_module(const lora& a, std::string_view module, bool 
   return false;
 }
 
+// Whether the settings' target_parameters name this experts parameter.
+constexpr bool lora_targets_parameter(const lora& a, std::string_view module, std::string_view parameter) {
+  for (int i = 0; i < a.parameter_count; ++i)
+    if (lora_parameter_matches(module, parameter, a.parameters[static_cast<std::size_t>(i)].view())) return true;
+  return false;
+}
+
 // The adapters of a model (its rows present under its shape, in table order; a layer row once,
-// with `{layer}`), and their shards at the layout's tp. Rows that cannot carry one are skipped;
-// lora_rules refuses a target that names only such rows.
+// with `{layer}`; an expert row once, for every expert), and their shards at the layout's tp. Rows
+// that cannot carry one are skipped; lora_rules refuses a target that names only such rows.
 constexpr lora_adapter_list lora_adapters(const shape& s, const layout& l, const lora& a, head_info h = {}) {
   lora_adapter_list out;
   if (!a.enabled()) return out;
@@ -148,8 +228,27 @@ constexpr lora_adapter_list lora_adapters(const shape& s, const layout& l, const
   for (const param_row& row : arch_of(s).rows) {
     if (!present(row, s, h) || existing_instances(row, s) == 0) continue;
     const row_geometry g = row.geometry(s);
-    if (!lora_unsupported(row, g).empty()) continue;
     const std::int64_t tp = g.split < 0 ? 1 : l.tp.get();
+    if (const experts_parameter e = experts_parameter_of(row); !e.parameter.empty()) {
+      if (!lora_experts_unsupported(row).empty() || !lora_targets_parameter(a, e.module, e.parameter)) continue;
+      // One adapter over every source of the row (gate_up_proj's [gate; up] rows).
+      lora_adapter x{.row = &row, .source = 0, .module = e.module, .parameter = e.parameter, .experts = s.experts.get(),
+                     .split = g.split};
+      std::int64_t whole = 0, local = 0;
+      for (const geometry_source& src : g.sources) {
+        if (src.units == 0) continue;
+        whole += src.extent();
+        local += local_units(src, tp) * src.unit;
+      }
+      if (g.split == 1) x.in = whole, x.out = g.across, x.a_local = mat(r, local), x.b_local = mat(g.across, r);
+      else x.in = g.across, x.out = whole, x.a_local = mat(r, g.across), x.b_local = mat(local, r);
+      // PEFT wraps a module's targeted parameters in their order: the first innermost.
+      for (std::size_t k = 0; k < out.count; ++k)
+        if (out.items[k].experts > 0 && out.items[k].module == x.module) ++out.items[k].nesting;
+      out.items[out.count++] = x;
+      continue;
+    }
+    if (!lora_unsupported(row, g).empty()) continue;
     const int sources = row.concatenated ? 1 : row.hf_count;
     for (int i = 0; i < sources; ++i) {
       const std::string_view module = lora_module_of(row.hf[static_cast<std::size_t>(i)]);
@@ -193,7 +292,7 @@ constexpr violations lora_rules(const shape& s, const lora& a, head_info h = {})
     out.add("lora_alpha_positive").add("lora_alpha = ", a.alpha.get(), "; the update is scaled by alpha / r: use alpha > 0");
   if (a.dropout.is_static() && !(a.dropout.get() >= 0 && a.dropout.get() < 1))
     out.add("lora_dropout_range").add("lora_dropout = ", a.dropout.get(), "; use 0 <= dropout < 1");
-  if (a.target_count == 0)
+  if (a.target_count == 0 && a.parameter_count == 0)
     out.add("lora_targets_given").add("no LoRA target modules; name them (\"q_proj\", \"v_proj\", ...) or use \"all-linear\"");
   // Each named target wraps at least one linear of this model, else it names what it would wrap.
   for (int t = 0; t < a.target_count; ++t) {
@@ -220,6 +319,26 @@ constexpr violations lora_rules(const shape& s, const lora& a, head_info h = {})
     else
       out.add("lora_targets_match").add("LoRA target \"", target, "\" names no module of ", arch_of(s).name.substr(0, 80),
                                         "; use its HF module names (q_proj, o_proj, gate_proj, ...) or \"all-linear\"");
+  }
+  // Each target parameter names a mixture's experts parameter that can carry PEFT's adapter.
+  for (int t = 0; t < a.parameter_count; ++t) {
+    const std::string_view target = a.parameters[static_cast<std::size_t>(t)].view();
+    bool wraps = false;
+    std::string_view refused;
+    for (const param_row& row : arch_of(s).rows) {
+      if (!present(row, s, h) || existing_instances(row, s) == 0) continue;
+      const experts_parameter e = experts_parameter_of(row);
+      if (e.parameter.empty() || !lora_parameter_matches(e.module, e.parameter, target)) continue;
+      if (const std::string_view why = lora_experts_unsupported(row); !why.empty()) refused = why;
+      else wraps = true;
+    }
+    if (wraps) continue;
+    if (!refused.empty())
+      out.add("lora_target_supported").add("LoRA target parameter \"", target, "\": ", refused);
+    else
+      out.add("lora_targets_match").add("LoRA target parameter \"", target, "\" names no experts parameter of ",
+                                        arch_of(s).name.substr(0, 80),
+                                        "; use \"mlp.experts.gate_up_proj\" or \"mlp.experts.down_proj\" (a mixture's experts)");
   }
   return out;
 }

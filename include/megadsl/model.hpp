@@ -5,6 +5,11 @@
 //   using actor  = megadsl::causal_lm<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
 //   using critic = megadsl::value_model<my_model, megadsl::layout{.tp = 4, .pp = 2, .sp = true}>;
 //
+// LoRA adapters are part of an actor's type too (lora.hpp): its rules are checked with the
+// layout's, and parallel_model attaches fresh adapters (PEFT's init) and trains them, base frozen:
+//   inline constexpr megadsl::lora adapters = megadsl::lora{.rank = 32, .alpha = 64.0}.target("all-linear");
+//   using lora_actor = megadsl::causal_lm<my_model, megadsl::layout{.tp = 4}, adapters>;
+//
 // Naming an invalid combination fails to compile at that line. The diagnostic names the first
 // violated rule with its values, `megadsl::violated_rule<megadsl::rule_id::heads_divisible_by_tp, 32, 3>`
 // (on GCC and clang), then `megadsl::invalid_layout<{"<rule>: <values>; valid ...: ..."}>` with
@@ -20,6 +25,7 @@
 #include "megadsl/heads.hpp"
 #include "megadsl/layers/blocks.hpp"
 #include "megadsl/layout.hpp"
+#include "megadsl/lora.hpp"
 #include "megadsl/rules.hpp"
 #include "megadsl/shape.hpp"
 
@@ -42,13 +48,15 @@ concept Model = requires {
   { M::family } -> std::convertible_to<std::string_view>;
 };
 
-// A model, a layout and a head: what every per-rank fact is derived from.
-template <Model M, layout L, auto H>
+// A model, a layout, a head and the LoRA adapters it trains (rank 0: none): what every per-rank
+// fact is derived from.
+template <Model M, layout L, auto H, lora A = lora{}>
 struct model_spec {
   using model = M;
   static constexpr megadsl::shape shape = M::shape;
   static constexpr megadsl::layout layout = L;
   static constexpr auto head = H;
+  static constexpr lora adapters = A;
   static constexpr bool is_actor = is_lm_head<H>;
   static constexpr bool is_critic = is_value_head<H>;
   static_assert(is_actor || is_critic, "megadsl: the head is lm_head{} (actor) or value_head{...} (critic)");
@@ -82,19 +90,31 @@ namespace detail {
 template <rule_id Rule, std::array<std::int64_t, 4> Values, std::size_t... I>
 violated_rule<Rule, Values[I]...> name_rule(std::index_sequence<I...>);
 
-template <Model M, layout L, auto H>
+// The layout's rules, then the adapters' (lora_rules; none without adapters).
+template <Model M, layout L, lora A>
+inline constexpr violations violations_with = [] {
+  if (!A.enabled()) return violations_of<M, L>;
+  violations out = violations_of<M, L>;
+  const violations more = lora_rules(M::shape, A);
+  for (int i = 0; i < more.count && out.count < violations::capacity; ++i)
+    out.items[static_cast<std::size_t>(out.count++)] = more.items[static_cast<std::size_t>(i)];
+  return out;
+}();
+
+template <Model M, layout L, auto H, lora A = lora{}>
 struct checked {
-  static constexpr const violations& found = violations_of<M, L>;
+  static constexpr const violations& found = violations_with<M, L, A>;
   static constexpr violation first = found.ok() ? violation{} : found.items[0];
   using names_the_first_rule = typename decltype(name_rule<first.id, first.values>(
       std::make_index_sequence<static_cast<std::size_t>(first.value_count)>{}))::type;
   using fails_here_if_invalid = typename invalid_layout<found.ok() ? message{} : found.joined()>::type;
-  using type = model_spec<M, L, H>;
+  using type = model_spec<M, L, H, A>;
 };
 }  // namespace detail
 
-template <Model M, layout L = layout{}>
-using causal_lm = typename detail::checked<M, L, lm_head{}>::type;
+// An actor; with `A`, its LoRA adapters (a critic takes none: its value head would stay frozen).
+template <Model M, layout L = layout{}, lora A = lora{}>
+using causal_lm = typename detail::checked<M, L, lm_head{}, A>::type;
 
 template <Model M, layout L = layout{}, value_head H = value_head{}>
 using value_model = typename detail::checked<M, L, H>::type;
@@ -107,6 +127,17 @@ concept valid_layout = Model<M> && violations_of<M, L>.ok();
 template <Model M, layout L>
 constexpr bool violates(std::string_view rule) {
   return violations_of<M, L>.has(rule);
+}
+
+// True when the adapters' rules hold for the model (lora_targets_match, lora_target_supported, ...).
+template <class M, lora A>
+concept valid_lora = Model<M> && lora_rules(M::shape, A).ok();
+
+// A spec's adapters (a spec written without them: none).
+template <class S>
+constexpr lora adapters_of() {
+  if constexpr (requires { S::adapters; }) return S::adapters;
+  else return lora{};
 }
 
 template <class T>

@@ -113,7 +113,7 @@ class Model:
     Build it with Model.from_hf(...) on every rank of the job.
     """
     @staticmethod
-    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear') -> Model:
+    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear', lora_target_parameters: typing.Any = None) -> Model:
         """
         Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
         on every rank of the job megadsl.init() joined (a world of one process without it): each rank
@@ -138,9 +138,12 @@ class Model:
         logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
         PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
         forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
-        adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
-        numbers are refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh
-        adapters as PEFT initialises them (A Kaiming-uniform, B zero), the same in every layout. With an
+        adapters on a mixture's routers, DoRA and other LoraConfig options that change the numbers are
+        refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh adapters as PEFT
+        initialises them (A Kaiming-uniform, B zero), the same in every layout; lora_target_parameters
+        (PEFT's target_parameters, e.g. ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]) adapts a
+        mixture's experts as PEFT does transformers' fused experts, each expert's adapter with its expert
+        under tp and ep (lora_target_modules=None: the experts alone). With an
         adapter the base is frozen and Model.trainer trains the adapters; save_lora writes them in PEFT's
         format.
         """

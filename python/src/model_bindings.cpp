@@ -272,7 +272,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
          const std::optional<std::filesystem::path>& lora_adapter, std::int64_t lora_rank, double lora_alpha,
-         const py::object& lora_target_modules) {
+         const py::object& lora_target_modules, const py::object& lora_target_parameters) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
                       recompute || cp || invariant))
@@ -319,7 +319,9 @@ Build it with Model.from_hf(...) on every rank of the job.)");
           o.new_lora.rank = lora_rank;
           o.new_lora.alpha = lora_alpha;
           std::vector<std::string> targets;
-          if (py::isinstance<py::str>(lora_target_modules)) {
+          if (lora_target_modules.is_none()) {
+            // target_parameters alone
+          } else if (py::isinstance<py::str>(lora_target_modules)) {
             targets.push_back(lora_target_modules.cast<std::string>());
             if (targets.back() != all_linear)
               throw py::value_error("megadsl.Model.from_hf: lora_target_modules is \"all-linear\" or a list of module "
@@ -334,14 +336,30 @@ Build it with Model.from_hf(...) on every rank of the job.)");
           } else {
             throw py::value_error("megadsl.Model.from_hf: lora_target_modules is \"all-linear\" or a list of module names");
           }
-          if (targets.empty() || targets.size() > static_cast<std::size_t>(max_lora_targets))
+          std::vector<std::string> parameters;  // PEFT's target_parameters: a mixture's experts
+          if (!lora_target_parameters.is_none()) {
+            if (!(py::isinstance<py::list>(lora_target_parameters) || py::isinstance<py::tuple>(lora_target_parameters)))
+              throw py::value_error("megadsl.Model.from_hf: lora_target_parameters is a list of parameter names "
+                                    "(\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\") or None");
+            for (const py::handle t : lora_target_parameters) {
+              if (!py::isinstance<py::str>(t) || t.cast<std::string>().empty() || t.cast<std::string>().size() >= max_lora_target_name)
+                throw py::value_error("megadsl.Model.from_hf: lora_target_parameters holds " + py::repr(t).cast<std::string>() +
+                                      ", not a parameter name");
+              parameters.push_back(t.cast<std::string>());
+            }
+          }
+          if ((targets.empty() && parameters.empty()) || targets.size() > static_cast<std::size_t>(max_lora_targets))
             throw py::value_error("megadsl.Model.from_hf: lora_target_modules names 1 to " + std::to_string(max_lora_targets) +
-                                  " modules");
+                                  " modules (or None with lora_target_parameters)");
+          if (parameters.size() > static_cast<std::size_t>(max_lora_parameters))
+            throw py::value_error("megadsl.Model.from_hf: lora_target_parameters names at most " +
+                                  std::to_string(max_lora_parameters) + " parameters");
           for (const std::string& t : targets) {
             if (t.empty() || t.size() >= max_lora_target_name)
               throw py::value_error("megadsl.Model.from_hf: lora_target_modules names \"" + t + "\": empty or too long");
             o.new_lora.target(t);
           }
+          for (const std::string& t : parameters) o.new_lora.target_parameter(t);
         }
         // Dropout: config.json's rates (None or True), none (False), or some of its keys at other rates.
         if (py::isinstance<py::bool_>(dropout)) {
@@ -382,7 +400,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,
       py::arg("lora_adapter") = py::none(), py::arg("lora_rank") = 0, py::arg("lora_alpha") = 16.0,
-      py::arg("lora_target_modules") = "all-linear",
+      py::arg("lora_target_modules") = "all-linear", py::arg("lora_target_parameters") = py::none(),
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -406,9 +424,12 @@ so a micro-batch's (tokens x vocab / tp) logits are never whole; 0 (default): in
 logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
 PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied in every
 forward, each rank holding its shards of the adapters (any layout but invariant arithmetic);
-adapters on a mixture's experts or routers, DoRA and other LoraConfig options that change the
-numbers are refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh
-adapters as PEFT initialises them (A Kaiming-uniform, B zero), the same in every layout. With an
+adapters on a mixture's routers, DoRA and other LoraConfig options that change the numbers are
+refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh adapters as PEFT
+initialises them (A Kaiming-uniform, B zero), the same in every layout; lora_target_parameters
+(PEFT's target_parameters, e.g. ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]) adapts a
+mixture's experts as PEFT does transformers' fused experts, each expert's adapter with its expert
+under tp and ep (lora_target_modules=None: the experts alone). With an
 adapter the base is frozen and Model.trainer trains the adapters; save_lora writes them in PEFT's
 format.)");
 

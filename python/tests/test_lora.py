@@ -12,20 +12,24 @@ import torch
 import helpers
 import megadsl
 
-# (fixture, target_modules, use_rslora): a dense family on all its linears, MLA's projections, a
-# mixture's attention, Qwen3-Next's linear and full attention.
+# (fixture, target_modules, use_rslora, target_parameters): a dense family on all its linears, MLA's
+# projections, a mixture's attention and experts (PEFT's ParamWrapper on transformers' fused
+# experts), Qwen3-Next's linear and full attention.
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 CASES = [
-    ("qwen3-tf5", "all-linear", False),
-    ("llama-gqa", ["q_proj", "v_proj", "down_proj"], True),
-    ("deepseek-v3-tf5", ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"], False),
-    ("qwen3-moe-tf5", ["q_proj", "k_proj", "v_proj", "o_proj"], False),
+    ("qwen3-tf5", "all-linear", False, None),
+    ("llama-gqa", ["q_proj", "v_proj", "down_proj"], True, None),
+    ("deepseek-v3-tf5", ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"], False, None),
+    ("qwen3-moe-tf5", ["q_proj", "k_proj", "v_proj", "o_proj"], False, EXPERTS),
     # the gated DeltaNet's projections, and the output-gated attention's replicated k / v
-    ("qwen3-next-tf5", ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"], False),
+    ("qwen3-next-tf5", ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"], False, None),
 ]
 LAYOUTS = [
     (dict(tp=2, sp=True, rmpad=True), 2),
     (dict(tp=2, pp=2, sp=True), 4),
 ]
+# A mixture's experts' adapters live with their experts under ep.
+MOE_LAYOUTS = [(dict(ep=2, tp=2, sp=True), 4)]
 
 
 def batch(vocab):
@@ -37,7 +41,7 @@ def batch(vocab):
     return ids, mask
 
 
-def peft_adapter(fixture, targets, rslora, out):
+def peft_adapter(fixture, targets, rslora, parameters, out):
     """PEFT's adapter on the fixture, saved to `out`, and PEFT's log-probs of batch()."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -45,7 +49,7 @@ def peft_adapter(fixture, targets, rslora, out):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(fixture, dtype=torch.float32)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
-                        init_lora_weights=False)
+                        init_lora_weights=False, target_parameters=parameters)
     model = get_peft_model(base, config).eval()
     with torch.no_grad():  # B at a tenth of nn.Linear's init: an update the size a trained one has
         for n, p in model.named_parameters():
@@ -62,9 +66,9 @@ def peft_adapter(fixture, targets, rslora, out):
 @pytest.fixture(scope="module")
 def adapters(fixtures, tmp_path_factory):
     made = {}
-    for name, targets, rslora in CASES:
+    for name, targets, rslora, parameters in CASES:
         out = tmp_path_factory.mktemp(f"lora-{name}")
-        made[name] = (fixtures / name, out, *peft_adapter(fixtures / name, targets, rslora, out))
+        made[name] = (fixtures / name, out, *peft_adapter(fixtures / name, targets, rslora, parameters, out))
     return made
 
 
@@ -79,7 +83,7 @@ def test_a_peft_adapter_gives_pefts_log_probs(adapters, name):
         got = model.forward(ids, mask)["log_probs"][:, :-1]
     assert helpers.max_diff(base, want, valid) > 1e-3  # the adapter changes the numbers
     assert helpers.max_diff(got, want, valid) < 1e-5
-    for rows in ((dict(), 1),) + tuple(LAYOUTS):
+    for rows in ((dict(), 1),) + tuple(LAYOUTS) + tuple(MOE_LAYOUTS if "moe" in name else ()):
         layout, world = rows
         if world == 1:
             continue
@@ -122,13 +126,29 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
     save_file(tensors, str(d / "adapter_model.safetensors"))
     with pytest.raises(megadsl.CheckpointError, match=r"holds an adapter on lm_head, which megadsl does not adapt"):
         megadsl.Model.from_hf(path, lora_adapter=d)
-    # A mixture's experts take no adapters yet: named by the lora rules.
+    # A mixture's experts take adapters through target_parameters (as on transformers 5, where
+    # they are no nn.Linear), named by the lora rules; a parameter no experts have is refused too.
     moe = fixtures / "qwen3-moe-tf5"
-    d = tmp_path / "experts"
+    for i, (changes, match) in enumerate([
+        (dict(target_modules=["gate_proj"]), r"lora_target_supported.*a mixture's experts take adapters through target_parameters"),
+        (dict(target_parameters=["mlp.experts.gate_proj"]), r"lora_targets_match: LoRA target parameter \"mlp.experts.gate_proj\" names no experts parameter"),
+    ]):
+        d = tmp_path / f"experts-{i}"
+        d.mkdir()
+        (d / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+        with pytest.raises(megadsl.CheckpointError, match=match):
+            megadsl.Model.from_hf(moe, lora_adapter=d)
+    # An experts adapter whose nesting is not PEFT's (the down_proj adapter under base_layer) is
+    # named as such, not read into the wrong parameter.
+    moe_path, moe_adapter, *_ = adapters["qwen3-moe-tf5"]
+    moved = {k.replace("experts.lora_", "experts.base_layer.base_layer.lora_"): v
+             for k, v in load_file(str(moe_adapter / "adapter_model.safetensors")).items()}
+    d = tmp_path / "experts-nesting"
     d.mkdir()
-    (d / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["gate_proj"]}))
-    with pytest.raises(megadsl.CheckpointError, match=r"lora_target_supported.*a mixture's experts take no adapters yet"):
-        megadsl.Model.from_hf(moe, lora_adapter=d)
+    (d / "adapter_config.json").write_text((moe_adapter / "adapter_config.json").read_text())
+    save_file(moved, str(d / "adapter_model.safetensors"))
+    with pytest.raises(megadsl.CheckpointError, match=r"experts' parameter that target_parameters .* does not name"):
+        megadsl.Model.from_hf(moe_path, lora_adapter=d)
     with pytest.raises(ValueError, match="invariant arithmetic"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, invariant=True)
     # Training: dropout on the adapters' inputs is not built; fresh adapters' keys are checked.
@@ -154,7 +174,8 @@ def saved_tensors(directory, pattern="model*.safetensors"):
 
 
 @pytest.mark.parametrize("name, layout, world", [("qwen3-tf5", dict(tp=2, pp=2, sp=True), 4),
-                                                 ("deepseek-v3-tf5", dict(tp=2), 2)])
+                                                 ("deepseek-v3-tf5", dict(tp=2), 2),
+                                                 ("qwen3-moe-tf5", dict(tp=2, ep=2), 4)])
 def test_save_hf_merges_the_adapter_as_peft_does(adapters, tmp_path, name, layout, world):
     """save_hf(merge_lora=True) from a layout writes PEFT's merge_and_unload weights (fp32, 1e-6),
     and the merged checkpoint alone gives the adapted model's log-probs."""
@@ -176,6 +197,18 @@ def test_save_hf_merges_the_adapter_as_peft_does(adapters, tmp_path, name, layou
     for n in compared:
         assert (ours[n] - theirs[n]).abs().max().item() < 1e-6, n
     base = saved_tensors(path)
+    # A mixture's experts: each expert's merged gate, up and down against transformers' fused ones.
+    fused_experts = [n for n in theirs if n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj")]
+    for n in fused_experts if any(m.endswith(".experts") or ".experts.base_layer" in m for m in modules) else []:
+        stem, fused = n.rsplit(".", 1)
+        for e in range(theirs[n].shape[0]):
+            if fused == "down_proj":
+                parts = [f"{stem}.{e}.down_proj.weight"]
+            else:
+                parts = [f"{stem}.{e}.gate_proj.weight", f"{stem}.{e}.up_proj.weight"]
+            mine = torch.cat([ours[p] for p in parts], 0)
+            assert (mine - theirs[n][e]).abs().max().item() < 1e-6, (n, e)
+            adapted += parts
     for n in adapted:
         assert (ours[n] - base[n]).abs().max().item() > 1e-4, n  # merged, not the base
     # The rollout sync sends the same merged tensors, in buckets, to every rank.
@@ -246,7 +279,7 @@ TRAIN_CASES = {
     "qwen3-tf5": [(dict(), 1), (dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4), (dict(tp=1), 2),
                   (dict(pp=2, vpp=2), 2), (dict(cp=2, rmpad=True), 2)],
     "deepseek-v3-tf5": [(dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4)],
-    "qwen3-moe-tf5": [(dict(tp=2, pp=2), 4), (dict(ep=2), 2)],
+    "qwen3-moe-tf5": [(dict(tp=2, pp=2), 4), (dict(ep=2), 2), (dict(ep=2, tp=2, sp=True), 4)],
     "llama-gqa": [(dict(tp=4), 4)],
 }
 
@@ -445,17 +478,38 @@ def test_fresh_adapters_start_at_the_base_and_train_alike_in_every_layout(fixtur
     assert helpers.max_diff(ours[:, :-1], lp, valid) < 1e-5
 
 
-def test_a_distributed_checkpoint_carries_the_adapters_and_their_adamw_state(adapters, tmp_path):
+def test_fresh_adapters_on_a_mixtures_experts_train_alike_under_ep(fixtures, tmp_path):
+    """lora_target_parameters: fresh adapters on every expert (PEFT's init of the stacked A and B)
+    start at the base's log-probs bit for bit; 2 steps at ep 2 x tp 2 equal one process within 1e-5."""
+    path = fixtures / "qwen3-moe-tf5"
+    batch = training_batch(path)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    fresh = megadsl.Model.from_hf(path, lora_rank=8, lora_target_modules=None, lora_target_parameters=EXPERTS)
+    with torch.no_grad():
+        assert torch.equal(fresh.forward(ids, mask)["log_probs"], megadsl.Model.from_hf(path).forward(ids, mask)["log_probs"])
+    assert fresh.lora_config["target_parameters"] == EXPERTS
+    one = helpers.train_fresh_lora(str(path), batch, 2, {}, str(tmp_path / "one"), EXPERTS)
+    many = megadsl.launch_local(4, helpers.train_fresh_lora, str(path), batch, 2, dict(ep=2, tp=2), str(tmp_path / "many"),
+                                EXPERTS, timeout=600)
+    for (loss, norm), (want_loss, want_norm) in zip(many[0], one):
+        assert abs(loss - want_loss) < 1e-5 and abs(norm - want_norm) < 1e-5 * max(1, want_norm)
+    a, b = adapter_weights(tmp_path / "one"), adapter_weights(tmp_path / "many")
+    assert set(a) == set(b) and any(".experts.base_layer.lora_B" in k for k in a)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max(a[k].abs().max().item() for k in a if "experts.lora_B" in k) > 1e-4  # the experts' B moved off zero
+
+
+@pytest.mark.parametrize("name, layout", [("qwen3-tf5", dict(tp=2, pp=2)), ("qwen3-moe-tf5", dict(ep=2, tp=2))])
+def test_a_distributed_checkpoint_carries_the_adapters_and_their_adamw_state(adapters, tmp_path, name, layout):
     """save_distributed with the trainer keeps the adapters and their AdamW moments (lora/, whole):
-    2 steps, saved at tp 2 x pp 2, resumed for a 3rd step in the same layout, equal the 3 steps
-    straight bit for bit; resumed at tp 1, within 1e-6 of them. A model without adapters (and one
-    with other settings) is refused the checkpoint."""
-    path, adapter, *_ = adapters["qwen3-tf5"]
+    2 steps, saved at tp 2 x pp 2 (a mixture's, its experts' adapters at ep 2 x tp 2), resumed for a
+    3rd step in the same layout, equal the 3 steps straight bit for bit; resumed at tp 1, within 1e-6
+    of them. A model without adapters (and one with other settings) is refused the checkpoint."""
+    path, adapter, *_ = adapters[name]
     batch = training_batch(path)
     ckpt = str(tmp_path / "ckpt")
     run = lambda world, layout, phase, out="": megadsl.launch_local(  # noqa: E731
         world, helpers.lora_steps_with_checkpoint, str(path), str(adapter), batch, layout, ckpt, phase, out, timeout=600)
-    layout = dict(tp=2, pp=2)
     straight = run(4, layout, "straight", str(tmp_path / "straight"))[0]
     run(4, layout, "save")
     resumed = run(4, layout, "resume", str(tmp_path / "resumed"))[0]

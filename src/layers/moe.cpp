@@ -197,12 +197,15 @@ at::Tensor moe_experts(const at::Tensor& x, const routing& r, const local_expert
     const auto jj = static_cast<std::size_t>(j);
     const at::Tensor up_bias = e.gate_up_bias.empty() ? at::Tensor() : e.gate_up_bias[jj].to(x.scalar_type());
     const at::Tensor down_bias = e.down_bias.empty() ? at::Tensor() : e.down_bias[jj].to(x.scalar_type());
-    const at::Tensor gate_up = linear_in(e.invariant, seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
+    at::Tensor gate_up = linear_in(e.invariant, seg, e.gate_up[jj].to(x.scalar_type()), up_bias);  // (n, 2 f)
+    if (e.adapt) gate_up = e.adapt(jj, false, seg, gate_up);
     const at::Tensor h = e.glu ? e.glu(gate_up) : gated(gate_up, act);                        // (n, f)
-    if (e.chunks > 0)  // (n, h): this rank's chunks' subtree
+    if (e.chunks > 0) {  // (n, h): this rank's chunks' subtree
       outputs.push_back(invariant_subtree_linear(h, e.down[jj].to(x.scalar_type()), e.chunks, down_bias));
-    else
-      outputs.push_back(linear_in(e.invariant, h, e.down[jj].to(x.scalar_type()), down_bias));  // (n, h)
+    } else {
+      at::Tensor y = linear_in(e.invariant, h, e.down[jj].to(x.scalar_type()), down_bias);  // (n, h)
+      outputs.push_back(e.adapt ? e.adapt(jj, true, h, y) : y);
+    }
     offset += n;
   }
   at::Tensor computed = outputs.empty() ? grouped : at::cat(outputs, 0);  // (R, h)

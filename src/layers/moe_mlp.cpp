@@ -13,6 +13,7 @@
 #include "megadsl/blocks/experts.hpp"  // its knobs
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/invariant.hpp"
+#include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
@@ -79,6 +80,21 @@ class moe_mlp final : public layer_module {
     const std::int64_t chunks = invariant ? invariant_k_chunks / (c.tp != nullptr ? c.tp->size() : 1) : 0;
     mine.chunks = chunks;
     mine.chunk_group = c.tp;
+    if (c.lora != nullptr) {  // the experts' adapters (PEFT's target_parameters), each beside its expert
+      std::vector<const std::vector<lora_shard>*> up_adapters, down_adapters;
+      bool any = false;
+      for (std::size_t j = 0; j < gate_up_.size(); ++j) {
+        up_adapters.push_back(c.lora->use(gate_up_[j]));
+        down_adapters.push_back(c.lora->use(down_[j]));
+        any = any || up_adapters.back() != nullptr || down_adapters.back() != nullptr;
+      }
+      if (any)
+        mine.adapt = [&c, up = std::move(up_adapters), down = std::move(down_adapters)](std::size_t j, bool is_down, const at::Tensor& in,
+                                                                                       const at::Tensor& y) {
+          const std::vector<lora_shard>* a = is_down ? down[j] : up[j];
+          return a != nullptr ? with_lora(y, in, *a, c) : y;
+        };
+    }
     at::Tensor y = moe_experts(x, r, mine, act_, c.ep);  // (T, h): partial over tp, or whole (invariant)
     if (shared_gate_up_.defined()) {  // + shared(x): behind sigmoid(gate(x)) (Qwen2-MoE) or ungated (DeepSeek)
       const at::Tensor inner = gated(c.linear(x, shared_gate_up_), act_);  // (T, fs/tp)

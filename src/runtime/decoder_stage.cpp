@@ -274,13 +274,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
     update_expert_biases();
   }
 
-  // The adapters' gradients (attach_lora): summed over dp in one collective, over tp in another
-  // (the tp-partial ones), then each replicated kv head's rows of B over the ranks of that head.
+  // The adapters' gradients (attach_lora): summed over dp in one collective (an expert's over edp),
+  // over tp in another (the tp-partial ones), then each replicated kv head's rows of B over the
+  // ranks of that head.
   void finalize_lora_grads(bool over_dp) {
-    std::vector<at::Tensor> grads, partial;
+    std::vector<at::Tensor> grads, expert_grads, partial;
     for (named_parameter& p : lora_params_) {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-      grads.push_back(p.tensor.grad());
+      // An expert's adapter: its replicas are the expert-data-parallel group's, as its expert's.
+      (p.plan->row->where == placement::expert && groups_->edp != nullptr ? expert_grads : grads).push_back(p.tensor.grad());
       if (p.tp_partial_grad) partial.push_back(p.tensor.grad());
     }
     const auto sum_flat = [](const comm_group& group, const std::vector<at::Tensor>& ts) {
@@ -296,6 +298,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
       }
     };
     if (over_dp) sum_flat(groups_->gradient_dp(), grads);
+    if (over_dp && !expert_grads.empty()) sum_flat(*groups_->edp, expert_grads);
     if constexpr (Tp) {
       sum_flat(*tp_, partial);
       for (std::size_t i = 0; i < lora_params_.size(); ++i) {

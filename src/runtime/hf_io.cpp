@@ -563,7 +563,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
   // every rank alike, before any collective (not on one rank while the others wait for it).
   (void)hf_config_json(c.s, model_type, !c.head.actor, "float32", c.options.attention_window, c.options.dropout);
   const bool writer = g.tp->rank() == 0 && g.dp->rank() == 0 && g.me.cp == 0;
-  if (merge != nullptr) merge->gather_whole(g.tp.get());  // trained adapters, whole (every tp rank takes part)
+  if (merge != nullptr) merge->gather_whole(g.tp.get(), g.ep.get());  // trained adapters, whole (every tp rank takes part)
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (named_parameter& p : params) {
     // An adapted base is gathered in fp32 and merged before the cast.

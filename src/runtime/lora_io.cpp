@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "../spec/json_bounded.hpp"
 #include "megadsl/io/checkpoint_error.hpp"
@@ -47,20 +48,37 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return out + "]";
 }
 
-// Every module `list` adapts, in every layer, by HF name (sorted: the same order on every rank).
+// An adapter's name in one layer: its HF module ("model.layers.{layer}.self_attn.q_proj"), a
+// mixture's experts their fused parameter ("model.layers.{layer}.mlp.experts.gate_up_proj").
+std::string lora_key(const lora_adapter& a) {
+  return a.parameter.empty() ? std::string(a.module) : std::string(a.module) + "." + std::string(a.parameter);
+}
+
+// Every module `list` adapts, in every layer, by that name (sorted: the same order on every rank).
 std::map<std::string, const lora_adapter*> modules_of(const lora_adapter_list& list, const shape& s) {
   std::map<std::string, const lora_adapter*> out;
   for (const lora_adapter& a : list)
     for (std::int64_t layer = 0; layer < s.layers.get(); ++layer)
-      if (in_layer(*a.row, s, layer)) out[with_layer(a.module, layer)] = &a;
+      if (in_layer(*a.row, s, layer)) out[with_layer(lora_key(a), layer)] = &a;
   return out;
 }
 
 // A module's key stem in PEFT's files: "base_model.model.<its stored name>" (a multimodal
 // checkpoint's text model under its prefix), before ".lora_A.weight".
-std::string peft_stem(const std::string& module, const hf_name_map& names) {
-  const std::string stored = names.stored(module + ".weight");
-  return std::string(prefix) + stored.substr(0, stored.size() - 7);
+std::string peft_stem(const std::string& module, const lora_adapter& a, const hf_name_map& names) {
+  if (a.experts == 0) {
+    const std::string stored = names.stored(module + ".weight");
+    return std::string(prefix) + stored.substr(0, stored.size() - 7);
+  }
+  // A mixture's experts: the experts module where the checkpoint stores expert 0's tensor, then one
+  // ".base_layer" per ParamWrapper of a later parameter around this one (PEFT's nesting).
+  const std::string_view hf = a.row->hf[0];
+  const std::string tail = ".0." + std::string(hf.substr(hf.find(".{expert}.") + 10));  // ".0.gate_proj.weight"
+  const std::string parent = module.substr(0, module.size() - a.parameter.size() - 1);
+  const std::string stored = names.stored(parent + tail);
+  std::string stem = std::string(prefix) + stored.substr(0, stored.size() - tail.size());
+  for (int i = 0; i < a.nesting; ++i) stem += ".base_layer";
+  return stem;
 }
 
 }  // namespace
@@ -92,7 +110,6 @@ lora read_peft_config(const fs::path& dir) {
                  {"layers_to_transform", {}, "a subset of the layers"},
                  {"layers_pattern", {}, "a subset of the layers"},
                  {"modules_to_save", {}, "fully trained extra modules"},
-                 {"target_parameters", {}, "adapters on parameters (a mixture's experts)"},
                  {"exclude_modules", {}, "excluded modules"},
                  {"layer_replication", {}, "layer replication"},
                  {"use_qalora", {}, "QA-LoRA"},
@@ -127,13 +144,28 @@ lora read_peft_config(const fs::path& dir) {
     if (!it->is_boolean()) fail("use_rslora is " + std::string(it->type_name()) + ", not true or false");
     out.rslora = it->get<bool>();
   }
+  // target_parameters: a mixture's experts (PEFT's ParamWrapper), by "<module>.<parameter>".
+  const auto parameters = j.find("target_parameters");
+  const bool has_parameters = parameters != j.end() && !unused(*parameters);
+  if (has_parameters) {
+    if (!parameters->is_array()) fail("target_parameters is " + std::string(parameters->type_name()) + ", not a list of parameter names");
+    for (const json& t : *parameters) {
+      if (!t.is_string() || t.get<std::string>().empty() || t.get<std::string>().size() >= max_lora_target_name)
+        fail("target_parameters holds " + t.dump() + ", not a parameter name (\"mlp.experts.gate_up_proj\")");
+      if (out.parameter_count == max_lora_parameters)
+        fail("target_parameters names more than " + std::to_string(max_lora_parameters) + " parameters");
+      out.target_parameter(t.get<std::string>());
+    }
+  }
   const auto targets = j.find("target_modules");
   const auto add = [&](const std::string& t) {
     if (t.empty() || t.size() >= max_lora_target_name) fail("target_modules names \"" + t + "\": empty or too long");
     if (out.target_count == max_lora_targets) fail("target_modules names more than " + std::to_string(max_lora_targets) + " modules");
     out.target(t);
   };
-  if (targets == j.end() || targets->is_null()) {
+  if ((targets == j.end() || targets->is_null() || (targets->is_array() && targets->empty())) && has_parameters) {
+    // target_parameters alone
+  } else if (targets == j.end() || targets->is_null()) {
     fail("target_modules is not given (PEFT fills it in from the model type); save the adapter with it");
   } else if (targets->is_string()) {
     if (targets->get<std::string>() != all_linear)
@@ -176,26 +208,40 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
   if (!fs::is_regular_file(file, ec)) fail("no such file; PEFT's save_pretrained writes the adapter's weights there");
   const safetensors_file st = safetensors_file::open(file);
   std::map<std::string, std::string> key_of;  // the text model's module -> its key in the file (a multimodal model's under its prefix)
+  std::map<std::string, std::string> experts_stem;  // a mixture's experts: the stem PEFT keys them by -> their name
+  for (const auto& [module, a] : expected)
+    if (a->experts > 0) experts_stem[peft_stem(module, *a, names)] = module;
   for (const tensor_info& t : st.tensors()) {
     const std::string_view name = t.name;
     const bool a = name.ends_with(".lora_A.weight"), b = name.ends_with(".lora_B.weight");
     if (!name.starts_with(prefix) || !(a || b))
       fail("holds \"" + t.name + "\", not a LoRA weight (base_model.model.<module>.lora_A.weight or .lora_B.weight)");
-    const std::string stored(name.substr(prefix.size(), name.size() - prefix.size() - 14));
+    const std::string stem(name.substr(0, name.size() - 14));
+    if (const auto e = experts_stem.find(stem); e != experts_stem.end()) {
+      key_of[e->second] = stem;
+      continue;
+    }
+    const std::string stored = stem.substr(prefix.size());
+    if (stored.ends_with(".experts") || stored.find(".experts.base_layer") != std::string::npos)
+      fail("holds an adapter on " + stored + ", a mixture's experts' parameter that target_parameters in "
+           "adapter_config.json does not name (or not in PEFT's nesting of them: one .base_layer per later parameter)");
     const std::optional<std::string> text = names.text_name(stored + ".weight");
     if (!text) fail("holds an adapter on " + stored + ", outside the text model megadsl runs (a vision tower's?)");
     const std::string module = text->substr(0, text->size() - 7);
     if (!expected.contains(module))
       fail("holds an adapter on " + stored + (adaptable.contains(module)
                                                   ? ", which target_modules in adapter_config.json does not name"
-                                                  : ", which megadsl does not adapt in this model (a mixture's experts "
-                                                    "and routers, the embedding and the LM head take none yet)"));
-    key_of[module] = std::string(prefix) + stored;
+                                                  : ", which megadsl does not adapt in this model (a mixture's routers, "
+                                                    "the embedding and the LM head take none)"));
+    key_of[module] = stem;
   }
   const std::int64_t r = settings.rank.get();
   for (const auto& [module, a] : expected) {
     const auto it = key_of.find(module);
-    if (it == key_of.end()) fail("has no adapter on " + names.stored(module) + ", which target_modules names");
+    if (it == key_of.end())
+      fail("has no adapter on " + (a->experts > 0 ? peft_stem(module, *a, names).substr(prefix.size()) + " (" + module + ")"
+                                                  : names.stored(module)) +
+           (a->experts > 0 ? ", which target_parameters names" : ", which target_modules names"));
     const auto check = [&](const char* which, std::int64_t rows, std::int64_t cols, const char* what) {
       const tensor_info* t = st.find(it->second + which);
       if (t == nullptr) fail("has no " + it->second + which + " beside the other of its pair");
@@ -203,8 +249,9 @@ std::shared_ptr<lora_set> load_peft_adapter(const fs::path& dir, const runtime_c
         fail(it->second + which + " has shape " + shape_text(t->shape) + "; this model's is [" + std::to_string(rows) + ", " +
              std::to_string(cols) + "] " + what);
     };
-    check(".lora_A.weight", r, a->in, "(r, the module's inputs)");
-    check(".lora_B.weight", a->out, r, "(the module's outputs, r)");
+    const std::int64_t stacked = a->stacked_rank(r);
+    check(".lora_A.weight", stacked, a->in, a->experts > 0 ? "(r x experts, the experts' inputs)" : "(r, the module's inputs)");
+    check(".lora_B.weight", a->out, stacked, a->experts > 0 ? "(the experts' outputs, r x experts)" : "(the module's outputs, r)");
   }
   return shard_adapters(settings, c, tp_rank, params, [&](const std::string& module) {
     const std::string& key = key_of.at(module);
@@ -216,30 +263,56 @@ std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_con
                                          const std::vector<named_parameter>& params, const whole_lora_source& whole) {
   const shape& s = c.s;
   const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
-  const std::int64_t tp = c.l.tp.get();
+  const std::int64_t tp = c.l.tp.get(), r = settings.rank.get();
   auto out = std::make_shared<lora_set>(settings);
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> stacks;  // a mixture's experts: each layer's, read once
   for (const named_parameter& p : params) {
-    if (p.plan == nullptr || p.plan->row == nullptr || p.plan->row->where != placement::layer) continue;
+    if (p.plan == nullptr || p.plan->row == nullptr) continue;
+    const placement where = p.plan->row->where;
+    if (where != placement::layer && where != placement::expert) continue;
     for (const lora_adapter& a : adapters) {
       if (a.row->name != p.plan->row->name) continue;
-      const std::string module = with_layer(a.module, p.at.layer);
-      const auto [A, B] = whole(module);
+      const std::string module = with_layer(lora_key(a), p.at.layer);
+      at::Tensor A, B;  // this base's (r, in) and (out, r)
+      if (a.experts > 0) {
+        // Expert e's of PEFT's stacks: A's rows [e r, (e + 1) r), B's columns e, E + e, ...
+        auto it = stacks.find(module);
+        if (it == stacks.end()) it = stacks.emplace(module, whole(module)).first;
+        const auto& [SA, SB] = it->second;
+        A = SA.narrow(0, p.at.expert * r, r);
+        B = SB.view({a.out, r, a.experts}).select(2, p.at.expert);
+      } else {
+        std::tie(A, B) = whole(module);
+      }
       lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling(),
                        .base_split = p.plan->split_dim >= 0 && tp > 1, .out = a.out, .in = a.in};
       const std::vector<shard_piece> mains = shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::main_replica);
       for (const shard_piece& piece : shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::all)) {
-        if (!p.plan->row->concatenated && piece.slot != a.source) continue;
+        if (a.experts == 0 && !p.plan->row->concatenated && piece.slot != a.source) continue;
+        // An expert's adapter spans its row's sources (gate_up_proj's [gate; up]): a piece's place
+        // in it is after the sources before its own.
+        std::int64_t global = piece.global_offset;
+        if (a.experts > 0 && !p.plan->row->concatenated)
+          for (int k = 0; k < piece.source; ++k) global += p.plan->geo.sources[static_cast<std::size_t>(k)].extent();
         shard.along_output = piece.dim == 0;
-        const at::Tensor part = piece.dim == 0 ? B.narrow(0, piece.global_offset, piece.extent)
-                                               : A.narrow(1, piece.global_offset, piece.extent);
+        const at::Tensor part = piece.dim == 0 ? B.narrow(0, global, piece.extent) : A.narrow(1, global, piece.extent);
         const geometry_source& src = p.plan->geo.sources[static_cast<std::size_t>(piece.source)];
         const bool replicated = src.replicated_when_fewer && src.units < tp;
         shard.pieces.push_back({.local_offset = piece.local_offset, .extent = piece.extent,
-                                .global_offset = piece.global_offset, .replica_units = replicated ? src.units : 0,
+                                .global_offset = global, .replica_units = replicated ? src.units : 0,
                                 .main = std::find(mains.begin(), mains.end(), piece) != mains.end(),
                                 .part = part.clone(at::MemoryFormat::Contiguous).to(p.tensor.device())});
       }
       shard.whole = (shard.along_output ? A : B).clone(at::MemoryFormat::Contiguous).to(p.tensor.device());
+      if (a.experts > 0) {
+        shard.expert = p.at.expert, shard.experts = a.experts;
+        std::int64_t offset = 0;  // the expert's HF tensors and their rows of B
+        for (int k = 0; k < p.plan->row->hf_count; ++k) {
+          const std::int64_t rows = a.split == 1 ? a.out : p.plan->geo.sources[static_cast<std::size_t>(k)].extent();
+          shard.hf_parts.push_back({with_layer(p.plan->row->hf[static_cast<std::size_t>(k)], p.at.layer), offset, rows});
+          offset += rows;
+        }
+      }
       out->add(p.tensor, p.at.layer, std::move(shard));
     }
   }
@@ -260,7 +333,8 @@ std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_confi
     const lora_adapter& a = *all.at(module);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::name_seed(module, seed));
     const double bound = 1.0 / std::sqrt(static_cast<double>(a.in));  // kaiming_uniform_(a = sqrt(5))
-    return std::pair{at::empty({r, a.in}, at::kFloat).uniform_(-bound, bound, gen), at::zeros({a.out, r}, at::kFloat)};
+    const std::int64_t rows = a.stacked_rank(r);  // a mixture's experts: PEFT's stack, drawn whole
+    return std::pair{at::empty({rows, a.in}, at::kFloat).uniform_(-bound, bound, gen), at::zeros({a.out, rows}, at::kFloat)};
   });
 }
 
@@ -271,6 +345,9 @@ std::string peft_config_json(const lora& settings) {
     if (t == all_linear) targets = std::string(all_linear);
     else if (targets.is_array()) targets.push_back(std::string(t));
   }
+  json parameters = json::array();
+  for (int i = 0; i < settings.parameter_count; ++i)
+    parameters.push_back(std::string(settings.parameters[static_cast<std::size_t>(i)].view()));
   const json config = {{"peft_type", "LORA"},
                        {"task_type", "CAUSAL_LM"},
                        {"r", settings.rank.get()},
@@ -278,6 +355,7 @@ std::string peft_config_json(const lora& settings) {
                        {"lora_dropout", settings.dropout.get()},
                        {"use_rslora", settings.rslora.get()},
                        {"target_modules", targets},
+                       {"target_parameters", parameters.empty() ? json(nullptr) : parameters},
                        {"bias", "none"},
                        {"fan_in_fan_out", false},
                        {"inference_mode", true},
@@ -292,20 +370,21 @@ std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_s
                                                                    const parallel_groups& g, const hf_name_map& names) {
   const lora& settings = set.settings();
   const std::int64_t r = settings.rank.get();
-  set.gather_whole(g.tp.get());  // every tp rank's shards into whole A and B
+  set.gather_whole(g.tp.get(), g.ep.get());  // every tp (and ep) rank's shards into whole A and B
   // Every stage's modules in one buffer (each module lives on one stage), summed over pp.
   const lora_adapter_list list = lora_adapters(c.s, c.l, settings, c.head);
   const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);  // pointers into `list`
   std::int64_t total = 0;
-  for (const auto& [module, a] : all) total += r * (a->in + a->out);
+  for (const auto& [module, a] : all) total += a->stacked_rank(r) * (a->in + a->out);
   at::Tensor flat = at::zeros({total}, at::kFloat);
   std::int64_t at = 0;
   for (const auto& [module, a] : all) {
+    const std::int64_t rows = a->stacked_rank(r);
     if (const auto [A, B] = set.whole(module); A.defined()) {
-      flat.narrow(0, at, r * a->in).copy_(A.reshape({-1}));
-      flat.narrow(0, at + r * a->in, a->out * r).copy_(B.reshape({-1}));
+      flat.narrow(0, at, rows * a->in).copy_(A.reshape({-1}));
+      flat.narrow(0, at + rows * a->in, a->out * rows).copy_(B.reshape({-1}));
     }
-    at += r * (a->in + a->out);
+    at += rows * (a->in + a->out);
   }
   if (g.pp->size() > 1) {
     at::Tensor on = flat.to(c.options.device);
@@ -315,10 +394,11 @@ std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_s
   std::vector<std::pair<std::string, at::Tensor>> out;
   at = 0;
   for (const auto& [module, a] : all) {
-    const std::string stem = peft_stem(module, names);
-    out.emplace_back(stem + ".lora_A.weight", flat.narrow(0, at, r * a->in).view({r, a->in}).clone());
-    out.emplace_back(stem + ".lora_B.weight", flat.narrow(0, at + r * a->in, a->out * r).view({a->out, r}).clone());
-    at += r * (a->in + a->out);
+    const std::int64_t rows = a->stacked_rank(r);
+    const std::string stem = peft_stem(module, *a, names);
+    out.emplace_back(stem + ".lora_A.weight", flat.narrow(0, at, rows * a->in).view({rows, a->in}).clone());
+    out.emplace_back(stem + ".lora_B.weight", flat.narrow(0, at + rows * a->in, a->out * rows).view({a->out, rows}).clone());
+    at += rows * (a->in + a->out);
   }
   return out;
 }
@@ -383,7 +463,8 @@ void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_conf
   const lora saved = read_peft_config(folder);
   const lora& mine = set.settings();
   if (saved.rank.get() != mine.rank.get() || saved.alpha.get() != mine.alpha.get() || saved.rslora.get() != mine.rslora.get() ||
-      saved.target_count != mine.target_count || saved.targets != mine.targets)
+      saved.target_count != mine.target_count || saved.targets != mine.targets ||
+      saved.parameter_count != mine.parameter_count || saved.parameters != mine.parameters)
     throw checkpoint_error("megadsl: " + (folder / config_name).string() + ": holds adapters of r = " +
                            std::to_string(saved.rank.get()) + ", lora_alpha = " + std::to_string(saved.alpha.get()) +
                            " on other target_modules or rank than this model's (r = " + std::to_string(mine.rank.get()) +
@@ -407,13 +488,13 @@ void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_conf
   const lora_adapter_list list = lora_adapters(c.s, c.l, mine, c.head);
   const std::map<std::string, const lora_adapter*> all = modules_of(list, c.s);
   const std::int64_t r = mine.rank.get();
-  const auto stem_of = [&](const char* kind, const std::string& module) { return kind + peft_stem(module, names); };
+  const auto stem_of = [&](const char* kind, const std::string& module) { return kind + peft_stem(module, *all.at(module), names); };
   // Every module's moments checked on every rank alike before any rank reads its own (a rank
   // that failed alone would leave the others waiting).
   for (const char* kind : {"exp_avg/", "exp_avg_sq/"})
     for (const auto& [module, a] : all)
-      for (const auto& [which, shape] : {std::pair{".lora_A.weight", std::vector<std::int64_t>{r, a->in}},
-                                         std::pair{".lora_B.weight", std::vector<std::int64_t>{a->out, r}}}) {
+      for (const auto& [which, shape] : {std::pair{".lora_A.weight", std::vector<std::int64_t>{a->stacked_rank(r), a->in}},
+                                         std::pair{".lora_B.weight", std::vector<std::int64_t>{a->out, a->stacked_rank(r)}}}) {
         const std::string name = stem_of(kind, module) + which;
         const tensor_info* t = st.find(name);
         if (t == nullptr || t->shape != shape)

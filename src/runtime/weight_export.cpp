@@ -156,7 +156,7 @@ weight_stream::weight_stream(std::vector<named_parameter>& params, const runtime
   s_->c = c;
   s_->g = &g;
   s_->o = o;
-  if (o.merge != nullptr) o.merge->gather_whole(g.tp.get());  // trained adapters, whole (every tp rank takes part)
+  if (o.merge != nullptr) o.merge->gather_whole(g.tp.get(), g.ep.get());  // trained adapters, whole (every tp rank takes part)
 }
 
 weight_stream::~weight_stream() = default;

@@ -8,6 +8,8 @@
 #include "megadsl/lora.hpp"
 #include "megadsl/models/deepseek_v3.hpp"
 #include "megadsl/models/llama.hpp"
+#include "megadsl/models/llama4.hpp"
+#include "megadsl/models/mixtral.hpp"
 #include "megadsl/models/phi3.hpp"
 #include "megadsl/models/qwen3_next.hpp"
 #include "megadsl/models/qwen_moe.hpp"
@@ -124,11 +126,50 @@ TEST_CASE("LoRA settings that cannot apply are refused by named rules", "[spec][
   // Qwen3-30B-A3B has no dense MLP layer: gate_proj names only its experts' (the family's dense
   // MLP row is in no layer), which take no adapters yet.
   CHECK_THAT(rules_text(megadsl::qwen3_30b_a3b::shape, lora{.rank = 8}.target("gate_proj")),
-             Catch::Contains("lora_target_supported") && Catch::Contains("a mixture's experts take no adapters yet"));
+             Catch::Contains("lora_target_supported") && Catch::Contains("a mixture's experts take adapters through target_parameters"));
   CHECK(megadsl::lora_adapters(megadsl::qwen3_30b_a3b::shape, layout{}, lora{.rank = 8}.target("all-linear")).size() == 4);
   // The gated DeltaNet's causal conv is no nn.Linear (PEFT's all-linear leaves it out too).
   CHECK_THAT(rules_text(megadsl::qwen3_next_80b_a3b::shape, lora{.rank = 8}.target("conv1d")),
              Catch::Contains("lora_target_supported") && Catch::Contains("no nn.Linear"));
   CHECK(megadsl::lora_rules(tiny, lora{}).ok());  // rank 0: no adapters, nothing to check
   CHECK(megadsl::lora_adapters(tiny, layout{}, lora{}.target("q_proj")).size() == 0);
+}
+
+TEST_CASE("A mixture's experts take PEFT's target_parameters adapters, stacked, sharded as their experts",
+          "[spec][lora]") {
+  using megadsl::lora_parameter_matches;
+  CHECK(lora_parameter_matches("model.layers.{layer}.mlp.experts", "gate_up_proj", "mlp.experts.gate_up_proj"));
+  CHECK(lora_parameter_matches("model.layers.{layer}.mlp.experts", "gate_up_proj", "gate_up_proj"));
+  CHECK(lora_parameter_matches("model.layers.{layer}.mlp.experts", "down_proj", "experts.down_proj"));
+  CHECK_FALSE(lora_parameter_matches("model.layers.{layer}.mlp.experts", "down_proj", "mlp.experts.gate_up_proj"));
+  CHECK_FALSE(lora_parameter_matches("model.layers.{layer}.mlp.experts", "down_proj", "p.experts.down_proj"));
+  CHECK_FALSE(lora_parameter_matches("model.layers.{layer}.mlp.experts", "down_proj", "own_proj"));
+  // Qwen3-30B-A3B: 128 experts of ffn 768 over hidden 2048; at tp 4 each expert's gate_up adapter
+  // has B's rows split as its [gate; up] rows are, its down adapter A's columns.
+  constexpr megadsl::shape q = megadsl::qwen3_30b_a3b::shape;
+  const lora both = lora{.rank = 8}.target("q_proj").target_parameter("mlp.experts.gate_up_proj").target_parameter("mlp.experts.down_proj");
+  CHECK(megadsl::lora_rules(q, both).ok());
+  const auto list = megadsl::lora_adapters(q, layout{.tp = 4, .ep = 8}, both);
+  REQUIRE(list.size() == 3);
+  const lora_adapter& up = list.items[1];
+  const lora_adapter& down = list.items[2];
+  CHECK((up.module == "model.layers.{layer}.mlp.experts" && up.parameter == "gate_up_proj" && up.experts == 128));
+  CHECK((up.split == 0 && up.in == 2048 && up.out == 2 * 768 && up.b_local == mat(2 * 768 / 4, 8) && up.a_local == mat(8, 2048)));
+  CHECK((down.parameter == "down_proj" && down.split == 1 && down.in == 768 && down.out == 2048 &&
+         down.a_local == mat(8, 768 / 4) && down.b_local == mat(2048, 8)));
+  CHECK(up.stacked_rank(8) == 8 * 128);
+  // PEFT wraps gate_up_proj first: the later down_proj's wrapper is around it (".base_layer").
+  CHECK((up.nesting == 1 && down.nesting == 0));
+  CHECK(megadsl::lora_adapters(q, layout{}, lora{.rank = 8}.target_parameter("mlp.experts.down_proj")).items[0].nesting == 0);
+  // Every layer's experts: 48 layers x 128 experts x r (in + out) per projection, + q_proj.
+  CHECK(megadsl::lora_parameter_count(q, both) ==
+        48 * (8 * (2048 + 32 * 128) + 128 * 8 * ((2048 + 2 * 768) + (768 + 2048))));
+  // Named refusals: a parameter no experts have; stacked experts; Mixtral's w1/w3/w2.
+  CHECK_THAT(rules_text(q, lora{.rank = 8}.target_parameter("mlp.experts.gate_proj")),
+             Catch::Contains("lora_targets_match") && Catch::Contains("names no experts parameter"));
+  CHECK_THAT(rules_text(megadsl::llama4_scout::shape, lora{.rank = 8}.target_parameter("feed_forward.experts.gate_up_proj")),
+             Catch::Contains("lora_target_supported") && Catch::Contains("stacked experts"));
+  CHECK_THAT(rules_text(megadsl::mixtral_8x7b::shape, lora{.rank = 8}.target_parameter("experts.gate_up_proj")),
+             Catch::Contains("lora_target_supported") && Catch::Contains("w1/w3/w2"));
+  CHECK(megadsl::lora_rules(q, lora{.rank = 8}.target_parameter("mlp.experts.down_proj")).ok());  // no target_modules: fine
 }

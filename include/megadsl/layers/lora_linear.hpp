@@ -47,13 +47,23 @@ struct lora_shard {
     bool main = true;  // this rank is the piece's main replica: counted in the norm, written when gathered
     at::Tensor part;   // B's rows (extent, r) or A's columns (r, extent)
   };
-  std::string module;           // its HF module ("model.layers.3.self_attn.q_proj"): errors name it
+  std::string module;           // its HF module ("model.layers.3.self_attn.q_proj"; a mixture's experts:
+                                // their fused parameter, "model.layers.3.mlp.experts.gate_up_proj"): errors name it
   bool along_output = true;     // pieces of B (output columns); false: pieces of A (input columns)
   double scaling = 1.0;         // PEFT's alpha / r (alpha / sqrt(r) under rsLoRA)
   bool base_split = true;       // the base is split over tp (else whole on every tp rank)
   std::int64_t out = 0, in = 0; // the HF module's outputs and inputs: B is (out, r), A (r, in)
   at::Tensor whole;             // A (r, in) when along_output, else B (out, r)
   std::vector<piece> pieces;
+  // A mixture's experts: this shard's expert of `experts` (PEFT stacks their adapters in one A and
+  // B, lora.hpp), and the per-expert HF tensors of its layer's experts with the rows of B they
+  // take (a merge writes each); a linear: -1, 0, none (its HF tensor is "<module>.weight").
+  std::int64_t expert = -1, experts = 0;
+  struct hf_part {
+    std::string name;  // "model.layers.3.mlp.experts.{expert}.up_proj.weight"
+    std::int64_t offset = 0, rows = 0;
+  };
+  std::vector<hf_part> hf_parts;
 };
 
 // The adapters of this rank's layers, by the base parameter they wrap (the tensor a block passes
@@ -76,16 +86,17 @@ class lora_set {
   // Whether `base` has adapters (nothing marked).
   [[nodiscard]] bool adapts(const at::Tensor& base) const;
   // Computes every adapted HF module's whole A (r, in) and B (out, r) in fp32 from this rank's
-  // shards, for merged() and saving: a collective over `tp` (null: one rank), every rank of it
+  // shards (a mixture's experts: PEFT's stacked A (r E, in) and B (out, r E), every expert's), for
+  // merged() and saving: a collective over `tp` and `ep` (null: one rank), every rank of them
   // calling with the same adapters. Called where they are merged or saved (they move in training).
-  void gather_whole(const comm_group* tp) const;
+  void gather_whole(const comm_group* tp, const comm_group* ep) const;
   // Every adapter tensor of this rank in training order (each base's adapters in the order added:
   // the whole matrix, then its pieces), the order of the model's trainable_parameters().
   [[nodiscard]] std::vector<at::Tensor> tensors() const;
   // The same adapters holding `values` (in tensors()' order, the same shapes) in their place: a
   // moment of AdamW shaped as the adapters, to gather or shard as they are.
   [[nodiscard]] std::shared_ptr<lora_set> with_tensors(const std::vector<at::Tensor>& values) const;
-  // The whole (A, B) of `module` on this stage; null if it has none here.
+  // The whole (A, B) of `module` on this stage (a mixture's experts: stacked); null if it has none here.
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> whole(const std::string& module) const;
   // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in
   // fp32 (w as is when the module has no adapter here), from the last gather_whole.
@@ -105,12 +116,18 @@ class lora_set {
   struct whole_adapter {
     at::Tensor a, b;
     double scaling = 1.0;
+    std::int64_t experts = 0;
+  };
+  struct expert_part {  // an expert's HF tensor: its module's stacked adapter, the expert, B's rows
+    std::string module;
+    std::int64_t expert = 0, offset = 0, rows = 0;
   };
   lora settings_;
   bool enabled_ = true;
   std::vector<entry> entries_;  // in the order added: the same on every rank of a stage
   std::unordered_map<const void*, std::size_t> by_base_;  // base TensorImpl -> entries_ index
   mutable std::unordered_map<std::string, whole_adapter> whole_;  // by HF module
+  std::unordered_map<std::string, expert_part> expert_parts_;    // by per-expert HF tensor name
   mutable std::unordered_map<std::int64_t, bool> checked_;
   std::size_t count_ = 0;
 };

@@ -117,6 +117,9 @@ struct local_experts {
   // (`chunk_group`, null at tp 1) before the combine: the output is then whole on every tp rank.
   std::int64_t chunks = 0;
   const comm_group* chunk_group = nullptr;
+  // LoRA adapters on the experts (layers/lora_linear.hpp), empty: none: y (n, out) of local expert
+  // j's gate_up (down: false) or down projection (true) on x, plus its adapter's update.
+  std::function<at::Tensor(std::size_t j, bool down, const at::Tensor& x, const at::Tensor& y)> adapt;
 };
 
 // sum_j weights[t, j] * expert_{indices[t, j]}(x_t) for every token t of x (T, h) (with

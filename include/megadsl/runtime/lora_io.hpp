@@ -46,11 +46,8 @@ using whole_lora_source = std::function<std::pair<at::Tensor, at::Tensor>(const 
 std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
                                          const std::vector<named_parameter>& params, const whole_lora_source& whole);
 
-// Fresh adapters for `settings` (verl's lora_rank / lora_alpha / target_modules): PEFT's default
-// initialisation, A Kaiming-uniform (bound 1 / sqrt(in)) and B zero, drawn per module from `seed`
-// and its HF name, so the same in every layout.
-std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
-                                       const std::vector<named_parameter>& params, std::uint64_t seed);
+// new_adapters (fresh adapters, PEFT's initialisation) is declared in parallel_model.hpp: a model
+// whose type carries adapters attaches them at construction.
 
 // adapter_config.json for `settings`, as PEFT's LoraConfig.to_dict writes the keys megadsl honours.
 std::string peft_config_json(const lora& settings);

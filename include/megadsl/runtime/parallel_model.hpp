@@ -183,6 +183,12 @@ runtime_config resolve_config(const shape& declared_shape, const layout& declare
 
 }  // namespace detail
 
+// Fresh adapters for `settings` (verl's lora_rank / lora_alpha / target_modules): PEFT's default
+// initialisation, A Kaiming-uniform (bound 1 / sqrt(in)) and B zero, drawn per module from `seed`
+// and its HF name, so the same in every layout (runtime/lora_io.cpp).
+std::shared_ptr<lora_set> new_adapters(const lora& settings, const runtime_config& c, std::int64_t tp_rank,
+                                       const std::vector<named_parameter>& params, std::uint64_t seed);
+
 template <ModelSpec Spec>
 class parallel_model {
  public:
@@ -195,7 +201,11 @@ class parallel_model {
       : core_(detail::make_model_core<tensor_parallel>(
             detail::resolve_config(Spec::shape, Spec::layout, actual_shape, actual_layout,
                                    head_of<Spec::head>(), options),
-            groups)) {}
+            groups)) {
+    // Adapters in the type (causal_lm<M, L, lora{...}>): fresh, attached, the base frozen.
+    if constexpr (adapters_of<Spec>().enabled())
+      attach_lora(new_adapters(adapters_of<Spec>(), core_->config(), groups.me.tp, core_->parameters(), options.seed));
+  }
 
   // Outputs for the whole batch on every rank. With pp = 1 they carry the autograd graph (call
   // backward on anything computed from them); with pp > 1 this is inference (no graph) and the

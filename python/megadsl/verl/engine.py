@@ -147,11 +147,15 @@ def _lora_options(model_config):
     if rank > 0 and mrank > 0:
         refuse("lora.rank", "both model.lora_rank and model.lora.rank are set; give one")
     if rank > 0:
-        for key in ("exclude_modules", "target_parameters"):
-            if _cfg(model_config, key):
-                refuse(key, "is not supported with megadsl's LoRA (PEFT's plain target_modules only)")
+        if _cfg(model_config, "exclude_modules"):
+            refuse("exclude_modules", "is not supported with megadsl's LoRA; name the targets in target_modules")
         opts = {"lora_rank": rank, "lora_alpha": float(_cfg(model_config, "lora_alpha", 16)),
                 "lora_target_modules": _targets(_cfg(model_config, "target_modules", "all-linear"), {})}
+        parameters = _cfg(model_config, "target_parameters")
+        if parameters:  # PEFT's target_parameters: a mixture's experts ("mlp.experts.gate_up_proj", ...)
+            if isinstance(parameters, str):
+                refuse("target_parameters", f"{parameters!r}: a list of parameter names (\"mlp.experts.gate_up_proj\")")
+            opts["lora_target_parameters"] = [str(p) for p in parameters]
         adapter = _cfg(model_config, "lora_adapter_path")
     elif mrank > 0:
         kind = str(_cfg(mega, "type", "lora"))

@@ -133,6 +133,31 @@ def test_verls_lora_keys_train_the_adapters_and_sync_them(qwen3, tmp_path):
         x.model.close()
 
 
+def test_verls_target_parameters_adapt_a_mixtures_experts(fixtures):
+    """model.target_parameters (verl's FSDP key, PEFT's ParamWrapper on transformers' fused experts):
+    every expert's adapter trains beside its expert and ships stacked under PEFT's names, the
+    gate_up_proj adapter nested under down_proj's (".base_layer"), with the LoraConfig naming them."""
+    moe = fixtures / "qwen3-moe-tf5"
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    e = lora_engine(moe, lora_rank=4, lora_alpha=8, target_modules=["q_proj"], target_parameters=experts)
+    e.initialize()
+    before = dict(e.get_per_tensor_param(base_sync_done=True)[0])
+    with e.train_mode():
+        trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=partial(ppo_loss, config=ranks.actor_config()))
+    assert trained["metrics"]["grad_norm"] > 0
+    adapters, config = e.get_per_tensor_param(base_sync_done=True)
+    adapters = dict(adapters)
+    assert config["target_parameters"] == experts
+    stem = "base_model.model.model.layers.0.mlp.experts"
+    # 4 experts of ffn 48 over hidden 64, r 4: A (r E, in), B (out, r E).
+    assert adapters[f"{stem}.base_layer.lora_A.weight"].shape == (16, 64)  # gate_up_proj
+    assert adapters[f"{stem}.base_layer.lora_B.weight"].shape == (96, 16)
+    assert adapters[f"{stem}.lora_A.weight"].shape == (16, 48)  # down_proj
+    assert adapters[f"{stem}.lora_B.weight"].shape == (64, 16)
+    assert not torch.equal(adapters[f"{stem}.lora_B.weight"], before[f"{stem}.lora_B.weight"])  # trained
+    e.model.close()
+
+
 def test_disable_adapter_gives_the_base_policy(qwen3):
     """verl takes the reference log-probs from a LoRA actor under engine.disable_adapter()
     (no_lora_adapter): the base model's, bit for bit; outside it, the adapted policy's."""
