@@ -272,7 +272,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
          const std::optional<std::filesystem::path>& lora_adapter, std::int64_t lora_rank, double lora_alpha,
-         const py::object& lora_target_modules, const py::object& lora_target_parameters) {
+         const py::object& lora_target_modules, const py::object& lora_target_parameters, double lora_dropout) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
                       recompute || cp || invariant))
@@ -318,6 +318,9 @@ Build it with Model.from_hf(...) on every rank of the job.)");
           if (!(lora_alpha > 0)) throw py::value_error("megadsl.Model.from_hf: lora_alpha is > 0");
           o.new_lora.rank = lora_rank;
           o.new_lora.alpha = lora_alpha;
+          if (!(lora_dropout >= 0 && lora_dropout < 1))
+            throw py::value_error("megadsl.Model.from_hf: lora_dropout is in [0, 1), got " + std::to_string(lora_dropout));
+          o.new_lora.dropout = lora_dropout;
           std::vector<std::string> targets;
           if (lora_target_modules.is_none()) {
             // target_parameters alone
@@ -401,6 +404,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,
       py::arg("lora_adapter") = py::none(), py::arg("lora_rank") = 0, py::arg("lora_alpha") = 16.0,
       py::arg("lora_target_modules") = "all-linear", py::arg("lora_target_parameters") = py::none(),
+      py::arg("lora_dropout") = 0.0,
       R"(Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
 on every rank of the job megadsl.init() joined (a world of one process without it): each rank
 reads only its own slices. critic=True builds the value model (value head from score.*, v_head.*,
@@ -429,7 +433,9 @@ refused. lora_rank / lora_alpha / lora_target_modules (verl's lora keys): fresh 
 initialises them (A Kaiming-uniform, B zero), the same in every layout; lora_target_parameters
 (PEFT's target_parameters, e.g. ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]) adapts a
 mixture's experts as PEFT does transformers' fused experts, each expert's adapter with its expert
-under tp and ep (lora_target_modules=None: the experts alone). With an
+under tp and ep (lora_target_modules=None: the experts alone). lora_dropout (PEFT's, on each
+adapter's input in training steps only) draws its masks from the tokens, so the same in every
+layout. With an
 adapter the base is frozen and Model.trainer trains the adapters; save_lora writes them in PEFT's
 format.)");
 

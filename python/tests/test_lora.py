@@ -151,11 +151,9 @@ def test_what_megadsl_cannot_honour_is_refused(adapters, tmp_path, fixtures):
         megadsl.Model.from_hf(moe_path, lora_adapter=d)
     with pytest.raises(ValueError, match="invariant arithmetic"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, invariant=True)
-    # Training: dropout on the adapters' inputs is not built; fresh adapters' keys are checked.
-    batch = training_batch(path)
-    model = megadsl.Model.from_hf(path, lora_adapter=with_config(lora_dropout=0.05))
-    with pytest.raises(ValueError, match=r"lora_dropout = 0.05.*not built yet"):
-        model.trainer().step(batch, loss_fn=helpers.advantage_loss)
+    # Fresh adapters' keys are checked; a mixture's experts take no dropout (nor in PEFT).
+    with pytest.raises(ValueError, match=r"lora_dropout_experts"):
+        megadsl.Model.from_hf(moe, lora_rank=4, lora_target_parameters=EXPERTS, lora_dropout=0.1)
     with pytest.raises(ValueError, match="lora_adapter= .* or lora_rank= .*, not both"):
         megadsl.Model.from_hf(path, lora_adapter=adapter, lora_rank=8)
     with pytest.raises(ValueError, match="lora_target_modules is \"all-linear\" or a list"):
@@ -497,6 +495,34 @@ def test_fresh_adapters_on_a_mixtures_experts_train_alike_under_ep(fixtures, tmp
     assert set(a) == set(b) and any(".experts.base_layer.lora_B" in k for k in a)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
     assert max(a[k].abs().max().item() for k in a if "experts.lora_B" in k) > 1e-4  # the experts' B moved off zero
+
+
+def test_lora_dropout_trains_alike_in_every_layout(adapters, tmp_path):
+    """lora_dropout (PEFT's, on each adapter's input in training steps): its masks come from the
+    tokens, so 3 steps at tp 2 + sp + rmpad, tp 2 x pp 2 and cp 2 equal one process within 1e-5;
+    the steps differ from dropout 0's, and a forward outside training is PEFT's eval forward."""
+    path, adapter, want_lp, ids, mask = adapters["qwen3-tf5"]
+    d = tmp_path / "dropout"
+    d.mkdir()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (d / "adapter_config.json").write_text(json.dumps({**config, "lora_dropout": 0.1}))
+    (d / "adapter_model.safetensors").write_bytes((adapter / "adapter_model.safetensors").read_bytes())
+    with torch.no_grad():  # no dropout outside a training step
+        got = megadsl.Model.from_hf(path, lora_adapter=d).forward(ids, mask)["log_probs"][:, :-1]
+    assert helpers.max_diff(got, want_lp, helpers.lp_valid(mask)[:, :-1]) < 1e-5
+    batch = training_batch(path)
+    one = helpers.train_lora(str(path), str(d), batch, TRAIN_STEPS, {}, TRAIN_LR, str(tmp_path / "one"))
+    plain = helpers.train_lora(str(path), str(adapter), batch, TRAIN_STEPS, {}, TRAIN_LR, str(tmp_path / "plain"))
+    assert abs(one[0][0] - plain[0][0]) > 1e-6  # the masks change the first step's loss
+    want = adapter_weights(tmp_path / "one")
+    for layout, world in [(dict(tp=2, sp=True, rmpad=True), 2), (dict(tp=2, pp=2), 4), (dict(cp=2, rmpad=True), 2)]:
+        out = tmp_path / f"many-{world}-{len(layout)}"
+        got = megadsl.launch_local(world, helpers.train_lora, str(path), str(d), batch, TRAIN_STEPS, layout, TRAIN_LR,
+                                   str(out), timeout=600)
+        for (loss, norm), (want_loss, want_norm) in zip(got[0], one):
+            assert abs(loss - want_loss) < 1e-5 and abs(norm - want_norm) < 1e-5 * max(1, want_norm), layout
+        saved = adapter_weights(out)
+        assert max((saved[k] - want[k]).abs().max().item() for k in want) < 1e-5, layout
 
 
 @pytest.mark.parametrize("name, layout", [("qwen3-tf5", dict(tp=2, pp=2)), ("qwen3-moe-tf5", dict(ep=2, tp=2))])

@@ -11,6 +11,7 @@
 
 #include "megadsl/layers/module.hpp"
 #include "megadsl/runtime/packing.hpp"
+#include "../runtime/name_seed.hpp"
 
 namespace megadsl {
 namespace {
@@ -84,10 +85,12 @@ at::Tensor dropout_token_keys(const packed_tokens& pk) {
   return stream > tokens ? at::constant_pad_nd(keys, {0, stream - tokens}) : keys;
 }
 
-at::Tensor dropout_keep(const at::Tensor& keys, std::int64_t width, double p, std::uint64_t salt, at::ScalarType dtype) {
+at::Tensor dropout_keep(const at::Tensor& keys, std::int64_t width, double p, std::uint64_t salt, at::ScalarType dtype,
+                        std::int64_t first_column) {
   const std::uint64_t s = splitmix64(salt);
   const at::Tensor row = mix(keys, low_half(s));                                               // (n,)
-  const at::Tensor col = mix(mul32(at::arange(width, keys.options()), 0x9E3779B1u), high_half(s));  // (width,)
+  const at::Tensor col = mix(mul32(at::arange(first_column, first_column + width, keys.options()), 0x9E3779B1u),
+                             high_half(s));                                                    // (width,)
   return keep_of(hash32(at::bitwise_xor(row.unsqueeze(1), col.unsqueeze(0))), p, dtype);       // (n, width)
 }
 
@@ -108,6 +111,16 @@ at::Tensor residual_dropout(const at::Tensor& y, const layer_context& c, std::in
   const double p = c.dropout->rates.residual;
   return y * dropout_keep(residual_keys(c, y.size(0)), y.size(1), p, place_salt(c.dropout->salt, c.layer, place),
                           y.scalar_type());
+}
+
+at::Tensor lora_input_dropout(const at::Tensor& x, const layer_context& c, std::string_view module, double p,
+                              std::int64_t first_column) {
+  if (c.dropout == nullptr || p == 0.0) return x;
+  TORCH_CHECK(x.dim() == 2, "megadsl: LoRA dropout on ", module, ": its input is ", x.dim(), "-dimensional, not (rows, in)");
+  // The module's place: its name's hash (a fused q/k/v's q_proj and v_proj draw their own masks).
+  const auto place = static_cast<std::int64_t>(detail::name_seed(module, 0) >> 1);
+  return x * dropout_keep(residual_keys(c, x.size(0)), x.size(1), p, place_salt(c.dropout->salt, c.layer, place),
+                          x.scalar_type(), first_column);
 }
 
 at::Tensor embedding_dropout(const at::Tensor& x, const layer_context& c) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/module.hpp"
 #include "megadsl/parallel/comm.hpp"
 
@@ -181,14 +182,15 @@ at::Tensor with_lora(const at::Tensor& y, const at::Tensor& x, const std::vector
     if (a.along_output) {
       // (rows, r) once, then each piece's output columns: (rows, extent) padded into (rows, n).
       // PEFT's order: lora_B(lora_A(x)) * scaling.
-      const at::Tensor down = at::linear(x, c.w(a.whole));
+      const at::Tensor down = at::linear(lora_input_dropout(x, c, a.module, a.dropout, 0), c.w(a.whole));
       for (const lora_shard::piece& p : a.pieces)
         out = out + at::constant_pad_nd(at::linear(down, c.w(p.part)) * a.scaling, {p.local_offset, n - p.local_offset - p.extent});
     } else {
       // The pieces' partial products over this rank's input columns, summed: (rows, r); then B.
       at::Tensor down;
       for (const lora_shard::piece& p : a.pieces) {
-        const at::Tensor part = at::linear(x.narrow(-1, p.local_offset, p.extent), c.w(p.part));
+        const at::Tensor in = lora_input_dropout(x.narrow(-1, p.local_offset, p.extent), c, a.module, a.dropout, p.global_offset);
+        const at::Tensor part = at::linear(in, c.w(p.part));
         down = down.defined() ? down + part : part;
       }
       if (down.defined()) out = out + at::linear(down, c.w(a.whole)) * a.scaling;

@@ -209,10 +209,6 @@ class decoder_stage final : public model_core, public pipeline_stage {
                      fields_of(o));
     }
     require_valid(cfg_.s, cfg_.l, run_facts{.microbatches = m});
-    if (lora_ != nullptr && lora_->settings().dropout.get() > 0)
-      throw std::invalid_argument("megadsl: LoRA lora_dropout = " + std::to_string(lora_->settings().dropout.get()) +
-                                  ": dropout on the adapters' inputs in training is not built yet; train with "
-                                  "lora_dropout 0 (verl's default)");
     const running_inputs running(inputs_);
     // Megatron's scale of the auxiliary losses: a mean over micro-batches and dp ranks; each tp
     // rank routes the same tokens, and their gradients are summed over tp (copy_to_tp, the
@@ -430,8 +426,10 @@ class decoder_stage final : public model_core, public pipeline_stage {
       in.local_rope = rope_for_positions(rope_inv_freq(local, in.pk.max_position + 1).to(device_),
                                          in.pk.positions.narrow(0, 0, in.pk.tokens), local);
     }
-    // Dropout in a training step: a key per row of the whole stream, this rank's share of them.
-    const bool dropout = run_.training && cfg_.options.dropout.any();
+    // Dropout in a training step (the model's, or LoRA's on the adapters' inputs): a key per row of
+    // the whole stream, this rank's share of them.
+    const bool lora_dropout = lora_ != nullptr && lora_->enabled() && lora_->settings().dropout.get() > 0;
+    const bool dropout = run_.training && (cfg_.options.dropout.any() || lora_dropout);
     if (dropout) in.dropout = {cfg_.options.dropout, dropout_step_salt(cfg_.options.seed, training_calls_), dropout_token_keys(in.pk), {}};
     if (cp_ != nullptr) {
       in.whole = std::move(in.pk);

@@ -284,7 +284,7 @@ std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_con
       } else {
         std::tie(A, B) = whole(module);
       }
-      lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling(),
+      lora_shard shard{.module = module, .along_output = true, .scaling = settings.scaling(), .dropout = settings.dropout.get(),
                        .base_split = p.plan->split_dim >= 0 && tp > 1, .out = a.out, .in = a.in};
       const std::vector<shard_piece> mains = shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::main_replica);
       for (const shard_piece& piece : shard_pieces(*p.plan, s, c.l, tp_rank, piece_set::all)) {

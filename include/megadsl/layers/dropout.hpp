@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string_view>
 
 #include "megadsl/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
@@ -35,8 +36,9 @@ std::uint64_t dropout_step_salt(std::uint64_t seed, std::uint64_t call);
 at::Tensor dropout_token_keys(const packed_tokens& pk);
 
 // (n, width) in `dtype`: 1 / (1 - p) where element (i, j) is kept, 0 where dropped, from keys[i],
-// column j and the salt; an element is kept with probability 1 - p.
-at::Tensor dropout_keep(const at::Tensor& keys, std::int64_t width, double p, std::uint64_t salt, at::ScalarType dtype);
+// column first_column + j and the salt; an element is kept with probability 1 - p.
+at::Tensor dropout_keep(const at::Tensor& keys, std::int64_t width, double p, std::uint64_t salt, at::ScalarType dtype,
+                        std::int64_t first_column = 0);
 
 // (b, H, s, s) fp32: the attention probabilities' mask, scaled as dropout_keep's, of queries with
 // keys `query_keys` (b, s) over keys at positions `key_positions` (b, s), global heads from d.first_head.
@@ -47,6 +49,13 @@ at::Tensor attention_keep(const at::Tensor& query_keys, const at::Tensor& key_po
 // T'/cp, h)), with the residual dropout of place `place` of its layer; the identity outside a
 // training step or at rate 0.
 at::Tensor residual_dropout(const at::Tensor& y, const layer_context& c, std::int64_t place);
+
+// A LoRA adapter's input in a training step (PEFT's lora_dropout on x before A): x (rows of this
+// rank's stream, or its SP shard; `width` columns from the module's input column first_column),
+// each element kept by the row's key, its column and the module's own salt (`module`: its HF
+// name), so the same in every layout; x as is outside a training step or at p = 0.
+at::Tensor lora_input_dropout(const at::Tensor& x, const layer_context& c, std::string_view module, double p,
+                              std::int64_t first_column);
 
 // The embedding's output ((T'/cp/tp or T'/cp, h)) with the embedding dropout.
 at::Tensor embedding_dropout(const at::Tensor& x, const layer_context& c);

@@ -51,6 +51,7 @@ struct lora_shard {
                                 // their fused parameter, "model.layers.3.mlp.experts.gate_up_proj"): errors name it
   bool along_output = true;     // pieces of B (output columns); false: pieces of A (input columns)
   double scaling = 1.0;         // PEFT's alpha / r (alpha / sqrt(r) under rsLoRA)
+  double dropout = 0.0;         // lora_dropout on its input in training steps (layers/dropout.hpp)
   bool base_split = true;       // the base is split over tp (else whole on every tp rank)
   std::int64_t out = 0, in = 0; // the HF module's outputs and inputs: B is (out, r), A (r, in)
   at::Tensor whole;             // A (r, in) when along_output, else B (out, r)

@@ -161,8 +161,6 @@ def _lora_options(model_config):
         kind = str(_cfg(mega, "type", "lora"))
         if kind not in ("lora", "canonical_lora"):
             refuse("lora.type", f"{kind!r} is not supported; megadsl trains PEFT's LoRA (type lora or canonical_lora)")
-        if float(_cfg(mega, "dropout", 0.0) or 0.0) != 0.0:
-            refuse("lora.dropout", "dropout on the adapters' inputs is not built yet; set it to 0")
         if _cfg(mega, "exclude_modules"):
             refuse("lora.exclude_modules", "is not supported; name the targets in lora.target_modules")
         if _cfg(mega, "dtype") not in (None, "fp32", "float32"):
@@ -175,7 +173,8 @@ def _lora_options(model_config):
         if str(_cfg(mega, "lora_B_init_method", "zero")) != "zero":
             refuse("lora.lora_B_init_method", "B starts at zero (PEFT's); set it to zero")
         opts = {"lora_rank": mrank, "lora_alpha": float(_cfg(mega, "alpha", 32)),
-                "lora_target_modules": _targets(_cfg(mega, "target_modules", ["linear_qkv"]), MEGATRON_LORA_TARGETS)}
+                "lora_target_modules": _targets(_cfg(mega, "target_modules", ["linear_qkv"]), MEGATRON_LORA_TARGETS),
+                "lora_dropout": float(_cfg(mega, "dropout", 0.0) or 0.0)}
         adapter = _cfg(mega, "adapter_path")
     else:
         return None, merge

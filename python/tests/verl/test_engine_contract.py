@@ -191,13 +191,18 @@ def test_megatrons_lora_keys_map_to_the_hf_modules(qwen3):
     assert sorted(e.model.lora_config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "v_proj"]
     assert e.model.lora_config["r"] == 4
     e.model.close()
+    # lora.dropout: PEFT's lora_dropout on the adapters' inputs in training
+    e = lora_engine(qwen3, lora={"rank": 4, "dropout": 0.1, "type": "canonical_lora", "lora_A_init_method": "kaiming",
+                                 "target_modules": ["linear_q"]})
+    e.initialize()
+    assert e.model.lora_config["lora_dropout"] == 0.1
+    e.model.close()
 
 
 @pytest.mark.parametrize("model, match", [
     (dict(lora={"rank": 8, "type": "dora"}), r"model.lora.type: 'dora' is not supported"),
     (dict(lora={"rank": 8, "lora_A_init_method": "kaiming"}), r"names linear_qkv, Megatron's fused LoRA"),
     (dict(lora={"rank": 8, "target_modules": ["linear_q"]}), r"model.lora.lora_A_init_method: 'xavier'"),
-    (dict(lora={"rank": 8, "dropout": 0.1, "lora_A_init_method": "kaiming"}), r"model.lora.dropout"),
     (dict(lora_rank=8, exclude_modules="o_proj"), r"model.exclude_modules"),
     (dict(lora_rank=8, target_modules=".*proj"), r"\"all-linear\" or a list of module names"),
 ])
