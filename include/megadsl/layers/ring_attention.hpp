@@ -1,0 +1,35 @@
+// Ring attention (issue 49): this cp rank's queries attend over every cp rank's keys, each rank's
+// k/v block passed around the cp ring with point-to-point sends, the blocks' partial softmaxes
+// merged by their log-sum-exp (online softmax); the backward recomputes each block's
+// probabilities from the saved log-sum-exp and passes dk/dv around the ring with their block, so
+// that each returns to its owner summed over every rank's queries. No rank holds more than two
+// blocks' keys, and no collective carries the heads: a cp degree is bounded by the tokens, not the
+// heads (Ulysses' cp_splits_heads does not apply).
+//
+// The tokens are a flat stream (any order: a load-balanced split puts each sequence's chunks i and
+// 2 cp - 1 - i on rank i): each carries its position and its sequence's id; a query attends to a
+// key of the same sequence at a position at most its own (and within `window` of it, when > 0).
+// A token whose sequence id is negative (padding) attends to nothing and is attended by nothing:
+// its output is 0.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace megadsl {
+
+class comm_group;
+
+struct ring_tokens {
+  at::Tensor position;  // (T,) int64
+  at::Tensor sequence;  // (T,) int64; < 0: padding
+};
+
+// q (Hq, T, d), k and v (Hkv, T, d) of this rank's T tokens (Hq a multiple of Hkv: grouped-query
+// heads share their group's k/v); returns (Hq, T, d) in q's dtype (the softmax in fp32).
+// Differentiable in q, k and v; every rank of `cp` calls it with the same shapes.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ring_tokens& tokens,
+                          double scale, std::int64_t window, const comm_group& cp);
+
+}  // namespace megadsl

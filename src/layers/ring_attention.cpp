@@ -1,0 +1,144 @@
+// Ring attention's forward and backward (layers/ring_attention.hpp).
+#include "megadsl/layers/ring_attention.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "megadsl/parallel/comm.hpp"
+
+namespace megadsl {
+namespace {
+
+constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
+
+// One k/v block in flight: its tensors, and in the backward its dk and dv accumulating.
+struct ring_block {
+  at::Tensor k, v, position, sequence;  // (Hkv, Tk, d) x 2, (Tk,) x 2
+  at::Tensor dk, dv;                    // backward only
+};
+
+// (Tq, Tk) bool: query i may attend key j.
+at::Tensor allowed(const ring_tokens& q, const at::Tensor& k_position, const at::Tensor& k_sequence, std::int64_t window) {
+  const at::Tensor qs = q.sequence.unsqueeze(1), qp = q.position.unsqueeze(1);
+  const at::Tensor ks = k_sequence.unsqueeze(0), kp = k_position.unsqueeze(0);
+  at::Tensor ok = qs.eq(ks).logical_and(qs.ge(0)).logical_and(kp.le(qp));
+  if (window > 0) ok = ok.logical_and((qp - kp).lt(window));
+  return ok;
+}
+
+// Scores (Hkv, g, Tq, Tk) fp32 of q (Hq, Tq, d) against a block's k (Hkv, Tk, d), masked to -inf.
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& ok, double scale) {
+  const std::int64_t hkv = k.size(0), g = q.size(0) / hkv;
+  const at::Tensor qg = q.to(at::kFloat).view({hkv, g, q.size(1), q.size(2)});
+  const at::Tensor s = at::matmul(qg, k.to(at::kFloat).unsqueeze(1).transpose(-1, -2)) * scale;
+  return s.masked_fill(ok.logical_not(), minus_infinity);
+}
+
+// Sends `block` to the next rank and receives the previous rank's into `into` (same shapes).
+void pass_on(const std::vector<at::Tensor>& block, std::vector<at::Tensor>& into, const comm_group& cp, int tag) {
+  const int next = (cp.rank() + 1) % cp.size(), prev = (cp.rank() + cp.size() - 1) % cp.size();
+  std::vector<comm_group::pending_send> sent;
+  for (std::size_t i = 0; i < block.size(); ++i) sent.push_back(cp.send(block[i].contiguous(), next, tag + static_cast<int>(i)));
+  for (std::size_t i = 0; i < into.size(); ++i) cp.recv(into[i], prev, tag + static_cast<int>(i));
+  for (comm_group::pending_send& s : sent) s.wait();
+}
+
+std::vector<at::Tensor> empty_like_all(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : ts) out.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
+  return out;
+}
+
+struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& position, const at::Tensor& sequence, double scale,
+                            std::int64_t window, const comm_group* cp) {
+    const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
+    const ring_tokens mine{position, sequence};
+    at::Tensor out = at::zeros({hkv, g, t, d}, q.options().dtype(at::kFloat));                         // (Hkv, g, Tq, d)
+    at::Tensor lse = at::full({hkv, g, t, 1}, minus_infinity, q.options().dtype(at::kFloat));          // (Hkv, g, Tq, 1)
+    std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), position.contiguous(), sequence.contiguous()};
+    for (int step = 0; step < cp->size(); ++step) {
+      std::vector<at::Tensor> next;
+      if (step + 1 < cp->size()) next = empty_like_all(block);
+      // (The send and receive of the next block could overlap this block's arithmetic.)
+      const at::Tensor s = scores(q, block[0], allowed(mine, block[2], block[3], window), scale);       // (Hkv, g, Tq, Tk)
+      const at::Tensor m = std::get<0>(s.max(-1, true));                                              // (.., Tq, 1)
+      const at::Tensor safe_m = at::where(at::isinf(m), at::zeros_like(m), m);
+      const at::Tensor p = at::exp(s - safe_m);                                                       // 0 where masked
+      const at::Tensor sum = p.sum(-1, true);
+      const at::Tensor block_lse = at::where(sum.gt(0), safe_m + at::log(sum), at::full_like(sum, minus_infinity));
+      const at::Tensor block_out = at::matmul(p, block[1].to(at::kFloat).unsqueeze(1));               // (.., Tq, d) unnormalised
+      // Merge: out and lse so far with this block's, by their log-sum-exp.
+      const at::Tensor new_lse = at::logaddexp(lse, block_lse);
+      const at::Tensor keep = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(lse - new_lse));
+      const at::Tensor add = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(safe_m - new_lse));
+      out = out * keep + block_out * add;
+      lse = new_lse;
+      if (step + 1 < cp->size()) {
+        pass_on(block, next, *cp, 100);
+        block = std::move(next);
+      }
+    }
+    ctx->save_for_backward({q, k, v, position, sequence, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["cp"] = reinterpret_cast<std::int64_t>(cp);
+    return out.view({hq, t, d}).to(q.scalar_type());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[5], &lse = saved[6];
+    const ring_tokens mine{saved[3], saved[4]};
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const std::int64_t window = ctx->saved_data["window"].toInt();
+    const auto* cp = reinterpret_cast<const comm_group*>(ctx->saved_data["cp"].toInt());
+    const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
+    const at::Tensor dout = grads[0].to(at::kFloat).reshape({hkv, g, t, d});
+    const at::Tensor delta = (dout * out).sum(-1, true);                                                // (.., Tq, 1)
+    const at::Tensor safe_lse = at::where(at::isinf(lse), at::zeros_like(lse), lse);
+    const at::Tensor qf = q.to(at::kFloat).view({hkv, g, t, q.size(2)});
+    at::Tensor dq = at::zeros_like(qf);
+    std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), mine.position.contiguous(), mine.sequence.contiguous(),
+                                  at::zeros(k.sizes(), k.options().dtype(at::kFloat)),
+                                  at::zeros(v.sizes(), v.options().dtype(at::kFloat))};
+    for (int step = 0; step < cp->size(); ++step) {
+      const at::Tensor ok = allowed(mine, block[2], block[3], window);
+      const at::Tensor s = scores(q, block[0], ok, scale);                                               // (Hkv, g, Tq, Tk)
+      const at::Tensor p = at::where(at::isinf(lse), at::zeros_like(s), at::exp(s - safe_lse));         // 0 where masked
+      const at::Tensor kf = block[0].to(at::kFloat).unsqueeze(1), vf = block[1].to(at::kFloat).unsqueeze(1);
+      const at::Tensor dp = at::matmul(dout, vf.transpose(-1, -2));                                      // (.., Tq, Tk)
+      const at::Tensor ds = p * (dp - delta);
+      dq += at::matmul(ds, kf) * scale;
+      block[4] += (at::matmul(ds.transpose(-1, -2), qf) * scale).sum(1);                               // (Hkv, Tk, d)
+      block[5] += at::matmul(p.transpose(-1, -2), dout).sum(1);
+      // Every block moves on, the last pass bringing each dk/dv home.
+      std::vector<at::Tensor> next = empty_like_all(block);
+      pass_on(block, next, *cp, 200);
+      block = std::move(next);
+    }
+    return {dq.view({hq, t, q.size(2)}).to(q.scalar_type()), block[4].to(k.scalar_type()), block[5].to(v.scalar_type()),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ring_tokens& tokens,
+                          double scale, std::int64_t window, const comm_group& cp) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.size(0) > 0 && q.size(0) % k.size(0) == 0 &&
+                  k.sizes() == v.sizes() && q.size(1) == k.size(1),
+              "megadsl: ring_attention: q (Hq, T, d) and k, v (Hkv, T, d) with Hkv dividing Hq; got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(tokens.position.numel() == q.size(1) && tokens.sequence.numel() == q.size(1),
+              "megadsl: ring_attention: ", q.size(1), " tokens, ", tokens.position.numel(), " positions and ",
+              tokens.sequence.numel(), " sequence ids");
+  return ring_attention_fn::apply(q, k, v, tokens.position.to(at::kLong), tokens.sequence.to(at::kLong), scale, window, &cp);
+}
+
+}  // namespace megadsl
