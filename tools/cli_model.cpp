@@ -46,7 +46,7 @@ std::string closest(std::string_view word, const Range& candidates) {
 
 constexpr std::string_view layout_flags[] = {
     "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--invariant", "--cp", "--ep", "--etp",
-    "--recompute", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
+    "--recompute", "--cp-comm", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
     "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute", "--merge-lora",
     "--lora-adapter"};
@@ -121,6 +121,13 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     else if (flag == "--sp") o.l.sp = switch_on();
     else if (flag == "--rmpad") o.l.rmpad = switch_on();
     else if (flag == "--invariant") o.l.invariant = switch_on();
+    else if (flag == "--cp-comm") {
+      const std::string_view v = value();
+      cp_comm_kind k{};
+      if (!cp_comm_from_name(v, k))
+        throw usage_error("megadsl: --cp-comm takes a2a (Ulysses) or ring (p2p), got '" + std::string(v) + "'");
+      o.l.cp_comm = k;
+    }
     else if (flag == "--recompute") {
       const std::string_view v = value();
       recompute_kind r{};
@@ -257,6 +264,7 @@ std::string layout_summary(const options& o) {
   s << "tp=" << l.tp.get() << " pp=" << l.pp.get() << " vpp=" << l.vpp.get()
     << " sp=" << (l.sp.get() ? "on" : "off") << " rmpad=" << (l.rmpad.get() ? "on" : "off");
   if (l.cp.get() != 1) s << " cp=" << l.cp.get();
+  if (l.cp_comm.get() != cp_comm_kind::a2a) s << " cp_comm=" << name_of(l.cp_comm.get());
   if (l.ep.get() != 1) s << " ep=" << l.ep.get();
   if (l.etp.get() != 0) s << " etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << " recompute=" << name_of(l.recompute.get());

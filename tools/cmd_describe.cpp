@@ -268,7 +268,14 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
       << " ... +" << vpad / tp;
   if (vpad != vocab) out << "; rows >= " << vocab << " are padding";
   out << '\n';
-  if (l.cp.get() > 1) {
+  if (l.cp.get() > 1 && cp_ring(l)) {
+    const std::int64_t cp = l.cp.get();
+    out << "context parallel, cp " << cp << " (ring): each cp rank runs chunks r and " << 2 * cp - 1
+        << " - r of every sequence cut in " << 2 * cp << " through every layer; per layer the attention passes its "
+        << "k/v block around the cp ring (" << cp - 1 << " sends forward, " << cp
+        << " with dk/dv backward), every head on every cp rank; the outputs are gathered over cp, the gradients summed "
+           "over dp x cp\n";
+  } else if (l.cp.get() > 1) {
     const std::int64_t cp = l.cp.get(), groups = q0.groups, per_rank = heads / tp;
     out << "context parallel, cp " << cp << ": each cp rank runs 1/" << cp << " of the token stream through every "
         << "layer; per layer the attention all-to-alls over cp (Ulysses) to the whole stream of ";

@@ -51,6 +51,8 @@ layout:
   --last-stage-layers N     layers on the last pipeline stage (default 0: even split)
   --sp                      sequence parallelism (needs tp > 1)
   --cp N                    context-parallel degree: each rank 1/cp of every sequence (default 1)
+  --cp-comm KIND            its attention: a2a (heads all-to-all, Ulysses; default) or ring (p2p: k/v
+                            blocks around a ring over a load-balanced split, any head count)
   --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
   --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)

@@ -396,9 +396,24 @@ constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int6
 // (module_node::cp_sent) on its pipeline stage (the busiest stage's at pp > 1), the backward's
 // moving as much as the forward's. cp = 1 sends nothing.
 constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
-  if (l.cp.get() <= 1) return 0;
+  if (l.cp.get() <= 1 || cp_ring(l)) return 0;
   const double per_token = busiest_pp_rank(s, l, [&](std::int64_t i) { return layer_cp_sent(s, i, l.tp.get(), l.cp.get()); });
   return 2.0 * per_token * static_cast<double>(tokens) * element;
+}
+
+// Bytes one rank sends around its cp ring in one forward + backward under ring context
+// parallelism (layers/ring_attention.hpp), for its own `tokens` rows: each attention layer of its
+// stage passes its k/v block (its tp rank's kv heads; one when they are fewer than tp) with the
+// rows' positions and sequence ids (int64) cp - 1 times forward, and k/v, the ids and dk/dv (fp32)
+// cp times backward, the last pass bringing dk/dv home.
+constexpr double cp_ring_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
+  if (!cp_ring(l)) return 0;
+  const double cp = static_cast<double>(l.cp.get()), rows = static_cast<double>(tokens);
+  const std::int64_t kv = s.kv_heads.get(), tp = l.tp.get();
+  const double heads = static_cast<double>(kv >= tp ? kv / tp : 1), d = static_cast<double>(effective_head_dim(s).get());
+  const double kv_block = 2 * rows * heads * d * element, ids = 2 * rows * 8, grads = 2 * rows * heads * d * 4;
+  const double per_layer = (cp - 1) * (kv_block + ids) + cp * (kv_block + ids + grads);
+  return per_layer * busiest_pp_rank(s, l, [](std::int64_t) { return 1.0; });
 }
 
 }  // namespace megadsl

@@ -2,8 +2,10 @@
 //
 //   megadsl::layout{.tp = 4, .pp = 2, .sp = true}
 //
-// Context parallelism gives each cp rank a share of the query heads (rule `cp_splits_heads`); expert
-// parallelism needs a mixture of experts (rule `ep_needs_experts`).
+// Context parallelism shares each sequence's tokens over cp ranks; its attention exchanges heads
+// (Ulysses all-to-all: each cp rank a share of the query heads, rule `cp_splits_heads`) or passes
+// k/v blocks around a ring (cp_comm_kind::ring, Megatron's p2p: any head count, the tokens of a
+// load-balanced split). Expert parallelism needs a mixture of experts (rule `ep_needs_experts`).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,21 @@ constexpr bool recompute_from_name(std::string_view name, recompute_kind& out) {
   return false;
 }
 
+// How context parallelism's attention communicates (Megatron's cp_comm_type): a2a exchanges heads
+// (Ulysses), ring passes k/v blocks rank to rank ("p2p": each rank holds chunks i and 2 cp - 1 - i
+// of every sequence, so causal work is even).
+enum class cp_comm_kind : std::int8_t { a2a, ring };
+
+constexpr std::string_view name_of(cp_comm_kind k) { return k == cp_comm_kind::ring ? "ring" : "a2a"; }
+
+// The kind named `name` ("a2a", "ring", or Megatron's "p2p" for ring), or false: the one parser of
+// the CLI's --cp-comm and Python's cp_comm=.
+constexpr bool cp_comm_from_name(std::string_view name, cp_comm_kind& out) {
+  if (name == "a2a") return out = cp_comm_kind::a2a, true;
+  if (name == "ring" || name == "p2p") return out = cp_comm_kind::ring, true;
+  return false;
+}
+
 struct layout {
   dim tp = 1;                  // tensor-parallel degree
   dim pp = 1;                  // pipeline-parallel degree
@@ -46,7 +63,8 @@ struct layout {
   flag sp = false;             // sequence parallelism (needs tp > 1)
   flag rmpad = false;          // remove padding: packed tokens with cu_seqlens
   dim vocab_pad_multiple = 128;  // vocab padded to a multiple of this times tp (Megatron's rule)
-  dim cp = 1;                  // context parallel: each rank 1/cp of every sequence's tokens (Ulysses attention)
+  dim cp = 1;                  // context parallel: each rank 1/cp of every sequence's tokens
+  maybe<cp_comm_kind> cp_comm = cp_comm_kind::a2a;  // its attention: heads all-to-all (Ulysses) or a k/v ring
   dim ep = 1;                  // expert parallel: whole experts per rank of the ep group
   dim etp = 0;                 // expert tensor parallel (the expert grid, rank_grid.hpp); 0: = tp
   maybe<recompute_kind> recompute = recompute_kind::none;  // activation recompute in the backward
@@ -59,10 +77,13 @@ struct layout {
 inline constexpr layout dynamic_layout = {
     .tp = dynamic, .pp = dynamic, .vpp = dynamic, .first_stage_layers = dynamic,
     .last_stage_layers = dynamic, .sp = dynamic, .rmpad = dynamic,
-    .vocab_pad_multiple = dynamic, .cp = dynamic, .ep = dynamic, .etp = dynamic,
+    .vocab_pad_multiple = dynamic, .cp = dynamic, .cp_comm = dynamic, .ep = dynamic, .etp = dynamic,
     .recompute = dynamic, .invariant = dynamic};
 
 constexpr bool tp_is_static_one(const layout& l) { return l.tp.is_static() && l.tp.get() == 1; }
+
+// Whether context parallelism runs the ring (cp > 1 and cp_comm ring).
+constexpr bool cp_ring(const layout& l) { return l.cp.get() > 1 && l.cp_comm.get() == cp_comm_kind::ring; }
 
 // The expert tensor-parallel degree: etp, or tp when etp is 0 (Megatron's default).
 constexpr std::int64_t expert_tp(const layout& l) { return l.etp.get() == 0 ? l.tp.get() : l.etp.get(); }

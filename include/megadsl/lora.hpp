@@ -292,11 +292,12 @@ constexpr violations lora_rules(const shape& s, const lora& a, head_info h = {})
     out.add("lora_alpha_positive").add("lora_alpha = ", a.alpha.get(), "; the update is scaled by alpha / r: use alpha > 0");
   if (a.dropout.is_static() && !(a.dropout.get() >= 0 && a.dropout.get() < 1))
     out.add("lora_dropout_range").add("lora_dropout = ", a.dropout.get(), "; use 0 <= dropout < 1");
-  if (a.parameter_count > 0 && (!a.dropout.is_static() || a.dropout.get() != 0))
+  if (a.parameter_count > 0 && a.dropout.is_static() && a.dropout.get() != 0)
     out.add("lora_dropout_experts").add("lora_dropout = ", a.dropout.get(), " with target_parameters: a mixture's experts' "
                                         "adapters take no dropout (PEFT's ParamWrapper refuses it too); use lora_dropout 0");
   if (a.target_count == 0 && a.parameter_count == 0)
-    out.add("lora_targets_given").add("no LoRA target modules; name them (\"q_proj\", \"v_proj\", ...) or use \"all-linear\"");
+    out.add("lora_targets_given").add("no LoRA target modules; name them (\"q_proj\", \"v_proj\", ...), use \"all-linear\", "
+                                      "or name a mixture's experts' target_parameters");
   // Each named target wraps at least one linear of this model, else it names what it would wrap.
   for (int t = 0; t < a.target_count; ++t) {
     const std::string_view target = a.targets[static_cast<std::size_t>(t)].view();

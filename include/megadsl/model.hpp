@@ -98,6 +98,8 @@ inline constexpr violations violations_with = [] {
   const violations more = lora_rules(M::shape, A);
   for (int i = 0; i < more.count && out.count < violations::capacity; ++i)
     out.items[static_cast<std::size_t>(out.count++)] = more.items[static_cast<std::size_t>(i)];
+  if (L.invariant.is_static() && L.invariant.get())
+    out.add("lora_invariant").add("LoRA adapters with invariant arithmetic are not supported yet; drop invariant or the adapters");
   return out;
 }();
 

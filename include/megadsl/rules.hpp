@@ -32,7 +32,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 26> rule_table{{
+inline constexpr std::array<rule_info, 27> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -52,6 +52,7 @@ inline constexpr std::array<rule_info, 26> rule_table{{
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
     {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
     {"cp_splits_heads", "context parallelism (Ulysses) gives each cp rank an equal share of a tp rank's query heads, in whole kv groups or within one"},
+    {"cp_ring_supported", "ring context parallelism (cp_comm ring) runs the softmax attention blocks; a block that cannot ring (MLA, the gated DeltaNet, attention sinks) takes cp_comm a2a"},
     {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
     {"rope_scaling_valid", "rope scaling parameters are in range"},
     {"world_fits_layout", "world % (tp * pp * cp) == 0"},
@@ -85,6 +86,7 @@ enum class rule_id : std::int8_t {
   layers_fit_stages,
   stage_counts_need_pp,
   cp_splits_heads,
+  cp_ring_supported,
   vocab_pad_multiple_positive,
   rope_scaling_valid,
   world_fits_layout,
@@ -142,6 +144,13 @@ struct violations {
     return out;
   }
 };
+
+// A block that cannot run under ring context parallelism adds this (its `why`), naming the fix.
+constexpr void refuse_cp_ring(const layout& l, std::string_view block, violations& out) {
+  if (!l.cp.is_static() || !l.cp_comm.is_static() || !cp_ring(l)) return;
+  out.add("cp_ring_supported", {l.cp.get()})
+      .add(block, " cannot run under ring context parallelism (cp_comm ring) yet; use cp_comm a2a (Ulysses) for this model");
+}
 
 namespace detail {
 
@@ -401,6 +410,7 @@ constexpr bool cp_splits_heads(std::int64_t q_heads, std::int64_t groups, std::i
 
 constexpr void check_context_parallel(const shape& s, const layout& l, violations& out) {
   if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || l.cp.get() == 1) return;
+  if (!l.cp_comm.is_static() || l.cp_comm.get() == cp_comm_kind::ring) return;  // the ring keeps every head
   const std::int64_t cp = l.cp.get(), tp = l.tp.get(), kv = s.kv_heads.get();
   if (s.heads.get() % tp != 0 || (kv % tp != 0 && tp % kv != 0)) return;  // the tp rules say it
   const std::int64_t q_heads = s.heads.get() / tp, groups = kv >= tp ? kv / tp : 1;  // per tp rank
@@ -409,6 +419,7 @@ constexpr void check_context_parallel(const shape& s, const layout& l, violation
   m.add("a tp rank's ", q_heads, " query heads in ", groups, " kv group(s) (heads ", s.heads.get(), ", kv heads ", kv,
         ", tp ", tp, ") do not split into cp = ", cp, " equal shares of whole groups or of one group; valid cp: ");
   list_values(m, q_heads, [&](std::int64_t c) { return cp_splits_heads(q_heads, groups, c); });
+  m.add("; or cp_comm ring (k/v around a ring: any head count)");
 }
 
 constexpr void check_vocab_padding(const layout& l, violations& out) {

@@ -15,6 +15,10 @@ MEGADSL_FACTORY_LINKAGE std::unique_ptr<block_module> gated_attention(const bloc
 
 namespace megadsl::blocks {
 
+constexpr void gated_attention_ring_rule(const shape&, const layout& l, violations& out) {
+  refuse_cp_ring(l, "Qwen3-Next's output-gated attention", out);
+}
+
 // Qwen3-Next's full-attention layers (Qwen3NextAttention): q_proj gives each head [q | gate] (2 x
 // head_dim rows per head, so a tp rank's heads are one contiguous block, column-parallel); k_proj
 // and v_proj replicated (they are small: Qwen3-Next has 2 kv heads), each rank projecting the kv
@@ -51,6 +55,7 @@ struct gated_attention {
     const int qk = lower_block<QkNorm>(b, at);
     b.param(at.sub("o_proj", "o_proj"), {"weight", &geo::attn_out, {"weight"}, 1});
     b.rule(&attention_out_invariant_rule);
+    b.rule(&gated_attention_ring_rule);
     b.param(at.sub("o_proj", "o_proj"), {"bias", &geo::hidden, {"bias"}, 1, presence::out_bias});
     const int node = b.node(at, &modules::gated_attention, {qk}, "gated_attention", "attention (output gate)", &details);
     return b.cp_traffic(b.per_token(b.costs(node, {.whole = 3, .split = 10, .scores = 5}, &score_units), &verl_weights),

@@ -97,7 +97,7 @@ __all__ = [
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",
-                  "ep", "etp", "recompute", "cp", "invariant")
+                  "ep", "etp", "recompute", "cp", "invariant", "cp_comm")
 
 
 def _layout_of(where, layout, kwargs):

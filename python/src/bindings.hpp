@@ -29,6 +29,7 @@ loss_options loss_options_of(const pybind11::kwargs& kwargs, const char* where, 
 
 // "none" | "selective" | "full" (a ValueError otherwise); spec_bindings.cpp.
 recompute_kind recompute_of(const std::string& name);
+cp_comm_kind cp_comm_of(const std::string& name);
 
 // {"attention": ..., "residual": ..., "embedding": ...}; spec_bindings.cpp.
 pybind11::dict dict_of(const dropout_rates& r);

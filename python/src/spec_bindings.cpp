@@ -124,6 +124,7 @@ std::string layout_repr(const layout& l) {
   if (l.last_stage_layers.get() != 0) s << ", last_stage_layers=" << l.last_stage_layers.get();
   if (l.vocab_pad_multiple.get() != 128) s << ", vocab_pad_multiple=" << l.vocab_pad_multiple.get();
   if (l.cp.get() != 1) s << ", cp=" << l.cp.get();
+  if (l.cp_comm.get() != cp_comm_kind::a2a) s << ", cp_comm=\"" << name_of(l.cp_comm.get()) << "\"";
   if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
   if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << ", recompute=\"" << name_of(l.recompute.get()) << "\"";
@@ -137,7 +138,7 @@ bool same_layout(const layout& a, const layout& b) {
          a.first_stage_layers.get() == b.first_stage_layers.get() &&
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
          a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
-         a.cp.get() == b.cp.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
+         a.cp.get() == b.cp.get() && a.cp_comm.get() == b.cp_comm.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
          a.recompute.get() == b.recompute.get() && a.invariant.get() == b.invariant.get();
 }
 
@@ -149,6 +150,12 @@ py::dict dict_of(const dropout_rates& r) {
   d["residual"] = r.residual;
   d["embedding"] = r.embedding;
   return d;
+}
+
+cp_comm_kind cp_comm_of(const std::string& name) {
+  if (cp_comm_kind k{}; cp_comm_from_name(name, k)) return k;
+  throw py::value_error("megadsl: cp_comm is \"a2a\" (Ulysses: heads all-to-all) or \"ring\" (\"p2p\": k/v passed around "
+                        "a ring over a load-balanced split), got \"" + name + "\"");
 }
 
 recompute_kind recompute_of(const std::string& name) {
@@ -168,16 +175,18 @@ auto property(T layout::*field) {
 void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
 virtual pipeline chunks, remove-padding, context-parallel degree (cp: each rank 1/cp of every sequence's
-tokens, attention all-to-all over heads), expert-parallel degree (ep: whole experts per rank of an ep
+tokens) and its attention (cp_comm "a2a": all-to-all over heads, Ulysses; "ring" or "p2p": k/v passed
+around a ring over a load-balanced split, any head count), expert-parallel degree (ep: whole experts per rank of an ep
 group; etp 0 = tp), activation recompute ("none", "selective", "full"), invariant arithmetic (a
 sequence's outputs the same bits whatever its batch, padding and layout; CPU). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                        std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp,
-                       const std::string& recompute, std::int64_t cp, bool invariant) {
+                       const std::string& recompute, std::int64_t cp, bool invariant, const std::string& cp_comm) {
              layout l;
              l.invariant = invariant;
              l.cp = cp;
+             l.cp_comm = cp_comm_of(cp_comm);
              l.recompute = recompute_of(recompute);
              l.ep = ep;
              l.etp = etp;
@@ -194,12 +203,16 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
            py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
            py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none", py::arg("cp") = 1,
-           py::arg("invariant") = false)
+           py::arg("invariant") = false, py::arg("cp_comm") = "a2a")
       .def_property(
           "recompute", [](const layout& l) { return std::string(name_of(l.recompute.get())); },
           [](layout& l, const std::string& v) { l.recompute = recompute_of(v); },
           "activations the backward recomputes: \"none\", \"selective\" (the attention core) or \"full\" (each layer)")
       .def_property("cp", property(&layout::cp), [](layout& l, std::int64_t v) { l.cp = v; })
+      .def_property(
+          "cp_comm", [](const layout& l) { return std::string(name_of(l.cp_comm.get())); },
+          [](layout& l, const std::string& v) { l.cp_comm = cp_comm_of(v); },
+          "context parallelism's attention: \"a2a\" (heads all-to-all, Ulysses) or \"ring\" (k/v around a ring)")
       .def_property("ep", property(&layout::ep), [](layout& l, std::int64_t v) { l.ep = v; })
       .def_property("etp", property(&layout::etp), [](layout& l, std::int64_t v) { l.etp = v; })
       .def_property("tp", property(&layout::tp), [](layout& l, std::int64_t v) { l.tp = v; })
@@ -245,7 +258,8 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
                         return py::make_tuple(l.tp.get(), l.pp.get(), l.vpp.get(), l.sp.get(), l.rmpad.get(),
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
                                               l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get(),
-                                              std::string(name_of(l.recompute.get())), l.cp.get(), l.invariant.get());
+                                              std::string(name_of(l.recompute.get())), l.cp.get(), l.invariant.get(),
+                                              std::string(name_of(l.cp_comm.get())));
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -264,6 +278,7 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
                         if (t.size() > 10) l.recompute = recompute_of(t[10].cast<std::string>());
                         if (t.size() > 11) l.cp = t[11].cast<std::int64_t>();
                         if (t.size() > 12) l.invariant = t[12].cast<bool>();
+                        if (t.size() > 13) l.cp_comm = cp_comm_of(t[13].cast<std::string>());
                         return l;
                       }));
 

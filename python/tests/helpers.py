@@ -170,12 +170,12 @@ def train_lora(path, adapter, batch, steps, layout, lr, out):
     return [(m["loss"], m["grad_norm"]) for m in metrics]
 
 
-def train_fresh_lora(path, batch, steps, layout, out, parameters=None):
+def train_fresh_lora(path, batch, steps, layout, out, parameters=None, dropout=0.0):
     """Fresh rank-8 adapters on every linear (verl's lora_rank / lora_alpha / target_modules) and on
     the experts' `parameters` (target_parameters), `steps` steps in `layout`, saved with save_lora to
     `out`; each step's loss and gradient norm."""
     model = megadsl.Model.from_hf(path, lora_rank=8, lora_alpha=16, lora_target_modules="all-linear",
-                                  lora_target_parameters=parameters, **layout)
+                                  lora_target_parameters=parameters, lora_dropout=dropout, **layout)
     trainer = model.trainer(lr=1e-3)
     metrics = [trainer.step(batch, microbatches=2, loss_fn=advantage_loss) for _ in range(steps)]
     model.save_lora(out)

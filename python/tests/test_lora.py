@@ -197,7 +197,9 @@ def test_save_hf_merges_the_adapter_as_peft_does(adapters, tmp_path, name, layou
     base = saved_tensors(path)
     # A mixture's experts: each expert's merged gate, up and down against transformers' fused ones.
     fused_experts = [n for n in theirs if n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj")]
-    for n in fused_experts if any(m.endswith(".experts") or ".experts.base_layer" in m for m in modules) else []:
+    adapts_experts = any(m.endswith(".experts") or ".experts.base_layer" in m for m in modules)
+    assert fused_experts or not adapts_experts
+    for n in fused_experts if adapts_experts else []:
         stem, fused = n.rsplit(".", 1)
         for e in range(theirs[n].shape[0]):
             if fused == "down_proj":
@@ -494,7 +496,8 @@ def test_fresh_adapters_on_a_mixtures_experts_train_alike_under_ep(fixtures, tmp
     a, b = adapter_weights(tmp_path / "one"), adapter_weights(tmp_path / "many")
     assert set(a) == set(b) and any(".experts.base_layer.lora_B" in k for k in a)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    assert max(a[k].abs().max().item() for k in a if "experts.lora_B" in k) > 1e-4  # the experts' B moved off zero
+    for which in ("experts.base_layer.lora_B", "experts.lora_B"):  # gate_up_proj's and down_proj's B moved off zero
+        assert max(a[k].abs().max().item() for k in a if k.endswith(which + ".weight")) > 1e-4, which
 
 
 def test_lora_dropout_trains_alike_in_every_layout(adapters, tmp_path):
@@ -523,6 +526,19 @@ def test_lora_dropout_trains_alike_in_every_layout(adapters, tmp_path):
             assert abs(loss - want_loss) < 1e-5 and abs(norm - want_norm) < 1e-5 * max(1, want_norm), layout
         saved = adapter_weights(out)
         assert max((saved[k] - want[k]).abs().max().item() for k in want) < 1e-5, layout
+    # A mixture's shared expert runs on the real tokens alone (not the padded stream): DeepSeek-V3
+    # with fresh adapters on every linear, dropout 0.1, at tp 2 + sp + rmpad against one process.
+    ds = adapters["deepseek-v3-tf5"][0]
+    batch = training_batch(ds)
+    one = helpers.train_fresh_lora(str(ds), batch, 2, {}, str(tmp_path / "ds-one"), None, 0.1)
+    plain = helpers.train_fresh_lora(str(ds), batch, 2, {}, str(tmp_path / "ds-plain"), None, 0.0)
+    assert abs(one[0][1] - plain[0][1]) > 1e-6  # the masks change the first step's gradients
+    many = megadsl.launch_local(2, helpers.train_fresh_lora, str(ds), batch, 2, dict(tp=2, sp=True, rmpad=True),
+                                str(tmp_path / "ds-many"), None, 0.1, timeout=600)
+    for (loss, norm), (want_loss, want_norm) in zip(many[0], one):
+        assert abs(loss - want_loss) < 1e-5 and abs(norm - want_norm) < 1e-5 * max(1, want_norm)
+    a, b = adapter_weights(tmp_path / "ds-one"), adapter_weights(tmp_path / "ds-many")
+    assert any("shared_experts" in k for k in a) and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
 @pytest.mark.parametrize("name, layout", [("qwen3-tf5", dict(tp=2, pp=2)), ("qwen3-moe-tf5", dict(ep=2, tp=2))])

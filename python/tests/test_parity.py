@@ -131,3 +131,23 @@ def test_per_row_temperatures(gqa, reference):
         model.trainer(temperature=2.0).step(batch)
     with pytest.raises(ValueError, match=r"temperature has shape \[3\]"):
         model.forward(ids, mask, temperature=temps[:3])
+
+
+def test_ring_context_parallelism_from_python(fixtures):
+    """from_hf(cp=, cp_comm="ring" or Megatron's "p2p") and Layout(cp_comm=): the ring over the
+    load-balanced split gives one process's log-probs, padded and packed, with a row shorter than
+    2 cp chunks; an unknown kind is one line."""
+    path = fixtures / "qwen3-tf5"
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 300, (3, 23), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :9] = 0
+    mask[2, 4:] = 0  # 4 tokens: shorter than 2 cp chunks at cp 4
+    want = megadsl.Model.from_hf(path).forward(ids, mask)["log_probs"].detach()
+    valid = lp_valid(mask)
+    for layout, world in [(dict(cp=2, cp_comm="ring", rmpad=True), 2), (dict(cp=4, cp_comm="p2p"), 4),
+                          (dict(layout=megadsl.Layout(tp=2, sp=True, cp=2, cp_comm="ring")), 4)]:
+        for out, _ in megadsl.launch_local(world, helpers.forward_on_ranks, str(path), ids, mask, layout, timeout=300):
+            assert max_diff(out["log_probs"], want, valid) < 1e-5, layout
+    with pytest.raises(ValueError, match='cp_comm is "a2a"'):
+        megadsl.Model.from_hf(path, cp=2, cp_comm="ulysses")

@@ -15,6 +15,7 @@
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/layers/ring_attention.hpp"
 #include "megadsl/parallel/mappings.hpp"
 #include "megadsl/runtime/packing.hpp"
 #include "megadsl/runtime/parallel_model.hpp"
@@ -93,12 +94,14 @@ class attention final : public layer_module {
     if (s_.norm_after_rope) {  // HunYuan: RoPE, then the norm; the core rotates nothing more
       if (s_.rope) {
         // At cp > 1 this rank holds rows [rank rows, (rank + 1) rows) of the stream: their tables.
-        const rope_tables mine = c.cp != nullptr ? rows_of(c.rope, c.cp->rank() * rows, rows) : c.rope;
+        // (Under ring cp `rope` is already this rank's rows' tables.)
+        const rope_tables mine = c.cp != nullptr && !cp_ring(c.l) ? rows_of(c.rope, c.cp->rank() * rows, rows) : c.rope;
         q = apply_rope(q, mine, s_.interleaved);
         k = apply_rope(k, mine, s_.interleaved);
       }
       s_.qk_norm->apply(q, k, c);
     }
+    if (c.cp != nullptr && cp_ring(c.l)) return c.row(ring_core(q, k, v, c), o_, o_bias_);  // (T'/cp/tp or T'/cp, h)
     if (c.cp != nullptr) cp_whole_stream_heads(s_.qk_norm ? at::Tensor() : grouped, q, k, v, tokens, *c.cp);
     at::Tensor sinks;  // (heads of the core): this rank's, of them this cp rank's share
     if (sinks_.defined()) {
@@ -134,6 +137,31 @@ class attention final : public layer_module {
   }
 
  private:
+  // Ring context parallelism: q (rows, G, Q, d), k and v (rows, G, d) of this cp rank's share
+  // (chunks i and 2 cp - 1 - i of every sequence), rotated at its rows' positions, attending over
+  // every rank's k/v blocks passed around the ring (layers/ring_attention.hpp) -> (rows, G*Q*d).
+  at::Tensor ring_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const layer_context& c) const {
+    const packed_tokens& pk = c.pk;  // this rank's share: its real tokens, then padding rows
+    const std::int64_t rows = q_in.size(0), groups = q_in.size(1), per_group = q_in.size(2), d = q_in.size(3);
+    if (attention_dropout_of(c, 0).p > 0)
+      throw std::invalid_argument("megadsl: attention dropout under ring context parallelism is not built yet; train with "
+                                  "attention_dropout 0 or cp_comm a2a");
+    at::Tensor q = q_in, k = k_in;
+    if (s_.floor_scale != 0) {  // Llama 4's NoPE layers: q scaled at each row's position
+      const at::Tensor scale = (at::log1p(at::floor((pk.positions.to(at::kFloat) + 1.0) / s_.floor_scale)) * s_.temperature + 1.0);
+      q = (q.to(at::kFloat) * scale.view({rows, 1, 1, 1})).to(q.scalar_type());
+    }
+    if (s_.rope && !s_.norm_after_rope) q = apply_rope(q, c.rope, s_.interleaved), k = apply_rope(k, c.rope, s_.interleaved);
+    // Each row's sequence (its batch row; padding -1) and position.
+    const at::Tensor real = at::floor_divide(pk.index, pk.seq).masked_fill(pk.token_valid.eq(0), -1);
+    const at::Tensor sequence = at::constant_pad_nd(real, {0, rows - pk.tokens}, -1);
+    const double scale = s_.scale != 0 ? s_.scale : 1.0 / std::sqrt(static_cast<double>(d));
+    const at::Tensor a = ring_attention(q.permute({1, 2, 0, 3}).reshape({groups * per_group, rows, d}),
+                                        k.permute({1, 0, 2}).contiguous(), v_in.permute({1, 0, 2}).contiguous(),
+                                        {pk.positions, sequence}, scale, {.window = s_.window, .softcap = s_.softcap}, *c.cp);
+    return a.view({groups * per_group, rows, d}).permute({1, 0, 2}).reshape({rows, groups * per_group * d});
+  }
+
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups
   at::Tensor o_, o_bias_;      // (h, heads*d/tp), (h)
   at::Tensor sinks_;           // (heads/tp): the learned sink logits of this rank's query heads (gpt-oss)

@@ -119,8 +119,12 @@ at::Tensor lora_input_dropout(const at::Tensor& x, const layer_context& c, std::
   TORCH_CHECK(x.dim() == 2, "megadsl: LoRA dropout on ", module, ": its input is ", x.dim(), "-dimensional, not (rows, in)");
   // The module's place: its name's hash (a fused q/k/v's q_proj and v_proj draw their own masks).
   const auto place = static_cast<std::int64_t>(detail::name_seed(module, 0) >> 1);
-  return x * dropout_keep(residual_keys(c, x.size(0)), x.size(1), p, place_salt(c.dropout->salt, c.layer, place),
-                          x.scalar_type(), first_column);
+  // x's rows: this rank's stream, its real tokens alone (a mixture's shared expert runs on them),
+  // or its SP shard.
+  const at::Tensor& keys = c.dropout->keys;
+  const std::int64_t rows = x.size(0);
+  const at::Tensor row_keys = rows == keys.size(0) ? keys : rows == c.pk.tokens ? keys.narrow(0, 0, rows) : residual_keys(c, rows);
+  return x * dropout_keep(row_keys, x.size(1), p, place_salt(c.dropout->salt, c.layer, place), x.scalar_type(), first_column);
 }
 
 at::Tensor embedding_dropout(const at::Tensor& x, const layer_context& c) {

@@ -117,8 +117,9 @@ class moe_mlp final : public layer_module {
     if (c.cp != nullptr) {
       // Over the whole stream: every cp rank computes the same losses, and each one's gradient
       // reaches the router through its own tokens' logits (the gather's backward keeps its rows).
-      logits = gather_from_cp(local_logits, c.pk.ids.size(0), pk.tokens, *c.cp);
-      indices = gather_from_cp(r.indices, c.pk.ids.size(0), pk.tokens, *c.cp);
+      const at::Tensor places = c.cp_places != nullptr ? *c.cp_places : at::Tensor();
+      logits = gather_from_cp(local_logits, c.pk.ids.size(0), pk.tokens, *c.cp, places);
+      indices = gather_from_cp(r.indices, c.pk.ids.size(0), pk.tokens, *c.cp, places);
     }
     const at::Tensor valid = pk.token_valid;  // (T) 0/1: the padded path runs padding positions too
     at::Tensor loss = at::zeros({}, logits.options().dtype(at::kFloat));

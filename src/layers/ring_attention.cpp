@@ -22,19 +22,25 @@ struct ring_block {
 };
 
 // (Tq, Tk) bool: query i may attend key j.
-at::Tensor allowed(const ring_tokens& q, const at::Tensor& k_position, const at::Tensor& k_sequence, std::int64_t window) {
+at::Tensor allowed(const ring_tokens& q, const at::Tensor& k_position, const at::Tensor& k_sequence, const ring_mask& m) {
   const at::Tensor qs = q.sequence.unsqueeze(1), qp = q.position.unsqueeze(1);
   const at::Tensor ks = k_sequence.unsqueeze(0), kp = k_position.unsqueeze(0);
   at::Tensor ok = qs.eq(ks).logical_and(qs.ge(0)).logical_and(kp.le(qp));
-  if (window > 0) ok = ok.logical_and((qp - kp).lt(window));
+  if (m.window > 0) ok = ok.logical_and((qp - kp).lt(m.window));
+  if (m.chunk > 0) ok = ok.logical_and(at::floor_divide(qp, m.chunk).eq(at::floor_divide(kp, m.chunk)));
   return ok;
 }
 
-// Scores (Hkv, g, Tq, Tk) fp32 of q (Hq, Tq, d) against a block's k (Hkv, Tk, d), masked to -inf.
-at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& ok, double scale) {
+// Raw scores (Hkv, g, Tq, Tk) fp32 of q (Hq, Tq, d) against a block's k (Hkv, Tk, d).
+at::Tensor raw_scores(const at::Tensor& q, const at::Tensor& k, double scale) {
   const std::int64_t hkv = k.size(0), g = q.size(0) / hkv;
   const at::Tensor qg = q.to(at::kFloat).view({hkv, g, q.size(1), q.size(2)});
-  const at::Tensor s = at::matmul(qg, k.to(at::kFloat).unsqueeze(1).transpose(-1, -2)) * scale;
+  return at::matmul(qg, k.to(at::kFloat).unsqueeze(1).transpose(-1, -2)) * scale;
+}
+
+// The scores as the softmax sees them: soft-capped, masked to -inf.
+at::Tensor scores(const at::Tensor& raw, const at::Tensor& ok, double softcap) {
+  const at::Tensor s = softcap > 0 ? at::tanh(raw / softcap) * softcap : raw;
   return s.masked_fill(ok.logical_not(), minus_infinity);
 }
 
@@ -56,7 +62,8 @@ std::vector<at::Tensor> empty_like_all(const std::vector<at::Tensor>& ts) {
 struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& position, const at::Tensor& sequence, double scale,
-                            std::int64_t window, const comm_group* cp) {
+                            std::int64_t window, std::int64_t chunk, double softcap, const comm_group* cp) {
+    const ring_mask mask{window, chunk, softcap};
     const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
     const ring_tokens mine{position, sequence};
     at::Tensor out = at::zeros({hkv, g, t, d}, q.options().dtype(at::kFloat));                         // (Hkv, g, Tq, d)
@@ -66,7 +73,7 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
       std::vector<at::Tensor> next;
       if (step + 1 < cp->size()) next = empty_like_all(block);
       // (The send and receive of the next block could overlap this block's arithmetic.)
-      const at::Tensor s = scores(q, block[0], allowed(mine, block[2], block[3], window), scale);       // (Hkv, g, Tq, Tk)
+      const at::Tensor s = scores(raw_scores(q, block[0], scale), allowed(mine, block[2], block[3], mask), softcap);  // (Hkv, g, Tq, Tk)
       const at::Tensor m = std::get<0>(s.max(-1, true));                                              // (.., Tq, 1)
       const at::Tensor safe_m = at::where(at::isinf(m), at::zeros_like(m), m);
       const at::Tensor p = at::exp(s - safe_m);                                                       // 0 where masked
@@ -87,6 +94,8 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     ctx->save_for_backward({q, k, v, position, sequence, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["window"] = window;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["cp"] = reinterpret_cast<std::int64_t>(cp);
     return out.view({hq, t, d}).to(q.scalar_type());
   }
@@ -96,7 +105,8 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[5], &lse = saved[6];
     const ring_tokens mine{saved[3], saved[4]};
     const double scale = ctx->saved_data["scale"].toDouble();
-    const std::int64_t window = ctx->saved_data["window"].toInt();
+    const ring_mask mask{ctx->saved_data["window"].toInt(), ctx->saved_data["chunk"].toInt(),
+                         ctx->saved_data["softcap"].toDouble()};
     const auto* cp = reinterpret_cast<const comm_group*>(ctx->saved_data["cp"].toInt());
     const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
     const at::Tensor dout = grads[0].to(at::kFloat).reshape({hkv, g, t, d});
@@ -108,12 +118,14 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
                                   at::zeros(k.sizes(), k.options().dtype(at::kFloat)),
                                   at::zeros(v.sizes(), v.options().dtype(at::kFloat))};
     for (int step = 0; step < cp->size(); ++step) {
-      const at::Tensor ok = allowed(mine, block[2], block[3], window);
-      const at::Tensor s = scores(q, block[0], ok, scale);                                               // (Hkv, g, Tq, Tk)
+      const at::Tensor ok = allowed(mine, block[2], block[3], mask);
+      const at::Tensor raw = raw_scores(q, block[0], scale);
+      const at::Tensor s = scores(raw, ok, mask.softcap);                                                // (Hkv, g, Tq, Tk)
       const at::Tensor p = at::where(at::isinf(lse), at::zeros_like(s), at::exp(s - safe_lse));         // 0 where masked
       const at::Tensor kf = block[0].to(at::kFloat).unsqueeze(1), vf = block[1].to(at::kFloat).unsqueeze(1);
       const at::Tensor dp = at::matmul(dout, vf.transpose(-1, -2));                                      // (.., Tq, Tk)
-      const at::Tensor ds = p * (dp - delta);
+      at::Tensor ds = p * (dp - delta);
+      if (mask.softcap > 0) ds = ds * (1 - at::tanh(raw / mask.softcap).pow(2));  // through the soft-cap
       dq += at::matmul(ds, kf) * scale;
       block[4] += (at::matmul(ds.transpose(-1, -2), qf) * scale).sum(1);                               // (Hkv, Tk, d)
       block[5] += at::matmul(p.transpose(-1, -2), dout).sum(1);
@@ -123,14 +135,14 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
       block = std::move(next);
     }
     return {dq.view({hq, t, q.size(2)}).to(q.scalar_type()), block[4].to(k.scalar_type()), block[5].to(v.scalar_type()),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ring_tokens& tokens,
-                          double scale, std::int64_t window, const comm_group& cp) {
+                          double scale, const ring_mask& mask, const comm_group& cp) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.size(0) > 0 && q.size(0) % k.size(0) == 0 &&
                   k.sizes() == v.sizes() && q.size(1) == k.size(1),
               "megadsl: ring_attention: q (Hq, T, d) and k, v (Hkv, T, d) with Hkv dividing Hq; got ", q.sizes(), ", ",
@@ -138,7 +150,8 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   TORCH_CHECK(tokens.position.numel() == q.size(1) && tokens.sequence.numel() == q.size(1),
               "megadsl: ring_attention: ", q.size(1), " tokens, ", tokens.position.numel(), " positions and ",
               tokens.sequence.numel(), " sequence ids");
-  return ring_attention_fn::apply(q, k, v, tokens.position.to(at::kLong), tokens.sequence.to(at::kLong), scale, window, &cp);
+  return ring_attention_fn::apply(q, k, v, tokens.position.to(at::kLong), tokens.sequence.to(at::kLong), scale, mask.window,
+                                  mask.chunk, mask.softcap, &cp);
 }
 
 }  // namespace megadsl

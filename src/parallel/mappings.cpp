@@ -152,10 +152,12 @@ void cp_whole_stream_heads(const at::Tensor& grouped, at::Tensor& q, at::Tensor&
   v = whole(v);
 }
 
-at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp) {
+at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp,
+                          const at::Tensor& places) {
   std::vector<std::int64_t> pad(static_cast<std::size_t>(2 * mine.dim()), 0);
   pad.back() = rows - mine.size(0);  // dim 0's trailing padding: every rank sends `rows`
-  return gather_from_sp(at::constant_pad_nd(mine, pad), cp, /*tensor_parallel_output_grad=*/false).narrow(0, 0, tokens);
+  const at::Tensor all = gather_from_sp(at::constant_pad_nd(mine, pad), cp, /*tensor_parallel_output_grad=*/false);
+  return places.defined() ? all.index_select(0, places) : all.narrow(0, 0, tokens);
 }
 
 at::Tensor copy_to_tp(const at::Tensor& x, const comm_group& tp) {

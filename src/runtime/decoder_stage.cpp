@@ -396,6 +396,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // both of this rank's tokens.
     at::Tensor replay, routed;
     dropout_draw dropout;  // a training step with dropout: the rates, the step's salt, the stream's keys
+    at::Tensor cp_places;  // ring cp: each whole-stream token's place among the ranks' shares (packing.hpp)
 
     [[nodiscard]] const packed_tokens& sequences() const { return whole.ids.defined() ? whole : pk; }
   };
@@ -431,7 +432,26 @@ class decoder_stage final : public model_core, public pipeline_stage {
     const bool lora_dropout = lora_ != nullptr && lora_->enabled() && lora_->settings().dropout.get() > 0;
     const bool dropout = run_.training && (cfg_.options.dropout.any() || lora_dropout);
     if (dropout) in.dropout = {cfg_.options.dropout, dropout_step_salt(cfg_.options.seed, training_calls_), dropout_token_keys(in.pk), {}};
-    if (cp_ != nullptr) {
+    if (cp_ != nullptr && cp_ring(cfg_.l)) {
+      // Ring cp: this rank's load-balanced share (chunks i and 2 cp - 1 - i of every sequence), its
+      // rows' RoPE tables (its attention rotates its own rows), its rows' dropout keys.
+      in.whole = std::move(in.pk);
+      const cp_ring_split split = ring_split(in.whole, cp_size_, sp_ ? tp_size_ : 1);
+      in.pk = ring_share(in.whole, split, cp_rank_);
+      in.cp_places = split.places;
+      in.rope = rope_for_positions(inv_freq, in.pk.positions, cfg_.s);
+      if (in.local_rope.cos.defined()) {
+        shape local = cfg_.s;
+        local.rope_theta = cfg_.s.local_rope_theta.get();
+        local.rope = {};
+        in.local_rope = rope_for_positions(rope_inv_freq(local, in.whole.max_position + 1).to(device_), in.pk.positions, local);
+      }
+      if (dropout) {
+        const std::int64_t whole_rows = in.whole.ids.size(0);
+        in.dropout.whole_keys = at::constant_pad_nd(in.dropout.keys, {0, whole_rows - in.dropout.keys.size(0)});
+        in.dropout.keys = in.dropout.whole_keys.index_select(0, split.order.narrow(0, cp_rank_ * split.rows, split.rows));
+      }
+    } else if (cp_ != nullptr) {
       in.whole = std::move(in.pk);
       in.pk = cp_share(in.whole, cp_size_, cp_rank_);
       if (dropout) {
@@ -477,7 +497,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
   // over cp, the backward keeping this rank's rows (every cp rank computes the same loss from
   // them). The identity at cp = 1.
   at::Tensor whole_stream(const at::Tensor& mine, const micro_input& in) const {
-    return cp_ == nullptr ? mine : gather_from_cp(mine, in.pk.ids.size(0), in.whole.tokens, *cp_);
+    return cp_ == nullptr ? mine : gather_from_cp(mine, in.pk.ids.size(0), in.whole.tokens, *cp_, in.cp_places);
   }
 
   // A parameter as the layers use it: cast to the compute dtype (a no-op without mixed precision).
@@ -707,7 +727,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
                          in.pk, local ? in.local_rope : in.rope, layer, run_, in.replay, in.routed, cp_,
                          cp_ != nullptr ? &in.whole : nullptr, in.dropout.keys.defined() ? &in.dropout : nullptr,
-                         lora_.get()};
+                         lora_.get(), in.cp_places.defined() ? &in.cp_places : nullptr};
   }
 
   // One decoder layer: its module, built from the family's blocks.

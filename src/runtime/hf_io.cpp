@@ -573,6 +573,7 @@ void save_hf(std::vector<named_parameter>& params, const runtime_config& c, cons
       for (auto& [n, t] : hf) t = merge->merged(n, t).to(dtype);
     if (writer) std::move(hf.begin(), hf.end(), std::back_inserter(tensors));
   }
+  if (merge != nullptr) merge->release_whole();
   if (!writer) return;
   merge_stacked(tensors);  // gpt-oss's experts: each layer's slices into HF's one tensor per projection
   // A multimodal source: the text model under its names, its other tensors (in the first stage's file).

@@ -265,7 +265,7 @@ std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_con
   const lora_adapter_list adapters = lora_adapters(s, c.l, settings, c.head);
   const std::int64_t tp = c.l.tp.get(), r = settings.rank.get();
   auto out = std::make_shared<lora_set>(settings);
-  std::map<std::string, std::pair<at::Tensor, at::Tensor>> stacks;  // a mixture's experts: each layer's, read once
+  std::pair<std::string, std::pair<at::Tensor, at::Tensor>> stack;  // a mixture's experts: the layer's, read once
   for (const named_parameter& p : params) {
     if (p.plan == nullptr || p.plan->row == nullptr) continue;
     const placement where = p.plan->row->where;
@@ -276,9 +276,8 @@ std::shared_ptr<lora_set> shard_adapters(const lora& settings, const runtime_con
       at::Tensor A, B;  // this base's (r, in) and (out, r)
       if (a.experts > 0) {
         // Expert e's of PEFT's stacks: A's rows [e r, (e + 1) r), B's columns e, E + e, ...
-        auto it = stacks.find(module);
-        if (it == stacks.end()) it = stacks.emplace(module, whole(module)).first;
-        const auto& [SA, SB] = it->second;
+        if (stack.first != module) stack = {module, whole(module)};  // (a layer's experts are consecutive parameters)
+        const auto& [SA, SB] = stack.second;
         A = SA.narrow(0, p.at.expert * r, r);
         B = SB.view({a.out, r, a.experts}).select(2, p.at.expert);
       } else {
@@ -386,6 +385,7 @@ std::vector<std::pair<std::string, at::Tensor>> gather_peft_adapter(const lora_s
     }
     at += rows * (a->in + a->out);
   }
+  set.release_whole();
   if (g.pp->size() > 1) {
     at::Tensor on = flat.to(c.options.device);
     g.pp->all_reduce(on);
@@ -467,7 +467,7 @@ void load_lora_checkpoint(const fs::path& dir, lora_set& set, const runtime_conf
       saved.parameter_count != mine.parameter_count || saved.parameters != mine.parameters)
     throw checkpoint_error("megadsl: " + (folder / config_name).string() + ": holds adapters of r = " +
                            std::to_string(saved.rank.get()) + ", lora_alpha = " + std::to_string(saved.alpha.get()) +
-                           " on other target_modules or rank than this model's (r = " + std::to_string(mine.rank.get()) +
+                           " on other target_modules, target_parameters or rank than this model's (r = " + std::to_string(mine.rank.get()) +
                            "); build the model with the checkpoint's LoRA settings");
   const std::vector<at::Tensor> into = set.tensors();
   const std::vector<at::Tensor> values = load_peft_adapter(folder, c, tp_rank, params, names)->tensors();

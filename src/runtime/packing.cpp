@@ -102,6 +102,63 @@ packed_tokens cp_share(const packed_tokens& whole, std::int64_t cp, std::int64_t
   return mine;
 }
 
+cp_ring_split ring_split(packed_tokens& whole, std::int64_t cp, std::int64_t multiple) {
+  // The sequences' stretches of the stream: a batch row's real tokens (packed) or its positions (padded).
+  const at::Tensor row = at::floor_divide(whole.index, whole.seq).to(at::kCPU, at::kLong).contiguous();  // (T,)
+  const auto* r = row.data_ptr<std::int64_t>();
+  std::vector<std::vector<std::int64_t>> shares(static_cast<std::size_t>(cp));
+  for (std::int64_t start = 0; start < whole.tokens;) {
+    std::int64_t end = start;
+    while (end < whole.tokens && r[end] == r[start]) ++end;
+    const std::int64_t len = end - start, chunk = (len + 2 * cp - 1) / (2 * cp);
+    for (std::int64_t i = 0; i < cp; ++i)
+      for (const std::int64_t c : {i, 2 * cp - 1 - i})
+        for (std::int64_t t = start + c * chunk; t < std::min(end, start + (c + 1) * chunk); ++t)
+          shares[static_cast<std::size_t>(i)].push_back(t);
+    start = end;
+  }
+  cp_ring_split out;
+  std::int64_t most = 0;
+  for (const auto& sh : shares) most = std::max<std::int64_t>(most, static_cast<std::int64_t>(sh.size()));
+  out.rows = std::max<std::int64_t>(multiple, (most + multiple - 1) / multiple * multiple);
+  // The stream padded to cp rows (padding rows: id, position, label 0, no label).
+  const std::int64_t total = cp * out.rows, have = whole.ids.size(0);
+  if (total > have)
+    for (at::Tensor* t : {&whole.ids, &whole.positions, &whole.labels, &whole.label_valid})
+      *t = at::constant_pad_nd(*t, {0, total - have});
+  std::vector<std::int64_t> order, places(static_cast<std::size_t>(whole.tokens), 0);
+  order.reserve(static_cast<std::size_t>(total));
+  std::int64_t pad = whole.tokens;  // the next padding row to hand out
+  for (std::int64_t i = 0; i < cp; ++i) {
+    const auto& sh = shares[static_cast<std::size_t>(i)];
+    out.real.push_back(static_cast<std::int64_t>(sh.size()));
+    for (const std::int64_t t : sh) {
+      places[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(order.size());
+      order.push_back(t);
+    }
+    for (std::int64_t k = static_cast<std::int64_t>(sh.size()); k < out.rows; ++k) order.push_back(pad++);
+  }
+  const at::Device device = whole.ids.device();
+  out.order = at::tensor(order, at::kLong).to(device);
+  out.places = at::tensor(places, at::kLong).to(device);
+  return out;
+}
+
+packed_tokens ring_share(const packed_tokens& whole, const cp_ring_split& split, std::int64_t rank) {
+  const at::Tensor rows = split.order.narrow(0, rank * split.rows, split.rows);
+  const std::int64_t real = split.real[static_cast<std::size_t>(rank)];
+  const at::Tensor real_rows = rows.narrow(0, 0, real);
+  packed_tokens mine = whole;
+  mine.tokens = real;
+  for (at::Tensor* t : {&mine.ids, &mine.positions, &mine.labels, &mine.label_valid}) *t = t->index_select(0, rows);
+  const auto pick = [&](const at::Tensor& t) { return t.defined() ? t.index_select(0, real_rows) : t; };
+  mine.token_valid = pick(whole.token_valid);
+  mine.index = pick(whole.index);
+  mine.temperature = pick(whole.temperature);
+  mine.real_rows = at::Tensor();
+  return mine;
+}
+
 void packed_tokens::to(const at::Device& device) {
   for (at::Tensor* t : {&ids, &positions, &labels, &label_valid, &attention_mask, &token_valid, &index, &temperature,
                         &real_rows})

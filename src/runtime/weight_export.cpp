@@ -143,6 +143,9 @@ struct weight_stream::state {
   std::int64_t stage = 0;   // the pipeline stage whose parameters are being sent
   std::size_t cursor = 0;   // on that stage: its next parameter
   std::int64_t sent = 0;
+  ~state() {
+    if (o.merge != nullptr) o.merge->release_whole();  // the whole adapters gathered for the merge
+  }
 };
 
 weight_stream::weight_stream(std::vector<named_parameter>& params, const runtime_config& c, const parallel_groups& g,

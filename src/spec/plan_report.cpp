@@ -159,7 +159,13 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
                    " vocab per tp rank, " + (chunk > 0 ? "in chunks of " + grouped(chunk) + " tokens" : std::string("whole")) +
                    " (formulas.hpp lm_head_peak_bytes; model_options::head_chunk_tokens)"});
   }
-  if (l.cp.get() > 1) {
+  if (l.cp.get() > 1 && cp_ring(l)) {
+    char bytes[48];
+    std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_ring_bytes(s, l, own_tokens, 2) / 1e9);
+    model.row({"cp ring per micro-batch", bytes,
+               "sent per rank around the cp ring (k/v blocks, dk/dv in fp32), forward + backward, bf16, its " +
+                   grouped(own_tokens) + " tokens, its stage's layers (formulas.hpp cp_ring_bytes)"});
+  } else if (l.cp.get() > 1) {
     char bytes[48];
     std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);
     model.row({"cp all-to-all per micro-batch", bytes,

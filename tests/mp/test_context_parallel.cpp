@@ -153,6 +153,47 @@ TEST_CASE("five PPO steps at cp 2 (with dp 2, with tp 2 and sp) equal one proces
   check_training<tiny8_gemma2, layout{.cp = 2}, true>(2);
 }
 
+// Ring context parallelism (cp_comm ring): each cp rank holds chunks i and 2 cp - 1 - i of every
+// sequence and keeps every head; k/v blocks go around the ring. The batches above include a row
+// of 2 tokens, shorter than 2 cp chunks, and rows of very different lengths, padded and packed.
+constexpr auto ring = cp_comm_kind::ring;
+
+TEST_CASE("ring context parallelism: cp 2 and 4, alone, with tp 2 and sp, padded and packed, windows and soft-caps, "
+          "equal one process", "[world4][cp][ring]") {
+  check_both_heads<tiny8, layout{.cp = 2, .cp_comm = ring}>();                  // dp 2 x cp 2
+  check_both_heads<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>();   // 2 kv groups, 4 ranks: no gather
+  check_both_heads<tiny8_olmo2, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .cp_comm = ring}>();
+  check_both_heads<tiny8_gemma2, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>();  // a window of 5, the soft-cap
+  check_both_heads<tiny8_qwen3, layout{.tp = 2, .cp = 2, .cp_comm = ring}>();        // per-head q/k norms
+  check_both_heads<tiny8_neox, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>();   // interleaved q/k/v, partial rotary
+}
+
+TEST_CASE("ring context parallelism with pipeline stages, a mixture's experts over ep and HunYuan's q/k norms after "
+          "RoPE: inference and training equal one process", "[world4][cp][ring][training]") {
+  check_inference<tiny8_olmo2, layout{.pp = 2, .rmpad = true, .cp = 2, .cp_comm = ring}, true>(true);
+  check_training<tiny8, layout{.pp = 2, .rmpad = true, .cp = 2, .cp_comm = ring}, true>(2);
+  check_training<tiny8, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .cp_comm = ring}, true>(2);
+  check_training<tiny8_gemma2, layout{.cp = 2, .cp_comm = ring}, true>(2);
+}
+
+// 6 query heads: at tp 2 a rank's 3 do not split over cp 4 (Ulysses refuses: cp_splits_heads);
+// the ring keeps every head on every cp rank.
+struct tiny8_six_heads : llama<shape{.hidden = 96, .layers = 4, .heads = 6, .kv_heads = 2, .ffn = 160, .vocab = 500,
+                                     .max_positions = 256}> {
+  static constexpr std::string_view name = "tiny8-six-heads";
+};
+static_assert(violates<tiny8_six_heads, layout{.tp = 2, .cp = 4}>("cp_splits_heads"));
+static_assert(valid_layout<tiny8_six_heads, layout{.tp = 2, .cp = 4, .cp_comm = ring}>);
+
+TEST_CASE("ring context parallelism runs a layout Ulysses refuses for its heads: 6 query heads at tp 2 x cp 4",
+          "[world8][cp][ring]") {
+  REQUIRE(dist().world() == 8);
+  check_gradients<tiny8_six_heads, layout{.tp = 2, .cp = 4, .cp_comm = ring}, true>(uneven_batch(500, true));
+  check_gradients<tiny8_six_heads, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 4, .cp_comm = ring}, true>(
+      uneven_batch(500, false));
+  check_training<tiny8_six_heads, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 4, .cp_comm = ring}, true>(1);
+}
+
 TEST_CASE("five PPO steps at tp 2 x cp 2 x pp 2 with sp and remove-padding equal one process", "[world8][cp][training]") {
   REQUIRE(dist().world() == 8);
   check_training<tiny8_olmo2, layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .cp = 2}, true>(2);

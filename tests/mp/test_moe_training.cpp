@@ -295,6 +295,13 @@ TEST_CASE("mixtures of experts under context parallelism: routing, replay, the a
   // HunYuan's q/k norms after RoPE: each cp rank rotates and norms its own rows before the all-to-all.
   check_moe_inference<tiny8_hunyuan_moe, layout{.rmpad = true, .cp = 2, .ep = 2}>();
   check_moe_training<tiny8_hunyuan_moe, layout{.tp = 2, .sp = true, .cp = 2}>(2, false);
+  // Ring cp: the experts over ep across the cp ranks, the auxiliary losses over the whole
+  // sequences gathered in the load-balanced split's order, replay by each token's own position.
+  check_moe_inference<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .cp_comm = cp_comm_kind::ring, .ep = 2}>();
+  check_moe_training<tiny8_qwen3_moe, layout{.rmpad = true, .cp = 2, .cp_comm = cp_comm_kind::ring, .ep = 2}>(
+      2, true, nullptr, aux_losses::token);
+  check_moe_training<tiny8_mixtral, layout{.cp = 2, .cp_comm = cp_comm_kind::ring}>(1, false, nullptr, aux_losses::sequence);
+  check_moe_training<tiny8_hunyuan_moe, layout{.tp = 2, .sp = true, .cp = 2, .cp_comm = cp_comm_kind::ring}>(2, false);
   // Multi-head latent attention: q, k_nope and v by heads over cp, the shared rotary key gathered.
   check_moe_inference<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .ep = 2}>();
   check_moe_inference<tiny8_moonlight, layout{.tp = 2, .sp = true, .cp = 2}>();

@@ -2,7 +2,8 @@
 // cp rank holds a load-balanced share of two packed sequences (chunks i and 2 cp - 1 - i of each,
 // one shorter than 2 cp chunks) and padding; outputs and the gradients of q, k and v of its tokens
 // equal the whole stream's within 1e-5, at cp 2 and 4, with grouped-query heads (6 query heads
-// over 2 kv heads: Ulysses' cp_splits_heads refuses 6 heads at cp 4) and with a sliding window.
+// over 2 kv heads: Ulysses' cp_splits_heads refuses 6 heads at cp 4), with a sliding window, and
+// with chunks and a soft-cap.
 #include "../catch_torch.hpp"
 
 #include <ATen/ATen.h>
@@ -19,12 +20,15 @@ namespace {
 
 // The whole stream's attention (Hq, T, d) with the same rule as the ring's, in fp32.
 at::Tensor whole_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
-                           const at::Tensor& seq, double scale, std::int64_t window) {
+                           const at::Tensor& seq, double scale, const ring_mask& m) {
   const std::int64_t g = q.size(0) / k.size(0);
   const at::Tensor kk = k.repeat_interleave(g, 0), vv = v.repeat_interleave(g, 0);
   at::Tensor ok = seq.unsqueeze(1).eq(seq.unsqueeze(0)).logical_and(seq.unsqueeze(1).ge(0)).logical_and(pos.unsqueeze(0).le(pos.unsqueeze(1)));
-  if (window > 0) ok = ok.logical_and((pos.unsqueeze(1) - pos.unsqueeze(0)).lt(window));
-  const at::Tensor s = at::matmul(q, kk.transpose(-1, -2)).mul(scale).masked_fill(ok.logical_not(), -1e30);
+  if (m.window > 0) ok = ok.logical_and((pos.unsqueeze(1) - pos.unsqueeze(0)).lt(m.window));
+  if (m.chunk > 0) ok = ok.logical_and(at::floor_divide(pos, m.chunk).unsqueeze(1).eq(at::floor_divide(pos, m.chunk).unsqueeze(0)));
+  at::Tensor s = at::matmul(q, kk.transpose(-1, -2)).mul(scale);
+  if (m.softcap > 0) s = at::tanh(s / m.softcap) * m.softcap;
+  s = s.masked_fill(ok.logical_not(), -1e30);
   const at::Tensor p = at::softmax(s, -1) * ok.any(-1, true).to(at::kFloat);  // a padding row: 0
   return at::matmul(p, vv);
 }
@@ -54,8 +58,8 @@ std::vector<std::vector<std::int64_t>> balanced_split(const std::vector<std::int
   return out;
 }
 
-void check_ring(int cp, std::int64_t window) {
-  INFO("cp " << cp << ", window " << window);
+void check_ring(int cp, const ring_mask& m) {
+  INFO("cp " << cp << ", window " << m.window << ", chunk " << m.chunk << ", softcap " << m.softcap);
   auto groups = parallel_groups::build(dist(), layout{.cp = cp});
   const std::vector<std::int64_t> lengths{13, 6};  // 6 < 2 cp chunks at cp 4
   const std::int64_t padding = 16, total = 13 + 6 + padding, hq = 6, hkv = 2, d = 8;
@@ -70,14 +74,14 @@ void check_ring(int cp, std::int64_t window) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   // The whole stream's outputs and gradients.
   const at::Tensor qw = q.clone().requires_grad_(true), kw = k.clone().requires_grad_(true), vw = v.clone().requires_grad_(true);
-  const at::Tensor want = whole_attention(qw, kw, vw, pos, seq, scale, window);
+  const at::Tensor want = whole_attention(qw, kw, vw, pos, seq, scale, m);
   (want * w).sum().backward();
   // This rank's share through the ring.
   const auto split = balanced_split(lengths, padding, cp);
   const at::Tensor mine = at::tensor(split[static_cast<std::size_t>(groups.cp->rank())], at::kLong);
   const at::Tensor ql = q.index_select(1, mine).requires_grad_(true), kl = k.index_select(1, mine).requires_grad_(true),
                    vl = v.index_select(1, mine).requires_grad_(true);
-  const at::Tensor got = ring_attention(ql, kl, vl, {pos.index_select(0, mine), seq.index_select(0, mine)}, scale, window, *groups.cp);
+  const at::Tensor got = ring_attention(ql, kl, vl, {pos.index_select(0, mine), seq.index_select(0, mine)}, scale, m, *groups.cp);
   (got * w.index_select(1, mine)).sum().backward();
   CHECK(at::allclose(got, want.detach().index_select(1, mine), 0, 1e-5));
   CHECK(at::allclose(ql.grad(), qw.grad().index_select(1, mine), 0, 1e-5));
@@ -91,7 +95,7 @@ void check_ring(int cp, std::int64_t window) {
 TEST_CASE("ring attention over a load-balanced split equals the whole stream's, outputs and gradients",
           "[world4][ring]") {
   for (const int cp : {2, 4})
-    for (const std::int64_t window : {0, 4}) check_ring(cp, window);
+    for (const ring_mask& m : {ring_mask{}, ring_mask{.window = 4}, ring_mask{.chunk = 5, .softcap = 2.0}}) check_ring(cp, m);
 }
 
 }  // namespace megadsl::test

@@ -97,8 +97,12 @@ static_assert(valid_layout<llama3_8b, layout{.rmpad = true, .cp = 8}>);
 static_assert(valid_layout<megadsl::llama3_70b, layout{.tp = 8, .sp = true, .cp = 4}>);  // 8 query heads, one kv head per tp rank
 static_assert(first_message<llama3_8b, layout{.tp = 8, .cp = 8}>() ==
               "cp_splits_heads: a tp rank's 4 query heads in 1 kv group(s) (heads 32, kv heads 8, tp 8) do not split "
-              "into cp = 8 equal shares of whole groups or of one group; valid cp: 1, 2, 4");
+              "into cp = 8 equal shares of whole groups or of one group; valid cp: 1, 2, 4; or cp_comm ring (k/v around "
+              "a ring: any head count)");
 static_assert(violates<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4}>("cp_splits_heads"));  // 14 query heads, 2 groups
+// The ring keeps every head on every cp rank: no head rule.
+static_assert(valid_layout<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4, .cp_comm = megadsl::cp_comm_kind::ring}>);
+static_assert(valid_layout<llama3_8b, layout{.tp = 8, .cp = 8, .cp_comm = megadsl::cp_comm_kind::ring}>);
 static_assert(violates<llama3_8b, layout{.ep = 4}>("ep_needs_experts"));
 // Mixtures of experts: whole experts per ep rank, each expert split over etp (= tp).
 static_assert(valid_layout<megadsl::mixtral_8x7b, layout{.tp = 2, .pp = 4, .ep = 8}>);

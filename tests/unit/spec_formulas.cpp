@@ -485,3 +485,32 @@ TEST_CASE("the LM head's extra peak in training: whole up to 2^28 logits a micro
   CHECK_THAT(out.str(), Catch::Contains("LM head in training") && Catch::Contains("in chunks of 882 tokens") &&
                             Catch::Contains("its 65,536 tokens x 38,016 vocab per tp rank"));
 }
+
+TEST_CASE("ring context parallelism: its traffic by hand, the rules that differ from Ulysses'", "[formulas][cp][ring]") {
+  using megadsl::cp_comm_kind;
+  using megadsl::cp_ring_bytes;
+  constexpr auto ring = cp_comm_kind::ring;
+  const std::int64_t tokens = 4096;
+  const auto llama = megadsl::llama3_8b::shape;  // 8 kv heads of 128, 32 layers
+  CHECK(cp_ring_bytes(llama, layout{.cp = 2}, tokens, 2) == 0);  // Ulysses: no ring
+  CHECK(megadsl::cp_all_to_all_bytes(llama, layout{.cp = 2, .cp_comm = ring}, tokens, 2) == 0);
+  // tp 8, cp 4: one kv head per tp rank; k/v (2 x 4096 x 128 bf16) and the ids (2 x 4096 int64)
+  // 3 times forward; k/v, ids and dk/dv (fp32) 4 times backward.
+  const double kv = 2.0 * tokens * 128 * 2, ids = 2.0 * tokens * 8, grads = 2.0 * tokens * 128 * 4;
+  CHECK(cp_ring_bytes(llama, layout{.tp = 8, .cp = 4, .cp_comm = ring}, tokens, 2) == 32 * (3 * (kv + ids) + 4 * (kv + ids + grads)));
+  // Qwen2.5-7B at tp 4: 7 query heads a rank do not split over cp 2 (Ulysses) and run under the ring.
+  const auto qwen = megadsl::find_preset("qwen2.5-7b")->s;
+  CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2}).has("cp_splits_heads"));
+  CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2, .cp_comm = ring}).ok());
+  // Blocks that cannot ring say so, by rule.
+  for (const char* name : {"deepseek-v3", "qwen3-next-80b-a3b", "gpt-oss-20b", "llama4-scout"}) {
+    INFO(name);
+    CHECK(megadsl::check(megadsl::find_preset(name)->s, layout{.cp = 2, .cp_comm = ring}).has("cp_ring_supported"));
+    CHECK_FALSE(megadsl::check(megadsl::find_preset(name)->s, layout{.cp = 2}).has("cp_ring_supported"));
+  }
+  const auto e = *megadsl::find_preset("llama3-8b");
+  std::ostringstream out;
+  megadsl::print_plan(out, e.name, e.s, layout{.tp = 8, .cp = 4, .cp_comm = ring}, {.seq = 16384, .world = 32});
+  CHECK_THAT(out.str(), Catch::Contains("cp ring per micro-batch") && Catch::Contains("its 4,096 tokens"));
+  CHECK_THAT(out.str(), !Catch::Contains("cp all-to-all"));
+}

@@ -39,11 +39,13 @@ constexpr void gated_delta_net_rule(const shape& s, const layout& l, violations&
     out.add("linear_heads_divisible_by_tp", {nk, l.tp.get()})
         .add("linear_num_key_heads = ", nk, " is not divisible by tp = ", l.tp.get(),
              ": each tp rank takes whole key heads of the gated DeltaNet with their value heads");
-  else if (l.tp.is_static() && l.cp.is_static() && l.tp.get() > 0 && l.cp.get() > 1 && nk % (l.tp.get() * l.cp.get()) != 0)
+  else if (l.tp.is_static() && l.cp.is_static() && l.tp.get() > 0 && l.cp.get() > 1 && l.cp_comm.is_static() &&
+           !cp_ring(l) && nk % (l.tp.get() * l.cp.get()) != 0)
     out.add("cp_splits_heads", {nk, l.tp.get(), l.cp.get()})
         .add("linear_num_key_heads = ", nk, " is not divisible by tp x cp = ", l.tp.get() * l.cp.get(),
              ": under context parallelism each cp rank runs the gated delta rule over whole sequences for an equal "
              "share of its tp rank's key heads (Ulysses)");
+  refuse_cp_ring(l, "the gated DeltaNet (its recurrent state would pass along the ring)", out);
   if (l.invariant.is_static() && l.invariant.get() && (nv * d.value_dim) % megadsl::detail::invariant_chunks != 0)
     out.add("invariant_chunks_fit", {nv * d.value_dim})
         .add("invariant arithmetic splits linear value heads * their dim (out_proj's input) = ", nv * d.value_dim, " into ",

@@ -51,7 +51,8 @@ at::Tensor attention_keep(const at::Tensor& query_keys, const at::Tensor& key_po
 at::Tensor residual_dropout(const at::Tensor& y, const layer_context& c, std::int64_t place);
 
 // A LoRA adapter's input in a training step (PEFT's lora_dropout on x before A): x (rows of this
-// rank's stream, or its SP shard; `width` columns from the module's input column first_column),
+// rank's stream, its real tokens alone, or its SP shard; `width` columns from the module's input
+// column first_column),
 // each element kept by the row's key, its column and the module's own salt (`module`: its HF
 // name), so the same in every layout; x as is outside a training step or at p = 0.
 at::Tensor lora_input_dropout(const at::Tensor& x, const layer_context& c, std::string_view module, double p,

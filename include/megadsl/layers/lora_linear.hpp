@@ -102,6 +102,8 @@ class lora_set {
   // The HF tensor `hf_name` ("<module>.weight") with its module's update merged: w + s B A in
   // fp32 (w as is when the module has no adapter here), from the last gather_whole.
   [[nodiscard]] at::Tensor merged(std::string_view hf_name, const at::Tensor& w) const;
+  // Frees what gather_whole computed (every expert's adapters: large), once merged or saved.
+  void release_whole() const { whole_.clear(); }
   // After layer `layer` ran a forward: throws std::logic_error naming an adapter of that layer
   // that its block did not apply (it reads that weight some other way), once per layer.
   void check_applied(std::int64_t layer) const;

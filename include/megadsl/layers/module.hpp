@@ -91,6 +91,10 @@ struct layer_context {
   const dropout_draw* dropout = nullptr;
   // LoRA adapters on this rank's linears, applied by linear / column / row (layers/lora_linear.hpp); null: none.
   const lora_set* lora = nullptr;
+  // Ring context parallelism (layout cp_comm ring): where each whole-stream token sits among the cp
+  // ranks' shares (runtime/packing.hpp's cp_ring_split::places), for gather_from_cp; null otherwise.
+  // `pk` is then this rank's load-balanced share and `rope` its rows' tables.
+  const at::Tensor* cp_places = nullptr;
 
   [[nodiscard]] const packed_tokens& sequences() const { return whole != nullptr ? *whole : pk; }
 

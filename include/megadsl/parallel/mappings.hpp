@@ -51,7 +51,10 @@ void cp_whole_stream_heads(const at::Tensor& grouped, at::Tensor& q, at::Tensor&
                            std::int64_t tokens, const comm_group& cp);
 // Per-token values of a cp rank's real tokens (its first mine.size(0) <= `rows` rows) -> the whole
 // stream's first `tokens` rows, on every cp rank; the backward keeps this rank's rows (every cp
-// rank computes the same loss from the whole).
-at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp);
+// rank computes the same loss from the whole). `places` (tokens,): where each whole-stream token
+// sits among the ranks' shares laid end to end (ring cp's load-balanced split); undefined: the
+// shares are the stream's consecutive stretches.
+at::Tensor gather_from_cp(const at::Tensor& mine, std::int64_t rows, std::int64_t tokens, const comm_group& cp,
+                          const at::Tensor& places = {});
 
 }  // namespace megadsl

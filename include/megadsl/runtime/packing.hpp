@@ -48,4 +48,21 @@ packed_tokens pack_tokens(const batch& b, bool rmpad, std::int64_t multiple, std
 // (cu_seqlens, attention_mask, batch, seq) stays the whole stream's: `unpack` belongs to it.
 packed_tokens cp_share(const packed_tokens& whole, std::int64_t cp, std::int64_t rank);
 
+// Ring context parallelism's load-balanced split (Megatron's): each sequence of the whole stream
+// (a batch row's stretch of it) cut into 2 cp chunks of ceil(length / 2 cp) tokens, cp rank i
+// holding chunks i and 2 cp - 1 - i, so that causal attention's work is even over the ranks; a
+// sequence shorter than 2 cp chunks leaves some ranks without its tokens. Each rank's share is its
+// real tokens (in stream order) then padding rows, `rows` in all (a multiple of `multiple`).
+struct cp_ring_split {
+  std::int64_t rows = 0;           // every rank's share
+  at::Tensor order;                // (cp rows,) int64: the whole stream's row at each place of the shares, rank by rank
+  at::Tensor places;               // (T,) int64: each real token's place in `order` (what a gather over cp reorders by)
+  std::vector<std::int64_t> real;  // per rank: its real tokens (a prefix of its rows)
+};
+// The split of `whole` over `cp` ranks; `whole` is padded with stream rows up to cp rows first.
+cp_ring_split ring_split(packed_tokens& whole, std::int64_t cp, std::int64_t multiple);
+// Rank `rank`'s share under `split`, as cp_share's: `tokens` its real rows, `index`,
+// `token_valid` and `temperature` theirs; the sequences' structure the whole stream's.
+packed_tokens ring_share(const packed_tokens& whole, const cp_ring_split& split, std::int64_t rank);
+
 }  // namespace megadsl

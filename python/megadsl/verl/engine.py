@@ -172,9 +172,16 @@ def _lora_options(model_config):
                    "(Kaiming-uniform, B zero); set lora_A_init_method: kaiming, or start from lora.adapter_path")
         if str(_cfg(mega, "lora_B_init_method", "zero")) != "zero":
             refuse("lora.lora_B_init_method", "B starts at zero (PEFT's); set it to zero")
+        dropout = float(_cfg(mega, "dropout", 0.0) or 0.0)
+        if dropout and str(_cfg(mega, "dropout_position", "pre")) != "pre":
+            refuse("lora.dropout_position", f"{_cfg(mega, 'dropout_position')!r}: megadsl drops the adapters' inputs "
+                   "(PEFT's lora_dropout, position pre); set it to pre")
+        if dropout and _cfg(mega, "adapter_path"):
+            refuse("lora.dropout", "is given with lora.adapter_path, whose adapter_config.json sets lora_dropout; "
+                   "set it there")
         opts = {"lora_rank": mrank, "lora_alpha": float(_cfg(mega, "alpha", 32)),
                 "lora_target_modules": _targets(_cfg(mega, "target_modules", ["linear_qkv"]), MEGATRON_LORA_TARGETS),
-                "lora_dropout": float(_cfg(mega, "dropout", 0.0) or 0.0)}
+                "lora_dropout": dropout}
         adapter = _cfg(mega, "adapter_path")
     else:
         return None, merge
@@ -273,7 +280,8 @@ class MegadslEngine(BaseEngine):
             tp=int(_cfg(ec, "tensor_model_parallel_size", 1)), pp=int(_cfg(ec, "pipeline_model_parallel_size", 1)),
             vpp=int(vpp), sp=bool(_cfg(ec, "sequence_parallel", False)), rmpad=self.use_remove_padding,
             ep=int(_cfg(ec, "expert_model_parallel_size", 1)), etp=int(etp) if etp is not None else 0,
-            cp=int(_cfg(ec, "context_parallel_size", 1) or 1), recompute=_cfg(ec, "recompute", None) or "none",
+            cp=int(_cfg(ec, "context_parallel_size", 1) or 1), cp_comm=str(_cfg(ec, "cp_comm_type", "a2a") or "a2a"),
+            recompute=_cfg(ec, "recompute", None) or "none",
             invariant=self.invariant)
         join_torch_job(timeout=_cfg(ec, "timeout"))
         self.rank, self.world = megadsl.rank(), megadsl.world_size()

@@ -172,7 +172,8 @@ def reference_run(path, critic):
 
 def engine_rank(rank, world, port, path, critic_path, tmp, results):
     """One rank: torch.distributed, then the actor and the critic engines from verl's registry, the
-    actor at tp 2 x pp 2 x dp 2, the critic at cp 2 x pp 2 x dp 2 (context parallelism), both with
+    actor at tp 2 x pp 2 x dp 2, the critic at cp 2 x pp 2 x dp 2 (ring context parallelism,
+    Megatron's cp_comm_type p2p), both with
     remove-padding: 3 training steps, a checkpoint, the weights, inference."""
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -194,6 +195,7 @@ def engine_rank(rank, world, port, path, critic_path, tmp, results):
                 model_config=HFModelConfig(path=p, use_remove_padding=True, load_tokenizer=False),
                 engine_config=megadsl.verl.MegadslEngineConfig(
                     tensor_model_parallel_size=1 if critic else 2, context_parallel_size=2 if critic else 1,
+                    cp_comm_type="p2p" if critic else "a2a",  # the critic's context parallelism: Megatron's ring
                     pipeline_model_parallel_size=2, use_dynamic_bsz=False,
                     micro_batch_size_per_gpu=MICRO, export_dtype="fp32", optimizer_offload=True),
                 optimizer_config=optimizer_config(), checkpoint_config=None)

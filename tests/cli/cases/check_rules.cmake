@@ -36,6 +36,15 @@ expect_err("^heads_divisible_by_tp: num_heads = 14 is not divisible by tp = 4; v
 # Context parallelism: each cp rank takes an equal share of a tp rank's query heads.
 megadsl(check llama3-8b --tp 8 --cp 8)
 expect_exit(1)
-expect_err("^cp_splits_heads: a tp rank's 4 query heads in 1 kv group\\(s\\) [^\n]*valid cp: 1, 2, 4\n")
+expect_err("^cp_splits_heads: a tp rank's 4 query heads in 1 kv group\\(s\\) [^\n]*valid cp: 1, 2, 4; or cp_comm ring[^\n]*\n")
+# The ring keeps every head on every cp rank; the blocks that cannot ring say so.
+megadsl(check llama3-8b --tp 8 --cp 8 --cp-comm ring)
+expect_exit(0)
+megadsl(check deepseek-v3 --cp 2 --cp-comm p2p)
+expect_exit(1)
+expect_err("cp_ring_supported: MLA [^\n]*use cp_comm a2a")
+megadsl(check llama3-8b --cp 2 --cp-comm ulysses)
+expect_exit(2)
+expect_err("--cp-comm takes a2a \\(Ulysses\\) or ring \\(p2p\\), got 'ulysses'")
 megadsl(check llama3-70b --tp 8 --cp 4 --sp --rmpad)
 expect_exit(0)
