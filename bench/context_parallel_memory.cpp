@@ -1,11 +1,11 @@
 // Context parallelism's activation memory and time on this CPU (prints, asserts nothing): one
 // forward + backward of a long packed sequence per cp group (remove-padding, fp32) on 4 local
-// ranks at cp 1 (dp 4), cp 2 (dp 2) and cp 4 (dp 1). Per rank: the peak of the tensor memory the
+// ranks at cp 1 (dp 4), cp 2 (dp 2) and cp 4 (dp 1), Ulysses (a2a) and the ring. Per rank: the peak of the tensor memory the
 // step adds above the model's parameters (LibTorch's CPU allocator, counted), next to what
 // `megadsl plan` predicts for the layout's activations (formulas.hpp, fp32 doubles its 16-bit
 // count), the step's time, and the bytes the rank sent over cp (comm_stats::cp_bytes: the
-// attention's all-to-alls and the head's gathers of its per-token outputs) next to plan's count of
-// the attention's (formulas.hpp cp_all_to_all_bytes).
+// attention's all-to-alls or ring passes, and the head's gathers of its per-token outputs) next to
+// plan's count of the attention's (formulas.hpp cp_all_to_all_bytes, cp_ring_bytes).
 //
 //   ./build/bench/bench_context_parallel_memory [--ranks 4] [--seq 8192]
 #include <ATen/ATen.h>
@@ -36,6 +36,7 @@ double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
 
 struct figures {
   std::int64_t cp = 1, tokens_per_rank = 0;
+  const char* kind = "a2a";
   double peak = 0, predicted = 0, seconds = 0;
   double cp_sent = 0, cp_planned = 0;  // bytes over cp in the step, measured and plan's
 };
@@ -63,7 +64,9 @@ figures measure(md::distributed& dist, md::bench::counting_allocator& counting, 
   f.cp = L.cp.get();
   f.tokens_per_rank = seq / f.cp;
   f.predicted = 2.0 * md::activation_bytes_first_stage(model.config().s, model.config().l, seq, 1, false, 1);
-  f.cp_planned = md::cp_all_to_all_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4);
+  f.kind = md::cp_ring(L) ? "ring" : L.cp.get() > 1 ? "a2a" : "-";
+  f.cp_planned = md::cp_ring(L) ? md::cp_ring_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4)
+                                : md::cp_all_to_all_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4);
   groups.world->barrier();
   return f;
 }
@@ -80,15 +83,17 @@ int main(int argc, char** argv) {
     c10::SetCPUAllocator(&counting, /*priority=*/100);
     const figures f[] = {measure<md::layout{.rmpad = true}>(dist, counting, seq),
                          measure<md::layout{.rmpad = true, .cp = 2}>(dist, counting, seq),
-                         measure<md::layout{.rmpad = true, .cp = 4}>(dist, counting, seq)};
+                         measure<md::layout{.rmpad = true, .cp = 4}>(dist, counting, seq),
+                         measure<md::layout{.rmpad = true, .cp = 2, .cp_comm = md::cp_comm_kind::ring}>(dist, counting, seq),
+                         measure<md::layout{.rmpad = true, .cp = 4, .cp_comm = md::cp_comm_kind::ring}>(dist, counting, seq)};
     if (dist.rank() == 0) {
       std::printf("context parallelism, %s (fp32, remove-padding), one sequence of %lld tokens per cp group, "
                   "forward + backward (rank 0)\n",
                   std::string(bench_llama::name).c_str(), static_cast<long long>(seq));
-      std::printf("  %3s %15s %20s %17s %10s %13s %10s %16s %14s\n", "cp", "tokens/rank", "peak activations GiB",
+      std::printf("  %3s %5s %15s %20s %17s %10s %13s %10s %16s %14s\n", "cp", "kind", "tokens/rank", "peak activations GiB",
                   "plan predicts GiB", "peak/plan", "vs cp 1", "step s", "sent over cp MB", "plan's MB");
       for (const figures& x : f)
-        std::printf("  %3lld %15lld %20.3f %17.3f %10.3f %13.3f %10.3f %16.3f %14.3f\n", static_cast<long long>(x.cp),
+        std::printf("  %3lld %5s %15lld %20.3f %17.3f %10.3f %13.3f %10.3f %16.3f %14.3f\n", static_cast<long long>(x.cp), x.kind,
                     static_cast<long long>(x.tokens_per_rank), gib(x.peak), gib(x.predicted), x.peak / x.predicted,
                     x.peak / f[0].peak, x.seconds, x.cp_sent / 1e6, x.cp_planned / 1e6);
     }

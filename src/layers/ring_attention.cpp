@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -59,33 +60,72 @@ std::vector<at::Tensor> empty_like_all(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// Queries a tile at a time: the scores of a tile against a block, (Hq, tile, Tk) fp32, about 2^25
+// elements (128 MiB), never the whole (Tq, Tk).
+std::int64_t tile_rows(std::int64_t heads, std::int64_t tq, std::int64_t tk) {
+  return std::clamp<std::int64_t>((std::int64_t{1} << 25) / std::max<std::int64_t>(1, heads * tk), 16, std::max<std::int64_t>(tq, 1));
+}
+
+// One query tile [start, start + n) against one k/v block: the tile's out and lse merged with
+// the block's partial softmax by their log-sum-exp.
+void forward_tile(const at::Tensor& q, const ring_tokens& mine, const std::vector<at::Tensor>& block, const ring_mask& mask,
+                  double scale, std::int64_t start, std::int64_t n, at::Tensor& out, at::Tensor& lse) {
+  const ring_tokens rows{mine.position.narrow(0, start, n), mine.sequence.narrow(0, start, n)};
+  const at::Tensor s = scores(raw_scores(q.narrow(1, start, n), block[0], scale), allowed(rows, block[2], block[3], mask),
+                              mask.softcap);                                                    // (Hkv, g, n, Tk)
+  const at::Tensor m = std::get<0>(s.max(-1, true));                                            // (.., n, 1)
+  const at::Tensor safe_m = at::where(at::isinf(m), at::zeros_like(m), m);
+  const at::Tensor p = at::exp(s - safe_m);                                                     // 0 where masked
+  const at::Tensor sum = p.sum(-1, true);
+  const at::Tensor block_lse = at::where(sum.gt(0), safe_m + at::log(sum), at::full_like(sum, minus_infinity));
+  const at::Tensor block_out = at::matmul(p, block[1].to(at::kFloat).unsqueeze(1));             // (.., n, d) unnormalised
+  at::Tensor o = out.narrow(2, start, n), l = lse.narrow(2, start, n);
+  const at::Tensor new_lse = at::logaddexp(l, block_lse);
+  const at::Tensor keep = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(l - new_lse));
+  const at::Tensor add = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(safe_m - new_lse));
+  o.copy_(o * keep + block_out * add);
+  l.copy_(new_lse);
+}
+
+// One query tile's share of the backward against one block: its dq, and the block's dk, dv.
+void backward_tile(const at::Tensor& q, const ring_tokens& mine, std::vector<at::Tensor>& block, const ring_mask& mask,
+                   double scale, std::int64_t start, std::int64_t n, const at::Tensor& dout, const at::Tensor& delta,
+                   const at::Tensor& lse, at::Tensor& dq) {
+  const ring_tokens rows{mine.position.narrow(0, start, n), mine.sequence.narrow(0, start, n)};
+  const std::int64_t hkv = block[0].size(0), g = q.size(0) / hkv;
+  const at::Tensor qt = q.narrow(1, start, n);
+  const at::Tensor raw = raw_scores(qt, block[0], scale);
+  const at::Tensor s = scores(raw, allowed(rows, block[2], block[3], mask), mask.softcap);         // (Hkv, g, n, Tk)
+  const at::Tensor l = lse.narrow(2, start, n);
+  const at::Tensor p = at::where(at::isinf(l), at::zeros_like(s), at::exp(s - at::where(at::isinf(l), at::zeros_like(l), l)));
+  const at::Tensor kf = block[0].to(at::kFloat).unsqueeze(1), vf = block[1].to(at::kFloat).unsqueeze(1);
+  const at::Tensor dot = dout.narrow(2, start, n);
+  at::Tensor ds = p * (at::matmul(dot, vf.transpose(-1, -2)) - delta.narrow(2, start, n));
+  if (mask.softcap > 0) ds = ds * (1 - at::tanh(raw / mask.softcap).pow(2));  // through the soft-cap
+  dq.narrow(2, start, n).add_(at::matmul(ds, kf) * scale);
+  const at::Tensor qf = qt.to(at::kFloat).view({hkv, g, n, qt.size(2)});
+  block[4] += (at::matmul(ds.transpose(-1, -2), qf) * scale).sum(1);                             // (Hkv, Tk, d)
+  block[5] += at::matmul(p.transpose(-1, -2), dot).sum(1);
+}
+
 struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& position, const at::Tensor& sequence, double scale,
-                            std::int64_t window, std::int64_t chunk, double softcap, const comm_group* cp) {
-    const ring_mask mask{window, chunk, softcap};
+                            std::int64_t window, std::int64_t chunk, double softcap, std::int64_t tile_given,
+                            const comm_group* cp) {
+    const ring_mask mask{window, chunk, softcap, tile_given};
     const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
     const ring_tokens mine{position, sequence};
     at::Tensor out = at::zeros({hkv, g, t, d}, q.options().dtype(at::kFloat));                         // (Hkv, g, Tq, d)
     at::Tensor lse = at::full({hkv, g, t, 1}, minus_infinity, q.options().dtype(at::kFloat));          // (Hkv, g, Tq, 1)
+    const std::int64_t tile = tile_given > 0 ? tile_given : tile_rows(hq, t, k.size(1));
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), position.contiguous(), sequence.contiguous()};
     for (int step = 0; step < cp->size(); ++step) {
       std::vector<at::Tensor> next;
       if (step + 1 < cp->size()) next = empty_like_all(block);
       // (The send and receive of the next block could overlap this block's arithmetic.)
-      const at::Tensor s = scores(raw_scores(q, block[0], scale), allowed(mine, block[2], block[3], mask), softcap);  // (Hkv, g, Tq, Tk)
-      const at::Tensor m = std::get<0>(s.max(-1, true));                                              // (.., Tq, 1)
-      const at::Tensor safe_m = at::where(at::isinf(m), at::zeros_like(m), m);
-      const at::Tensor p = at::exp(s - safe_m);                                                       // 0 where masked
-      const at::Tensor sum = p.sum(-1, true);
-      const at::Tensor block_lse = at::where(sum.gt(0), safe_m + at::log(sum), at::full_like(sum, minus_infinity));
-      const at::Tensor block_out = at::matmul(p, block[1].to(at::kFloat).unsqueeze(1));               // (.., Tq, d) unnormalised
-      // Merge: out and lse so far with this block's, by their log-sum-exp.
-      const at::Tensor new_lse = at::logaddexp(lse, block_lse);
-      const at::Tensor keep = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(lse - new_lse));
-      const at::Tensor add = at::where(at::isinf(new_lse), at::zeros_like(new_lse), at::exp(safe_m - new_lse));
-      out = out * keep + block_out * add;
-      lse = new_lse;
+      for (std::int64_t start = 0; start < t; start += tile)
+        forward_tile(q, mine, block, mask, scale, start, std::min(tile, t - start), out, lse);
       if (step + 1 < cp->size()) {
         pass_on(block, next, *cp, 100);
         block = std::move(next);
@@ -96,6 +136,7 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     ctx->saved_data["window"] = window;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["tile"] = tile;
     ctx->saved_data["cp"] = reinterpret_cast<std::int64_t>(cp);
     return out.view({hq, t, d}).to(q.scalar_type());
   }
@@ -111,31 +152,21 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
     const at::Tensor dout = grads[0].to(at::kFloat).reshape({hkv, g, t, d});
     const at::Tensor delta = (dout * out).sum(-1, true);                                                // (.., Tq, 1)
-    const at::Tensor safe_lse = at::where(at::isinf(lse), at::zeros_like(lse), lse);
-    const at::Tensor qf = q.to(at::kFloat).view({hkv, g, t, q.size(2)});
-    at::Tensor dq = at::zeros_like(qf);
+    at::Tensor dq = at::zeros({hkv, g, t, q.size(2)}, q.options().dtype(at::kFloat));
+    const std::int64_t tile = ctx->saved_data["tile"].toInt();
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), mine.position.contiguous(), mine.sequence.contiguous(),
                                   at::zeros(k.sizes(), k.options().dtype(at::kFloat)),
                                   at::zeros(v.sizes(), v.options().dtype(at::kFloat))};
     for (int step = 0; step < cp->size(); ++step) {
-      const at::Tensor ok = allowed(mine, block[2], block[3], mask);
-      const at::Tensor raw = raw_scores(q, block[0], scale);
-      const at::Tensor s = scores(raw, ok, mask.softcap);                                                // (Hkv, g, Tq, Tk)
-      const at::Tensor p = at::where(at::isinf(lse), at::zeros_like(s), at::exp(s - safe_lse));         // 0 where masked
-      const at::Tensor kf = block[0].to(at::kFloat).unsqueeze(1), vf = block[1].to(at::kFloat).unsqueeze(1);
-      const at::Tensor dp = at::matmul(dout, vf.transpose(-1, -2));                                      // (.., Tq, Tk)
-      at::Tensor ds = p * (dp - delta);
-      if (mask.softcap > 0) ds = ds * (1 - at::tanh(raw / mask.softcap).pow(2));  // through the soft-cap
-      dq += at::matmul(ds, kf) * scale;
-      block[4] += (at::matmul(ds.transpose(-1, -2), qf) * scale).sum(1);                               // (Hkv, Tk, d)
-      block[5] += at::matmul(p.transpose(-1, -2), dout).sum(1);
+      for (std::int64_t start = 0; start < t; start += tile)
+        backward_tile(q, mine, block, mask, scale, start, std::min(tile, t - start), dout, delta, lse, dq);
       // Every block moves on, the last pass bringing each dk/dv home.
       std::vector<at::Tensor> next = empty_like_all(block);
       pass_on(block, next, *cp, 200);
       block = std::move(next);
     }
     return {dq.view({hq, t, q.size(2)}).to(q.scalar_type()), block[4].to(k.scalar_type()), block[5].to(v.scalar_type()),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -151,7 +182,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
               "megadsl: ring_attention: ", q.size(1), " tokens, ", tokens.position.numel(), " positions and ",
               tokens.sequence.numel(), " sequence ids");
   return ring_attention_fn::apply(q, k, v, tokens.position.to(at::kLong), tokens.sequence.to(at::kLong), scale, mask.window,
-                                  mask.chunk, mask.softcap, &cp);
+                                  mask.chunk, mask.softcap, mask.tile, &cp);
 }
 
 }  // namespace megadsl

@@ -176,6 +176,39 @@ TEST_CASE("ring context parallelism with pipeline stages, a mixture's experts ov
   check_training<tiny8_gemma2, layout{.cp = 2, .cp_comm = ring}, true>(2);
 }
 
+// What goes around the ring in one forward + backward, against plan's count (formulas.hpp
+// cp_ring_bytes) for the rank's own rows: the batch of check_cp_bytes (rows of 16, 8 and 24 tokens
+// packed: each rank's share is exactly its 48 / cp tokens), fp32; beside the ring, only the head's
+// gathers of its per-token outputs, and no all-to-all.
+template <class M, layout L>
+void check_ring_bytes() {
+  INFO(M::name << " tp=" << L.tp.get() << " cp=" << L.cp.get() << " sp=" << L.sp.get());
+  auto groups = parallel_groups::build(dist(), L);
+  parallel_model<causal_lm<M, L>> model(groups, test_options<M>());
+  const std::int64_t lengths[] = {16, 8, 24}, b = 3, s = 24, cp = L.cp.get();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor ids = at::randint(0, M::shape.vocab.get(), {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, 0, lengths[r]).fill_(1);
+  const std::int64_t own = (16 + 8 + 24) / cp;
+  global_comm_stats().reset();
+  const model_output o = model.forward({.input_ids = ids, .attention_mask = mask});
+  probe_loss(o, true).backward();
+  const double over_cp = static_cast<double>(global_comm_stats().cp_bytes.load());
+  const double head = static_cast<double>((cp - 1) * own * 4 * (o.entropy.defined() ? 2 : 1));
+  const double planned = cp_ring_bytes(M::shape, L, own, 4);
+  INFO("sent over cp " << over_cp << " B (the head's gathers " << head << " B), planned " << planned << " B");
+  CHECK(planned > 0);
+  CHECK(global_comm_stats().all_to_all_bytes.load() == 0);
+  CHECK(over_cp - head == planned);
+}
+
+TEST_CASE("ring context parallelism: what goes around the ring is what plan counts", "[world4][cp][ring]") {
+  check_ring_bytes<tiny8, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>();
+  check_ring_bytes<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>();
+  check_ring_bytes<tiny8_olmo2, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .cp_comm = ring}>();
+}
+
 // 6 query heads: at tp 2 a rank's 3 do not split over cp 4 (Ulysses refuses: cp_splits_heads);
 // the ring keeps every head on every cp rank.
 struct tiny8_six_heads : llama<shape{.hidden = 96, .layers = 4, .heads = 6, .kv_heads = 2, .ffn = 160, .vocab = 500,

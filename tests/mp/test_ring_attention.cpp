@@ -95,7 +95,8 @@ void check_ring(int cp, const ring_mask& m) {
 TEST_CASE("ring attention over a load-balanced split equals the whole stream's, outputs and gradients",
           "[world4][ring]") {
   for (const int cp : {2, 4})
-    for (const ring_mask& m : {ring_mask{}, ring_mask{.window = 4}, ring_mask{.chunk = 5, .softcap = 2.0}}) check_ring(cp, m);
+    for (const ring_mask& m : {ring_mask{}, ring_mask{.window = 4, .tile = 3}, ring_mask{.chunk = 5, .softcap = 2.0, .tile = 4}})
+      check_ring(cp, m);  // (tiles of 3 and 4 query rows: several per block)
 }
 
 }  // namespace megadsl::test

@@ -33,6 +33,7 @@ struct ring_tokens {
 struct ring_mask {
   std::int64_t window = 0, chunk = 0;
   double softcap = 0;
+  std::int64_t tile = 0;  // query rows scored at once against a block; 0: about 2^25 scores (128 MiB fp32)
 };
 
 // q (Hq, T, d), k and v (Hkv, T, d) of this rank's T tokens (Hq a multiple of Hkv: grouped-query
