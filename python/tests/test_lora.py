@@ -564,7 +564,7 @@ def test_a_distributed_checkpoint_carries_the_adapters_and_their_adamw_state(ada
     assert max((a[k] - c[k]).abs().max().item() for k in a) < 1e-6
     with pytest.raises(megadsl.CheckpointError, match="holds LoRA adapters .lora/., and this model has none"):
         megadsl.Model.from_hf(path).load_distributed(ckpt)
-    with pytest.raises(megadsl.CheckpointError, match="on other target_modules or rank than this model's"):
+    with pytest.raises(megadsl.CheckpointError, match="on other target_modules, target_parameters or rank than this model.s"):
         megadsl.Model.from_hf(path, lora_rank=8).load_distributed(ckpt)
 
 
