@@ -27,6 +27,17 @@ padded_batch uneven_batch(std::int64_t vocab, bool left_padding) {
   return {ids.masked_fill(mask == 0, vocab - 1), mask};
 }
 
+// Rows of 16, 8 and 24 tokens (48: a multiple of every tp x cp here, and of 2 cp chunks per row:
+// no stream padding, every rank's share its own 48 / cp tokens), for the traffic counts.
+batch packed_16_8_24(std::int64_t vocab) {
+  const std::int64_t lengths[] = {16, 8, 24}, b = 3, s = 24;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor ids = at::randint(0, vocab, {b, s}, gen, at::kLong);
+  at::Tensor mask = at::zeros({b, s}, at::kLong);
+  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, 0, lengths[r]).fill_(1);
+  return {.input_ids = ids, .attention_mask = mask};
+}
+
 // Outputs and every parameter's gradient (gathered to HF shape) equal one process's.
 template <class M, layout L, bool Actor>
 void check_gradients(const padded_batch& pb) {
@@ -75,14 +86,9 @@ void check_cp_bytes(bool mixers_gather) {
   INFO(M::name << " tp=" << L.tp.get() << " cp=" << L.cp.get() << " sp=" << L.sp.get());
   auto groups = parallel_groups::build(dist(), L);
   parallel_model<causal_lm<M, L>> model(groups, test_options<M>());
-  const std::int64_t lengths[] = {16, 8, 24}, b = 3, s = 24, cp = L.cp.get();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  const at::Tensor ids = at::randint(0, M::shape.vocab.get(), {b, s}, gen, at::kLong);
-  at::Tensor mask = at::zeros({b, s}, at::kLong);
-  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, 0, lengths[r]).fill_(1);
-  const std::int64_t own = (16 + 8 + 24) / cp;
+  const std::int64_t cp = L.cp.get(), own = (16 + 8 + 24) / cp;
   global_comm_stats().reset();
-  const model_output o = model.forward({.input_ids = ids, .attention_mask = mask});
+  const model_output o = model.forward(packed_16_8_24(M::shape.vocab.get()));
   probe_loss(o, true).backward();
   const double to_all = static_cast<double>(global_comm_stats().all_to_all_bytes.load());
   const double over_cp = static_cast<double>(global_comm_stats().cp_bytes.load());
@@ -185,14 +191,9 @@ void check_ring_bytes() {
   INFO(M::name << " tp=" << L.tp.get() << " cp=" << L.cp.get() << " sp=" << L.sp.get());
   auto groups = parallel_groups::build(dist(), L);
   parallel_model<causal_lm<M, L>> model(groups, test_options<M>());
-  const std::int64_t lengths[] = {16, 8, 24}, b = 3, s = 24, cp = L.cp.get();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  const at::Tensor ids = at::randint(0, M::shape.vocab.get(), {b, s}, gen, at::kLong);
-  at::Tensor mask = at::zeros({b, s}, at::kLong);
-  for (std::int64_t r = 0; r < b; ++r) mask[r].narrow(0, 0, lengths[r]).fill_(1);
-  const std::int64_t own = (16 + 8 + 24) / cp;
+  const std::int64_t cp = L.cp.get(), own = (16 + 8 + 24) / cp;
   global_comm_stats().reset();
-  const model_output o = model.forward({.input_ids = ids, .attention_mask = mask});
+  const model_output o = model.forward(packed_16_8_24(M::shape.vocab.get()));
   probe_loss(o, true).backward();
   const double over_cp = static_cast<double>(global_comm_stats().cp_bytes.load());
   const double head = static_cast<double>((cp - 1) * own * 4 * (o.entropy.defined() ? 2 : 1));
