@@ -52,7 +52,7 @@ inline constexpr std::array<rule_info, 27> rule_table{{
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
     {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
     {"cp_splits_heads", "context parallelism (Ulysses) gives each cp rank an equal share of a tp rank's query heads, in whole kv groups or within one"},
-    {"cp_ring_supported", "ring context parallelism (cp_comm ring) runs the softmax attention blocks; a block that cannot ring (MLA, the gated DeltaNet, attention sinks) takes cp_comm a2a"},
+    {"cp_ring_supported", "ring context parallelism (cp_comm ring) runs the softmax attention blocks (MLA, sinks, windows and chunks included); a block that cannot ring (the gated DeltaNet, Qwen3-Next's gated attention) takes cp_comm a2a"},
     {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
     {"rope_scaling_valid", "rope scaling parameters are in range"},
     {"world_fits_layout", "world % (tp * pp * cp) == 0"},

@@ -11,6 +11,7 @@
 #include "megadsl/layers/block_modules.hpp"
 #include "megadsl/layers/dropout.hpp"
 #include "megadsl/layers/kernels.hpp"
+#include "megadsl/layers/ring_attention.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/models/deepseek_v3/mla.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -68,6 +69,7 @@ class mla final : public layer_module {
     at::Tensor kv = c.linear(latent_norm(latent[0], c.w(kv_norm_)), kv_up_).view({rows, heads_, nope_ + v_});  // (rows, n, dn+dv)
     at::Tensor k_shared = latent[1];                                                                          // (rows, dr)
     std::int64_t n = heads_;
+    if (c.cp != nullptr && cp_ring(c.l)) return c.row(ring_core(qs, kv, k_shared, c), o_);  // (T'/cp/tp or T'/cp, H)
     if (c.cp != nullptr) {
       // Context parallelism (Ulysses): whole sequences of this cp rank's share of the heads, the
       // shared rotary key gathered whole (its gradient summed back over cp by the reduce-scatter).
@@ -99,6 +101,27 @@ class mla final : public layer_module {
   }
 
  private:
+  // Ring context parallelism: this cp rank's rows (its share, chunks i and 2 cp - 1 - i of every
+  // sequence) of every head of its tp rank, attending over every rank's k/v blocks passed around
+  // the ring (layers/ring_attention.hpp; v at its own width) -> (rows, n*dv).
+  // qs (rows, n, dqk), kv (rows, n, dn+dv), k_shared (rows, dr).
+  at::Tensor ring_core(const at::Tensor& qs, const at::Tensor& kv, const at::Tensor& k_shared, const layer_context& c) const {
+    const std::int64_t rows = qs.size(0), n = heads_;
+    if (attention_dropout_of(c, c.tp_rank * heads_).p > 0)
+      throw std::invalid_argument("megadsl: attention dropout under ring context parallelism is not built yet; train with "
+                                  "attention_dropout 0 or cp_comm a2a");
+    const auto q_parts = qs.split_with_sizes({nope_, rope_}, -1);   // (rows, n, dn), (rows, n, dr)
+    const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);     // (rows, n, dn), (rows, n, dv)
+    // (Under the ring c.rope is already this rank's rows' tables.)
+    const at::Tensor q_rot = apply_rope(q_parts[1], c.rope, interleave_);
+    const at::Tensor k_rot = apply_rope(k_shared.unsqueeze(1), c.rope, interleave_);                  // (rows, 1, dr)
+    const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).permute({1, 0, 2});                       // (n, rows, dqk)
+    const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({rows, n, rope_})}, -1).permute({1, 0, 2}).contiguous();
+    const at::Tensor vh = kv_parts[1].permute({1, 0, 2}).contiguous();                               // (n, rows, dv)
+    const at::Tensor a = ring_attention(qh, kh, vh, ring_tokens_of(c.pk, rows), scale_, {.window = window_}, *c.cp);
+    return a.permute({1, 0, 2}).reshape({rows, n * v_});
+  }
+
   at::Tensor q_down_, q_norm_, q_up_, q_proj_;  // (rq, H), (rq) replicated; (n*dqk/tp, rq | H) this rank's heads
   at::Tensor kv_down_, kv_norm_, kv_up_;        // (r + dr, H), (r) replicated; (n*(dn+dv)/tp, r)
   at::Tensor o_;                                // (H, n*dv/tp)

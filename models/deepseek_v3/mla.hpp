@@ -43,9 +43,6 @@ constexpr void mla_rule(const shape& s, const layout& l, violations& out) {
              megadsl::detail::invariant_chunks, " equal chunks, and it does not divide; this model cannot run with invariant");
 }
 
-constexpr void mla_ring_rule(const shape&, const layout& l, violations& out) {
-  refuse_cp_ring(l, "MLA (multi-head latent attention)", out);
-}
 
 // DeepSeek-V3's multi-head latent attention (DeepseekV3Attention; Kimi K2, Moonlight): the query
 // through a low rank (q_a_proj, its RMSNorm q_a_layernorm, q_b_proj) or directly (q_proj, where
@@ -102,7 +99,6 @@ struct mla {
     param("kv_up", "kv_b_proj", &geo::column<&kv_up>, presence::always, false);
     param("o_proj", "o_proj", &geo::row<&out>, presence::always, false);
     b.rule(&mla_rule);
-    b.rule(&mla_ring_rule);
     return b.cp_traffic(b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
                                 {.whole = 3, .split = 8, .scores = 5}, &score_units),
                         &cp_sent);

@@ -152,13 +152,13 @@ class attention final : public layer_module {
       q = (q.to(at::kFloat) * scale.view({rows, 1, 1, 1})).to(q.scalar_type());
     }
     if (s_.rope && !s_.norm_after_rope) q = apply_rope(q, c.rope, s_.interleaved), k = apply_rope(k, c.rope, s_.interleaved);
-    // Each row's sequence (its batch row; padding -1) and position.
-    const at::Tensor real = at::floor_divide(pk.index, pk.seq).masked_fill(pk.token_valid.eq(0), -1);
-    const at::Tensor sequence = at::constant_pad_nd(real, {0, rows - pk.tokens}, -1);
     const double scale = s_.scale != 0 ? s_.scale : 1.0 / std::sqrt(static_cast<double>(d));
     const at::Tensor a = ring_attention(q.permute({1, 2, 0, 3}).reshape({groups * per_group, rows, d}),
                                         k.permute({1, 0, 2}).contiguous(), v_in.permute({1, 0, 2}).contiguous(),
-                                        {pk.positions, sequence}, scale, {.window = s_.window, .softcap = s_.softcap}, *c.cp);
+                                        ring_tokens_of(pk, rows), scale,
+                                        {.window = s_.window, .chunk = s_.chunk, .softcap = s_.softcap,
+                                         .sinks = sinks_.defined() ? c.w(sinks_) : at::Tensor()},
+                                        *c.cp);
     return a.view({groups * per_group, rows, d}).permute({1, 0, 2}).reshape({rows, groups * per_group * d});
   }
 

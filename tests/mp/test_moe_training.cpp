@@ -309,6 +309,25 @@ TEST_CASE("mixtures of experts under context parallelism: routing, replay, the a
   check_moe_training<tiny8_moonlight, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .recompute = recompute_kind::selective}>(2, false);
 }
 
+// The ring through the attention kinds beyond plain softmax attention: MLA (every head's k with
+// the shared rotary key, v narrower than q and k), gpt-oss's sinks (one more logit per head in
+// every row's softmax, its gradient summed over cp) with sliding windows, Llama 4's chunks (by each
+// token's position in its sequence) and its NoPE layers' temperatures.
+TEST_CASE("ring context parallelism through MLA, gpt-oss's sinks and Llama 4's chunks and temperatures: inference and "
+          "training equal one process",
+          "[world4][moe][cp][ring]") {
+  constexpr auto ring = cp_comm_kind::ring;
+  check_moe_inference<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .cp_comm = ring, .ep = 2}>();
+  check_moe_inference<tiny8_moonlight, layout{.tp = 2, .sp = true, .cp = 2, .cp_comm = ring}>();
+  check_moe_training<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>(1, true);
+  check_moe_inference<tiny8_gpt_oss, layout{.rmpad = true, .cp = 2, .cp_comm = ring, .ep = 2}>();
+  check_moe_training<tiny8_gpt_oss, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>(1, false);
+  check_moe_training<tiny8_gpt_oss, layout{.tp = 2, .sp = true, .cp = 2, .cp_comm = ring}>(2, false);
+  check_moe_inference<tiny8_llama4, layout{.rmpad = true, .cp = 2, .cp_comm = ring, .ep = 2}>();
+  check_moe_training<tiny8_llama4, layout{.cp = 2, .cp_comm = ring}>(1, true);
+  check_moe_training<tiny8_llama4, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>(1, false);
+}
+
 TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and without router replay",
           "[world8][moe][training]") {
   REQUIRE(dist().world() == 8);

@@ -73,15 +73,6 @@ constexpr void attention_out_invariant_rule(const shape& s, const layout& l, vio
              megadsl::detail::invariant_chunks, " equal chunks, and it does not divide; this model cannot run with invariant");
 }
 
-// What the ring core (layers/ring_attention.hpp) does not run yet: sinks in its softmax, chunks
-// counted from a padded row's start.
-constexpr void sinks_ring_rule(const shape&, const layout& l, violations& out) {
-  refuse_cp_ring(l, "attention with learned sinks (gpt-oss)", out);
-}
-constexpr void chunked_ring_rule(const shape&, const layout& l, violations& out) {
-  refuse_cp_ring(l, "Llama 4's chunked attention", out);
-}
-
 // Grouped-query self-attention with RoPE: q/k/v (fused per rank, column-parallel; bias per the
 // shape's qkv_bias) and o (row-parallel; bias per out_bias, added after the reduction), with an
 // optional q/k norm before RoPE. The shape's numbers set the score scale, soft-cap and rotated share.
@@ -135,12 +126,9 @@ struct attention {
       b.rule(&interleaved_qkv_rule);
     }
     // One logit per query head, in the softmax of each of its rows (gpt-oss): split over tp with the
-    // heads (each rank's are contiguous), and over cp with the heads the core sees.
-    if constexpr (K.sinks) {
-      b.param(at, {"sinks", &geo::column<&sink_dims>, {"sinks"}, 1});
-      b.rule(&sinks_ring_rule);
-    }
-    if constexpr (K.chunked) b.rule(&chunked_ring_rule);
+    // heads (each rank's are contiguous), and over cp with the heads the core sees (Ulysses; the
+    // ring's rows see every head of their tp rank).
+    if constexpr (K.sinks) b.param(at, {"sinks", &geo::column<&sink_dims>, {"sinks"}, 1});
     int qk = -1;
     if constexpr (!std::is_same_v<QkNorm, no_qk_norm>) qk = lower_block<QkNorm>(b, at);
     const std::string_view o = interleaved ? "dense" : "o_proj";

@@ -28,17 +28,27 @@ struct ring_tokens {
 };
 
 // What a query sees beyond causality, and the scores' soft-cap: a key at most `window` - 1
-// positions back (0: no window), in the same chunk of `chunk` positions (0: none); scores
-// softcap * tanh(s / softcap) (0: none).
+// positions back (0: no window), in the same chunk of `chunk` positions (0: none, Llama 4's
+// chunked layers: positions count from each sequence's first token); scores
+// softcap * tanh(s / softcap) (0: none); each query head's learned sink (Hq), one more logit in
+// every row's softmax without a value (gpt-oss; undefined: none), differentiable.
 struct ring_mask {
   std::int64_t window = 0, chunk = 0;
   double softcap = 0;
-  std::int64_t tile = 0;  // query rows scored at once against a block; 0: about 2^25 scores (128 MiB fp32)
+  std::int64_t tile = 0;  // query rows scored at once against a block; 0: about ring_tile_scores (formulas.hpp)
+  at::Tensor sinks;
 };
 
-// q (Hq, T, d), k and v (Hkv, T, d) of this rank's T tokens (Hq a multiple of Hkv: grouped-query
-// heads share their group's k/v); returns (Hq, T, d) in q's dtype (the softmax in fp32).
-// Differentiable in q, k and v; every rank of `cp` calls it with the same shapes.
+struct packed_tokens;
+
+// The ring's view of this cp rank's share (runtime/packing.hpp ring_split): each of its `rows`
+// rows' position and sequence (its batch row; -1 for padding rows past the real tokens).
+ring_tokens ring_tokens_of(const packed_tokens& share, std::int64_t rows);
+
+// q (Hq, T, d), k (Hkv, T, d) and v (Hkv, T, dv) of this rank's T tokens (Hq a multiple of Hkv:
+// grouped-query heads share their group's k/v; MLA's v is narrower than its q and k); returns
+// (Hq, T, dv) in q's dtype (the softmax in fp32). Differentiable in q, k, v and the sinks; every
+// rank of `cp` calls it with the same shapes.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ring_tokens& tokens,
                           double scale, const ring_mask& mask, const comm_group& cp);
 

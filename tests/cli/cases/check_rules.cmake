@@ -40,9 +40,11 @@ expect_err("^cp_splits_heads: a tp rank's 4 query heads in 1 kv group\\(s\\) [^\
 # The ring keeps every head on every cp rank; the blocks that cannot ring say so.
 megadsl(check llama3-8b --tp 8 --cp 8 --cp-comm ring)
 expect_exit(0)
-megadsl(check deepseek-v3 --cp 2 --cp-comm p2p)
+megadsl(check qwen3-next-80b-a3b --cp 2 --cp-comm p2p)
 expect_exit(1)
-expect_err("cp_ring_supported: MLA [^\n]*use cp_comm a2a")
+expect_err("cp_ring_supported: the gated DeltaNet [^\n]*use cp_comm a2a")
+megadsl(check deepseek-v3 --cp 2 --cp-comm p2p)
+expect_exit(0)
 megadsl(check llama3-8b --cp 2 --cp-comm ulysses)
 expect_exit(2)
 expect_err("--cp-comm takes a2a \\(Ulysses\\) or ring \\(p2p\\), got 'ulysses'")
