@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
         const md::rank_memory m = md::training_memory(model.config().s, model.config().l, md::head_info{}, md::precision::fp32, 0,
                                                       distributed ? dp : 1);
         const double activations =
-            2.0 * md::activation_bytes_first_stage(model.config().s, model.config().l, seq, micro_batch, false, 1);
+            md::activation_peak_bytes(model.config().s, model.config().l, seq, micro_batch, false, 4, 1);
         f.predicted = m.total_bytes + activations;
       }
       return f;

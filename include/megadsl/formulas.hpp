@@ -114,16 +114,19 @@ using recompute = recompute_kind;
 // sbh(34 + 5as/h) / t; Gemma2's four norms add 4 sbh. The paper's layer is GPT's (MLP 4h, with
 // dropout); for a Llama layer (SwiGLU, ffn != 4h, no dropout) it is the customary estimate, not an
 // exact count.
-constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std::int64_t seq,
-                                            std::int64_t micro_batch, bool sequence_parallel,
-                                            recompute r = recompute::none, std::int64_t layer = 0) {
+namespace detail {
+// activation_bytes_per_layer's count, with the attention scores' term or without it (a fused
+// attention core keeps none: megadsl's own count, activation_peak_bytes).
+constexpr double layer_activation_bytes(const shape& s, const layout& l, std::int64_t seq, std::int64_t micro_batch,
+                                        bool sequence_parallel, recompute r, std::int64_t layer, bool with_scores) {
   // Context parallelism: each cp rank keeps 1/cp of the tokens, and its attention core the whole
   // sequence of 1/cp of the heads (Ulysses), so every term divides by cp.
   const double sbh = static_cast<double>(seq) * static_cast<double>(micro_batch) *
                      static_cast<double>(s.hidden.get()) / static_cast<double>(l.cp.get());
   const double t = static_cast<double>(l.tp.get());
-  const double as_over_h = static_cast<double>(s.heads.get()) * static_cast<double>(seq) /
-                           static_cast<double>(s.hidden.get());
+  const double as_over_h = with_scores ? static_cast<double>(s.heads.get()) * static_cast<double>(seq) /
+                                             static_cast<double>(s.hidden.get())
+                                       : 0.0;
   const activation_terms k = layer_activation_terms(s, layer);
   switch (r) {
     case recompute::full: return sequence_parallel ? 2 * sbh / t : 2 * sbh;
@@ -132,6 +135,13 @@ constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std
   }
   return sequence_parallel ? sbh * (k.whole + k.split + k.core + k.scores * as_over_h) / t
                            : sbh * (k.whole + k.split / t + k.core / t + k.scores * as_over_h / t);
+}
+}  // namespace detail
+
+constexpr double activation_bytes_per_layer(const shape& s, const layout& l, std::int64_t seq,
+                                            std::int64_t micro_batch, bool sequence_parallel,
+                                            recompute r = recompute::none, std::int64_t layer = 0) {
+  return detail::layer_activation_bytes(s, l, seq, micro_batch, sequence_parallel, r, layer, true);
 }
 
 // Megatron's interleaved-schedule memory factor 1 + (p - 1) / (p v); 1 without interleaving.
@@ -326,6 +336,54 @@ constexpr double lm_head_peak_bytes(std::int64_t tokens, std::int64_t vocab_loca
   const std::int64_t chunk = lm_head_training_chunk(tokens, vocab_local, asked);
   const std::int64_t rows = chunk > 0 && chunk < tokens ? chunk : tokens;
   return 3.0 * 4.0 * static_cast<double>(rows) * static_cast<double>(vocab_local);
+}
+
+// ---- what a megadsl step holds at its peak ------------------------------------------------------
+
+// The ring core (layers/ring_attention.hpp) scores a tile of queries against a k/v block at a time:
+// about this many fp32 scores (32 MiB), never a block's whole (Tq, Tk).
+inline constexpr std::int64_t ring_tile_scores = std::int64_t{1} << 23;
+
+// The activation bytes one rank of an actor holds at the peak of a training step (forward +
+// backward) on the first pipeline stage, computed at `element` bytes (4 fp32, 2 bf16), the
+// layout's own recompute, `seq` x `micro_batch` tokens split over cp: what
+// bench_context_parallel_memory measures above the parameters and gradients. Megadsl's count,
+// where activation_bytes_first_stage is the paper's:
+//   the layers' terms (activation_terms) at `element` / 2 of their 16-bit bytes, without the
+//     scores: the attention core is fused (flash, or the ring's tiles) and keeps only its
+//     log-sum-exp;
+//   at pp 1 the last stage's too: the final norm's input and output (2 values per token);
+//   the larger of two transients, which come at different moments of the step: at pp 1 the LM
+//     head's extra peak (lm_head_peak_bytes, fp32 whatever `element`: the backward's start, every
+//     layer's activations held), and under the ring the backward's live tile buffers, the
+//     probabilities and dS, two of ring_tile_scores fp32 or of the whole (heads, Tq, Tk) when
+//     smaller (a layer's attention backward, the later layers' activations freed; measured at 4k
+//     tokens a rank the ring then peaks where the head alone would).
+// A critic's value head adds nothing measurable (one value per token).
+constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int64_t seq, std::int64_t micro_batch,
+                                       bool sequence_parallel, double element, std::int64_t microbatches = 0,
+                                       bool actor = true) {
+  const recompute r = l.recompute.get();
+  const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
+                                           : in_flight_microbatches(l, microbatches);
+  double layers = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    if (place_of_layer(s, l, i).pp_rank == 0)
+      layers += detail::layer_activation_bytes(s, l, seq, micro_batch, sequence_parallel, r, i, false);
+  double bytes = layers * in_flight * element / 2;
+  const std::int64_t tokens = seq * micro_batch / l.cp.get();  // this rank's own
+  double head = 0, tiles = 0;
+  if (l.pp.get() == 1) {
+    bytes += 2.0 * element * static_cast<double>(tokens) * static_cast<double>(s.hidden.get()) /
+             (sequence_parallel ? static_cast<double>(l.tp.get()) : 1.0);
+    if (actor) head = lm_head_peak_bytes(tokens, padded_vocab(s, l) / l.tp.get());
+  }
+  if (cp_ring(l)) {
+    const std::int64_t heads = s.heads.get() / l.tp.get();
+    const double whole = static_cast<double>(heads) * static_cast<double>(tokens) * static_cast<double>(tokens);
+    tiles = 2.0 * 4.0 * (whole < static_cast<double>(ring_tile_scores) ? whole : static_cast<double>(ring_tile_scores));
+  }
+  return bytes + (head > tiles ? head : tiles);
 }
 
 // ---- communication -------------------------------------------------------------------------------

@@ -236,6 +236,15 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   os << "  (The paper's no-recompute row keeps the s x s attention scores; megadsl's fused attention\n"
         "  keeps none, so without recompute it is near the selective row, and selective recompute\n"
         "  saves the attention core's own outputs: RoPE'd q and k and the heads' output.)\n";
+  // What megadsl itself holds at a step's peak: no scores (its attention is fused or the ring's
+  // tiles), the layout's recompute, at pp 1 the LM head's extra and the final norm, the ring's tiles.
+  const bool sp_now = l.sp.get() && has_tp;
+  os << "  megadsl's own peak per rank, this layout (" << name_of(chosen) << " recompute" << (sp_now ? ", SP" : "")
+     << (l.pp.get() == 1 ? (o.actor ? ", the LM head's extra" : "") : ", first stage")
+     << (cp_ring(l) ? ", the ring's tiles" : "") << "): "
+     << in_gib(activation_peak_bytes(s, l, o.seq, o.micro_batch, sp_now, 4, o.microbatches, o.actor)) << " GiB fp32, "
+     << in_gib(activation_peak_bytes(s, l, o.seq, o.micro_batch, sp_now, 2, o.microbatches, o.actor))
+     << " GiB bf16\n  (formulas.hpp activation_peak_bytes; bench_context_parallel_memory measures it)\n";
   bool recurrent = false;
   for (std::int64_t i = 0; i < s.layers.get() && !recurrent; ++i) recurrent = layer_activation_terms(s, i).core > 0;
   if (recurrent)

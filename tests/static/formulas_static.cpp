@@ -62,27 +62,29 @@ static_assert(m_bf16.weight_bytes == 2.0 * 218'169'344 && m_bf16.gradient_bytes 
 static_assert(training_memory(l3, layout{.tp = 8, .pp = 4}, actor, precision::bf16_mixed, 1, 4).total_bytes ==
               9.0 * 218'169'344);
 
-// ---- activations (Korthikanti et al. 2022), Llama-3-8B, s = 4096, b = 1: sbh = 2^24, 5as/h = 160 ----
+// ---- activations (Korthikanti et al. 2022; the gated MLP at its width), Llama-3-8B, s = 4096, b = 1:
+//      sbh = 2^24, 5as/h = 160 ----
 constexpr double sbh = 4096.0 * 4096.0;
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{}, 4096, 1, false) == sbh * (34 + 160));
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{}, 4096, 1, true) == sbh * (34 + 160));
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false) == sbh * (10 + 3 + 20));
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, true) == sbh * 194 / 8);
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false, megadsl::recompute::selective) == sbh * 13);
-static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, true, megadsl::recompute::selective) == sbh * 34 / 8);
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{}, 4096, 1, false) == sbh * (46 + 160));
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{}, 4096, 1, true) == sbh * (46 + 160));
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false) == sbh * (10 + 4.5 + 20));
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, true) == sbh * 206 / 8);
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false, megadsl::recompute::selective) == sbh * 14.5);
+static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, true, megadsl::recompute::selective) == sbh * 46 / 8);
 static_assert(megadsl::activation_bytes_per_layer(l3, layout{.tp = 8}, 4096, 1, false, megadsl::recompute::full) == 2 * sbh);
-// The terms are the blocks': two norms (2 each), attention (3 whole, 8 split, 5 scores), the MLP
-// (3 whole, 16 split); Gemma2's sandwich has four norms.
-static_assert(megadsl::layer_activation_terms(l3, 0).whole == 10 && megadsl::layer_activation_terms(l3, 0).split == 24 &&
+// The terms are the blocks': two norms (2 each), attention (3 whole, 8 split, 5 scores), the gated
+// MLP at its width (3 whole, 8 ffn / h = 28 split: gate/up, the activation, the product); Gemma2's
+// sandwich has four norms.
+static_assert(megadsl::layer_activation_terms(l3, 0).whole == 10 && megadsl::layer_activation_terms(l3, 0).split == 36 &&
               megadsl::layer_activation_terms(l3, 0).scores == 5);
 static_assert(megadsl::layer_activation_terms(megadsl::gemma2_9b::shape, 0).whole == 14);
 // First stage under 1F1B: L/p layers x p micro-batches = L x per-layer.
-static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4}, 4096, 1, true) == 32 * sbh * 194 / 8);
+static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4}, 4096, 1, true) == 32 * sbh * 206 / 8);
 // Fewer micro-batches than stages: only those are in flight.
-static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4}, 4096, 1, true, 2) == 16 * sbh * 194 / 8);
+static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4}, 4096, 1, true, 2) == 16 * sbh * 206 / 8);
 // Interleaved (vpp 2): x (1 + (p - 1)/(p v)) = 1.375.
 static_assert(megadsl::interleave_factor(layout{.pp = 4, .vpp = 2}) == 1.375);
-static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4, .vpp = 2}, 4096, 1, true) == 1.375 * 32 * sbh * 194 / 8);
+static_assert(megadsl::activation_bytes_first_stage(l3, layout{.tp = 8, .pp = 4, .vpp = 2}, 4096, 1, true) == 1.375 * 32 * sbh * 206 / 8);
 
 // ---- FLOPs per token (anchors-and-user-pain.md §1 and §3) ----
 // Megatron, padded vocab at tp 1 (128256 is a multiple of 128): 51.47 / 48.25 GF at s = 4096,

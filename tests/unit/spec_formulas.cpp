@@ -502,15 +502,53 @@ TEST_CASE("ring context parallelism: its traffic by hand, the rules that differ 
   const auto qwen = megadsl::find_preset("qwen2.5-7b")->s;
   CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2}).has("cp_splits_heads"));
   CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2, .cp_comm = ring}).ok());
-  // Blocks that cannot ring say so, by rule.
-  for (const char* name : {"deepseek-v3", "qwen3-next-80b-a3b", "gpt-oss-20b", "llama4-scout"}) {
+  // Blocks that cannot ring say so, by rule: the gated DeltaNet (its recurrent state).
+  CHECK(megadsl::check(megadsl::find_preset("qwen3-next-80b-a3b")->s, layout{.cp = 2, .cp_comm = ring}).has("cp_ring_supported"));
+  CHECK_FALSE(megadsl::check(megadsl::find_preset("qwen3-next-80b-a3b")->s, layout{.cp = 2}).has("cp_ring_supported"));
+  // MLA (v narrower than q and k), learned sinks and Llama 4's chunks ring.
+  for (const char* name : {"deepseek-v3", "gpt-oss-20b", "llama4-scout"}) {
     INFO(name);
-    CHECK(megadsl::check(megadsl::find_preset(name)->s, layout{.cp = 2, .cp_comm = ring}).has("cp_ring_supported"));
-    CHECK_FALSE(megadsl::check(megadsl::find_preset(name)->s, layout{.cp = 2}).has("cp_ring_supported"));
+    CHECK(megadsl::check(megadsl::find_preset(name)->s, layout{.cp = 2, .cp_comm = ring}).ok());
   }
   const auto e = *megadsl::find_preset("llama3-8b");
   std::ostringstream out;
   megadsl::print_plan(out, e.name, e.s, layout{.tp = 8, .cp = 4, .cp_comm = ring}, {.seq = 16384, .world = 32});
   CHECK_THAT(out.str(), Catch::Contains("cp ring per micro-batch") && Catch::Contains("its 4,096 tokens"));
   CHECK_THAT(out.str(), !Catch::Contains("cp all-to-all"));
+}
+
+TEST_CASE("megadsl's own activation peak: the layers without scores, the LM head, the ring's tiles",
+          "[formulas][activations][ring]") {
+  using megadsl::activation_peak_bytes;
+  constexpr auto ring = megadsl::cp_comm_kind::ring;
+  const auto s = megadsl::llama3_8b::shape;  // h 4096, ffn 14336, 32 heads, vocab 128256
+  const double seq = 8192, h = 4096;
+  // Per layer in 16-bit bytes per token and h: norms 2 + 2, attention 3 + 8 (no scores: the fused
+  // core keeps its log-sum-exp), the gated MLP 3 + 8 x 14336 / 4096 = 31: 46 x element / 2.
+  const double layers = 32 * 46 * seq * h;
+  // The LM head: 8192 x 128256 logits pass 2^28, so chunks of 2^25 / 128256 = 261 rows, three fp32 buffers.
+  const double head_rows = 261;
+  CHECK(activation_peak_bytes(s, layout{}, 8192, 1, false, 2) == Approx(layers + 2 * 2 * seq * h + 3.0 * 4.0 * head_rows * 128256));
+  // fp32 doubles the layers and the norm; the head's chunk is fp32 either way.
+  CHECK(activation_peak_bytes(s, layout{}, 8192, 1, false, 4) == Approx(2 * layers + 2 * 4 * seq * h + 3.0 * 4.0 * head_rows * 128256));
+  // A critic has no LM head; pp 2's first stage holds half the layers x 2 micro-batches, no head.
+  CHECK(activation_peak_bytes(s, layout{}, 8192, 1, false, 2, 0, false) == Approx(layers + 2 * 2 * seq * h));
+  CHECK(activation_peak_bytes(s, layout{.pp = 2}, 8192, 1, false, 2) == Approx(layers));
+  // Under cp every term is per rank: 1/cp of the tokens (Ulysses). The ring's tiles (two fp32
+  // buffers of ring_tile_scores: 32 heads x 2048 x 2048 is more) come at another moment than the
+  // LM head's extra: the larger counts, here the head's; a critic has only the tiles.
+  const double per_rank4 = layers / 4 + 2 * 2 * seq / 4 * h;
+  const double head4 = 3.0 * 4.0 * 2048 * 128256;  // 2048 x 128256 logits are under 2^28: whole
+  const double tiles = 2.0 * 4.0 * static_cast<double>(megadsl::ring_tile_scores);
+  CHECK(activation_peak_bytes(s, layout{.cp = 4}, 8192, 1, false, 2) == Approx(per_rank4 + head4));
+  CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 8192, 1, false, 2) == Approx(per_rank4 + head4));
+  CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 8192, 1, false, 2, 0, false) == Approx(per_rank4 + tiles));
+  // Fewer scores than a tile: the whole (heads, Tq, Tk), 32 x 256 x 256 at 1024 tokens over cp 4.
+  CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 1024, 1, false, 2, 0, false) ==
+        Approx(per_rank4 / 8 + 2.0 * 4.0 * 32 * 256 * 256));
+  // Full recompute keeps each layer's input (2 sbh / element 2).
+  CHECK(activation_peak_bytes(s, layout{.recompute = megadsl::recompute_kind::full}, 8192, 1, false, 2, 0, false) ==
+        Approx(32 * 2 * seq * h + 2 * 2 * seq * h));
+  // The paper's row keeps the scores on top: 5as/h = 5 x 32 x 8192 / 4096 = 320 per layer.
+  CHECK(megadsl::activation_bytes_first_stage(s, layout{}, 8192, 1, false) == Approx(layers + 32 * 320 * seq * h));
 }

@@ -8,8 +8,16 @@ namespace megadsl::blocks {
 // ---- MLPs -----------------------------------------------------------------------------------------
 
 // An MLP keeps its input (2) and its dropout mask (1) whole, its 4h-wide intermediates (16) split
-// over tp (the paper's GPT MLP; for SwiGLU and other widths the customary estimate).
+// over tp (the paper's GPT MLP; a mixture's experts take it as the customary estimate).
 inline constexpr activation_terms mlp_keeps{.whole = 3, .split = 16};
+
+// A gated MLP at its own width: its input (2) and dropout mask (1) whole, and split over tp the
+// gate/up output (2 ffn wide), the activation's output and the product (ffn each): 4 ffn values,
+// 8 ffn / h in the paper's 16-bit units (a Llama-3 layer's 28, not the GPT MLP's 16; megadsl's
+// SwiGLU keeps exactly these, bench_context_parallel_memory).
+constexpr activation_terms gated_mlp_keeps(const shape& s) {
+  return {.whole = 3, .split = 8.0 * static_cast<double>(s.ffn.get()) / static_cast<double>(s.hidden.get())};
+}
 
 // The HF module an MLP's tensors sit in: `mlp` (most families) or `feed_forward` (Llama 4).
 struct hf_module {
@@ -52,7 +60,7 @@ struct gated_mlp {
     basic_text<64> name("gated_mlp<");
     name.add(name_of(A), ">");
     return b.costs(b.node(at, &modules::gated_mlp, {}, name.view(), name.view(), &details, knobs_of(knobs)),
-                   mlp_keeps);
+                   &gated_mlp_keeps);
   }
 };
 
