@@ -239,7 +239,7 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   // What megadsl itself holds at a step's peak: no scores (its attention is fused or the ring's
   // tiles), the layout's recompute, at pp 1 the LM head's extra and the final norm, the ring's tiles.
   const bool sp_now = l.sp.get() && has_tp;
-  os << "  megadsl's own peak per rank, this layout (" << name_of(chosen) << " recompute" << (sp_now ? ", SP" : "")
+  os << "  megadsl's own peak per rank, this layout (recompute " << name_of(chosen) << (sp_now ? ", SP" : "")
      << (l.pp.get() == 1 ? (o.actor ? ", the LM head's extra" : "") : ", first stage")
      << (cp_ring(l) ? ", the ring's tiles" : "") << "): "
      << in_gib(activation_peak_bytes(s, l, o.seq, o.micro_batch, sp_now, 4, o.microbatches, o.actor)) << " GiB fp32, "
