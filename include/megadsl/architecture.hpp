@@ -185,6 +185,9 @@ struct module_node {
   // any all-gather), in elements, at the layout's tp and cp; the backward sends as much. Null:
   // nothing (a block that mixes no tokens).
   double (*cp_sent)(const shape&, std::int64_t tp, std::int64_t cp) = nullptr;
+  // Under ring context parallelism: the k and v elements per row of its block that go around the
+  // ring (its tp rank's heads at its own widths; dk and dv the same back). Null: it sends none.
+  double (*ring_sent)(const shape&, std::int64_t tp) = nullptr;
   activation_terms keeps{};  // what it keeps for the backward
   // What it keeps when its own sizes decide it (the gated DeltaNet's heads and widths): replaces
   // `keeps`. Null: `keeps`.
@@ -317,6 +320,17 @@ constexpr std::pair<token_flops, bool> layer_token_flops(const shape& s, std::in
       any = true;
     }
   return {t, any};
+}
+
+// The k and v elements per row layer `layer` passes around the cp ring (module_node::ring_sent,
+// summed over its blocks).
+constexpr double layer_ring_sent(const shape& s, std::int64_t layer, std::int64_t tp) {
+  const architecture& a = arch_of(s);
+  const layer_kind& k = a.kinds[static_cast<std::size_t>(kind_of_layer(s, layer))];
+  double sent = 0;
+  for (int n = k.first_node; n < k.first_node + k.nodes; ++n)
+    if (const auto f = a.nodes[static_cast<std::size_t>(n)].ring_sent; f != nullptr) sent += f(s, tp);
+  return sent;
 }
 
 // The elements one rank sends over cp per token of its own in one forward of layer `layer`

@@ -344,6 +344,14 @@ constexpr double lm_head_peak_bytes(std::int64_t tokens, std::int64_t vocab_loca
 // about this many fp32 scores (32 MiB), never a block's whole (Tq, Tk).
 inline constexpr std::int64_t ring_tile_scores = std::int64_t{1} << 23;
 
+// The query rows of a tile against a block of `tk` keys over `heads` query heads: about
+// ring_tile_scores scores, at least 16 rows (fewer matmuls of more rows), at most the `tq` queries.
+constexpr std::int64_t ring_tile_rows(std::int64_t heads, std::int64_t tq, std::int64_t tk) {
+  const std::int64_t fit = ring_tile_scores / (heads * tk > 0 ? heads * tk : 1);
+  const std::int64_t top = tq > 1 ? tq : 1;
+  return fit < 16 ? (16 < top ? 16 : top) : (fit < top ? fit : top);
+}
+
 // The activation bytes one rank of an actor holds at the peak of a training step (forward +
 // backward) on the first pipeline stage, computed at `element` bytes (4 fp32, 2 bf16), the
 // layout's own recompute, `seq` x `micro_batch` tokens split over cp: what
@@ -351,14 +359,16 @@ inline constexpr std::int64_t ring_tile_scores = std::int64_t{1} << 23;
 // where activation_bytes_first_stage is the paper's:
 //   the layers' terms (activation_terms) at `element` / 2 of their 16-bit bytes, without the
 //     scores: the attention core is fused (flash, or the ring's tiles) and keeps only its
-//     log-sum-exp;
+//     log-sum-exp; but a soft-capped attention (Gemma2) runs the explicit core off the ring, which
+//     keeps its fp32 tanh and probabilities, 8 bytes a score of its heads (1/cp of them under
+//     Ulysses) over the whole sequence (not modelled: attention dropout, which does the same);
 //   at pp 1 the last stage's too: the final norm's input and output (2 values per token);
 //   the larger of two transients, which come at different moments of the step: at pp 1 the LM
 //     head's extra peak (lm_head_peak_bytes, fp32 whatever `element`: the backward's start, every
 //     layer's activations held), and under the ring the backward's live tile buffers, the
-//     probabilities and dS, two of ring_tile_scores fp32 or of the whole (heads, Tq, Tk) when
-//     smaller (a layer's attention backward, the later layers' activations freed; measured at 4k
-//     tokens a rank the ring then peaks where the head alone would).
+//     probabilities and dS, two fp32 (heads, ring_tile_rows, Tk) buffers, three with a soft-cap
+//     (a layer's attention backward, the later layers' activations freed; measured at 4k tokens
+//     a rank the ring then peaks where the head alone would).
 // A critic's value head adds nothing measurable (one value per token).
 constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int64_t seq, std::int64_t micro_batch,
                                        bool sequence_parallel, double element, std::int64_t microbatches = 0,
@@ -370,6 +380,13 @@ constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int
   for (std::int64_t i = 0; i < s.layers.get(); ++i)
     if (place_of_layer(s, l, i).pp_rank == 0)
       layers += detail::layer_activation_bytes(s, l, seq, micro_batch, sequence_parallel, r, i, false);
+  if (s.attn_softcap.get() != 0 && !cp_ring(l) && r == recompute::none) {
+    const double heads = static_cast<double>(s.heads.get()) / static_cast<double>(l.tp.get() * l.cp.get());
+    for (std::int64_t i = 0; i < s.layers.get(); ++i)
+      if (place_of_layer(s, l, i).pp_rank == 0 && layer_activation_terms(s, i).scores > 0)
+        layers += 8.0 * heads * static_cast<double>(seq) * static_cast<double>(seq) * static_cast<double>(micro_batch) /
+                  (element / 2);  // (scaled back below: fp32 whatever the element)
+  }
   double bytes = layers * in_flight * element / 2;
   const std::int64_t tokens = seq * micro_batch / l.cp.get();  // this rank's own
   double head = 0, tiles = 0;
@@ -380,8 +397,9 @@ constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int
   }
   if (cp_ring(l)) {
     const std::int64_t heads = s.heads.get() / l.tp.get();
-    const double whole = static_cast<double>(heads) * static_cast<double>(tokens) * static_cast<double>(tokens);
-    tiles = 2.0 * 4.0 * (whole < static_cast<double>(ring_tile_scores) ? whole : static_cast<double>(ring_tile_scores));
+    const double buffers = s.attn_softcap.get() != 0 ? 3.0 : 2.0;
+    tiles = buffers * 4.0 * static_cast<double>(heads) * static_cast<double>(ring_tile_rows(heads, tokens, tokens)) *
+            static_cast<double>(tokens);
   }
   return bytes + (head > tiles ? head : tiles);
 }
@@ -460,18 +478,20 @@ constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64
 }
 
 // Bytes one rank sends around its cp ring in one forward + backward under ring context
-// parallelism (layers/ring_attention.hpp), for its own `tokens` rows: each attention layer of its
-// stage passes its k/v block (its tp rank's kv heads; one when they are fewer than tp) with the
-// rows' positions and sequence ids (int64) cp - 1 times forward, and k/v, the ids and dk/dv (fp32)
-// cp times backward, the last pass bringing dk/dv home.
+// parallelism (layers/ring_attention.hpp), for its own `tokens` rows: each token-mixing layer of
+// its stage passes its k/v block (module_node::ring_sent: its tp rank's kv heads, one when they
+// are fewer than tp; MLA's every head at its k and v widths) with the rows' positions and sequence
+// ids (int64) cp - 1 times forward, and k/v, the ids and dk/dv (fp32) cp times backward, the last
+// pass bringing dk/dv home.
 constexpr double cp_ring_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
   if (!cp_ring(l)) return 0;
   const double cp = static_cast<double>(l.cp.get()), rows = static_cast<double>(tokens);
-  const std::int64_t kv = s.kv_heads.get(), tp = l.tp.get();
-  const double heads = static_cast<double>(kv >= tp ? kv / tp : 1), d = static_cast<double>(effective_head_dim(s).get());
-  const double kv_block = 2 * rows * heads * d * element, ids = 2 * rows * 8, grads = 2 * rows * heads * d * 4;
-  const double per_layer = (cp - 1) * (kv_block + ids) + cp * (kv_block + ids + grads);
-  return per_layer * busiest_pp_rank(s, l, [](std::int64_t) { return 1.0; });
+  return busiest_pp_rank(s, l, [&](std::int64_t i) {
+    const double kv = layer_ring_sent(s, i, l.tp.get());
+    if (kv == 0) return 0.0;
+    const double kv_block = rows * kv * element, ids = 2 * rows * 8, grads = rows * kv * 4;
+    return (cp - 1) * (kv_block + ids) + cp * (kv_block + ids + grads);
+  });
 }
 
 }  // namespace megadsl

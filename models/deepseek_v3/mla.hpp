@@ -99,9 +99,15 @@ struct mla {
     param("kv_up", "kv_b_proj", &geo::column<&kv_up>, presence::always, false);
     param("o_proj", "o_proj", &geo::row<&out>, presence::always, false);
     b.rule(&mla_rule);
-    return b.cp_traffic(b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
-                                {.whole = 3, .split = 8, .scores = 5}, &score_units),
-                        &cp_sent);
+    return b.ring_traffic(b.cp_traffic(b.costs(b.node(at, &modules::mla, {}, "mla", "mla (multi-head latent attention)", &details),
+                                               {.whole = 3, .split = 8, .scores = 5}, &score_units),
+                                       &cp_sent),
+                          &ring_sent);
+  }
+  // Under the ring: every head of the tp rank's k (nope + rope wide, the shared rotary key in each)
+  // and v (its own width).
+  static constexpr double ring_sent(const shape& s, std::int64_t tp) {
+    return static_cast<double>(s.heads.get() / tp * (qk_dim(s) + m(s).v));
   }
   // Under cp: each tp rank's heads' [q | k_nope | v] there and the output back by all-to-all, the
   // shared rotary key (head_dim wide) gathered whole.

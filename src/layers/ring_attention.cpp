@@ -66,11 +66,8 @@ std::vector<at::Tensor> empty_like_all(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-// Queries a tile at a time: the scores of a tile against a block, (Hq, tile, Tk) fp32, about
-// ring_tile_scores elements (formulas.hpp: 32 MiB), never the whole (Tq, Tk).
-std::int64_t tile_rows(std::int64_t heads, std::int64_t tq, std::int64_t tk) {
-  return std::clamp<std::int64_t>(ring_tile_scores / std::max<std::int64_t>(1, heads * tk), 16, std::max<std::int64_t>(tq, 1));
-}
+// Queries a tile at a time (formulas.hpp ring_tile_rows): the scores of a tile against a block,
+// (Hq, tile, Tk) fp32, about ring_tile_scores elements (32 MiB), never the whole (Tq, Tk).
 
 // The key columns [first, first + count) of a block that some row of a query tile may see (the
 // tile's `ok` narrowed to them); count 0: none, the tile skips the block. Under the load-balanced
@@ -111,7 +108,7 @@ void forward_tile(const at::Tensor& q, const ring_tokens& mine, const std::vecto
 }
 
 // One query tile's share of the backward against one block: its dq, and the block's dk, dv.
-// At most two tile-sized buffers live (P, then dS beside it; a third with a soft-cap).
+// At most two tile-sized buffers live (P, then dS beside it; a third, tanh, with a soft-cap).
 void backward_tile(const at::Tensor& q, const ring_tokens& mine, std::vector<at::Tensor>& block, const ring_mask& mask,
                    double scale, std::int64_t start, std::int64_t n, const at::Tensor& dout, const at::Tensor& delta,
                    const at::Tensor& lse, at::Tensor& dq) {
@@ -130,7 +127,7 @@ void backward_tile(const at::Tensor& q, const ring_tokens& mine, std::vector<at:
   const at::Tensor dot = dout.narrow(2, start, n);
   at::Tensor ds = at::matmul(dot, vf.transpose(-1, -2));                                           // dP
   ds.sub_(delta.narrow(2, start, n)).mul_(p);                                                      // dS = P (dP - delta)
-  if (mask.softcap > 0) ds.mul_(1 - capped.pow(2));  // through the soft-cap
+  if (mask.softcap > 0) ds.mul_(capped.pow_(2).neg_().add_(1));  // through the soft-cap: 1 - tanh^2, in place
   dq.narrow(2, start, n).add_(at::matmul(ds, kf) * scale);
   const at::Tensor qf = qt.to(at::kFloat).view({hkv, g, n, qt.size(2)});
   block[4].narrow(1, keys.first, keys.count).add_((at::matmul(ds.transpose(-1, -2), qf) * scale).sum(1));  // (Hkv, Tk', d)
@@ -147,7 +144,7 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     const ring_tokens mine{position, sequence};
     at::Tensor out = at::zeros({hkv, g, t, d}, q.options().dtype(at::kFloat));                         // (Hkv, g, Tq, d)
     at::Tensor lse = at::full({hkv, g, t, 1}, minus_infinity, q.options().dtype(at::kFloat));          // (Hkv, g, Tq, 1)
-    const std::int64_t tile = tile_given > 0 ? tile_given : tile_rows(hq, t, k.size(1));
+    const std::int64_t tile = tile_given > 0 ? tile_given : ring_tile_rows(hq, t, k.size(1));
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), position.contiguous(), sequence.contiguous()};
     for (int step = 0; step < cp->size(); ++step) {
       std::vector<at::Tensor> next;
@@ -194,7 +191,7 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     // softmax's row term; the sink has no value). Its probabilities on the other logits are in lse.
     at::Tensor dsinks;
     if (sinks.numel() > 0)
-      dsinks = -(at::exp(sinks.to(at::kFloat).view({hkv, g, 1, 1}) - lse) * delta).sum({2, 3}).view({hq}).to(sinks.scalar_type());
+      dsinks = -(at::exp(sinks.to(at::kFloat).view({hkv, g, 1, 1}) - lse) * delta).sum({2, 3}).reshape(sinks.sizes()).to(sinks.scalar_type());
     at::Tensor dq = at::zeros({hkv, g, t, q.size(2)}, q.options().dtype(at::kFloat));
     const std::int64_t tile = ctx->saved_data["tile"].toInt();
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), mine.position.contiguous(), mine.sequence.contiguous(),

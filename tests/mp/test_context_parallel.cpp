@@ -189,6 +189,7 @@ TEST_CASE("ring context parallelism: what goes around the ring is what plan coun
   check_cp_bytes<tiny8, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>(false);
   check_cp_bytes<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>(false);
   check_cp_bytes<tiny8_olmo2, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .cp_comm = ring}>(false);
+  check_cp_bytes<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>(false);  // MLA: k and v at their widths
 }
 
 // 6 query heads: at tp 2 a rank's 3 do not split over cp 4 (Ulysses refuses: cp_splits_heads);

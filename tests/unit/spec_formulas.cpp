@@ -498,6 +498,11 @@ TEST_CASE("ring context parallelism: its traffic by hand, the rules that differ 
   // 3 times forward; k/v, ids and dk/dv (fp32) 4 times backward.
   const double kv = 2.0 * tokens * 128 * 2, ids = 2.0 * tokens * 8, grads = 2.0 * tokens * 128 * 4;
   CHECK(cp_ring_bytes(llama, layout{.tp = 8, .cp = 4, .cp_comm = ring}, tokens, 2) == 32 * (3 * (kv + ids) + 4 * (kv + ids + grads)));
+  // MLA passes every head of its tp rank, k at nope + rope (192) and v at 128: 16 heads at tp 8.
+  const auto ds = megadsl::find_preset("deepseek-v3")->s;
+  const double mla_kv = tokens * 16.0 * (192 + 128) * 2, mla_grads = tokens * 16.0 * (192 + 128) * 4;  // bf16, fp32
+  CHECK(cp_ring_bytes(ds, layout{.tp = 8, .cp = 4, .cp_comm = ring}, tokens, 2) ==
+        Approx(61 * (3 * (mla_kv + ids) + 4 * (mla_kv + ids + mla_grads))));
   // Qwen2.5-7B at tp 4: 7 query heads a rank do not split over cp 2 (Ulysses) and run under the ring.
   const auto qwen = megadsl::find_preset("qwen2.5-7b")->s;
   CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2}).has("cp_splits_heads"));
@@ -543,12 +548,29 @@ TEST_CASE("megadsl's own activation peak: the layers without scores, the LM head
   CHECK(activation_peak_bytes(s, layout{.cp = 4}, 8192, 1, false, 2) == Approx(per_rank4 + head4));
   CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 8192, 1, false, 2) == Approx(per_rank4 + head4));
   CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 8192, 1, false, 2, 0, false) == Approx(per_rank4 + tiles));
+  // A tile is at least 16 rows (formulas.hpp ring_tile_rows): 32 heads x 16 x 65536 keys at 262144
+  // tokens over cp 4, more than ring_tile_scores.
+  CHECK(megadsl::ring_tile_rows(32, 65536, 65536) == 16);
+  CHECK(megadsl::ring_tile_rows(32, 2048, 2048) == 128);
+  CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 262144, 1, false, 2, 0, false) ==
+        Approx(per_rank4 * 32 + 2.0 * 4.0 * 32 * 16 * 65536));
   // Fewer scores than a tile: the whole (heads, Tq, Tk), 32 x 256 x 256 at 1024 tokens over cp 4.
   CHECK(activation_peak_bytes(s, layout{.cp = 4, .cp_comm = ring}, 1024, 1, false, 2, 0, false) ==
         Approx(per_rank4 / 8 + 2.0 * 4.0 * 32 * 256 * 256));
   // Full recompute keeps each layer's input (2 sbh / element 2).
   CHECK(activation_peak_bytes(s, layout{.recompute = megadsl::recompute_kind::full}, 8192, 1, false, 2, 0, false) ==
         Approx(32 * 2 * seq * h + 2 * 2 * seq * h));
+  // A soft-capped attention (Gemma2-9B: 42 layers, 16 heads, h 3584) runs the explicit core: its
+  // fp32 tanh and probabilities, 8 bytes a score, on top of the paper's terms without scores.
+  const auto g2 = megadsl::gemma2_9b::shape;
+  const double g_seq = 4096, g_scores = 42 * 8.0 * 16 * g_seq * g_seq;
+  const double g_layers = megadsl::activation_bytes_first_stage(g2, layout{}, 4096, 1, false) - 42 * 5.0 * 16 * g_seq * g_seq;
+  CHECK(activation_peak_bytes(g2, layout{}, 4096, 1, false, 2, 0, false) == Approx(g_layers + 2 * 2 * g_seq * 3584 + g_scores));
+  // Under Ulysses cp 2 each rank holds half the heads' scores over the whole sequence; the ring none.
+  CHECK(activation_peak_bytes(g2, layout{.cp = 2}, 4096, 1, false, 2, 0, false) ==
+        Approx(g_layers / 2 + 2 * 2 * g_seq / 2 * 3584 + g_scores / 2));
+  CHECK(activation_peak_bytes(g2, layout{.cp = 2, .cp_comm = ring}, 4096, 1, false, 2, 0, false) <
+        g_layers / 2 + 2 * 2 * g_seq / 2 * 3584 + g_scores / 8);
   // The paper's row keeps the scores on top: 5as/h = 5 x 32 x 8192 / 4096 = 320 per layer.
   CHECK(megadsl::activation_bytes_first_stage(s, layout{}, 8192, 1, false) == Approx(layers + 32 * 320 * seq * h));
 }

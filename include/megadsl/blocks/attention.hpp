@@ -55,6 +55,11 @@ constexpr double gqa_cp_sent(const shape& s, std::int64_t tp, std::int64_t cp) {
   if (g % cp == 0) return static_cast<double>((2 * n + 2 * g) * d) * all_to_all_share(cp);
   return static_cast<double>(2 * n * d) * all_to_all_share(cp) + static_cast<double>(2 * g * d * (cp - 1));
 }
+// Under the ring: its tp rank's kv heads' k and v (one head when they are fewer than tp).
+constexpr double gqa_ring_sent(const shape& s, std::int64_t tp) {
+  const std::int64_t g = s.kv_heads.get() >= tp ? s.kv_heads.get() / tp : 1;
+  return static_cast<double>(2 * g * effective_head_dim(s).get());
+}
 constexpr void interleaved_qkv_rule(const shape& s, const layout&, violations& out) {
   if (megadsl::detail::known(s.heads, s.kv_heads) && s.heads.get() != s.kv_heads.get())
     out.add("interleaved_qkv_needs_kv_heads_equal_heads", {s.heads.get(), s.kv_heads.get()})
@@ -142,10 +147,11 @@ struct attention {
     name.append(">");
     // Keeps its input (2, whole without SP) and the dropout mask (1), q and k (4), v (2), the
     // output projection's input (2) split over tp, and the softmax with its mask (5 a s b s).
-    return b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(), K.rope ? "attention" : "attention (no RoPE)", &details,
-                                       knobs_of(K)),
-                                {.whole = 3, .split = 8, .scores = 5}, &score_units),
-                        &gqa_cp_sent);
+    return b.ring_traffic(b.cp_traffic(b.costs(b.node(at, &modules::attention, {qk}, name.view(),
+                                                      K.rope ? "attention" : "attention (no RoPE)", &details, knobs_of(K)),
+                                               {.whole = 3, .split = 8, .scores = 5}, &score_units),
+                                       &gqa_cp_sent),
+                          &gqa_ring_sent);
   }
 };
 

@@ -219,6 +219,11 @@ class arch_builder {
     nodes[static_cast<std::size_t>(node)].cp_sent = f;
     return node;
   }
+  // What it passes around the cp ring per row (architecture.hpp's module_node::ring_sent).
+  constexpr int ring_traffic(int node, double (*f)(const shape&, std::int64_t tp)) {
+    nodes[static_cast<std::size_t>(node)].ring_sent = f;
+    return node;
+  }
   // Not a line of its own in `describe` (a norm its residual's line names).
   constexpr void hide(int node) { labels[static_cast<std::size_t>(node)] = {}; }
   [[nodiscard]] constexpr std::string_view label(int node) const { return labels[static_cast<std::size_t>(node)].view(); }
