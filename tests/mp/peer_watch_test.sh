@@ -54,7 +54,8 @@ scenario() {
   if [ "$sig" = STOP ]; then
     # Continued, the stopped rank learns it was frozen and ends saying so (it used to blame a peer).
     kill -CONT "${pids[$victim]}"
-    for _ in $(seq 1 50); do kill -0 "${pids[$victim]}" 2>/dev/null || break; sleep 0.1; done
+    # (Up to 15 s: a CI run beside other heavy tests once took more than 5 s to schedule it.)
+    for _ in $(seq 1 150); do kill -0 "${pids[$victim]}" 2>/dev/null || break; sleep 0.1; done
     # (Catch wraps an exception's message over lines: compared with the lines joined.)
     if ! tr '\n' ' ' < "$work/$name.$victim.log" | tr -s ' ' | grep -q "it was stopped or frozen for"; then
       echo "$name: rank $victim, continued, did not say it had been stopped:"; cat "$work/$name.$victim.log"; fail=1
