@@ -165,17 +165,26 @@ constexpr double in_flight_microbatches(const layout& l, std::int64_t microbatch
 // With an even split and pp micro-batches in flight this is about L x per-layer, the paper's
 // "first stage holds L/p layers x p micro-batches". Not included (each a few sbh): embedding
 // dropout, final norm, logits and cross-entropy on the last stage.
+namespace detail {
+// The layers of pp rank 0 (over all its chunks), each its kind's bytes (with the scores' term or
+// without it), x the micro-batches in flight.
+constexpr double first_stage_layer_bytes(const shape& s, const layout& l, std::int64_t seq, std::int64_t micro_batch,
+                                         bool sequence_parallel, std::int64_t microbatches, recompute r, bool with_scores) {
+  const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
+                                           : in_flight_microbatches(l, microbatches);
+  double layers = 0;
+  for (std::int64_t i = 0; i < s.layers.get(); ++i)
+    if (place_of_layer(s, l, i).pp_rank == 0)
+      layers += layer_activation_bytes(s, l, seq, micro_batch, sequence_parallel, r, i, with_scores);
+  return layers * in_flight;
+}
+}  // namespace detail
+
 constexpr double activation_bytes_first_stage(const shape& s, const layout& l, std::int64_t seq,
                                               std::int64_t micro_batch, bool sequence_parallel,
                                               std::int64_t microbatches = 0,
                                               recompute r = recompute::none) {
-  const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
-                                           : in_flight_microbatches(l, microbatches);
-  double layers = 0;  // the layers of pp rank 0, each its own kind's bytes
-  for (std::int64_t i = 0; i < s.layers.get(); ++i)
-    if (place_of_layer(s, l, i).pp_rank == 0)
-      layers += activation_bytes_per_layer(s, l, seq, micro_batch, sequence_parallel, r, i);
-  return layers * in_flight;
+  return detail::first_stage_layer_bytes(s, l, seq, micro_batch, sequence_parallel, microbatches, r, true);
 }
 
 // ---- FLOPs -----------------------------------------------------------------------------------------
@@ -374,20 +383,12 @@ constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int
                                        bool sequence_parallel, double element, std::int64_t microbatches = 0,
                                        bool actor = true) {
   const recompute r = l.recompute.get();
-  const double in_flight = l.vpp.get() > 1 ? in_flight_microbatches(l) * interleave_factor(l)
-                                           : in_flight_microbatches(l, microbatches);
-  double layers = 0;
-  for (std::int64_t i = 0; i < s.layers.get(); ++i)
-    if (place_of_layer(s, l, i).pp_rank == 0)
-      layers += detail::layer_activation_bytes(s, l, seq, micro_batch, sequence_parallel, r, i, false);
-  if (s.attn_softcap.get() != 0 && !cp_ring(l) && r == recompute::none) {
-    const double heads = static_cast<double>(s.heads.get()) / static_cast<double>(l.tp.get() * l.cp.get());
-    for (std::int64_t i = 0; i < s.layers.get(); ++i)
-      if (place_of_layer(s, l, i).pp_rank == 0 && layer_activation_terms(s, i).scores > 0)
-        layers += 8.0 * heads * static_cast<double>(seq) * static_cast<double>(seq) * static_cast<double>(micro_batch) /
-                  (element / 2);  // (scaled back below: fp32 whatever the element)
-  }
-  double bytes = layers * in_flight * element / 2;
+  const double kept = detail::first_stage_layer_bytes(s, l, seq, micro_batch, sequence_parallel, microbatches, r, false);
+  double bytes = kept * element / 2;
+  // The explicit core's fp32 tanh and probabilities: 8 bytes a score where the paper counts 5.
+  if (s.attn_softcap.get() != 0 && !cp_ring(l))
+    bytes += 8.0 / 5.0 *
+             (detail::first_stage_layer_bytes(s, l, seq, micro_batch, sequence_parallel, microbatches, r, true) - kept);
   const std::int64_t tokens = seq * micro_batch / l.cp.get();  // this rank's own
   double head = 0, tiles = 0;
   if (l.pp.get() == 1) {
