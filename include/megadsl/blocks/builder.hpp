@@ -102,12 +102,15 @@ class arch_builder {
     basic_text<80> name;
     std::array<basic_text<112>, 3> hf;
   };
-  std::array<row_text, max_rows> texts{};
+  // The text arrays are default-initialised (each element by its own member initialisers), not
+  // value-initialised with {}: GCC 13 then reads an element never assigned (a mixture's router's
+  // signature) as "<anonymous>" out of its lifetime and rejects the constant expression.
+  std::array<row_text, max_rows> texts;
   std::array<param_row, max_rows> rows{};
   int row_count = 0;
-  std::array<basic_text<48>, max_nodes> prefixes{};
-  std::array<basic_text<160>, max_nodes> labels{};
-  std::array<basic_text<384>, max_nodes> signatures{};
+  std::array<basic_text<48>, max_nodes> prefixes;
+  std::array<basic_text<160>, max_nodes> labels;
+  std::array<basic_text<384>, max_nodes> signatures;
   std::array<module_node, max_nodes> nodes{};
   int node_count = 0;
   std::array<layer_kind, max_kinds> kinds{};
