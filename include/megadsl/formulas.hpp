@@ -325,17 +325,25 @@ constexpr double megatron_flops(const shape& s, const layout& l, const Seqlens& 
 
 // A training step computes the head's (tokens x V'/tp) logits whole up to this many a micro-batch
 // (1 GiB in fp32), in chunks of about lm_head_chunk_elements beyond it (forward and backward, the
-// GEMM again in the backward); inference always goes a chunk at a time.
+// GEMM again in the backward); inference always goes a chunk at a time. Both are counts of fp32
+// logits, whose head holds lm_head_fp32_logit_bytes a logit (the logits, their softmax, their
+// gradient); 16-bit logits through the fused CUDA kernels hold lm_head_fused_logit_bytes (the
+// logits and their gradient), and the same bytes then hold 3x the logits.
 inline constexpr std::int64_t lm_head_whole_max_elements = std::int64_t{1} << 28;
 inline constexpr std::int64_t lm_head_chunk_elements = std::int64_t{1} << 25;  // 128 MB in fp32
+inline constexpr std::int64_t lm_head_fp32_logit_bytes = 12;
+inline constexpr std::int64_t lm_head_fused_logit_bytes = 4;
 
 // The tokens of the chunk a training step's head takes for `tokens` per rank over `vocab_local`
 // (V'/tp) columns, asked `asked` (model_options::head_chunk_tokens: > 0 that chunk, -1 whole, 0
-// the rule above); 0: whole.
-constexpr std::int64_t lm_head_training_chunk(std::int64_t tokens, std::int64_t vocab_local, std::int64_t asked) {
+// the rule above), its logits holding `logit_bytes` each; 0: whole.
+constexpr std::int64_t lm_head_training_chunk(std::int64_t tokens, std::int64_t vocab_local, std::int64_t asked,
+                                              std::int64_t logit_bytes = lm_head_fp32_logit_bytes) {
   if (asked > 0) return asked;
-  if (asked < 0 || tokens * vocab_local <= lm_head_whole_max_elements) return 0;
-  return vocab_local >= lm_head_chunk_elements ? 1 : lm_head_chunk_elements / vocab_local;
+  const std::int64_t whole_max = lm_head_whole_max_elements * lm_head_fp32_logit_bytes / logit_bytes;
+  const std::int64_t chunk = lm_head_chunk_elements * lm_head_fp32_logit_bytes / logit_bytes;
+  if (asked < 0 || tokens * vocab_local <= whole_max) return 0;
+  return vocab_local >= chunk ? 1 : chunk / vocab_local;
 }
 
 // The head's extra peak bytes in one forward + backward of a micro-batch of `tokens` per rank over
@@ -344,7 +352,7 @@ constexpr std::int64_t lm_head_training_chunk(std::int64_t tokens, std::int64_t 
 constexpr double lm_head_peak_bytes(std::int64_t tokens, std::int64_t vocab_local, std::int64_t asked = 0) {
   const std::int64_t chunk = lm_head_training_chunk(tokens, vocab_local, asked);
   const std::int64_t rows = chunk > 0 && chunk < tokens ? chunk : tokens;
-  return 3.0 * 4.0 * static_cast<double>(rows) * static_cast<double>(vocab_local);
+  return static_cast<double>(lm_head_fp32_logit_bytes) * static_cast<double>(rows) * static_cast<double>(vocab_local);
 }
 
 // ---- what a megadsl step holds at its peak ------------------------------------------------------

@@ -138,6 +138,26 @@ struct logprob_entropy_fn : torch::autograd::Function<logprob_entropy_fn> {
   }
 };
 
+// The fused kernels' forward over 16-bit logits (T, width) this rank's columns: one kernel reads
+// each row once for its local (max, sum exp, sum exp z, z_y), rescaled to the global max after the
+// max all-reduce. The log-probs and entropy, with m, s and a over the whole vocabulary (T) fp32.
+row_stats fused_stats_of(const at::Tensor& logits, const at::Tensor& labels, std::int64_t start, std::int64_t true_vocab,
+                         const comm_group* tp, bool with_entropy) {
+  const std::int64_t valid = std::max<std::int64_t>(0, std::min(logits.size(1), true_vocab - start));
+  auto [m_local, s_local, a_local, z_y] = logits_row_stats(logits, labels, start, valid);  // (T) each
+  at::Tensor m = m_local.clone();
+  all_reduce(m, tp, reduce_op::max);
+  const at::Tensor rescale = at::exp(m_local - m);  // 0 on a shard of padding alone (m_local = -inf)
+  at::Tensor sums = at::stack({s_local * rescale, z_y, a_local * rescale}).contiguous();
+  all_reduce(sums, tp, reduce_op::sum);
+  row_stats r;
+  r.m = m, r.s = sums[0], r.a = sums[2];
+  const at::Tensor log_s = at::log(r.s);
+  r.log_probs = sums[1] - m - log_s;
+  r.entropy = with_entropy ? m + log_s - r.a / r.s : at::zeros_like(r.log_probs);
+  return r;
+}
+
 // The LM head and its log-probs a chunk of rows at a time (chunked_head_logprob_entropy): the
 // forward keeps per row only m, s and a; the backward recomputes each chunk's logits with autograd
 // on (the same operations as head_logits) and takes its gradients to h and w from logits_grad's.
@@ -154,7 +174,10 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
     for (std::int64_t first = 0; first == 0 || first < rows; first += chunk_rows) {
       const std::int64_t n = std::min(chunk_rows, rows - first);
       const at::Tensor logits = head_logits(h, w, t, first, n, invariant);  // (n, V'/tp)
-      row_stats r = stats_of(logits, labels.narrow(0, first, n), start, true_vocab, tp, with_entropy, invariant);
+      const at::Tensor chunk_labels = labels.narrow(0, first, n);
+      row_stats r = fused_kernels_take(logits) && !invariant
+                        ? fused_stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy)
+                        : stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy, invariant);
       lp.push_back(r.log_probs), ent.push_back(r.entropy), ms.push_back(r.m), ss.push_back(r.s), as.push_back(r.a);
     }
     ctx->save_for_backward({h, w, labels, row_temperature, at::cat(ms), at::cat(ss), at::cat(as)});
@@ -193,12 +216,20 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
       head_transform tc = t;  // the chunk's rows of the per-row temperatures
       if (tc.row_temperature.defined()) tc.row_temperature = tc.row_temperature.narrow(0, first, n);
       const at::Tensor logits = head_logits(hl, wl, tc, 0, n, invariant);
-      const auto math = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-      const at::Tensor z = logits.detach().narrow(1, 0, valid).to(math);
       const auto part = [&](const at::Tensor& g) { return g.defined() ? g.narrow(0, first, n) : at::Tensor(); };
-      const at::Tensor dlogits = logits_grad(z, m.narrow(0, first, n), s.narrow(0, first, n), a.narrow(0, first, n),
-                                             labels.narrow(0, first, n), start, width, logits.scalar_type(),
-                                             part(grads[0]), part(grads[1]));
+      at::Tensor dlogits;
+      if (fused_kernels_take(logits) && !invariant) {  // the gradient in the logits' dtype, one kernel
+        const at::Tensor mc = m.narrow(0, first, n);
+        const at::Tensor g_logp = grads[0].defined() ? part(grads[0]) : at::zeros_like(mc);
+        const at::Tensor g_h = grads[1].defined() ? part(grads[1]) : at::zeros_like(mc);
+        dlogits = logits_row_grad(logits.detach(), labels.narrow(0, first, n), start, valid, mc, s.narrow(0, first, n),
+                                  a.narrow(0, first, n), g_logp, g_h);
+      } else {
+        const auto math = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+        const at::Tensor z = logits.detach().narrow(1, 0, valid).to(math);
+        dlogits = logits_grad(z, m.narrow(0, first, n), s.narrow(0, first, n), a.narrow(0, first, n),
+                              labels.narrow(0, first, n), start, width, logits.scalar_type(), part(grads[0]), part(grads[1]));
+      }
       std::vector<at::Tensor> inputs;
       if (want_h) inputs.push_back(hl);
       if (want_w) inputs.push_back(wl);
@@ -211,29 +242,18 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
   }
 };
 
-// The same results from 16-bit CUDA logits in two fused passes (fused_ops.hpp): one kernel reads
-// each row once for its local (max, sum exp, sum exp z, z_y), rescaled to the global max after the
-// max all-reduce; the backward recomputes p in one kernel that writes the gradient in the logits'
-// dtype. Keeps the 16-bit logits for the backward, not an fp32 copy of them.
+// The same results from 16-bit CUDA logits in two fused passes (fused_ops.hpp): fused_stats_of
+// forward; the backward recomputes p in one kernel that writes the gradient in the logits' dtype. Keeps the 16-bit logits for the backward, not an fp32 copy of them.
 struct fused_logprob_entropy_fn : torch::autograd::Function<fused_logprob_entropy_fn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
                                std::int64_t start, std::int64_t true_vocab, const comm_group* tp,
                                bool with_entropy) {
     const std::int64_t valid = std::max<std::int64_t>(0, std::min(logits.size(1), true_vocab - start));
-    auto [m_local, s_local, a_local, z_y] = logits_row_stats(logits, labels, start, valid);  // (T) each
-    at::Tensor m = m_local.clone();
-    all_reduce(m, tp, reduce_op::max);
-    const at::Tensor rescale = at::exp(m_local - m);  // 0 on a shard of padding alone (m_local = -inf)
-    at::Tensor sums = at::stack({s_local * rescale, z_y, a_local * rescale}).contiguous();
-    all_reduce(sums, tp, reduce_op::sum);
-    const at::Tensor s = sums[0], a = sums[2];
-    const at::Tensor log_s = at::log(s);
-    at::Tensor logp = sums[1] - m - log_s;
-    at::Tensor entropy = with_entropy ? m + log_s - a / s : at::zeros_like(logp);
-    ctx->save_for_backward({logits, m, s, a, labels});
+    const row_stats r = fused_stats_of(logits, labels, start, true_vocab, tp, with_entropy);
+    ctx->save_for_backward({logits, r.m, r.s, r.a, labels});
     ctx->saved_data["start"] = start;
     ctx->saved_data["valid"] = valid;
-    return {logp, entropy};
+    return {r.log_probs, r.entropy};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

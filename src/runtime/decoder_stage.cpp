@@ -18,6 +18,7 @@
 #include "megadsl/require_valid.hpp"
 #include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/layers/dropout.hpp"
+#include "megadsl/layers/fused_ops.hpp"
 #include "megadsl/layers/invariant.hpp"
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/layer_plan.hpp"
@@ -633,7 +634,11 @@ class decoder_stage final : public model_core, public pipeline_stage {
         throw std::invalid_argument("megadsl: head_chunk_tokens = " + std::to_string(asked) +
                                     "; use a chunk of tokens > 0, 0 (chunks where the logits would pass 1 GiB) or -1 (whole)");
       const std::int64_t block_rows = std::max<std::int64_t>(1, lm_head_chunk_elements / lm_head_.size(0));
-      const std::int64_t chunk = lm_head_training_chunk(rows_in, lm_head_.size(0), asked);
+      // 16-bit logits through the fused kernels hold a third of fp32's bytes a logit: chunks of the
+      // same bytes hold 3x the rows (fewer passes over w's gradient).
+      const bool fused_head = fused_kernels_take(at::empty({0}, at::TensorOptions().dtype(compute_).device(device_))) && !invariant_;
+      const std::int64_t chunk = lm_head_training_chunk(rows_in, lm_head_.size(0), asked,
+                                                        fused_head ? lm_head_fused_logit_bytes : lm_head_fp32_logit_bytes);
       at::Tensor logits;
       logprob_entropy le;
       if (at::GradMode::is_enabled() && !o.return_logits && chunk > 0) {

@@ -201,6 +201,38 @@ TEST_CASE("fused kernels: log-probs and entropy over the vocabulary, and their g
                  r[0].log_probs.index({at::tensor({0, 1, 3, 4}).to(device)})) <= 1e-5);
 }
 
+// The training head in chunks of rows (chunked_head_logprob_entropy) through the fused kernels: the
+// composed chunks' log-probs and entropy, and gradients of h and w within one bf16 rounding; the
+// whole fused head's too (w's gradient summed over the chunks in fp32).
+TEST_CASE("fused kernels in the chunked LM head: the composed chunks' and the whole head's numbers", "[cuda]") {
+  const at::Device device = local_device(true);
+  at::manual_seed(5);
+  const at::Tensor h0 = at::randn({37, 64}).to(device, at::kBFloat16), w0 = (at::randn({1008, 64}) * 0.2).to(device, at::kBFloat16);
+  const at::Tensor labels = at::randint(0, 1000, {37}, at::TensorOptions().dtype(at::kLong)).to(device);
+  const at::Tensor g_logp = at::randn({37}).to(device), g_h = at::randn({37}).to(device);
+  const vocab_shard shard{.start = 0, .true_vocab = 1000};
+  std::array<at::Tensor, 4> out[3];  // logp, entropy, grad h, grad w: composed chunks, fused chunks, fused whole
+  for (int c = 0; c < 3; ++c) {
+    const fused_switch sw(c > 0);
+    at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    const logprob_entropy r = c < 2 ? chunked_head_logprob_entropy(h, w, labels, {}, shard, nullptr, true, false, 8)
+                                    : vocab_parallel_logprob_entropy(at::linear(h, w), labels, shard, nullptr, true);
+    ((r.log_probs * g_logp).sum() + (r.entropy * g_h).sum()).backward();
+    out[c] = {r.log_probs.detach(), r.entropy.detach(), h.grad(), w.grad()};
+  }
+  for (const int c : {1, 2}) {
+    INFO((c == 1 ? "fused chunks" : "fused whole") << " against the composed chunks");
+    // The same bf16 logits in chunks (one GEMM per chunk either way); the whole head's GEMM of all
+    // rows may round some logits the other way.
+    const double same_logits = c == 1 ? 1e-5 : 1e-2;
+    CHECK(rel_diff(out[c][0], out[0][0]) <= same_logits);
+    CHECK(rel_diff(out[c][1], out[0][1]) <= same_logits);
+    CHECK(out[c][2].scalar_type() == at::kBFloat16);
+    CHECK(rel_diff(out[c][2], out[0][2]) <= 2e-2);
+    CHECK(rel_diff(out[c][3], out[0][3]) <= 2e-2);
+  }
+}
+
 // RoPE's kernel against the composed ops on the same bf16 inputs, on a view of a fused projection
 // (q of [q | k | v] per kv group: rows with gaps), full and partial rotary, halves and interleaved
 // pairs: within one bf16 rounding of them, forward and backward, and on average no further from

@@ -473,6 +473,14 @@ TEST_CASE("the LM head's extra peak in training: whole up to 2^28 logits a micro
   CHECK(lm_head_training_chunk(1767, 151936, 0) == 220);
   CHECK(lm_head_training_chunk(1767, 151936, -1) == 0);  // asked whole
   CHECK(lm_head_training_chunk(100, 151936, 16) == 16);  // asked a chunk
+  // 16-bit logits through the fused CUDA kernels hold 4 bytes a logit, not 12: the same bytes hold
+  // 3x the logits, whole and in chunks. The GPU benchmark's batch (20,480 tokens of Llama-3.2's
+  // 128,256) goes in 27 chunks of 784 rows, where fp32 took 79 of 261.
+  using megadsl::lm_head_fused_logit_bytes;
+  CHECK(lm_head_training_chunk(20480, 128256, 0) == 261);
+  CHECK(lm_head_training_chunk(20480, 128256, 0, lm_head_fused_logit_bytes) == 784);
+  CHECK(lm_head_training_chunk(5300, 151936, 0, lm_head_fused_logit_bytes) == 0);  // 3x the logits fit whole
+  CHECK(lm_head_training_chunk(5301, 151936, 0, lm_head_fused_logit_bytes) == 662);
   // Three fp32 buffers of the rows (logits, softmax, gradient): 64k tokens whole would be 111 GiB
   // of them, chunked 0.37 GiB (bench_lm_head_memory measured 0.375).
   CHECK(lm_head_peak_bytes(65536, 151936) == 3.0 * 4 * 220 * 151936);
