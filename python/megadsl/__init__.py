@@ -48,6 +48,7 @@ from ._C import (
     LayoutError,
     Model,
     Trainer,
+    activation_offload_bytes,
     actor_loss,
     families_table,
     kernels,
@@ -94,6 +95,7 @@ __all__ = [
     "actor_loss",
     "value_loss",
     "kl_penalty",
+    "activation_offload_bytes",
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",

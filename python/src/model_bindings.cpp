@@ -14,6 +14,7 @@
 
 #include "bindings.hpp"
 #include "dynamic_model.hpp"
+#include "megadsl/layers/activation_offload.hpp"
 #include "megadsl/layers/lora_linear.hpp"
 #include "megadsl/runtime/lora_io.hpp"
 #include "megadsl/hf_config.hpp"
@@ -271,7 +272,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
-         const std::optional<std::filesystem::path>& lora_adapter, std::int64_t lora_rank, double lora_alpha,
+         bool offload_activations, const std::optional<std::filesystem::path>& lora_adapter, std::int64_t lora_rank, double lora_alpha,
          const py::object& lora_target_modules, const py::object& lora_target_parameters, double lora_dropout) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
@@ -310,6 +311,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
                                 "micro-batch's logits would pass 1 GiB) or -1 (never in training), got " +
                                 std::to_string(head_chunk_tokens));
         o.options.head_chunk_tokens = head_chunk_tokens;
+        o.options.offload_activations = offload_activations;
         if (lora_adapter) o.lora_adapter = *lora_adapter;
         if (lora_dropout != 0 && lora_rank == 0)
           throw py::value_error("megadsl.Model.from_hf: lora_dropout goes with lora_rank= (fresh adapters); a saved "
@@ -406,6 +408,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,
+      py::arg("offload_activations") = false,
       py::arg("lora_adapter") = py::none(), py::arg("lora_rank") = 0, py::arg("lora_alpha") = 16.0,
       py::arg("lora_target_modules") = "all-linear", py::arg("lora_target_parameters") = py::none(),
       py::arg("lora_dropout") = 0.0,
@@ -426,7 +429,9 @@ dropout={"attention_dropout": 0.0, ...} sets some of the family's dropout keys (
 model.override_config does); save_hf writes the rates the model trains with. The masks are the
 same in every layout. invariant=True (or Layout(invariant=True)): invariant arithmetic, a
 sequence's log-probs, entropy, values and routing the same bits whatever its batch, padding,
-micro-batching and layout (CPU; slower: see the README). head_chunk_tokens: the LM head computes its
+micro-batching and layout (CPU and CUDA; slower: see the README). offload_activations=True (with
+recompute="full"; verl's enable_activation_offload): the input each layer keeps for its rerun waits
+in pinned host memory, prefetched back one layer ahead on a side stream; the numbers are unchanged. head_chunk_tokens: the LM head computes its
 logits, log-probs and entropy this many tokens at a time in training too (forward and backward),
 so a micro-batch's (tokens x vocab / tp) logits are never whole; 0 (default): in chunks of 2^25
 logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
@@ -754,6 +759,11 @@ raise while offloaded.)");
       },
       "Bytes of device storage this rank's parameters and gradients hold now (0 while offloaded).");
   model.def_property_readonly("device", [](const dynamic_model& self) { return self.config().options.device.str(); });
+  model.def_property_readonly("offload_activations",
+                              [](const dynamic_model& self) { return self.config().options.offload_activations; },
+                              "whether the layers' kept inputs wait in host memory (from_hf(offload_activations=True))");
+  m.def("activation_offload_bytes", &activation_offload_bytes,
+        "bytes that activation offload has put in host memory in this process so far");
   model.def_property_readonly("load_notes", [](const dynamic_model& self) { return self.load_report().notes; },
                               "What loading the checkpoint reported (e.g. a value head that was initialised).");
   model.def("__repr__", &repr_of);

@@ -81,6 +81,40 @@ at::Tensor tiled_subtree(const at::Tensor& x, const at::Tensor& w, std::int64_t 
   return out;
 }
 
+// tiled_subtree on CUDA: cuBLAS picks its kernel, hence the summation order, by the operands'
+// shapes, leading dimensions and alignment, so x and w are first copied chunk-major and padded to
+// whole tiles, and every tile's every chunk is then one (rt, K / chunks) by (ct, K / chunks)^T
+// product into a contiguous (rt, ct): the same call wherever the tile lies in the batch and whatever
+// the rank's width (a chunk read in place would carry the rank's K as its leading dimension). One
+// call at a time on the current stream.
+at::Tensor tiled_subtree_cuda(const at::Tensor& x, const at::Tensor& w, std::int64_t chunks, const at::Tensor& bias) {
+  const std::int64_t rows = x.size(0), n = w.size(0), rt = invariant_row_tile, ct = invariant_col_tile;
+  const std::int64_t row_tiles = (rows + rt - 1) / rt, col_tiles = (n + ct - 1) / ct, width = x.size(1) / chunks;
+  // Zero-padded to whole tiles, chunk-major: x (chunks, R, width), w (chunks, C, width).
+  const auto chunk_major = [&](const at::Tensor& t, std::int64_t padded) {
+    const at::Tensor whole = t.size(0) == padded ? t : at::constant_pad_nd(t, {0, 0, 0, padded - t.size(0)});
+    return whole.view({padded, chunks, width}).transpose(0, 1).contiguous();
+  };
+  const at::Tensor xc = chunk_major(x, row_tiles * rt), wc = chunk_major(w, col_tiles * ct);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  at::Tensor products = at::empty({chunks, rt, ct}, x.options());
+  for (std::int64_t u = 0; u < col_tiles; ++u) {
+    const std::int64_t col = u * ct, cols = std::min(ct, n - col);
+    for (std::int64_t t = 0; t < row_tiles; ++t) {
+      const std::int64_t first = t * rt, count = std::min(rt, rows - first);
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        // Whole rows of the chunk-major copies: contiguous, leading dimension `width`, aligned to
+        // a multiple of 128 rows.
+        at::Tensor o = products.select(0, c);
+        at::mm_out(o, xc.select(0, c).narrow(0, first, rt), wc.select(0, c).narrow(0, col, ct).t());
+      }
+      if (bias.defined()) products.select(0, 0).narrow(1, 0, cols).add_(bias.narrow(0, col, cols));
+      out.narrow(0, first, count).narrow(1, col, cols).copy_(tree_sum(products).narrow(0, 0, count).narrow(1, 0, cols));
+    }
+  }
+  return out;
+}
+
 // tiled_subtree with autograd; the backward is the plain linear's (x (T, K), w (N, K), bias (N)
 // or empty: autograd functions take no undefined inputs).
 struct subtree_linear_fn : torch::autograd::Function<subtree_linear_fn> {
@@ -88,7 +122,8 @@ struct subtree_linear_fn : torch::autograd::Function<subtree_linear_fn> {
                             std::int64_t chunks) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["bias"] = bias.numel() > 0;
-    return tiled_subtree(x, w, chunks, bias.numel() > 0 ? bias : at::Tensor());
+    const at::Tensor b = bias.numel() > 0 ? bias : at::Tensor();
+    return x.is_cuda() ? tiled_subtree_cuda(x, w, chunks, b) : tiled_subtree(x, w, chunks, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -158,8 +193,10 @@ at::Tensor blocked(const at::Tensor& x, const std::function<at::Tensor(const at:
 invariant_scope::invariant_scope(bool on) : saved_(invariant_on) { invariant_on = on; }
 invariant_scope::~invariant_scope() { invariant_on = saved_; }
 
+// On CUDA an element-wise kernel computes every element by the same code, vectorised or not: where
+// the element falls cannot choose its bits, so `pointwise` and `exp_in_place` are ATen's own there.
 at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  if (!invariant_on || x.numel() == 0) return fn(x);
+  if (!invariant_on || x.numel() == 0 || x.is_cuda()) return fn(x);
   at::Tensor fixed;
   {
     const at::NoGradGuard no_grad;
@@ -175,7 +212,7 @@ at::Tensor pointwise(const at::Tensor& x, const std::function<at::Tensor(const a
 }
 
 void exp_in_place(at::Tensor& x) {
-  if (!invariant_on || x.numel() == 0) {
+  if (!invariant_on || x.numel() == 0 || x.is_cuda()) {
     x.exp_();
     return;
   }

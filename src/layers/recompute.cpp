@@ -1,5 +1,7 @@
 #include "megadsl/layers/recompute.hpp"
 
+#include "megadsl/layers/activation_offload.hpp"
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -45,20 +47,25 @@ struct recompute_fn : torch::autograd::Function<recompute_fn> {
 };
 
 struct layer_holder : torch::CustomClassHolder {
-  explicit layer_holder(layer_region f) : run(std::move(f)) {}
+  layer_holder(layer_region f, std::shared_ptr<activation_offload> o, std::int64_t s)
+      : run(std::move(f)), offload(std::move(o)), slot(s) {}
   layer_region run;
+  std::shared_ptr<activation_offload> offload;  // where x waits, or null: saved as it is
+  std::int64_t slot;
 };
 
 struct recompute_layer_fn : torch::autograd::Function<recompute_layer_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const c10::intrusive_ptr<layer_holder>& f) {
-    ctx->save_for_backward({x});
+    if (f->offload) f->offload->store(f->slot, x);
+    else ctx->save_for_backward({x});
     ctx->saved_data["layer"] = c10::IValue::make_capsule(f);
     return f->run(x);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     const auto f = c10::static_intrusive_pointer_cast<layer_holder>(ctx->saved_data["layer"].toCapsule());
+    const at::Tensor x =
+        (f->offload ? f->offload->load(f->slot) : ctx->get_saved_variables()[0].detach()).requires_grad_(true);
     const at::AutoGradMode on(true);
     ++reruns;
     const at::Tensor out = f->run(x);
@@ -73,12 +80,13 @@ struct recompute_layer_fn : torch::autograd::Function<recompute_layer_fn> {
 
 std::int64_t recompute_reruns() { return reruns.load(); }
 
-at::Tensor recompute_layer(layer_region f, const at::Tensor& x) {
+at::Tensor recompute_layer(layer_region f, const at::Tensor& x, std::shared_ptr<activation_offload> offload,
+                           std::int64_t slot) {
   if (!at::GradMode::is_enabled()) return f(x);
   // An input outside the graph (a frozen embedding) still feeds parameters that learn: as a leaf
   // of its own, it gives the layer's output a backward, hence the rerun.
   const at::Tensor input = x.requires_grad() ? x : x.detach().requires_grad_(true);
-  return recompute_layer_fn::apply(input, c10::make_intrusive<layer_holder>(std::move(f)));
+  return recompute_layer_fn::apply(input, c10::make_intrusive<layer_holder>(std::move(f), std::move(offload), slot));
 }
 
 at::Tensor recompute_in_backward(core_region f, const std::vector<at::Tensor>& inputs) {

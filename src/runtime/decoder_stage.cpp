@@ -23,6 +23,7 @@
 #include "megadsl/layers/kernels.hpp"
 #include "megadsl/layers/layer_plan.hpp"
 #include "megadsl/layers/moe.hpp"
+#include "megadsl/layers/activation_offload.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/agreement.hpp"
@@ -76,10 +77,18 @@ class decoder_stage final : public model_core, public pipeline_stage {
       : cfg_(c), plans_(plan_params(c.s, c.l, c.head)), groups_(&g), executor_(*g.pp, c.l.vpp.get()),
         device_(c.options.device),
         compute_(c.options.compute()), routing_slots_(routing_slots(c.s)), invariant_(c.l.invariant.get()) {
-    if (invariant_ && !device_.is_cpu())
-      throw std::invalid_argument("megadsl: layout invariant runs on the CPU in this version: its GEMM tiles and "
-                                  "attention are not pinned to one cuBLAS / flash path on CUDA yet; build the model "
-                                  "on the CPU or without invariant");
+    if (invariant_ && !device_.is_cpu() && !device_.is_cuda())
+      throw std::invalid_argument("megadsl: layout invariant runs on the CPU and CUDA, not on " + device_.str() +
+                                  "; build the model on one of them or without invariant");
+    if (invariant_ && device_.is_cuda() && c.s.linear_layers.get() != 0)
+      throw std::invalid_argument("megadsl: layout invariant on CUDA does not cover the gated DeltaNet yet: its chunked "
+                                  "rule's batched GEMMs and its conv change kernels with the batch (a sequence's fp32 "
+                                  "log-probs moved by 4.8e-6 on an H200); build this model on the CPU for invariant, "
+                                  "or without invariant");
+    if (c.options.offload_activations && c.l.recompute.get() != recompute_kind::full)
+      throw std::invalid_argument(std::string("megadsl: offload_activations moves the input each layer keeps under "
+                                              "recompute full to host memory, and this layout's recompute is ") +
+                                  std::string(name_of(c.l.recompute.get())) + "; set recompute full, or leave offload off");
     if (c.options.deterministic) {
       ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
       at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -416,8 +425,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // Padded to a multiple of cp (and of tp within each cp share under SP).
     // Invariant arithmetic packs every batch: attention then runs one sequence at a time, whatever
     // the padding (layers/invariant.hpp).
-    micro_input in{pack_tokens(b, cfg_.l.rmpad.get() || invariant_, cp_size_ * (sp_ ? tp_size_ : 1), cfg_.s.vocab.get()),
-                   {}, {}, {}, {}, {}, {}};
+    const std::int64_t rows_multiple = cp_size_ * (sp_ ? tp_size_ : 1) * (invariant_ && device_.is_cuda() ? invariant_cuda_rows : 1);
+    micro_input in{pack_tokens(b, cfg_.l.rmpad.get() || invariant_, rows_multiple, cfg_.s.vocab.get()), {}, {}, {}, {}, {}, {}};
     in.pk.to(device_);
     const at::Tensor inv_freq = rope_inv_freq(cfg_.s, in.pk.max_position + 1).to(device_);
     in.rope = rope_for_positions(inv_freq, in.pk.positions.narrow(0, 0, in.pk.tokens), cfg_.s);
@@ -571,6 +580,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     // outlives this call (forward() returns before the caller's backward): it owns a copy of the
     // micro-batch's inputs (tensors shared, not copied).
     const auto kept = std::make_shared<const micro_input>(in);
+    const auto offload = cfg_.options.offload_activations ? std::make_shared<activation_offload>(ch.count) : nullptr;
     for (std::int64_t i = 0; i < ch.count; ++i) {
       const std::int64_t layer = ch.first_layer + i;
       x = recompute_layer(
@@ -581,7 +591,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
             const invariant_scope arithmetic(invariant_);
             return decoder_layer(input, layer, *kept);
           },
-          x);
+          x, offload, i);
     }
     return x;
   }

@@ -3,6 +3,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include "megadsl/layers/activation_offload.hpp"
 #include "megadsl/layers/recompute.hpp"
 #include "megadsl/runtime/trainer.hpp"
 #include "layout_checks.hpp"
@@ -78,6 +79,48 @@ TEST_CASE("recompute runs each layer's region again in the backward, and full re
     model.forward(b);
     CHECK(recompute_reruns() == before);
   }
+}
+
+// verl's enable_activation_offload: the same layout and steps with the layer inputs through host
+// memory give the same bits (on the CPU the host copy is a separate tensor: the bookkeeping, slots
+// and order over micro-batches and interleaved chunks are what is tested; CUDA's streams in [cuda]).
+TEST_CASE("activation offload trains to the bits of full recompute without it, and is refused without full recompute",
+          "[world4][training][recompute]") {
+  const optimizer_config opt{.lr = 1e-4, .eps = 1e-6};
+  const actor_loss_config acfg{.clip_ratio = 0.2, .entropy_coeff = 0.01};
+  const rollout_batch rb = make_rollout(tiny8::shape.vocab);
+  const auto check = [&]<layout L>(std::int64_t microbatches) {
+    INFO("tp=" << L.tp.get() << " pp=" << L.pp.get() << " vpp=" << L.vpp.get() << " microbatches=" << microbatches);
+    auto groups = parallel_groups::build(dist(), L);
+    model_options offloaded = test_options<tiny8>();
+    offloaded.offload_activations = true;
+    parallel_model<causal_lm<tiny8, L>> plain(groups, test_options<tiny8>()), moved(groups, offloaded);
+    trainer a = make_trainer(plain, groups, opt, acfg), b = make_trainer(moved, groups, opt, acfg);
+    for (int step = 0; step < 3; ++step) {
+      const std::int64_t before = activation_offload_bytes();
+      const step_metrics ma = a.step(rb, microbatches);
+      const std::int64_t plain_bytes = activation_offload_bytes() - before;
+      const step_metrics mb = b.step(rb, microbatches);
+      CHECK(plain_bytes == 0);
+      CHECK(activation_offload_bytes() - before > 0);
+      CHECK(ma.loss == mb.loss);
+      CHECK(ma.grad_norm == mb.grad_norm);
+    }
+    for (std::size_t i = 0; i < plain.parameters().size(); ++i) {
+      INFO(plain.parameters()[i].name);
+      CHECK(at::equal(plain.parameters()[i].tensor, moved.parameters()[i].tensor));
+    }
+  };
+  using enum recompute_kind;
+  check.operator()<layout{.tp = 2, .pp = 2, .sp = true, .rmpad = true, .recompute = full}>(2);
+  check.operator()<layout{.pp = 2, .vpp = 2, .recompute = full}>(4);
+  // Without full recompute a layer keeps all its activations: offload has nothing it moves.
+  auto groups = parallel_groups::build(dist(), layout{.tp = 2, .recompute = selective});
+  model_options offloaded = test_options<tiny8>();
+  offloaded.offload_activations = true;
+  CHECK_THROWS_WITH((parallel_model<causal_lm<tiny8, layout{.tp = 2, .recompute = selective}>>(groups, offloaded)),
+                    Catch::Matchers::Contains("offload_activations") && Catch::Matchers::Contains("recompute is selective") &&
+                        Catch::Matchers::Contains("set recompute full"));
 }
 
 TEST_CASE("five PPO steps under tp 2 x pp 2 x dp 2 equal single-process training", "[world8][pipeline][training]") {

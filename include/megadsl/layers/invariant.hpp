@@ -17,6 +17,10 @@
 //                long single-row sum over threads).
 //   attention    one kernel call per sequence (padded batches are packed; layout::rmpad does not
 //                change the numbers).
+//   on CUDA     the same tiles, each chunk's product one cuBLAS call of one shape from contiguous,
+//                aligned copies; element-wise kernels as they are (one code path per element); the
+//                token stream padded to whole invariant_cuda_rows. Attention is the flash kernel
+//                over the packed sequences (each sequence's rows its own blocks).
 //   element-wise ATen's vectorised loops compute a SIMD body and a scalar tail, and the two round
 //   functions     silu, sigmoid, GELU and softplus differently: where an element falls (a row's width
 //                at tp 2, the batch's size) would choose its bits. `pointwise` runs them on the
@@ -37,6 +41,9 @@ inline constexpr std::int64_t invariant_row_tile = 128;
 inline constexpr std::int64_t invariant_col_tile = 256;
 inline constexpr std::int64_t invariant_k_chunks = 8;
 inline constexpr std::int64_t invariant_sum_block = 128;
+// On CUDA ATen's reductions (a norm's mean, a vocabulary block's sum) lay out their threads by the
+// number of rows as well, up to 16: the stream is padded to a multiple of this many rows there.
+inline constexpr std::int64_t invariant_cuda_rows = 16;
 inline constexpr std::int64_t invariant_pointwise_block = 32768;  // a multiple of any SIMD loop's step (<= 128), at most ATen's grain
 
 // Invariant arithmetic for the element-wise functions this thread runs while it lives (the stage

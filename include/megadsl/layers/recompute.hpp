@@ -12,9 +12,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace megadsl {
+
+class activation_offload;  // layers/activation_offload.hpp
 
 // The attention core: (q, k, v) -> the heads' output, shapes as attention_varlen/padded take them.
 using attention_core = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
@@ -34,7 +37,10 @@ using layer_region = std::function<at::Tensor(const at::Tensor& x)>;
 
 // f(x) keeping only x: the backward reruns f and back-propagates through it (parameters' .grad
 // accumulate as in a plain backward), then passes x's gradient on. Without grad mode it is f(x).
-at::Tensor recompute_layer(layer_region f, const at::Tensor& x);
+// With `offload`, x waits for the backward in host memory as `offload`'s slot `slot`
+// (layers/activation_offload.hpp).
+at::Tensor recompute_layer(layer_region f, const at::Tensor& x, std::shared_ptr<activation_offload> offload = nullptr,
+                           std::int64_t slot = 0);
 
 // Regions run again by backward passes in this process so far (both kinds): what a test reads to
 // know that a layout's recompute is not silently skipped.

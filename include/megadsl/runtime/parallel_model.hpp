@@ -70,6 +70,11 @@ struct model_options {
   // (1 GiB in fp32); -1: training never chunks (inference always does). return_logits computes
   // them whole. forward_options::head_chunk_tokens overrides it for one call.
   std::int64_t head_chunk_tokens = 0;
+  // verl's enable_activation_offload: with layout recompute full, the input each layer keeps for
+  // its rerun waits in pinned host memory, copied there and prefetched back one layer ahead on a
+  // side stream (layers/activation_offload.hpp). The numbers are unchanged. Refused without full
+  // recompute (then a layer keeps all its activations, and those are not offloaded).
+  bool offload_activations = false;
   // A mixture of experts' auxiliary losses in training (forward_backward), Megatron's: the switch
   // load-balancing loss over each micro-batch's tokens (or per sequence) and the router z-loss,
   // each times its coefficient, averaged over micro-batches and dp ranks, and added through the

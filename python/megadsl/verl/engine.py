@@ -283,6 +283,13 @@ class MegadslEngine(BaseEngine):
             cp=int(_cfg(ec, "context_parallel_size", 1) or 1), cp_comm=str(_cfg(ec, "cp_comm_type", "a2a") or "a2a"),
             recompute=_cfg(ec, "recompute", None) or "none",
             invariant=self.invariant)
+        # verl's model.enable_activation_offload: the layer inputs full recompute keeps wait in host
+        # memory (megadsl's offload_activations); without full recompute there is nothing it moves.
+        self.offload_activations = bool(_cfg(model_config, "enable_activation_offload", False))
+        if self.offload_activations and self.layout.recompute != "full":
+            raise ValueError("megadsl.verl: model.enable_activation_offload moves the input each layer keeps under "
+                             f"full recompute to host memory, and the engine's recompute is {self.layout.recompute}; "
+                             "set recompute: full in the engine config, or enable_activation_offload: false")
         join_torch_job(timeout=_cfg(ec, "timeout"))
         self.rank, self.world = megadsl.rank(), megadsl.world_size()
         if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world):
@@ -339,7 +346,8 @@ class MegadslEngine(BaseEngine):
             moe_aux_loss_coeff=float(_cfg(ec, "moe_aux_loss_coeff", 0.0)),
             moe_z_loss_coeff=float(_cfg(ec, "moe_z_loss_coeff", 0.0)),
             moe_expert_bias_update_rate=float(_cfg(ec, "moe_router_bias_update_rate", 1e-3)), dropout=self.dropout,
-            head_chunk_tokens=int(_cfg(ec, "head_chunk_tokens", 0) or 0), **(self.lora or {}))
+            head_chunk_tokens=int(_cfg(ec, "head_chunk_tokens", 0) or 0),
+            offload_activations=self.offload_activations, **(self.lora or {}))
         m = self.model
         assert (m.tp_rank, m.pp_rank, m.dp_rank, m.cp_rank) == tuple(self.coords[k] for k in ("tp", "pp", "dp", "cp"))
         if not _cfg(ec, "forward_only", False):

@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 import torch
 
+import megadsl
 import megadsl.verl
 import verl_engine_ranks as ranks
 from verl.utils import tensordict_utils as tu
@@ -432,3 +433,37 @@ def test_the_first_ratio_is_exactly_one_whatever_the_micro_batches(fixtures, set
     else:
         assert any(k != 0.0 for k in kl), kl  # the mismatch verl#6280 reports, here in fp32
     e.model.close()
+
+
+def test_enable_activation_offload_trains_as_full_recompute_and_needs_it(qwen3):
+    """verl's model.enable_activation_offload: with the engine's recompute full, train_batch gives
+    the bits it gives without offload; with another recompute it is one line naming both keys."""
+    loss = partial(ppo_loss, config=ranks.actor_config())
+    out = {}
+    for offload in (False, True):
+        e = EngineRegistry.new(
+            model_type="language_model", backend="megadsl",
+            model_config=HFModelConfig(path=str(qwen3), use_remove_padding=True, load_tokenizer=False,
+                                       enable_activation_offload=offload),
+            engine_config=megadsl.verl.MegadslEngineConfig(recompute="full", use_dynamic_bsz=False,
+                                                           micro_batch_size_per_gpu=ranks.MICRO),
+            optimizer_config=FSDPOptimizerConfig(lr=1e-4), checkpoint_config=None)
+        e.initialize()
+        assert e.model.offload_activations == offload
+        before = megadsl.activation_offload_bytes()
+        with e.train_mode():
+            trained = e.train_batch(ranks.make_batch(0, e.model.vocab), loss_function=loss)
+        assert (megadsl.activation_offload_bytes() > before) == offload
+        with e.eval_mode():
+            inferred = e.infer_batch(ranks.make_batch(1, e.model.vocab), loss_function=None)
+        out[offload] = (sum(trained["loss"]), inferred["model_output"]["log_probs"].values())
+        e.model.close()
+    assert out[True][0] == out[False][0]
+    assert torch.equal(out[True][1], out[False][1])
+    with pytest.raises(ValueError, match="enable_activation_offload .*recompute is none") as info:
+        EngineRegistry.new(model_type="language_model", backend="megadsl",
+                           model_config=HFModelConfig(path=str(qwen3), load_tokenizer=False,
+                                                      enable_activation_offload=True),
+                           engine_config=megadsl.verl.MegadslEngineConfig(),
+                           optimizer_config=FSDPOptimizerConfig(lr=1e-4), checkpoint_config=None)
+    assert "\n" not in str(info.value)
