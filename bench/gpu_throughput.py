@@ -9,14 +9,17 @@ megadsl's side runs in the program bench_gpu_step (bench/gpu_step.cpp: the libra
 (PYTHONPATH=<build>/python). transformers runs in this process. scripts/gpu_check.sh builds both on
 the lent GPU machine and runs this.
 
-Each shape is a random checkpoint written by transformers (bf16 safetensors, tied embeddings as
-the real models): Llama-3.2-1B and Qwen3-1.7B. The batch has `--batch` rows of at most `--seq`
+Each shape is a random checkpoint written by transformers (bf16 safetensors, embeddings tied or not
+as the real models): Llama-3.2-1B and Qwen3-1.7B by default; llama3.1-8b (Llama-3.1-8B's sizes) runs
+its own variants (rmpad, full recompute with and without activation offload) and transformers
+padding-free with gradient checkpointing, without parity; mistral-window a sliding window. The batch has `--batch` rows of at most `--seq`
 tokens with mixed lengths (spread over [seq/4, seq], left-padded as verl's rollouts are).
 
 Throughput (one table): forward (log-probs + entropy, no grad) and forward + backward (a PPO loss
 over log-probs and entropy) for
   megadsl   bf16 compute over fp32 parameters (verl's mixed precision), padded (SDPA) and
-            remove-padding (the variable-length flash kernel),
+            remove-padding (the variable-length flash kernel), or --variants (bench_gpu_step's:
+            rmpad-unfused, rmpad-full, rmpad-full-offload, rmpad-invariant, rmpad-whole-head),
   hf        transformers, bf16 weights, sdpa: padded with the attention mask, and padding-free
             (one packed row, position_ids restarting per sequence: its block-diagonal mask).
 Tokens are the batch's real tokens; step time is the median over `--iters` timed steps (CUDA
@@ -63,6 +66,16 @@ SHAPES = {
     "mistral-window": dict(family="mistral", hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192,
                            vocab=32768, rope_theta=1000000.0, eps=1e-5, max_pos=32768, rope_scaling=None,
                            window=1024),
+    # meta-llama/Llama-3.1-8B's sizes (random weights): the 8B-class shape on one GPU. Its
+    # activations at batch 8 x 4096 do not fit beside fp32 parameters and gradients without full
+    # recompute; transformers runs padding-free with gradient checkpointing (its padded case and
+    # the fp32 parity copy are left out: 32 GB more each).
+    "llama3.1-8b": dict(family="llama", hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                        vocab=128256, rope_theta=500000.0, eps=1e-5, max_pos=131072,
+                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+                        tied=False, bench=dict(variants="rmpad,rmpad-full,rmpad-full-offload", hf_cases=("padding-free",),
+                                   hf_checkpointing=True, parity=False)),
     # the smoke shape (--tiny)
     "tiny": dict(family="llama", hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=256, vocab=1000,
                  rope_theta=10000.0, eps=1e-5, max_pos=4096, rope_scaling=None),
@@ -89,7 +102,7 @@ def hf_config(s):
     kw = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
               num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"], intermediate_size=s["ffn"],
               vocab_size=s["vocab"], rms_norm_eps=s["eps"], max_position_embeddings=s["max_pos"],
-              tie_word_embeddings=True, **extra)
+              tie_word_embeddings=s.get("tied", True), **extra)
     rope = dict(rope_type="default", rope_theta=s["rope_theta"])
     if s["rope_scaling"]:
         rope.update(s["rope_scaling"])
@@ -242,7 +255,7 @@ def save_batch(path, ids, mask):
     save_file({"input_ids": ids.cpu().contiguous(), "attention_mask": mask.cpu().contiguous()}, path)
 
 
-def megadsl_program(args, name, path, ids, mask, pids, pmask, profile, ab=False):
+def megadsl_program(args, name, path, ids, mask, pids, pmask, profile, ab=False, variants=None):
     """Runs bench_gpu_step on the checkpoint: its rows (layout, work, step_s, peak_gib), the parity
     log-probs (a dict) and the trace's path (or None)."""
     import subprocess
@@ -261,6 +274,8 @@ def megadsl_program(args, name, path, ids, mask, pids, pmask, profile, ab=False)
         cmd += ["--profile"]
     if ab:
         cmd += ["--ab"]
+    if variants:
+        cmd += ["--variants", variants]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in r.stdout.splitlines():
         if "USDT" not in line and "gpuGetDeviceCount" not in line:
@@ -276,6 +291,15 @@ def megadsl_program(args, name, path, ids, mask, pids, pmask, profile, ab=False)
         lps = load_file(os.path.join(work, "megadsl_logprobs.safetensors"))
     trace = os.path.join(work, "megadsl_trace.json")
     return rows, lps, (trace if profile and os.path.exists(trace) else None)
+
+
+def variants_for(given, name, s):
+    """--variants for this shape: a list for every shape, or this shape's part of 'SHAPE=V,V;...';
+    else the shape's own (SHAPES' bench), else None (bench_gpu_step's default)."""
+    if given and "=" not in given:
+        return given
+    per_shape = dict(part.split("=", 1) for part in (given or "").split(";") if part)
+    return per_shape.get(name) or s.get("bench", {}).get("variants")
 
 
 def megadsl_in_process(args, path, ids, mask):
@@ -321,8 +345,14 @@ def add_row(rows, s, name, work, label, mask, seconds, peak_bytes, peak):
 def hf_throughput(args, name, s, hf_model, ids, mask, peak, rows):
     import torch
 
+    bench = s.get("bench", {})
+    cases = [(label, packed) for label, packed in (("hf sdpa padded", False), ("hf sdpa padding-free", True))
+             if label.split(" ", 2)[2] in bench.get("hf_cases", ("padded", "padding-free"))]
+    if bench.get("hf_checkpointing"):
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cases = [(label + " ckpt", packed) for label, packed in cases]
     for backward in (False, True):
-        for label, packed in (("hf sdpa padded", False), ("hf sdpa padding-free", True)):
+        for label, packed in cases:
             hf_model.train(backward)
             # Out of memory with the whole batch: the same rows in 2, then 4 micro-batches, one after
             # the other (the same work in smaller pieces), said beside the row.
@@ -470,6 +500,9 @@ def main():
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--ab", action="store_true",
                     help="megadsl remove-padding rows with its fused kernels off too (first shape): what they save")
+    ap.add_argument("--variants", default=None,
+                    help="bench_gpu_step's variants, comma-separated, for every shape, or per shape as "
+                         "'SHAPE=V,V;SHAPE=V' (default: the shape's own, else padded,rmpad)")
     ap.add_argument("--megadsl", choices=("program", "python"), default="program",
                     help="megadsl's side: the program bench_gpu_step (default) or the Python module in this process")
     ap.add_argument("--megadsl-bin", default=None, help="bench_gpu_step (default: build*/bench/bench_gpu_step)")
@@ -505,6 +538,7 @@ def main():
         log(f"{name}: checkpoint written by transformers in {time.perf_counter() - t0:.1f} s")
         ids, mask = make_batch(s, args.batch, args.seq, args.device)
         pids, pmask = make_batch(s, args.parity_batch, args.seq, args.device, seed=11)
+        with_parity = not args.no_parity and s.get("bench", {}).get("parity", True)
         profile = not args.no_profile and name == shapes[0]
         megadsl_lps, trace = None, None
         if args.megadsl == "python":
@@ -513,14 +547,15 @@ def main():
                 megadsl_lps = megadsl_parity_in_process(args, path, pids, pmask)
         else:
             m_rows, megadsl_lps, trace = megadsl_program(args, name, path, ids, mask,
-                                                         None if args.no_parity else pids, pmask, profile,
-                                                         ab=args.ab and name == shapes[0])
+                                                         pids if with_parity else None, pmask, profile,
+                                                         ab=args.ab and name == shapes[0],
+                                                         variants=variants_for(args.variants, name, s))
         if not args.no_throughput:
             for r in m_rows:
                 add_row(rows, s, name, r["work"], f"megadsl {r['layout']}", mask, r["step_s"], r["peak_gib"] * 2**30,
                         peak)
             hf_throughput(args, name, s, hf_model, ids, mask, peak, rows)
-        if not args.no_parity:
+        if with_parity:
             parity(args, name, s, hf_model, pids, pmask, megadsl_lps, prows)
         if profile:
             if trace:

@@ -13,7 +13,8 @@
 #   PREBUILT=.gpu/bin.tar.xz FIXTURES_TAR=.gpu/fixtures.tar.xz bash scripts/gpu_check.sh   # there (carry .gpu)
 #
 # Each phase has its own time limit, so one that fails or hangs leaves the others their time.
-# Knobs (environment): TARGETS, SKIP_NCCL, SKIP_SMOKE, SKIP_FAMILIES, BENCH_ARGS (e.g. "--iters 3
+# Knobs (environment): TARGETS, SKIP_NCCL, SKIP_SMOKE, SKIP_FAMILIES, FAMILIES_ONLY (fixture names,
+# comma-separated), BENCH_ARGS (e.g. "--iters 3
 # --ab"), BENCH_TIMEOUT or DEADLINE (the benchmark runs until DEADLINE seconds after the start),
 # PREBUILT and FIXTURES_TAR (above), MODULE (with PREBUILT: build the Python module here too).
 set -uo pipefail
@@ -94,7 +95,7 @@ grep -m5 -i "error\|passed\|failed" "$OUT/gloo_tp2.log" | cut -c1-300
 [ -n "${SKIP_FAMILIES:-}" ] || {
 stamp "every fixture family on CUDA: megadsl run against transformers' log-probs (bench/gpu_families.py)"
 PYTHONUNBUFFERED=1 timeout "${FAMILIES_TIMEOUT:-150}" $PY bench/gpu_families.py --megadsl "$BUILD/tools/megadsl" \
-  --fixtures "$MEGADSL_FIXTURES" --jobs "${FAMILY_JOBS:-12}" --deadline $(( ${FAMILIES_TIMEOUT:-150} - 25 )) --out "$OUT" 2>&1 |
+  --fixtures "$MEGADSL_FIXTURES" --jobs "${FAMILY_JOBS:-12}" ${FAMILIES_ONLY:+--only "$FAMILIES_ONLY"} --deadline $(( ${FAMILIES_TIMEOUT:-150} - 25 )) --out "$OUT" 2>&1 |
   grep -v "Loading weights\|falling back\|^$"
 }
 
