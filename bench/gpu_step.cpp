@@ -20,8 +20,9 @@
 //   fwd+bwd   a PPO-style loss over log-probs and entropy (side_by_side.py's ppo_loss), its
 //             backward and finalize_grads (the gradients as a trainer's step has them)
 // each the median over --iters steps after two warm-up steps (the invariant variant: at most 2
-// steps after one), with the allocator's peak bytes; a variant that runs out of device memory is a
-// row that says so. Rows go to stdout and OUT_DIR/megadsl_steps.json. --parity writes
+// steps after one), with the allocator's peak bytes; a variant that runs out of device memory or
+// fails is a row that says so (a "note", no time), and the next variant runs. Rows go to stdout and
+// OUT_DIR/megadsl_steps.json, written after each row. --parity writes
 // OUT_DIR/megadsl_logprobs.safetensors: the log-probs of PARITY's batch in fp32, bf16 padded and
 // bf16 remove-padding. --profile writes OUT_DIR/megadsl_trace.json, a Kineto trace (with input
 // shapes) of one rmpad fwd+bwd step.
@@ -191,19 +192,34 @@ int main(int argc, char** argv) {
         else
           std::printf("megadsl %-18s %-8s %s\n", v.name.c_str(), work, note.c_str());
         std::fflush(stdout);
-        if (!note.empty()) return;
-        char r[256];
-        std::snprintf(r, sizeof r, "%s{\"layout\": \"%s\", \"work\": \"%s\", \"step_s\": %.6f, \"peak_gib\": %.3f, \"tokens\": %lld}",
-                      json.size() > 1 ? ", " : "", v.name.c_str(), work, sec, peak, static_cast<long long>(tokens));
+        char r[512];
+        if (note.empty())
+          std::snprintf(r, sizeof r, "%s{\"layout\": \"%s\", \"work\": \"%s\", \"step_s\": %.6f, \"peak_gib\": %.3f, \"tokens\": %lld}",
+                        json.size() > 1 ? ", " : "", v.name.c_str(), work, sec, peak, static_cast<long long>(tokens));
+        else  // a row without a time (gpu_throughput.py prints its note)
+          std::snprintf(r, sizeof r, "%s{\"layout\": \"%s\", \"work\": \"%s\", \"note\": \"%s\", \"tokens\": %lld}",
+                        json.size() > 1 ? ", " : "", v.name.c_str(), work, note.c_str(), static_cast<long long>(tokens));
         json += r;
+        std::ofstream(o.out / "megadsl_steps.json") << json << "]\n";  // rows so far, should a later one end the run
+      };
+      // A variant's failure is its row; the variants after it still run.
+      const auto failed = [](const std::exception& e) {
+        std::string what = e.what();
+        what = what.substr(0, what.find('\n')).substr(0, 200);
+        for (char& c : what)
+          if (c == '"' || c == '\\') c = '\'';
+        return what;
       };
       try {
         const auto t0 = std::chrono::steady_clock::now();
         l = load(o, v, at::kBFloat16);
         std::printf("megadsl %-18s loaded in %.1f s\n", v.name.c_str(),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      } catch (const c10::OutOfMemoryError& e) {
+      } catch (const c10::OutOfMemoryError&) {
         row("load", 0, 0, "out of device memory while loading");
+        continue;
+      } catch (const std::exception& e) {
+        row("load", 0, 0, "failed: " + failed(e));
         continue;
       }
       set_fused_kernels(v.fused);
@@ -225,9 +241,12 @@ int main(int argc, char** argv) {
             times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
           }
           row(work, median(times), static_cast<double>(peak_bytes(device)) / (1 << 30), "");
-        } catch (const c10::OutOfMemoryError& e) {
+        } catch (const c10::OutOfMemoryError&) {
           for (auto& p : l->model->parameters()) p.tensor.mutable_grad() = at::Tensor();
           row(work, 0, 0, "out of device memory");
+        } catch (const std::exception& e) {
+          for (auto& p : l->model->parameters()) p.tensor.mutable_grad() = at::Tensor();
+          row(work, 0, 0, "failed: " + failed(e));
         }
       }
       set_fused_kernels(true);

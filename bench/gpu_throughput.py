@@ -552,6 +552,9 @@ def main():
                                                          variants=variants_for(args.variants, name, s))
         if not args.no_throughput:
             for r in m_rows:
+                if "note" in r:  # a variant that ran out of memory or failed: said, not timed
+                    log(f"  {name} megadsl {r['layout']} {r['work']}: {r['note']}")
+                    continue
                 add_row(rows, s, name, r["work"], f"megadsl {r['layout']}", mask, r["step_s"], r["peak_gib"] * 2**30,
                         peak)
             hf_throughput(args, name, s, hf_model, ids, mask, peak, rows)

@@ -93,7 +93,7 @@ at::Tensor tiled_subtree_cuda(const at::Tensor& x, const at::Tensor& w, std::int
   // Zero-padded to whole tiles, chunk-major: x (chunks, R, width), w (chunks, C, width).
   const auto chunk_major = [&](const at::Tensor& t, std::int64_t padded) {
     const at::Tensor whole = t.size(0) == padded ? t : at::constant_pad_nd(t, {0, 0, 0, padded - t.size(0)});
-    return whole.view({padded, chunks, width}).transpose(0, 1).contiguous();
+    return whole.reshape({padded, chunks, width}).transpose(0, 1).contiguous();
   };
   const at::Tensor xc = chunk_major(x, row_tiles * rt), wc = chunk_major(w, col_tiles * ct);
   at::Tensor out = at::empty({rows, n}, x.options());

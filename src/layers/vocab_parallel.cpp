@@ -170,14 +170,17 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
     const head_transform t{softcap, scale, divides, temperature, row_temperature.numel() > 0 ? row_temperature : at::Tensor()};
     const std::int64_t rows = h.size(0);
     std::vector<at::Tensor> lp, ent, ms, ss, as;
+    // The fused kernels' a is sum exp(z - m) z, the composed path's its mean: the backward takes
+    // the forward's path, whatever set_fused_kernels says by then.
+    bool fused = false;
     // (Once with no rows: every tp rank joins the same collectives.)
     for (std::int64_t first = 0; first == 0 || first < rows; first += chunk_rows) {
       const std::int64_t n = std::min(chunk_rows, rows - first);
       const at::Tensor logits = head_logits(h, w, t, first, n, invariant);  // (n, V'/tp)
       const at::Tensor chunk_labels = labels.narrow(0, first, n);
-      row_stats r = fused_kernels_take(logits) && !invariant
-                        ? fused_stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy)
-                        : stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy, invariant);
+      fused = fused_kernels_take(logits) && !invariant;
+      row_stats r = fused ? fused_stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy)
+                          : stats_of(logits, chunk_labels, start, true_vocab, tp, with_entropy, invariant);
       lp.push_back(r.log_probs), ent.push_back(r.entropy), ms.push_back(r.m), ss.push_back(r.s), as.push_back(r.a);
     }
     ctx->save_for_backward({h, w, labels, row_temperature, at::cat(ms), at::cat(ss), at::cat(as)});
@@ -189,6 +192,7 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
     ctx->saved_data["true_vocab"] = true_vocab;
     ctx->saved_data["invariant"] = invariant;
     ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->saved_data["fused"] = fused;
     return {at::cat(lp), at::cat(ent)};
   }
 
@@ -200,7 +204,7 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
                            saved[3].numel() > 0 ? saved[3] : at::Tensor()};
     const std::int64_t start = ctx->saved_data["start"].toInt(), true_vocab = ctx->saved_data["true_vocab"].toInt();
     const std::int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const bool invariant = ctx->saved_data["invariant"].toBool();
+    const bool invariant = ctx->saved_data["invariant"].toBool(), fused = ctx->saved_data["fused"].toBool();
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const std::int64_t rows = h.size(0), width = w.size(0);
     const std::int64_t valid = std::max<std::int64_t>(0, std::min(width, true_vocab - start));
@@ -218,7 +222,7 @@ struct chunked_head_fn : torch::autograd::Function<chunked_head_fn> {
       const at::Tensor logits = head_logits(hl, wl, tc, 0, n, invariant);
       const auto part = [&](const at::Tensor& g) { return g.defined() ? g.narrow(0, first, n) : at::Tensor(); };
       at::Tensor dlogits;
-      if (fused_kernels_take(logits) && !invariant) {  // the gradient in the logits' dtype, one kernel
+      if (fused) {  // the gradient in the logits' dtype, one kernel
         const at::Tensor mc = m.narrow(0, first, n);
         const at::Tensor g_logp = grads[0].defined() ? part(grads[0]) : at::zeros_like(mc);
         const at::Tensor g_h = grads[1].defined() ? part(grads[1]) : at::zeros_like(mc);

@@ -446,7 +446,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
       // Ring cp: this rank's load-balanced share (chunks i and 2 cp - 1 - i of every sequence), its
       // rows' RoPE tables (its attention rotates its own rows), its rows' dropout keys.
       in.whole = std::move(in.pk);
-      const cp_ring_split split = ring_split(in.whole, cp_size_, sp_ ? tp_size_ : 1);
+      const cp_ring_split split =
+          ring_split(in.whole, cp_size_, (sp_ ? tp_size_ : 1) * (invariant_ && device_.is_cuda() ? invariant_cuda_rows : 1));
       in.pk = ring_share(in.whole, split, cp_rank_);
       in.cp_places = split.places;
       in.rope = rope_for_positions(inv_freq, in.pk.positions, cfg_.s);
