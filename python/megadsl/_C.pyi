@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import torch
 import typing
-__all__: list[str] = ['CheckpointError', 'ConfigError', 'Layout', 'LayoutError', 'LrScheduler', 'Model', 'Trainer', 'actor_loss', 'families_table', 'is_initialized', 'kernels', 'kl_penalty', 'policy_loss', 'presets', 'presets_table', 'rank', 'read_hf_config', 'shutdown', 'value_loss', 'world_size']
+__all__: list[str] = ['CheckpointError', 'ConfigError', 'Layout', 'LayoutError', 'LrScheduler', 'Model', 'Trainer', 'activation_offload_bytes', 'actor_loss', 'families_table', 'is_initialized', 'kernels', 'kl_penalty', 'policy_loss', 'presets', 'presets_table', 'rank', 'read_hf_config', 'shutdown', 'value_loss', 'world_size']
 class ConfigError(ValueError):
     pass
 class LayoutError(ValueError):
@@ -122,7 +122,7 @@ class Model:
     Build it with Model.from_hf(...) on every rank of the job.
     """
     @staticmethod
-    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, cp_comm: str | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear', lora_target_parameters: typing.Any = None, lora_dropout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> Model:
+    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, cp_comm: str | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, offload_activations: bool = False, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear', lora_target_parameters: typing.Any = None, lora_dropout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> Model:
         """
         Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
         on every rank of the job megadsl.init() joined (a world of one process without it): each rank
@@ -141,7 +141,9 @@ class Model:
         model.override_config does); save_hf writes the rates the model trains with. The masks are the
         same in every layout. invariant=True (or Layout(invariant=True)): invariant arithmetic, a
         sequence's log-probs, entropy, values and routing the same bits whatever its batch, padding,
-        micro-batching and layout (CPU; slower: see the README). head_chunk_tokens: the LM head computes its
+        micro-batching and layout (CPU and CUDA; slower: see the README). offload_activations=True (with
+        recompute="full"; verl's enable_activation_offload): the input each layer keeps for its rerun waits
+        in pinned host memory, prefetched back one layer ahead on a side stream; the numbers are unchanged. head_chunk_tokens: the LM head computes its
         logits, log-probs and entropy this many tokens at a time in training too (forward and backward),
         so a micro-batch's (tokens x vocab / tp) logits are never whole; 0 (default): in chunks of 2^25
         logits where they would pass 1 GiB; -1: whole in training (faster while they fit). lora_adapter: a
@@ -301,6 +303,11 @@ class Model:
     def model_type(self) -> str:
         ...
     @property
+    def offload_activations(self) -> bool:
+        """
+        whether the layers' kept inputs wait in host memory (from_hf(offload_activations=True))
+        """
+    @property
     def path(self) -> str:
         ...
     @property
@@ -424,6 +431,10 @@ def _init(rank: typing.SupportsInt | typing.SupportsIndex, world_size: typing.Su
     ...
 def _plan(model: str, layout: Layout, critic: bool = False, value_bias: bool = True, world: typing.SupportsInt | typing.SupportsIndex | None = None, global_batch: typing.SupportsInt | typing.SupportsIndex | None = None, micro_batch: typing.SupportsInt | typing.SupportsIndex | None = None, microbatches: typing.SupportsInt | typing.SupportsIndex | None = None, config: str | None = None, seq: typing.SupportsInt | typing.SupportsIndex = 4096) -> str:
     ...
+def activation_offload_bytes() -> int:
+    """
+    bytes that activation offload has put in host memory in this process so far
+    """
 def actor_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *, entropy: torch.Tensor | None = None, ref_log_prob: torch.Tensor | None = None, rollout_is_weights: torch.Tensor | None = None, batch_num_tokens: typing.SupportsFloat | typing.SupportsIndex | None = None, global_batch_size: typing.SupportsFloat | typing.SupportsIndex | None = None, **kwargs) -> tuple[torch.Tensor, dict[str, float]]:
     """
     verl's ppo_loss: the policy loss - entropy_coeff * entropy + kl_coeff * KL, aggregated alike; (loss, metrics).
