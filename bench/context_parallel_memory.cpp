@@ -1,6 +1,7 @@
 // Context parallelism's activation memory and time on this CPU (prints, asserts nothing): one
 // forward + backward of one long sequence (remove-padding, fp32) on 4 local ranks at cp 1 (dp 4),
-// cp 2 (dp 2) and cp 4 (dp 1), Ulysses (a2a) and the ring, on a tiny-hidden Llama (h 128, 2
+// cp 2 (dp 2) and cp 4 (dp 1), Ulysses (a2a), the ring, and at cp 4 both (a2a+ring: all-to-all
+// pairs around a ring of 2), on a tiny-hidden Llama (h 128, 2
 // layers, 4 heads, vocabulary 2048) so that 64k tokens fit this machine. Only the first dp
 // replica's cp group takes the long sequence (the others a short one), so that its ranks' figures
 // are the layout's. Per rank 0: the peak of the tensor memory the step adds above the model's
@@ -11,7 +12,7 @@
 // per-token outputs) next to plan's count of the attention's (formulas.hpp cp_all_to_all_bytes,
 // cp_ring_bytes).
 //
-//   ./build/bench/bench_context_parallel_memory [--seq 4096] [--cases cp1,a2a2,a2a4,ring2,ring4]
+//   ./build/bench/bench_context_parallel_memory [--seq 4096] [--cases cp1,a2a2,a2a4,ring2,ring4,a2a2ring2]
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -73,9 +74,10 @@ figures measure(md::distributed& dist, md::bench::counting_allocator& counting, 
   f.cp = L.cp.get();
   f.tokens_per_rank = seq / f.cp;
   f.predicted = md::activation_peak_bytes(model.config().s, model.config().l, seq, 1, false, 4);
-  f.kind = md::cp_ring(L) ? "ring" : L.cp.get() > 1 ? "a2a" : "-";
-  f.cp_planned = md::cp_ring(L) ? md::cp_ring_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4)
-                                : md::cp_all_to_all_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4);
+  f.kind = L.cp.get() > 1 ? md::name_of(L.cp_comm.get()).data() : "-";
+  // Under a2a+ring both: the all-to-alls within the pairs and the blocks around the rings.
+  f.cp_planned = md::cp_ring_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4) +
+                 md::cp_all_to_all_bytes(model.config().s, model.config().l, f.tokens_per_rank, 4);
   groups.world->barrier();
   return f;
 }
@@ -84,7 +86,7 @@ figures measure(md::distributed& dist, md::bench::counting_allocator& counting, 
 
 int main(int argc, char** argv) {
   std::int64_t seq = 4096;
-  std::string cases = "cp1,a2a2,a2a4,ring2,ring4";
+  std::string cases = "cp1,a2a2,a2a4,ring2,ring4,a2a2ring2";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--seq") == 0) seq = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--cases") == 0) cases = argv[i + 1];
@@ -104,14 +106,17 @@ int main(int argc, char** argv) {
       f.push_back(measure<md::layout{.rmpad = true, .cp = 2, .cp_comm = md::cp_comm_kind::ring}>(dist, counting, seq));
     if (asked("ring4"))
       f.push_back(measure<md::layout{.rmpad = true, .cp = 4, .cp_comm = md::cp_comm_kind::ring}>(dist, counting, seq));
+    if (asked("a2a2ring2"))
+      f.push_back(measure<md::layout{.rmpad = true, .cp = 4, .cp_comm = md::cp_comm_kind::a2a_ring, .cp_a2a = 2}>(
+          dist, counting, seq));
     if (dist.rank() == 0 && !f.empty()) {
       std::printf("context parallelism, %s (fp32, remove-padding), one sequence of %lld tokens per cp group, "
                   "forward + backward (rank 0)\n",
                   std::string(bench_llama::name).c_str(), static_cast<long long>(seq));
-      std::printf("  %3s %5s %12s %21s %18s %10s %9s %9s %16s %10s\n", "cp", "kind", "tokens/rank", "peak activations GiB",
+      std::printf("  %3s %8s %12s %21s %18s %10s %9s %9s %16s %10s\n", "cp", "kind", "tokens/rank", "peak activations GiB",
                   "plan predicts GiB", "peak/plan", "vs first", "step s", "sent over cp MB", "plan's MB");
       for (const figures& x : f)
-        std::printf("  %3lld %5s %12lld %21.3f %18.3f %10.3f %9.3f %9.1f %16.1f %10.1f\n", static_cast<long long>(x.cp), x.kind,
+        std::printf("  %3lld %8s %12lld %21.3f %18.3f %10.3f %9.3f %9.1f %16.1f %10.1f\n", static_cast<long long>(x.cp), x.kind,
                     static_cast<long long>(x.tokens_per_rank), gib(x.peak), gib(x.predicted), x.peak / x.predicted,
                     x.peak / f.front().peak, x.seconds, x.cp_sent / 1e6, x.cp_planned / 1e6);
     }

@@ -46,7 +46,7 @@ std::string closest(std::string_view word, const Range& candidates) {
 
 constexpr std::string_view layout_flags[] = {
     "--tp", "--pp", "--vpp", "--first-stage-layers", "--last-stage-layers", "--sp", "--rmpad", "--invariant", "--cp", "--ep", "--etp",
-    "--recompute", "--cp-comm", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
+    "--recompute", "--cp-comm", "--cp-a2a", "--vocab-pad-multiple", "--world", "--global-batch", "--micro-batch", "--microbatches",
     "--critic", "--no-value-bias", "--config", "--seq", "--input", "--output", "--ranks", "--temperature",
     "--logits", "--from", "--to", "--to-format", "--dtype", "--device", "--compute", "--merge-lora",
     "--lora-adapter"};
@@ -114,6 +114,7 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
     else if (flag == "--pp") o.l.pp = number();
     else if (flag == "--vpp") o.l.vpp = number();
     else if (flag == "--cp") o.l.cp = number();
+    else if (flag == "--cp-a2a") o.l.cp_a2a = number();
     else if (flag == "--ep") o.l.ep = number();
     else if (flag == "--etp") o.l.etp = number();
     else if (flag == "--first-stage-layers") o.l.first_stage_layers = number();
@@ -125,7 +126,8 @@ options parse_args(std::string_view command, const std::vector<std::string_view>
       const std::string_view v = value();
       cp_comm_kind k{};
       if (!cp_comm_from_name(v, k))
-        throw usage_error("megadsl: --cp-comm takes a2a (Ulysses) or ring (p2p), got '" + std::string(v) + "'");
+        throw usage_error("megadsl: --cp-comm takes a2a (Ulysses), ring (p2p) or a2a+ring (a2a+p2p, with --cp-a2a), got '" +
+                          std::string(v) + "'");
       o.l.cp_comm = k;
     }
     else if (flag == "--recompute") {
@@ -265,6 +267,7 @@ std::string layout_summary(const options& o) {
     << " sp=" << (l.sp.get() ? "on" : "off") << " rmpad=" << (l.rmpad.get() ? "on" : "off");
   if (l.cp.get() != 1) s << " cp=" << l.cp.get();
   if (l.cp_comm.get() != cp_comm_kind::a2a) s << " cp_comm=" << name_of(l.cp_comm.get());
+  if (l.cp_a2a.get() != 1) s << " cp_a2a=" << l.cp_a2a.get();
   if (l.ep.get() != 1) s << " ep=" << l.ep.get();
   if (l.etp.get() != 0) s << " etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << " recompute=" << name_of(l.recompute.get());

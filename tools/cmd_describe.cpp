@@ -268,7 +268,15 @@ int cmd_describe(const options& o, std::ostream& out, std::ostream& err) {
       << " ... +" << vpad / tp;
   if (vpad != vocab) out << "; rows >= " << vocab << " are padding";
   out << '\n';
-  if (l.cp.get() > 1 && cp_ring(l)) {
+  if (l.cp.get() > 1 && cp_ring(l) && cp_a2a_size(l) > 1) {
+    const std::int64_t cp = l.cp.get(), a2a = cp_a2a_size(l), ring = cp_ring_size(l);
+    out << "context parallel, cp " << cp << " (a2a+ring, " << a2a << " x " << ring << "): each cp rank runs chunks r and "
+        << 2 * cp - 1 << " - r of every sequence cut in " << 2 * cp << " through every layer; per layer the attention "
+        << "all-to-alls within its group of " << a2a << " consecutive cp ranks to the group's rows of 1/" << a2a
+        << " of the heads, passes their k/v block around a ring of " << ring << " ranks (" << ring - 1
+        << " sends forward, " << ring << " with dk/dv backward) and all-to-alls the output back; the outputs are "
+        << "gathered over cp, the gradients summed over dp x cp\n";
+  } else if (l.cp.get() > 1 && cp_ring(l)) {
     const std::int64_t cp = l.cp.get();
     out << "context parallel, cp " << cp << " (ring): each cp rank runs chunks r and " << 2 * cp - 1
         << " - r of every sequence cut in " << 2 * cp << " through every layer; per layer the attention passes its "

@@ -51,8 +51,10 @@ layout:
   --last-stage-layers N     layers on the last pipeline stage (default 0: even split)
   --sp                      sequence parallelism (needs tp > 1)
   --cp N                    context-parallel degree: each rank 1/cp of every sequence (default 1)
-  --cp-comm KIND            its attention: a2a (heads all-to-all, Ulysses; default) or ring (p2p: k/v
-                            blocks around a ring over a load-balanced split, any head count)
+  --cp-comm KIND            its attention: a2a (heads all-to-all, Ulysses; default), ring (p2p: k/v
+                            blocks around a ring over a load-balanced split, any head count) or
+                            a2a+ring (a2a+p2p: all-to-all within groups of --cp-a2a ranks, ring across)
+  --cp-a2a N                a2a+ring: the all-to-all groups' size, 1 < N < cp dividing cp (default 1)
   --ep N                    expert-parallel degree: whole experts per rank (mixtures of experts; default 1)
   --etp N                   expert tensor-parallel degree (default 0: etp = tp)
   --rmpad                   remove padding (packed sequences)

@@ -404,11 +404,11 @@ constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int
              (sequence_parallel ? static_cast<double>(l.tp.get()) : 1.0);
     if (actor) head = lm_head_peak_bytes(tokens, padded_vocab(s, l) / l.tp.get());
   }
-  if (cp_ring(l)) {
-    const std::int64_t heads = s.heads.get() / l.tp.get();
+  if (cp_ring(l)) {  // a2a+ring: the ring runs over the a2a group's rows of 1/cp_a2a of the heads
+    const std::int64_t a2a = cp_a2a_size(l), heads = s.heads.get() / l.tp.get() / a2a, rows = tokens * a2a;
     const double buffers = s.attn_softcap.get() != 0 ? 3.0 : 2.0;
-    tiles = buffers * 4.0 * static_cast<double>(heads) * static_cast<double>(ring_tile_rows(heads, tokens, tokens)) *
-            static_cast<double>(tokens);
+    tiles = buffers * 4.0 * static_cast<double>(heads) * static_cast<double>(ring_tile_rows(heads, rows, rows)) *
+            static_cast<double>(rows);
   }
   return bytes + (head > tiles ? head : tiles);
 }
@@ -479,10 +479,12 @@ constexpr double moe_all_to_all_bytes(const shape& s, const layout& l, std::int6
 // Bytes one rank sends over its cp group in one forward + backward under context parallelism
 // (Ulysses), for its own `tokens` rows: each layer's token mixer's all-to-alls and all-gathers
 // (module_node::cp_sent) on its pipeline stage (the busiest stage's at pp > 1), the backward's
-// moving as much as the forward's. cp = 1 sends nothing.
+// moving as much as the forward's; under a2a+ring the same within its a2a group of cp_a2a ranks.
+// cp = 1 and the plain ring send nothing this way.
 constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
-  if (l.cp.get() <= 1 || cp_ring(l)) return 0;
-  const double per_token = busiest_pp_rank(s, l, [&](std::int64_t i) { return layer_cp_sent(s, i, l.tp.get(), l.cp.get()); });
+  const std::int64_t a2a = cp_a2a_size(l);
+  if (a2a <= 1) return 0;
+  const double per_token = busiest_pp_rank(s, l, [&](std::int64_t i) { return layer_cp_sent(s, i, l.tp.get(), a2a); });
   return 2.0 * per_token * static_cast<double>(tokens) * element;
 }
 
@@ -491,12 +493,15 @@ constexpr double cp_all_to_all_bytes(const shape& s, const layout& l, std::int64
 // its stage passes its k/v block (module_node::ring_sent: its tp rank's kv heads, one when they
 // are fewer than tp; MLA's every head at its k and v widths) with the rows' positions and sequence
 // ids (int64) cp - 1 times forward, and k/v, the ids and dk/dv (fp32) cp times backward, the last
-// pass bringing dk/dv home.
+// pass bringing dk/dv home. Under a2a+ring the ring has cp / cp_a2a ranks and each block is the
+// a2a group's rows (cp_a2a times its own) of 1/cp_a2a of the heads: the kv heads a rank of a
+// tp x cp_a2a split would hold.
 constexpr double cp_ring_bytes(const shape& s, const layout& l, std::int64_t tokens, double element = 4) {
   if (!cp_ring(l)) return 0;
-  const double cp = static_cast<double>(l.cp.get()), rows = static_cast<double>(tokens);
+  const std::int64_t a2a = cp_a2a_size(l);
+  const double cp = static_cast<double>(cp_ring_size(l)), rows = static_cast<double>(tokens * a2a);
   return busiest_pp_rank(s, l, [&](std::int64_t i) {
-    const double kv = layer_ring_sent(s, i, l.tp.get());
+    const double kv = layer_ring_sent(s, i, l.tp.get() * a2a);
     if (kv == 0) return 0.0;
     const double kv_block = rows * kv * element, ids = 2 * rows * 8, grads = rows * kv * 4;
     return (cp - 1) * (kv_block + ids) + cp * (kv_block + ids + grads);

@@ -60,4 +60,4 @@ struct accessors_impl<megadsl::shape> {
 }  // namespace boost::hana
 #undef MEGADSL_SHAPE_FIELD
 BOOST_HANA_ADAPT_STRUCT(megadsl::layout, tp, pp, vpp, first_stage_layers, last_stage_layers, sp,
-                        rmpad, vocab_pad_multiple, cp, cp_comm, ep, etp, recompute, invariant);
+                        rmpad, vocab_pad_multiple, cp, cp_comm, cp_a2a, ep, etp, recompute, invariant);

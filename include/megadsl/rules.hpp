@@ -32,7 +32,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 27> rule_table{{
+inline constexpr std::array<rule_info, 28> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -52,7 +52,8 @@ inline constexpr std::array<rule_info, 27> rule_table{{
     {"layers_fit_stages", "layers split evenly over pp * vpp chunks (or the explicit first/last counts add up)"},
     {"stage_counts_need_pp", "explicit first/last stage layer counts need pp > 1"},
     {"cp_splits_heads", "context parallelism (Ulysses) gives each cp rank an equal share of a tp rank's query heads, in whole kv groups or within one"},
-    {"cp_ring_supported", "ring context parallelism (cp_comm ring) runs the softmax attention blocks (MLA, sinks, windows and chunks included); a block that cannot ring (the gated DeltaNet, Qwen3-Next's gated attention) takes cp_comm a2a"},
+    {"cp_a2a_fits", "cp_comm a2a+ring (hierarchical) needs 1 < cp_a2a < cp with cp % cp_a2a == 0; cp_a2a is 1 under cp_comm a2a or ring"},
+    {"cp_ring_supported", "ring context parallelism (cp_comm ring or a2a+ring) runs the softmax attention blocks (MLA, sinks, windows and chunks included); a block that cannot ring (the gated DeltaNet, Qwen3-Next's gated attention) takes cp_comm a2a"},
     {"vocab_pad_multiple_positive", "vocab_pad_multiple >= 1"},
     {"rope_scaling_valid", "rope scaling parameters are in range"},
     {"world_fits_layout", "world % (tp * pp * cp) == 0"},
@@ -86,6 +87,7 @@ enum class rule_id : std::int8_t {
   layers_fit_stages,
   stage_counts_need_pp,
   cp_splits_heads,
+  cp_a2a_fits,
   cp_ring_supported,
   vocab_pad_multiple_positive,
   rope_scaling_valid,
@@ -149,7 +151,8 @@ struct violations {
 constexpr void refuse_cp_ring(const layout& l, std::string_view block, violations& out) {
   if (!l.cp.is_static() || !l.cp_comm.is_static() || !cp_ring(l)) return;
   out.add("cp_ring_supported", {l.cp.get()})
-      .add(block, " cannot run under ring context parallelism (cp_comm ring) yet; use cp_comm a2a (Ulysses) for this model");
+      .add(block, " cannot run under ring context parallelism (cp_comm ", name_of(l.cp_comm.get()),
+           ") yet; use cp_comm a2a (Ulysses) for this model");
 }
 
 namespace detail {
@@ -409,15 +412,35 @@ constexpr bool cp_splits_heads(std::int64_t q_heads, std::int64_t groups, std::i
 }
 
 constexpr void check_context_parallel(const shape& s, const layout& l, violations& out) {
-  if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || l.cp.get() == 1) return;
-  if (!l.cp_comm.is_static() || l.cp_comm.get() == cp_comm_kind::ring) return;  // the ring keeps every head
-  const std::int64_t cp = l.cp.get(), tp = l.tp.get(), kv = s.kv_heads.get();
+  if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || !l.cp_comm.is_static() || !l.cp_a2a.is_static()) return;
+  const std::int64_t cp = l.cp.get(), a2a = l.cp_a2a.get();
+  const bool hierarchical = l.cp_comm.get() == cp_comm_kind::a2a_ring;
+  if (hierarchical && (cp > 1 || a2a != 1) && (cp < 4 || a2a <= 1 || a2a >= cp || cp % a2a != 0)) {
+    text& m = out.add("cp_a2a_fits", {cp, a2a});
+    m.add("cp_comm a2a+ring with cp = ", cp, " and cp_a2a = ", a2a,
+          ": cp_a2a (the all-to-all groups' size) must lie strictly between 1 and cp and divide it");
+    if (cp >= 4) {
+      m.add("; valid cp_a2a: ");
+      list_values(m, cp - 1, [&](std::int64_t a) { return a > 1 && cp % a == 0; });
+    }
+    m.add("; or cp_comm a2a (all heads) or ring (no all-to-all)");
+    return;
+  }
+  if (!hierarchical && a2a != 1) {
+    out.add("cp_a2a_fits", {cp, a2a})
+        .add("cp_a2a = ", a2a, " with cp_comm ", name_of(l.cp_comm.get()),
+             ": the all-to-all groups' size is for cp_comm a2a+ring only; leave cp_a2a 1 or take cp_comm a2a+ring");
+    return;
+  }
+  if (cp == 1 || l.cp_comm.get() == cp_comm_kind::ring) return;  // the ring keeps every head
+  const std::int64_t tp = l.tp.get(), kv = s.kv_heads.get(), n = cp_a2a_size(l);
   if (s.heads.get() % tp != 0 || (kv % tp != 0 && tp % kv != 0)) return;  // the tp rules say it
   const std::int64_t q_heads = s.heads.get() / tp, groups = kv >= tp ? kv / tp : 1;  // per tp rank
-  if (cp_splits_heads(q_heads, groups, cp)) return;
-  text& m = out.add("cp_splits_heads", {q_heads, groups, cp});
+  if (cp_splits_heads(q_heads, groups, n)) return;
+  const std::string_view by = hierarchical ? "cp_a2a" : "cp";
+  text& m = out.add("cp_splits_heads", {q_heads, groups, n});
   m.add("a tp rank's ", q_heads, " query heads in ", groups, " kv group(s) (heads ", s.heads.get(), ", kv heads ", kv,
-        ", tp ", tp, ") do not split into cp = ", cp, " equal shares of whole groups or of one group; valid cp: ");
+        ", tp ", tp, ") do not split into ", by, " = ", n, " equal shares of whole groups or of one group; valid ", by, ": ");
   list_values(m, q_heads, [&](std::int64_t c) { return cp_splits_heads(q_heads, groups, c); });
   m.add("; or cp_comm ring (k/v around a ring: any head count)");
 }

@@ -103,23 +103,35 @@ class mla final : public layer_module {
  private:
   // Ring context parallelism: this cp rank's rows (its share, chunks i and 2 cp - 1 - i of every
   // sequence) of every head of its tp rank, attending over every rank's k/v blocks passed around
-  // the ring (layers/ring_attention.hpp; v at its own width) -> (rows, n*dv).
+  // the ring (layers/ring_attention.hpp; v at its own width) -> (rows, n*dv). Under a2a+ring the
+  // rotated [q | k_nope | v] of each head go by all-to-all within the a2a group (the a2a group's
+  // rows of 1/cp_a2a of the heads), the shared rotary key is gathered over it, and the output
+  // comes back by the inverse all-to-all (Ulysses' traffic over cp_a2a ranks).
   // qs (rows, n, dqk), kv (rows, n, dn+dv), k_shared (rows, dr).
   at::Tensor ring_core(const at::Tensor& qs, const at::Tensor& kv, const at::Tensor& k_shared, const layer_context& c) const {
-    const std::int64_t rows = qs.size(0), n = heads_;
     if (attention_dropout_of(c, c.tp_rank * heads_).p > 0)
       throw std::invalid_argument("megadsl: attention dropout under ring context parallelism is not built yet; train with "
                                   "attention_dropout 0 or cp_comm a2a");
     const auto q_parts = qs.split_with_sizes({nope_, rope_}, -1);   // (rows, n, dn), (rows, n, dr)
-    const auto kv_parts = kv.split_with_sizes({nope_, v_}, -1);     // (rows, n, dn), (rows, n, dv)
     // (Under the ring c.rope is already this rank's rows' tables.)
-    const at::Tensor q_rot = apply_rope(q_parts[1], c.rope, interleave_);
-    const at::Tensor k_rot = apply_rope(k_shared.unsqueeze(1), c.rope, interleave_);                  // (rows, 1, dr)
-    const at::Tensor qh = at::cat({q_parts[0], q_rot}, -1).permute({1, 0, 2});                       // (n, rows, dqk)
-    const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({rows, n, rope_})}, -1).permute({1, 0, 2}).contiguous();
-    const at::Tensor vh = kv_parts[1].permute({1, 0, 2}).contiguous();                               // (n, rows, dv)
-    const at::Tensor a = ring_attention(qh, kh, vh, ring_tokens_of(c.pk, rows), scale_, {.window = window_}, *c.cp);
-    return a.permute({1, 0, 2}).reshape({rows, n * v_});
+    at::Tensor q_rot = apply_rope(q_parts[1], c.rope, interleave_);              // (rows, n, dr)
+    at::Tensor k_rot = apply_rope(k_shared.unsqueeze(1), c.rope, interleave_);  // (rows, 1, dr)
+    at::Tensor q_nope = q_parts[0], kv_heads = kv;
+    if (c.ring_a2a != nullptr) {  // -> (a rows, n/a, ...) of this a2a rank's heads; k_rot (a rows, 1, dr)
+      const auto parts = cp_tokens_to_heads(at::cat({q_nope, q_rot, kv_heads}, -1), *c.ring_a2a)
+                             .split_with_sizes({nope_, rope_, nope_ + v_}, -1);
+      q_nope = parts[0], q_rot = parts[1], kv_heads = parts[2];
+      k_rot = gather_from_sp(k_rot.squeeze(1).contiguous(), *c.ring_a2a).unsqueeze(1);
+    }
+    const std::int64_t t = q_nope.size(0), n = q_nope.size(1);
+    const auto kv_parts = kv_heads.split_with_sizes({nope_, v_}, -1);  // (t, n, dn), (t, n, dv)
+    const at::Tensor qh = at::cat({q_nope, q_rot}, -1).permute({1, 0, 2});  // (n, t, dqk)
+    const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({t, n, rope_})}, -1).permute({1, 0, 2}).contiguous();
+    const at::Tensor vh = kv_parts[1].permute({1, 0, 2}).contiguous();  // (n, t, dv)
+    const at::Tensor a = ring_attention(qh, kh, vh, *c.ring_rows, scale_, {.window = window_}, *c.ring)
+                             .permute({1, 0, 2})
+                             .reshape({t, n * v_});  // (t, n*dv)
+    return c.ring_a2a != nullptr ? cp_heads_to_tokens(a, *c.ring_a2a) : a;  // (rows, heads*dv)
   }
 
   at::Tensor q_down_, q_norm_, q_up_, q_proj_;  // (rq, H), (rq) replicated; (n*dqk/tp, rq | H) this rank's heads

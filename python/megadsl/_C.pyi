@@ -18,7 +18,8 @@ class Layout:
     A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
     virtual pipeline chunks, remove-padding, context-parallel degree (cp: each rank 1/cp of every sequence's
     tokens) and its attention (cp_comm "a2a": all-to-all over heads, Ulysses; "ring" or "p2p": k/v passed
-    around a ring over a load-balanced split, any head count), expert-parallel degree (ep: whole experts per rank of an ep
+    around a ring over a load-balanced split, any head count; "a2a+ring" or "a2a+p2p": all-to-all within
+    groups of cp_a2a consecutive cp ranks, a ring across the groups), expert-parallel degree (ep: whole experts per rank of an ep
     group; etp 0 = tp), activation recompute ("none", "selective", "full"), invariant arithmetic (a
     sequence's outputs the same bits whatever its batch, padding and layout; CPU). Every field is a concrete value.
     """
@@ -28,9 +29,9 @@ class Layout:
     sp: bool
     def __eq__(self, arg0: Layout) -> bool:
         ...
-    def __getstate__(self) -> tuple[int, int, int, bool, bool, int, int, int, int, int, str, int, bool, str]:
+    def __getstate__(self) -> tuple[int, int, int, bool, bool, int, int, int, int, int, str, int, bool, str, int]:
         ...
-    def __init__(self, tp: typing.SupportsInt | typing.SupportsIndex = 1, pp: typing.SupportsInt | typing.SupportsIndex = 1, vpp: typing.SupportsInt | typing.SupportsIndex = 1, sp: bool = False, rmpad: bool = False, first_stage_layers: typing.SupportsInt | typing.SupportsIndex = 0, last_stage_layers: typing.SupportsInt | typing.SupportsIndex = 0, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex = 128, ep: typing.SupportsInt | typing.SupportsIndex = 1, etp: typing.SupportsInt | typing.SupportsIndex = 0, recompute: str = 'none', cp: typing.SupportsInt | typing.SupportsIndex = 1, invariant: bool = False, cp_comm: str = 'a2a') -> None:
+    def __init__(self, tp: typing.SupportsInt | typing.SupportsIndex = 1, pp: typing.SupportsInt | typing.SupportsIndex = 1, vpp: typing.SupportsInt | typing.SupportsIndex = 1, sp: bool = False, rmpad: bool = False, first_stage_layers: typing.SupportsInt | typing.SupportsIndex = 0, last_stage_layers: typing.SupportsInt | typing.SupportsIndex = 0, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex = 128, ep: typing.SupportsInt | typing.SupportsIndex = 1, etp: typing.SupportsInt | typing.SupportsIndex = 0, recompute: str = 'none', cp: typing.SupportsInt | typing.SupportsIndex = 1, invariant: bool = False, cp_comm: str = 'a2a', cp_a2a: typing.SupportsInt | typing.SupportsIndex = 1) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -47,9 +48,15 @@ class Layout:
     def cp(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def cp_a2a(self) -> int:
+        ...
+    @cp_a2a.setter
+    def cp_a2a(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
     def cp_comm(self) -> str:
         """
-        context parallelism's attention: "a2a" (heads all-to-all, Ulysses) or "ring" (k/v around a ring)
+        context parallelism's attention: "a2a" (heads all-to-all, Ulysses), "ring" (k/v around a ring) or "a2a+ring" (all-to-all within groups of cp_a2a ranks, a ring across them)
         """
     @cp_comm.setter
     def cp_comm(self, arg1: str) -> None:
@@ -122,7 +129,7 @@ class Model:
     Build it with Model.from_hf(...) on every rank of the job.
     """
     @staticmethod
-    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, cp_comm: str | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, offload_activations: bool = False, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear', lora_target_parameters: typing.Any = None, lora_dropout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> Model:
+    def from_hf(path: os.PathLike | str | bytes, *, layout: Layout | None = None, tp: typing.SupportsInt | typing.SupportsIndex | None = None, pp: typing.SupportsInt | typing.SupportsIndex | None = None, vpp: typing.SupportsInt | typing.SupportsIndex | None = None, sp: bool | None = None, rmpad: bool | None = None, first_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, last_stage_layers: typing.SupportsInt | typing.SupportsIndex | None = None, vocab_pad_multiple: typing.SupportsInt | typing.SupportsIndex | None = None, ep: typing.SupportsInt | typing.SupportsIndex | None = None, recompute: str | None = None, cp: typing.SupportsInt | typing.SupportsIndex | None = None, invariant: bool | None = None, cp_comm: str | None = None, cp_a2a: typing.SupportsInt | typing.SupportsIndex | None = None, critic: bool = False, value_bias: bool = True, dtype: str = 'fp32', device: str = 'cpu', seed: typing.SupportsInt | typing.SupportsIndex = 1234, batch_checksum: bool = True, moe_aux_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_aux_loss_per_sequence: bool = False, moe_z_loss_coeff: typing.SupportsFloat | typing.SupportsIndex = 0.0, moe_expert_bias_update_rate: typing.SupportsFloat | typing.SupportsIndex = 0.001, dropout: typing.Any = None, head_chunk_tokens: typing.SupportsInt | typing.SupportsIndex = 0, offload_activations: bool = False, lora_adapter: os.PathLike | str | bytes | None = None, lora_rank: typing.SupportsInt | typing.SupportsIndex = 0, lora_alpha: typing.SupportsFloat | typing.SupportsIndex = 16.0, lora_target_modules: typing.Any = 'all-linear', lora_target_parameters: typing.Any = None, lora_dropout: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> Model:
         """
         Loads the HF checkpoint in `path` (a directory with config.json and safetensors) into the layout,
         on every rank of the job megadsl.init() joined (a world of one process without it): each rank

@@ -99,7 +99,7 @@ __all__ = [
 ]
 
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "sp", "rmpad", "first_stage_layers", "last_stage_layers", "vocab_pad_multiple",
-                  "ep", "etp", "recompute", "cp", "invariant", "cp_comm")
+                  "ep", "etp", "recompute", "cp", "invariant", "cp_comm", "cp_a2a")
 
 
 def _layout_of(where, layout, kwargs):

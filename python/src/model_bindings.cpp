@@ -268,7 +268,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          std::optional<bool> rmpad, std::optional<std::int64_t> first_stage_layers,
          std::optional<std::int64_t> last_stage_layers, std::optional<std::int64_t> vocab_pad_multiple,
          std::optional<std::int64_t> ep, std::optional<std::string> recompute, std::optional<std::int64_t> cp,
-         std::optional<bool> invariant, std::optional<std::string> cp_comm, bool critic,
+         std::optional<bool> invariant, std::optional<std::string> cp_comm, std::optional<std::int64_t> cp_a2a, bool critic,
          bool value_bias, const std::string& dtype, const std::string& device, std::uint64_t seed,
          bool batch_checksum, double moe_aux_loss_coeff, bool moe_aux_loss_per_sequence, double moe_z_loss_coeff,
          double moe_expert_bias_update_rate, const py::object& dropout, std::int64_t head_chunk_tokens,
@@ -276,7 +276,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
          const py::object& lora_target_modules, const py::object& lora_target_parameters, double lora_dropout) {
         layout l = given.value_or(layout{});
         if (given && (tp || pp || vpp || sp || rmpad || first_stage_layers || last_stage_layers || vocab_pad_multiple || ep ||
-                      recompute || cp || invariant || cp_comm))
+                      recompute || cp || invariant || cp_comm || cp_a2a))
           throw py::value_error("megadsl.Model.from_hf: give layout= or the layout keywords (tp=, pp=, ...), not both");
         if (tp) l.tp = *tp;
         if (pp) l.pp = *pp;
@@ -289,6 +289,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
         if (ep) l.ep = *ep;
         if (cp) l.cp = *cp;
         if (cp_comm) l.cp_comm = cp_comm_of(*cp_comm);
+        if (cp_a2a) l.cp_a2a = *cp_a2a;
         if (recompute) l.recompute = recompute_of(*recompute);
         if (invariant) l.invariant = *invariant;
         if (!critic && !value_bias)
@@ -404,7 +405,7 @@ Build it with Model.from_hf(...) on every rank of the job.)");
       py::arg("rmpad") = py::none(), py::arg("first_stage_layers") = py::none(),
       py::arg("last_stage_layers") = py::none(), py::arg("vocab_pad_multiple") = py::none(),
       py::arg("ep") = py::none(), py::arg("recompute") = py::none(), py::arg("cp") = py::none(),
-      py::arg("invariant") = py::none(), py::arg("cp_comm") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
+      py::arg("invariant") = py::none(), py::arg("cp_comm") = py::none(), py::arg("cp_a2a") = py::none(), py::arg("critic") = false, py::arg("value_bias") = true, py::arg("dtype") = "fp32", py::arg("device") = "cpu",
       py::arg("seed") = 1234, py::arg("batch_checksum") = true, py::arg("moe_aux_loss_coeff") = 0.0,
       py::arg("moe_aux_loss_per_sequence") = false, py::arg("moe_z_loss_coeff") = 0.0,
       py::arg("moe_expert_bias_update_rate") = 1e-3, py::arg("dropout") = py::none(), py::arg("head_chunk_tokens") = 0,

@@ -125,6 +125,7 @@ std::string layout_repr(const layout& l) {
   if (l.vocab_pad_multiple.get() != 128) s << ", vocab_pad_multiple=" << l.vocab_pad_multiple.get();
   if (l.cp.get() != 1) s << ", cp=" << l.cp.get();
   if (l.cp_comm.get() != cp_comm_kind::a2a) s << ", cp_comm=\"" << name_of(l.cp_comm.get()) << "\"";
+  if (l.cp_a2a.get() != 1) s << ", cp_a2a=" << l.cp_a2a.get();
   if (l.ep.get() != 1) s << ", ep=" << l.ep.get();
   if (l.etp.get() != 0) s << ", etp=" << l.etp.get();
   if (l.recompute.get() != recompute_kind::none) s << ", recompute=\"" << name_of(l.recompute.get()) << "\"";
@@ -138,7 +139,7 @@ bool same_layout(const layout& a, const layout& b) {
          a.first_stage_layers.get() == b.first_stage_layers.get() &&
          a.last_stage_layers.get() == b.last_stage_layers.get() && a.sp.get() == b.sp.get() &&
          a.rmpad.get() == b.rmpad.get() && a.vocab_pad_multiple.get() == b.vocab_pad_multiple.get() &&
-         a.cp.get() == b.cp.get() && a.cp_comm.get() == b.cp_comm.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
+         a.cp.get() == b.cp.get() && a.cp_comm.get() == b.cp_comm.get() && a.cp_a2a.get() == b.cp_a2a.get() && a.ep.get() == b.ep.get() && a.etp.get() == b.etp.get() &&
          a.recompute.get() == b.recompute.get() && a.invariant.get() == b.invariant.get();
 }
 
@@ -154,8 +155,9 @@ py::dict dict_of(const dropout_rates& r) {
 
 cp_comm_kind cp_comm_of(const std::string& name) {
   if (cp_comm_kind k{}; cp_comm_from_name(name, k)) return k;
-  throw py::value_error("megadsl: cp_comm is \"a2a\" (Ulysses: heads all-to-all) or \"ring\" (\"p2p\": k/v passed around "
-                        "a ring over a load-balanced split), got \"" + name + "\"");
+  throw py::value_error("megadsl: cp_comm is \"a2a\" (Ulysses: heads all-to-all), \"ring\" (\"p2p\": k/v passed around "
+                        "a ring over a load-balanced split) or \"a2a+ring\" (\"a2a+p2p\": all-to-all within groups of "
+                        "cp_a2a ranks, a ring across them), got \"" + name + "\"");
 }
 
 recompute_kind recompute_of(const std::string& name) {
@@ -176,14 +178,17 @@ void bind_spec(py::module_& m) {
   py::class_<layout>(m, "Layout", R"(A parallel layout: tensor-, pipeline- and sequence-parallel degrees,
 virtual pipeline chunks, remove-padding, context-parallel degree (cp: each rank 1/cp of every sequence's
 tokens) and its attention (cp_comm "a2a": all-to-all over heads, Ulysses; "ring" or "p2p": k/v passed
-around a ring over a load-balanced split, any head count), expert-parallel degree (ep: whole experts per rank of an ep
+around a ring over a load-balanced split, any head count; "a2a+ring" or "a2a+p2p": all-to-all within
+groups of cp_a2a consecutive cp ranks, a ring across the groups), expert-parallel degree (ep: whole experts per rank of an ep
 group; etp 0 = tp), activation recompute ("none", "selective", "full"), invariant arithmetic (a
 sequence's outputs the same bits whatever its batch, padding and layout; CPU). Every field is a concrete value.)")
       .def(py::init([](std::int64_t tp, std::int64_t pp, std::int64_t vpp, bool sp, bool rmpad,
                        std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                        std::int64_t vocab_pad_multiple, std::int64_t ep, std::int64_t etp,
-                       const std::string& recompute, std::int64_t cp, bool invariant, const std::string& cp_comm) {
+                       const std::string& recompute, std::int64_t cp, bool invariant, const std::string& cp_comm,
+                       std::int64_t cp_a2a) {
              layout l;
+             l.cp_a2a = cp_a2a;
              l.invariant = invariant;
              l.cp = cp;
              l.cp_comm = cp_comm_of(cp_comm);
@@ -203,7 +208,7 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vpp") = 1, py::arg("sp") = false, py::arg("rmpad") = false,
            py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, py::arg("vocab_pad_multiple") = 128,
            py::arg("ep") = 1, py::arg("etp") = 0, py::arg("recompute") = "none", py::arg("cp") = 1,
-           py::arg("invariant") = false, py::arg("cp_comm") = "a2a")
+           py::arg("invariant") = false, py::arg("cp_comm") = "a2a", py::arg("cp_a2a") = 1)
       .def_property(
           "recompute", [](const layout& l) { return std::string(name_of(l.recompute.get())); },
           [](layout& l, const std::string& v) { l.recompute = recompute_of(v); },
@@ -212,7 +217,9 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
       .def_property(
           "cp_comm", [](const layout& l) { return std::string(name_of(l.cp_comm.get())); },
           [](layout& l, const std::string& v) { l.cp_comm = cp_comm_of(v); },
-          "context parallelism's attention: \"a2a\" (heads all-to-all, Ulysses) or \"ring\" (k/v around a ring)")
+          "context parallelism's attention: \"a2a\" (heads all-to-all, Ulysses), \"ring\" (k/v around a ring) or "
+          "\"a2a+ring\" (all-to-all within groups of cp_a2a ranks, a ring across them)")
+      .def_property("cp_a2a", property(&layout::cp_a2a), [](layout& l, std::int64_t v) { l.cp_a2a = v; })
       .def_property("ep", property(&layout::ep), [](layout& l, std::int64_t v) { l.ep = v; })
       .def_property("etp", property(&layout::etp), [](layout& l, std::int64_t v) { l.etp = v; })
       .def_property("tp", property(&layout::tp), [](layout& l, std::int64_t v) { l.tp = v; })
@@ -259,7 +266,7 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
                                               l.first_stage_layers.get(), l.last_stage_layers.get(),
                                               l.vocab_pad_multiple.get(), l.ep.get(), l.etp.get(),
                                               std::string(name_of(l.recompute.get())), l.cp.get(), l.invariant.get(),
-                                              std::string(name_of(l.cp_comm.get())));
+                                              std::string(name_of(l.cp_comm.get())), l.cp_a2a.get());
                       },
                       [](const py::tuple& t) {
                         layout l;
@@ -279,6 +286,7 @@ sequence's outputs the same bits whatever its batch, padding and layout; CPU). E
                         if (t.size() > 11) l.cp = t[11].cast<std::int64_t>();
                         if (t.size() > 12) l.invariant = t[12].cast<bool>();
                         if (t.size() > 13) l.cp_comm = cp_comm_of(t[13].cast<std::string>());
+                        if (t.size() > 14) l.cp_a2a = t[14].cast<std::int64_t>();
                         return l;
                       }));
 

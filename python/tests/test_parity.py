@@ -2,6 +2,7 @@
 line for a keyword a function does not take."""
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -146,8 +147,12 @@ def test_ring_context_parallelism_from_python(fixtures):
     want = megadsl.Model.from_hf(path).forward(ids, mask)["log_probs"].detach()
     valid = lp_valid(mask)
     for layout, world in [(dict(cp=2, cp_comm="ring", rmpad=True), 2), (dict(cp=4, cp_comm="p2p"), 4),
-                          (dict(layout=megadsl.Layout(tp=2, sp=True, cp=2, cp_comm="ring")), 4)]:
+                          (dict(layout=megadsl.Layout(tp=2, sp=True, cp=2, cp_comm="ring")), 4),
+                          (dict(cp=4, cp_comm="a2a+p2p", cp_a2a=2, rmpad=True), 4)]:
         for out, _ in megadsl.launch_local(world, helpers.forward_on_ranks, str(path), ids, mask, layout, timeout=300):
             assert max_diff(out["log_probs"], want, valid) < 1e-5, layout
     with pytest.raises(ValueError, match='cp_comm is "a2a"'):
         megadsl.Model.from_hf(path, cp=2, cp_comm="ulysses")
+    hierarchical = megadsl.Layout(cp=4, cp_comm="a2a+ring", cp_a2a=2)
+    assert (hierarchical.cp_comm, hierarchical.cp_a2a) == ("a2a+ring", 2)
+    assert "cp_a2a=2" in repr(hierarchical) and pickle.loads(pickle.dumps(hierarchical)) == hierarchical

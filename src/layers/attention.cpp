@@ -140,26 +140,34 @@ class attention final : public layer_module {
   // Ring context parallelism: q (rows, G, Q, d), k and v (rows, G, d) of this cp rank's share
   // (chunks i and 2 cp - 1 - i of every sequence), rotated at its rows' positions, attending over
   // every rank's k/v blocks passed around the ring (layers/ring_attention.hpp) -> (rows, G*Q*d).
+  // Under a2a+ring the rotated q, k, v first go by all-to-all within the a2a group (Ulysses' split
+  // of the heads over cp_a2a ranks), the ring runs over the group's rows of this rank's heads, and
+  // the output comes back by the inverse all-to-all.
   at::Tensor ring_core(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const layer_context& c) const {
     const packed_tokens& pk = c.pk;  // this rank's share: its real tokens, then padding rows
     const std::int64_t rows = q_in.size(0), groups = q_in.size(1), per_group = q_in.size(2), d = q_in.size(3);
     if (attention_dropout_of(c, 0).p > 0)
       throw std::invalid_argument("megadsl: attention dropout under ring context parallelism is not built yet; train with "
                                   "attention_dropout 0 or cp_comm a2a");
-    at::Tensor q = q_in, k = k_in;
+    at::Tensor q = q_in, k = k_in, v = v_in;
     if (s_.floor_scale != 0) {  // Llama 4's NoPE layers: q scaled at each row's position
       const at::Tensor scale = (at::log1p(at::floor((pk.positions.to(at::kFloat) + 1.0) / s_.floor_scale)) * s_.temperature + 1.0);
       q = (q.to(at::kFloat) * scale.view({rows, 1, 1, 1})).to(q.scalar_type());
     }
     if (s_.rope && !s_.norm_after_rope) q = apply_rope(q, c.rope, s_.interleaved), k = apply_rope(k, c.rope, s_.interleaved);
+    at::Tensor sinks = sinks_.defined() ? c.w(sinks_) : at::Tensor();  // (G*Q) this tp rank's
+    if (c.ring_a2a != nullptr) {  // (a rows, G', Q', d), (a rows, G', d) x2: this a2a rank's heads
+      const std::int64_t a2a = c.ring_a2a->size(), share = groups * per_group / a2a;
+      cp_whole_stream_heads({}, q, k, v, a2a * rows, *c.ring_a2a);
+      if (sinks.defined()) sinks = sinks.narrow(0, c.ring_a2a->rank() * share, share);
+    }
+    const std::int64_t n = q.size(0), heads = q.size(1) * q.size(2);
     const double scale = s_.scale != 0 ? s_.scale : 1.0 / std::sqrt(static_cast<double>(d));
-    const at::Tensor a = ring_attention(q.permute({1, 2, 0, 3}).reshape({groups * per_group, rows, d}),
-                                        k.permute({1, 0, 2}).contiguous(), v_in.permute({1, 0, 2}).contiguous(),
-                                        ring_tokens_of(pk, rows), scale,
-                                        {.window = s_.window, .chunk = s_.chunk, .softcap = s_.softcap,
-                                         .sinks = sinks_.defined() ? c.w(sinks_) : at::Tensor()},
-                                        *c.cp);
-    return a.view({groups * per_group, rows, d}).permute({1, 0, 2}).reshape({rows, groups * per_group * d});
+    at::Tensor a = ring_attention(q.permute({1, 2, 0, 3}).reshape({heads, n, d}), k.permute({1, 0, 2}).contiguous(),
+                                  v.permute({1, 0, 2}).contiguous(), *c.ring_rows, scale,
+                                  {.window = s_.window, .chunk = s_.chunk, .softcap = s_.softcap, .sinks = sinks}, *c.ring);
+    a = a.view({heads, n, d}).permute({1, 0, 2}).reshape({n, heads * d});  // (n, heads*d)
+    return c.ring_a2a != nullptr ? cp_heads_to_tokens(a, *c.ring_a2a) : a;  // (rows, G*Q*d)
   }
 
   at::Tensor qkv_, qkv_bias_;  // (G*(Q+2)*d [, h]) this rank's groups

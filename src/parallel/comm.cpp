@@ -115,7 +115,7 @@ void comm_group::run(const char* op, const at::Tensor& on, std::int64_t bytes, O
   } else {
     global_comm_stats().calls += 1;
     global_comm_stats().bytes += bytes;
-    if (name_ == "cp") global_comm_stats().cp_bytes += bytes;
+    if (name_.rfind("cp", 0) == 0) global_comm_stats().cp_bytes += bytes;  // cp, cp_a2a, cp_ring
   }
   try {
     auto work = issue(backend_for(on));
@@ -245,7 +245,7 @@ comm_group::pending_send comm_group::send(const at::Tensor& t, int dst_index, in
   p.tensor_ = staged(t) ? t.cpu().contiguous() : t.contiguous();
   global_comm_stats().calls += 1;
   global_comm_stats().bytes += p.tensor_.numel() * p.tensor_.element_size();
-  if (name_ == "cp") global_comm_stats().cp_bytes += p.tensor_.numel() * p.tensor_.element_size();  // the ring's blocks
+  if (name_.rfind("cp", 0) == 0) global_comm_stats().cp_bytes += p.tensor_.numel() * p.tensor_.element_size();  // the ring's blocks
   std::vector<at::Tensor> ts{p.tensor_};
   try {
     auto work = backend_for(p.tensor_).send(ts, dst_index, tag);

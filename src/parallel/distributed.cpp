@@ -190,6 +190,16 @@ parallel_groups parallel_groups::build(distributed& d, const layout& l) {
   if (g.grid.cp > 1) {
     g.cp = d.make_group("cp", g.grid.cp_group(r), gen);
     g.dp_cp = d.make_group("dp_cp", g.grid.dp_cp_group(r), gen);
+    if (megadsl::cp_ring(l) && cp_a2a_size(l) > 1) {
+      // Hierarchical cp: all-to-all groups of cp_a2a consecutive cp ranks, and rings of the ranks
+      // at one place in each of them (Megatron's hierarchical_context_parallel_sizes order).
+      const rank_list all_cp = g.grid.cp_group(r);
+      const std::int64_t a2a = cp_a2a_size(l), first = g.me.cp / a2a * a2a;
+      rank_list a2a_ranks(all_cp.begin() + first, all_cp.begin() + first + a2a), ring_ranks;
+      for (std::int64_t i = g.me.cp % a2a; i < g.grid.cp; i += a2a) ring_ranks.push_back(all_cp[static_cast<std::size_t>(i)]);
+      g.cp_a2a = d.make_group("cp_a2a", a2a_ranks, gen);
+      g.cp_ring = d.make_group("cp_ring", ring_ranks, gen);
+    }
   }
   if (g.grid.in_embedding_group(r)) g.embedding = d.make_group("embedding", g.grid.embedding_group(r), gen);
   if (l.ep.get() > 1) {

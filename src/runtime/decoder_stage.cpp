@@ -25,6 +25,7 @@
 #include "megadsl/layers/moe.hpp"
 #include "megadsl/layers/activation_offload.hpp"
 #include "megadsl/layers/recompute.hpp"
+#include "megadsl/layers/ring_attention.hpp"
 #include "megadsl/layers/vocab_parallel.hpp"
 #include "megadsl/parallel/agreement.hpp"
 #include "megadsl/parallel/mappings.hpp"
@@ -120,6 +121,15 @@ class decoder_stage final : public model_core, public pipeline_stage {
       cp_ = g.cp.get();
       cp_size_ = cp_->size();
       cp_rank_ = cp_->rank();
+      if (cp_ring(c.l)) {
+        const std::int64_t a2a = cp_a2a_size(c.l);
+        if (a2a > 1 && (g.cp_a2a == nullptr || g.cp_a2a->size() != a2a || g.cp_ring == nullptr))
+          throw std::invalid_argument("megadsl: the layout has cp_comm a2a+ring with cp_a2a = " + std::to_string(a2a) +
+                                      " but the groups have no all-to-all group of that size; build them with "
+                                      "parallel_groups::build(dist, layout) for this layout");
+        ring_ = a2a > 1 ? g.cp_ring.get() : cp_;
+        ring_a2a_ = a2a > 1 ? g.cp_a2a.get() : nullptr;
+      }
     }
     if (c.s.experts.get() > 0) {
       const std::int64_t ep = c.l.ep.get();
@@ -407,6 +417,7 @@ class decoder_stage final : public model_core, public pipeline_stage {
     at::Tensor replay, routed;
     dropout_draw dropout;  // a training step with dropout: the rates, the step's salt, the stream's keys
     at::Tensor cp_places;  // ring cp: each whole-stream token's place among the ranks' shares (packing.hpp)
+    ring_tokens ring_rows;  // ring cp: the positions and sequences of the rows the ring's queries are
 
     [[nodiscard]] const packed_tokens& sequences() const { return whole.ids.defined() ? whole : pk; }
   };
@@ -450,6 +461,18 @@ class decoder_stage final : public model_core, public pipeline_stage {
           ring_split(in.whole, cp_size_, (sp_ ? tp_size_ : 1) * (invariant_ && device_.is_cuda() ? invariant_cuda_rows : 1));
       in.pk = ring_share(in.whole, split, cp_rank_);
       in.cp_places = split.places;
+      if (ring_a2a_ == nullptr) {
+        in.ring_rows = ring_tokens_of(in.pk, split.rows);
+      } else {  // a2a+ring: the all-to-all group's shares end to end, in its rank order
+        const std::int64_t a2a = ring_a2a_->size(), first = cp_rank_ / a2a * a2a;
+        std::vector<at::Tensor> positions, sequences;
+        for (std::int64_t r = first; r < first + a2a; ++r) {
+          const ring_tokens t = ring_tokens_of(r == cp_rank_ ? in.pk : ring_share(in.whole, split, r), split.rows);
+          positions.push_back(t.position);
+          sequences.push_back(t.sequence);
+        }
+        in.ring_rows = {at::cat(positions), at::cat(sequences)};
+      }
       in.rope = rope_for_positions(inv_freq, in.pk.positions, cfg_.s);
       if (in.local_rope.cos.defined()) {
         shape local = cfg_.s;
@@ -743,7 +766,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
     return layer_context{cfg_.s, cfg_.l, cfg_.options, tp_group(), tp_size_, tp_rank_, sp_, ep_, compute_,
                          in.pk, local ? in.local_rope : in.rope, layer, run_, in.replay, in.routed, cp_,
                          cp_ != nullptr ? &in.whole : nullptr, in.dropout.keys.defined() ? &in.dropout : nullptr,
-                         lora_.get(), in.cp_places.defined() ? &in.cp_places : nullptr};
+                         lora_.get(), in.cp_places.defined() ? &in.cp_places : nullptr, ring_, ring_a2a_,
+                         in.ring_rows.position.defined() ? &in.ring_rows : nullptr};
   }
 
   // One decoder layer: its module, built from the family's blocks.
@@ -852,6 +876,8 @@ class decoder_stage final : public model_core, public pipeline_stage {
   const comm_group* tp_ = nullptr;
   std::int64_t tp_size_ = 1, tp_rank_ = 0;
   const comm_group* cp_ = nullptr;  // null at cp = 1
+  const comm_group* ring_ = nullptr;      // ring cp: the ring (cp_, or a2a+ring's ring group)
+  const comm_group* ring_a2a_ = nullptr;  // a2a+ring: the all-to-all group before the ring
   std::int64_t cp_size_ = 1, cp_rank_ = 0;
   bool sp_ = false;
   at::Device device_ = at::kCPU;

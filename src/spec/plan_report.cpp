@@ -112,7 +112,10 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   os << "megadsl plan: " << model_name << " ("
      << (o.actor ? "actor, lm_head" : o.value_bias ? "critic, value head with bias" : "critic, value head")
      << ")\n";
-  os << "  layout    tp " << tp << " x pp " << pp << " (vpp " << vpp << ")" << (cp > 1 ? " x cp " + std::to_string(cp) : "")
+  os << "  layout    tp " << tp << " x pp " << pp << " (vpp " << vpp << ")"
+     << (cp > 1 ? " x cp " + std::to_string(cp) + " (" + std::string(name_of(l.cp_comm.get())) +
+                      (cp_a2a_size(l) > 1 && cp_ring(l) ? " " + std::to_string(cp_a2a_size(l)) + " x " + std::to_string(cp_ring_size(l)) : "") + ")"
+                : "")
      << ", sp " << on_off(l.sp.get())
      << ", rmpad " << on_off(l.rmpad.get()) << "; world " << world << " -> dp " << dp << "\n";
   os << "  workload  seq " << grouped(o.seq) << ", micro batch " << o.micro_batch << "\n\n";
@@ -162,14 +165,22 @@ void print_plan(std::ostream& os, std::string_view model_name, const shape& s, c
   if (l.cp.get() > 1 && cp_ring(l)) {
     char bytes[48];
     std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_ring_bytes(s, l, own_tokens, 2) / 1e9);
+    const std::int64_t a2a = cp_a2a_size(l);
     model.row({"cp ring per micro-batch", bytes,
-               "sent per rank around the cp ring (k/v blocks, dk/dv in fp32), forward + backward, bf16, its " +
-                   grouped(own_tokens) + " tokens, its stage's layers (formulas.hpp cp_ring_bytes)"});
-  } else if (l.cp.get() > 1) {
+               "sent per rank around the cp ring (k/v blocks, dk/dv in fp32" +
+                   (a2a > 1 ? ", of its all-to-all group's " + grouped(a2a * own_tokens) + " rows, a ring of " +
+                                  std::to_string(cp_ring_size(l)) + " ranks"
+                            : std::string()) +
+                   "), forward + backward, bf16, its " + grouped(own_tokens) +
+                   " tokens, its stage's layers (formulas.hpp cp_ring_bytes)"});
+  }
+  if (cp_a2a_size(l) > 1) {
     char bytes[48];
     std::snprintf(bytes, sizeof bytes, "%.2f GB", cp_all_to_all_bytes(s, l, own_tokens, 2) / 1e9);
     model.row({"cp all-to-all per micro-batch", bytes,
-               "sent per rank over cp (Ulysses), forward + backward, bf16, its " + grouped(own_tokens) +
+               "sent per rank over " + (cp_ring(l) ? "its all-to-all group of " + std::to_string(cp_a2a_size(l)) + " cp ranks"
+                                                   : std::string("cp (Ulysses)")) +
+                   ", forward + backward, bf16, its " + grouped(own_tokens) +
                    " tokens, its stage's layers (formulas.hpp cp_all_to_all_bytes)"});
   }
   model.print(os);

@@ -93,14 +93,14 @@ void check_cp_bytes(bool mixers_gather) {
   const double to_all = static_cast<double>(global_comm_stats().all_to_all_bytes.load());
   const double over_cp = static_cast<double>(global_comm_stats().cp_bytes.load());
   const double head = static_cast<double>((cp - 1) * own * 4 * (o.entropy.defined() ? 2 : 1));
-  const double planned = cp_ring(L) ? cp_ring_bytes(M::shape, L, own, 4) : cp_all_to_all_bytes(M::shape, L, own, 4);
+  // Under a2a+ring both: all-to-alls within the a2a groups, blocks around the rings.
+  const double a2a = cp_all_to_all_bytes(M::shape, L, own, 4), planned = cp_ring_bytes(M::shape, L, own, 4) + a2a;
   INFO("sent over cp " << over_cp << " B (by all-to-all " << to_all << " B, the head's gathers " << head
-                       << " B), planned " << planned << " B");
+                       << " B), planned " << planned << " B (by all-to-all " << a2a << " B)");
   CHECK(planned > 0);
   CHECK(over_cp - head == planned);
-  if (cp_ring(L)) CHECK(to_all == 0);
-  else if (mixers_gather) CHECK(to_all < planned);
-  else CHECK(to_all == planned);
+  if (mixers_gather) CHECK(to_all < a2a);
+  else CHECK(to_all == a2a);
 }
 
 template <class M, layout L>
@@ -190,6 +190,39 @@ TEST_CASE("ring context parallelism: what goes around the ring is what plan coun
   check_cp_bytes<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>(false);
   check_cp_bytes<tiny8_olmo2, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 2, .cp_comm = ring}>(false);
   check_cp_bytes<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 2, .cp_comm = ring}>(false);  // MLA: k and v at their widths
+}
+
+// Hierarchical cp (cp_comm a2a+ring, Megatron's a2a+p2p): cp 4 as all-to-all groups of 2 ranks
+// (each then holds its group's rows of half the heads) around rings of 2 (the load-balanced split
+// over all 4). tiny8's 2 kv groups go whole by the all-to-all; at tp 2 (below) each tp rank's one
+// group is shared, its k and v gathered within the all-to-all group.
+constexpr auto a2a_ring = cp_comm_kind::a2a_ring;
+
+TEST_CASE("hierarchical context parallelism, cp 4 as two pairs around rings of 2: padded and packed, windows, soft caps "
+          "and qk norms equal one process and train like it",
+          "[world4][cp][ring][hierarchical]") {
+  check_both_heads<tiny8, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>();
+  check_both_heads<tiny8_gemma2, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>();
+  check_gradients<tiny8_qwen3, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(uneven_batch(500, true));
+  check_gradients<tiny8_neox, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(uneven_batch(500, false));
+  check_training<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(2);
+  check_training<tiny8_olmo2, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, false>(2);
+}
+
+TEST_CASE("hierarchical context parallelism sends what plan counts, by all to all and around the ring",
+          "[world4][cp][ring][hierarchical]") {
+  check_cp_bytes<tiny8, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>(false);
+  check_cp_bytes<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>(true);  // MLA: rotary key gathered
+}
+
+TEST_CASE("hierarchical context parallelism at tp 2 x cp 4 with sp (one kv group shared) and at pp 2 x cp 4 equals "
+          "one process and trains like it",
+          "[world8][cp][ring][hierarchical]") {
+  REQUIRE(dist().world() == 8);
+  check_gradients<tiny8, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(
+      uneven_batch(500, false));
+  check_training<tiny8, layout{.tp = 2, .sp = true, .rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(1);
+  check_training<tiny8_olmo2, layout{.pp = 2, .rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}, true>(2);
 }
 
 // 6 query heads: at tp 2 a rank's 3 do not split over cp 4 (Ulysses refuses: cp_splits_heads);

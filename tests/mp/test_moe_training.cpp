@@ -328,6 +328,19 @@ TEST_CASE("ring context parallelism through MLA, gpt-oss's sinks and Llama 4's c
   check_moe_training<tiny8_llama4, layout{.rmpad = true, .cp = 4, .cp_comm = ring}>(1, false);
 }
 
+// Hierarchical cp (a2a+ring, cp 4 as all-to-all pairs around a ring of 2) through the same kinds:
+// MLA's heads by all-to-all with its rotary key gathered, the sinks of each pair's half of the
+// heads, Llama 4's chunks and temperatures at each row's own position.
+TEST_CASE("hierarchical context parallelism through MLA, sinks and Llama 4's chunks: inference and training equal one "
+          "process",
+          "[world4][moe][cp][ring][hierarchical]") {
+  constexpr auto a2a_ring = cp_comm_kind::a2a_ring;
+  check_moe_inference<tiny8_deepseek_v3, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2, .ep = 2}>();
+  check_moe_training<tiny8_deepseek_v3, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>(1, true);
+  check_moe_training<tiny8_gpt_oss, layout{.rmpad = true, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>(1, false);
+  check_moe_training<tiny8_llama4, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>(1, true);
+}
+
 TEST_CASE("five PPO steps at tp 2 x ep 2 x pp 2 equal one process, with and without router replay",
           "[world8][moe][training]") {
   REQUIRE(dist().world() == 8);

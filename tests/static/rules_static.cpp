@@ -103,6 +103,20 @@ static_assert(violates<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4}>("cp_splits
 // The ring keeps every head on every cp rank: no head rule.
 static_assert(valid_layout<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4, .cp_comm = megadsl::cp_comm_kind::ring}>);
 static_assert(valid_layout<llama3_8b, layout{.tp = 8, .cp = 8, .cp_comm = megadsl::cp_comm_kind::ring}>);
+// Hierarchical cp (a2a+ring): the head rule over the all-to-all groups' cp_a2a ranks only.
+constexpr auto a2a_ring = megadsl::cp_comm_kind::a2a_ring;
+static_assert(valid_layout<llama3_8b, layout{.tp = 8, .cp = 8, .cp_comm = a2a_ring, .cp_a2a = 4}>);
+static_assert(valid_layout<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>);  // 14 heads, 2 groups
+static_assert(first_message<llama3_8b, layout{.tp = 8, .cp = 16, .cp_comm = a2a_ring, .cp_a2a = 8}>() ==
+              "cp_splits_heads: a tp rank's 4 query heads in 1 kv group(s) (heads 32, kv heads 8, tp 8) do not split "
+              "into cp_a2a = 8 equal shares of whole groups or of one group; valid cp_a2a: 1, 2, 4; or cp_comm ring (k/v "
+              "around a ring: any head count)");
+static_assert(first_message<llama3_8b, layout{.cp = 8, .cp_comm = a2a_ring, .cp_a2a = 3}>() ==
+              "cp_a2a_fits: cp_comm a2a+ring with cp = 8 and cp_a2a = 3: cp_a2a (the all-to-all groups' size) must lie "
+              "strictly between 1 and cp and divide it; valid cp_a2a: 2, 4; or cp_comm a2a (all heads) or ring (no "
+              "all-to-all)");
+static_assert(violates<llama3_8b, layout{.cp = 2, .cp_comm = a2a_ring, .cp_a2a = 2}>("cp_a2a_fits"));
+static_assert(violates<llama3_8b, layout{.cp = 4, .cp_comm = megadsl::cp_comm_kind::ring, .cp_a2a = 2}>("cp_a2a_fits"));
 static_assert(violates<llama3_8b, layout{.ep = 4}>("ep_needs_experts"));
 // Mixtures of experts: whole experts per ep rank, each expert split over etp (= tp).
 static_assert(valid_layout<megadsl::mixtral_8x7b, layout{.tp = 2, .pp = 4, .ep = 8}>);

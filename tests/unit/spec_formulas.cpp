@@ -511,6 +511,19 @@ TEST_CASE("ring context parallelism: its traffic by hand, the rules that differ 
   const double mla_kv = tokens * 16.0 * (192 + 128) * 2, mla_grads = tokens * 16.0 * (192 + 128) * 4;  // bf16, fp32
   CHECK(cp_ring_bytes(ds, layout{.tp = 8, .cp = 4, .cp_comm = ring}, tokens, 2) ==
         Approx(61 * (3 * (mla_kv + ids) + 4 * (mla_kv + ids + mla_grads))));
+  // Hierarchical (a2a+ring), cp 4 as all-to-all pairs around a ring of 2: Ulysses' traffic over a
+  // pair (8 kv groups go whole: [q | k | v] of 32 + 16 heads there and the output back, half of each
+  // leaving the rank), and the ring's blocks of a pair's rows (2 x 4096) of half its kv heads (4 of
+  // 8), once forward and twice backward.
+  const layout pairs{.cp = 4, .cp_comm = cp_comm_kind::a2a_ring, .cp_a2a = 2};
+  CHECK(megadsl::cp_all_to_all_bytes(llama, pairs, tokens, 2) == 2.0 * 32 * tokens * 2 * (2 * 32 + 2 * 8) * 128 * 0.5);
+  const double pair_kv = 2.0 * tokens * 4 * 2 * 128 * 2, pair_ids = 2.0 * 2 * tokens * 8;
+  const double pair_grads = 2.0 * tokens * 4 * 2 * 128 * 4;
+  CHECK(cp_ring_bytes(llama, pairs, tokens, 2) == 32 * ((pair_kv + pair_ids) + 2 * (pair_kv + pair_ids + pair_grads)));
+  // The head rule counts the all-to-all group only: tp 8 leaves 4 query heads of one group a rank,
+  // which split over cp_a2a 4 (cp 8) and not over 8 (cp 16).
+  CHECK(megadsl::check(llama, layout{.tp = 8, .cp = 8, .cp_comm = cp_comm_kind::a2a_ring, .cp_a2a = 4}).ok());
+  CHECK(megadsl::check(llama, layout{.tp = 8, .cp = 16, .cp_comm = cp_comm_kind::a2a_ring, .cp_a2a = 8}).has("cp_splits_heads"));
   // Qwen2.5-7B at tp 4: 7 query heads a rank do not split over cp 2 (Ulysses) and run under the ring.
   const auto qwen = megadsl::find_preset("qwen2.5-7b")->s;
   CHECK(megadsl::check(qwen, layout{.tp = 4, .cp = 2}).has("cp_splits_heads"));

@@ -38,6 +38,7 @@ struct rope_tables;
 struct model_options;
 struct expert_load;
 struct dropout_draw;
+struct ring_tokens;
 class lora_set;
 
 // One layer's parameters as the blocks bind them: by the local name of the row (the megadsl name
@@ -95,6 +96,13 @@ struct layer_context {
   // ranks' shares (runtime/packing.hpp's cp_ring_split::places), for gather_from_cp; null otherwise.
   // `pk` is then this rank's load-balanced share and `rope` its rows' tables.
   const at::Tensor* cp_places = nullptr;
+  // Ring context parallelism's attention: the ring (the cp group, or under a2a+ring the ranks at
+  // this rank's place in every all-to-all group), the all-to-all group before it (a2a+ring: cp_a2a
+  // consecutive cp ranks; null otherwise), and the ring's view of the rows this rank's queries are
+  // (its share, or under a2a+ring its all-to-all group's shares end to end). Null off the ring.
+  const comm_group* ring = nullptr;
+  const comm_group* ring_a2a = nullptr;
+  const ring_tokens* ring_rows = nullptr;
 
   [[nodiscard]] const packed_tokens& sequences() const { return whole != nullptr ? *whole : pk; }
 

@@ -31,7 +31,7 @@ struct comm_stats {
   std::atomic<std::int64_t> bytes{0};
   std::atomic<std::int64_t> recv_wait_ns{0};  // time blocked in point-to-point receives (pipeline idle)
   std::atomic<std::int64_t> all_to_all_bytes{0};  // of `bytes`: rows sent to other ranks by all_to_all
-  std::atomic<std::int64_t> cp_bytes{0};          // of `bytes`: sent over the context-parallel group ("cp")
+  std::atomic<std::int64_t> cp_bytes{0};          // of `bytes`: sent over the context-parallel groups ("cp", and a2a+ring's "cp_a2a" and "cp_ring")
   // The ranks' agreement checks (parallel/agreement.hpp), counted apart: not the model's traffic.
   std::atomic<std::int64_t> check_calls{0};
   std::atomic<std::int64_t> check_bytes{0};

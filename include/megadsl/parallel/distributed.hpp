@@ -92,6 +92,9 @@ struct parallel_groups {
   // outputs' gather), and dp x cp, where the gradients are summed (each cp rank's are partial).
   // Null at cp = 1.
   std::unique_ptr<comm_group> cp, dp_cp;
+  // With cp_comm a2a+ring: this rank's all-to-all group (cp_a2a consecutive cp ranks) and its ring
+  // (the cp ranks at its place in every all-to-all group). Null otherwise.
+  std::unique_ptr<comm_group> cp_a2a, cp_ring;
   // With ep > 1 (Megatron's expert grid, rank_grid.hpp): the ranks whose tokens meet at the
   // experts (all-to-all), and the replicas of one rank's experts (their gradients' sum). Null at
   // ep = 1, where experts are replicated like every other weight: over dp.

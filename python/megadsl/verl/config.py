@@ -26,8 +26,11 @@ class MegadslEngineConfig(EngineConfig):
     dtype: the compute dtype: "fp32", or "bf16" / "bfloat16" over fp32 parameters and optimizer.
     recompute: None, "selective" (the attention core) or "full" (each layer).
     cp_comm_type: context parallelism's attention, Megatron's key: "p2p" (a ring of k/v blocks over a
-        load-balanced split, any head count; Megatron's default) or "a2a" (Ulysses: heads all-to-all;
-        megadsl's default, which MLA, the gated DeltaNet and sinks need).
+        load-balanced split, any head count; Megatron's default), "a2a" (Ulysses: heads all-to-all;
+        megadsl's default, which the gated DeltaNet needs) or "a2a+p2p" (hierarchical: all-to-all
+        within groups of hierarchical_context_parallel_sizes[0] ranks, a ring across them).
+    hierarchical_context_parallel_sizes: under a2a+p2p, Megatron's [a2a, p2p] sizes, their product
+        context_parallel_size.
     weight_decay_on: which parameters AdamW decays: None follows the optimizer config verl hands the
         engine (FSDPOptimizerConfig: every parameter, as verl's FSDP engine; McoreOptimizerConfig:
         Megatron's rule, matrices only), or "all" / "matrices" over both.
@@ -52,6 +55,7 @@ class MegadslEngineConfig(EngineConfig):
     expert_tensor_parallel_size: Optional[int] = None
     context_parallel_size: int = 1
     cp_comm_type: str = "a2a"
+    hierarchical_context_parallel_sizes: Optional[list] = None
     recompute: Optional[str] = None
     dtype: str = "fp32"
     use_distributed_optimizer: bool = True
@@ -83,9 +87,9 @@ class MegadslEngineConfig(EngineConfig):
         if int(self.head_chunk_tokens) < -1:
             raise ValueError(f"megadsl.verl: head_chunk_tokens {self.head_chunk_tokens} is a chunk of tokens > 0, "
                              "0 (chunks where a micro-batch's logits would pass 1 GiB) or -1 (whole)")
-        if self.cp_comm_type not in ("a2a", "p2p", "ring"):
-            raise ValueError(f"megadsl.verl: cp_comm_type {self.cp_comm_type!r} is \"p2p\" (ring) or \"a2a\" (Ulysses); "
-                             "Megatron's a2a+p2p (hierarchical) is not built")
+        if self.cp_comm_type not in ("a2a", "p2p", "ring", "a2a+p2p", "a2a+ring"):
+            raise ValueError(f"megadsl.verl: cp_comm_type {self.cp_comm_type!r} is \"p2p\" (ring), \"a2a\" (Ulysses) "
+                             "or \"a2a+p2p\" (hierarchical, with hierarchical_context_parallel_sizes [a2a, p2p])")
         if self.recompute not in (None, "none", "selective", "full"):
             raise ValueError(f"megadsl.verl: recompute {self.recompute!r} is null, \"selective\" or \"full\"")
 

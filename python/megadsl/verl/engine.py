@@ -65,6 +65,24 @@ def join_torch_job(timeout=None):
     _C._init(rank, world, local_rank, local_world, addr, port, timeout)
 
 
+def _cp_a2a_of(ec):
+    """Megatron's hierarchical_context_parallel_sizes [a2a, p2p] under cp_comm_type a2a+p2p: the
+    all-to-all groups' size (Layout.cp_a2a); 1 otherwise. Sizes whose product is not the cp degree
+    are refused, naming both."""
+    sizes = _cfg(ec, "hierarchical_context_parallel_sizes", None)
+    kind = str(_cfg(ec, "cp_comm_type", "a2a") or "a2a")
+    if kind not in ("a2a+p2p", "a2a+ring"):
+        if sizes:
+            raise ValueError(f"megadsl.verl: hierarchical_context_parallel_sizes {list(sizes)} is for cp_comm_type "
+                             f"a2a+p2p, and cp_comm_type is {kind}; drop it or set cp_comm_type: a2a+p2p")
+        return 1
+    cp = int(_cfg(ec, "context_parallel_size", 1) or 1)
+    if not sizes or len(sizes) != 2 or int(sizes[0]) * int(sizes[1]) != cp:
+        raise ValueError(f"megadsl.verl: cp_comm_type a2a+p2p needs hierarchical_context_parallel_sizes [a2a, p2p] "
+                         f"whose product is context_parallel_size {cp}; got {None if sizes is None else list(sizes)}")
+    return int(sizes[0])
+
+
 def _contents(checkpoint_config, key, default):
     value = _cfg(checkpoint_config, key, None)
     contents = list(default if value is None else value)
@@ -281,6 +299,7 @@ class MegadslEngine(BaseEngine):
             vpp=int(vpp), sp=bool(_cfg(ec, "sequence_parallel", False)), rmpad=self.use_remove_padding,
             ep=int(_cfg(ec, "expert_model_parallel_size", 1)), etp=int(etp) if etp is not None else 0,
             cp=int(_cfg(ec, "context_parallel_size", 1) or 1), cp_comm=str(_cfg(ec, "cp_comm_type", "a2a") or "a2a"),
+            cp_a2a=_cp_a2a_of(ec),
             recompute=_cfg(ec, "recompute", None) or "none",
             invariant=self.invariant)
         # verl's model.enable_activation_offload: the layer inputs full recompute keeps wait in host

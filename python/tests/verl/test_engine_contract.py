@@ -60,6 +60,11 @@ def test_a_call_before_initialize_names_it(qwen3, call):
     (dict(checkpoint=CheckpointConfig(save_contents=["optimizer"])), "names optimizer without model"),
     (dict(tensor_model_parallel_size=3), "heads_divisible_by_tp"),
     (dict(head_chunk_tokens=-2), "head_chunk_tokens -2 is a chunk of tokens > 0"),
+    (dict(context_parallel_size=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=[2, 3]),
+     r"needs hierarchical_context_parallel_sizes \[a2a, p2p\] whose product is context_parallel_size 4; got \[2, 3\]"),
+    (dict(context_parallel_size=4, cp_comm_type="p2p", hierarchical_context_parallel_sizes=[2, 2]),
+     r"is for cp_comm_type a2a\+p2p, and cp_comm_type is p2p"),
+    (dict(cp_comm_type="ulysses"), r"cp_comm_type 'ulysses' is"),
 ])
 def test_an_unsupported_option_is_one_line(qwen3, config, match):
     from verl.workers.config import EngineRouterReplayConfig
@@ -70,6 +75,14 @@ def test_an_unsupported_option_is_one_line(qwen3, config, match):
         e = engine(qwen3, **config)
         e.initialize()
     assert "\n" not in str(info.value), str(info.value)
+
+
+def test_megatrons_hierarchical_cp_keys_give_the_a2a_ring_layout(qwen3):
+    """Megatron's cp_comm_type a2a+p2p with hierarchical_context_parallel_sizes [a2a, p2p]: all-to-all
+    groups of the first size, rings of the second (Layout cp_comm "a2a+ring", cp_a2a)."""
+    # One process cannot hold cp 4: the refusal names the layout the keys gave.
+    with pytest.raises(ValueError, match=r'cp=4, cp_comm="a2a\+ring", cp_a2a=2\) on 1 ranks: world_fits_layout'):
+        engine(qwen3, context_parallel_size=4, cp_comm_type="a2a+p2p", hierarchical_context_parallel_sizes=[2, 2])
 
 
 def lora_engine(path, checkpoint=None, **model):
