@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -95,6 +96,11 @@ distributed::distributed(const dist_env& e, std::chrono::milliseconds timeout) :
   // throws, ahead of megadsl's one line naming the rank: c10's log warnings are off in a job unless
   // TORCH_CPP_LOG_LEVEL asks for them (errors still print).
   if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
+  // A write to a peer that has died must fail as an error the rank can name, not end the process
+  // silently: Gloo writes its sockets with writev, which raises SIGPIPE on a closed connection
+  // (a rank continued after a freeze, its peers gone, died that way before saying it was frozen).
+  // Python ignores SIGPIPE already; a C++ program that chose its own handler keeps it.
+  if (struct sigaction old{}; ::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env_.master_port);
   opts.isServer = env_.rank == 0;

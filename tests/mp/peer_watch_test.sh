@@ -61,11 +61,17 @@ scenario() {
     for _ in $(seq 1 300); do kill -0 "${pids[$victim]}" 2>/dev/null || break; sleep 0.1; done
     # (Catch wraps an exception's message over lines: compared with the lines joined.)
     if ! tr '\n' ' ' < "$work/$name.$victim.log" | tr -s ' ' | grep -q "it was stopped or frozen for"; then
-      echo "$name: rank $victim, continued, did not say it had been stopped:"; cat "$work/$name.$victim.log"
-      # A known defect, open: on the CI machine the continued store host (rank 0) hung silently
-      # in two fresh-clone runs (2026-11-30) while it passes here; reported, not failed, until
-      # fixed. Every other rank's bound and naming above is asserted.
-      if [ "$victim" -eq 0 ]; then echo "$name: KNOWN DEFECT (open): the continued store host hangs"; else fail=1; fi
+      local how="still running 30 s after SIGCONT"
+      if ! kill -0 "${pids[$victim]}" 2>/dev/null; then
+        wait "${pids[$victim]}"; how="ended with status $? (141: SIGPIPE, 137: SIGKILL)"
+      fi
+      echo "$name: rank $victim, continued, did not say it had been stopped ($how):"; cat "$work/$name.$victim.log"
+      # A known defect, open: on the CI machine the continued store host (rank 0) ended silently
+      # in two fresh-clone runs (2026-11-30) while it passes here. The likely cause, a write to a
+      # dead peer's socket raising SIGPIPE before the watch spoke, is fixed (distributed.cpp
+      # ignores SIGPIPE); reported, not failed, until a CI run confirms it. Every other rank's
+      # bound and naming above is asserted.
+      if [ "$victim" -eq 0 ]; then echo "$name: KNOWN DEFECT (open): the continued store host ended silently"; else fail=1; fi
     else
       printf '%s: rank %s, continued: %s\n' "$name" "$victim" "$(grep -h "megadsl" "$work/$name.$victim.log" | grep -v '\] ready$' | head -1)"
     fi
