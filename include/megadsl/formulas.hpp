@@ -383,7 +383,8 @@ constexpr std::int64_t ring_tile_rows(std::int64_t heads, std::int64_t tq, std::
 //   the larger of two transients, which come at different moments of the step: at pp 1 the LM
 //     head's extra peak (lm_head_peak_bytes, fp32 whatever `element`: the backward's start, every
 //     layer's activations held), and under the ring the backward's live tile buffers, the
-//     probabilities and dS, two fp32 (heads, ring_tile_rows, Tk) buffers, three with a soft-cap
+//     probabilities and dS, two fp32 (heads, ring_tile_rows, Tk) buffers (under a2a+ring Tk is one
+//     rank's share of a block: the ring scores a block's shares one at a time), three with a soft-cap
 //     (a layer's attention backward, the later layers' activations freed; measured at 4k tokens
 //     a rank the ring then peaks where the head alone would).
 // A critic's value head adds nothing measurable (one value per token).
@@ -404,11 +405,11 @@ constexpr double activation_peak_bytes(const shape& s, const layout& l, std::int
              (sequence_parallel ? static_cast<double>(l.tp.get()) : 1.0);
     if (actor) head = lm_head_peak_bytes(tokens, padded_vocab(s, l) / l.tp.get());
   }
-  if (cp_ring(l)) {  // a2a+ring: the ring runs over the a2a group's rows of 1/cp_a2a of the heads
+  if (cp_ring(l)) {  // a2a+ring: the group's rows of 1/cp_a2a of the heads, against one share of a block at a time
     const std::int64_t a2a = cp_a2a_size(l), heads = s.heads.get() / l.tp.get() / a2a, rows = tokens * a2a;
     const double buffers = s.attn_softcap.get() != 0 ? 3.0 : 2.0;
-    tiles = buffers * 4.0 * static_cast<double>(heads) * static_cast<double>(ring_tile_rows(heads, rows, rows)) *
-            static_cast<double>(rows);
+    tiles = buffers * 4.0 * static_cast<double>(heads) * static_cast<double>(ring_tile_rows(heads, rows, tokens)) *
+            static_cast<double>(tokens);
   }
   return bytes + (head > tiles ? head : tiles);
 }

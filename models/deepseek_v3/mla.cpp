@@ -128,7 +128,7 @@ class mla final : public layer_module {
     const at::Tensor qh = at::cat({q_nope, q_rot}, -1).permute({1, 0, 2});  // (n, t, dqk)
     const at::Tensor kh = at::cat({kv_parts[0], k_rot.expand({t, n, rope_})}, -1).permute({1, 0, 2}).contiguous();
     const at::Tensor vh = kv_parts[1].permute({1, 0, 2}).contiguous();  // (n, t, dv)
-    const at::Tensor a = ring_attention(qh, kh, vh, *c.ring_rows, scale_, {.window = window_}, *c.ring)
+    const at::Tensor a = ring_attention(qh, kh, vh, *c.ring_rows, scale_, {.window = window_, .parts = c.ring_a2a != nullptr ? c.ring_a2a->size() : 1}, *c.ring)
                              .permute({1, 0, 2})
                              .reshape({t, n * v_});  // (t, n*dv)
     return c.ring_a2a != nullptr ? cp_heads_to_tokens(a, *c.ring_a2a) : a;  // (rows, heads*dv)

@@ -165,7 +165,9 @@ class attention final : public layer_module {
     const double scale = s_.scale != 0 ? s_.scale : 1.0 / std::sqrt(static_cast<double>(d));
     at::Tensor a = ring_attention(q.permute({1, 2, 0, 3}).reshape({heads, n, d}), k.permute({1, 0, 2}).contiguous(),
                                   v.permute({1, 0, 2}).contiguous(), *c.ring_rows, scale,
-                                  {.window = s_.window, .chunk = s_.chunk, .softcap = s_.softcap, .sinks = sinks}, *c.ring);
+                                  {.window = s_.window, .chunk = s_.chunk, .softcap = s_.softcap,
+                                   .parts = c.ring_a2a != nullptr ? c.ring_a2a->size() : 1, .sinks = sinks},
+                                  *c.ring);
     a = a.view({heads, n, d}).permute({1, 0, 2}).reshape({n, heads * d});  // (n, heads*d)
     return c.ring_a2a != nullptr ? cp_heads_to_tokens(a, *c.ring_a2a) : a;  // (rows, G*Q*d)
   }

@@ -84,6 +84,17 @@ key_span visible_keys(const at::Tensor& ok) {
   return {first, last - first + 1, ok.narrow(1, first, last - first + 1)};
 }
 
+// Stretch `part` of `parts` equal ones of a block (its keys, values, positions and ids, and in the
+// backward its dk and dv): views, so that a tile's gradient lands in the block's.
+std::vector<at::Tensor> part_of(const std::vector<at::Tensor>& block, std::int64_t part, std::int64_t parts) {
+  if (parts == 1) return block;
+  const std::int64_t rows = block[2].size(0) / parts, first = part * rows;
+  std::vector<at::Tensor> out;
+  for (std::size_t i = 0; i < block.size(); ++i)
+    out.push_back(i == 2 || i == 3 ? block[i].narrow(0, first, rows) : block[i].narrow(1, first, rows));
+  return out;
+}
+
 // One query tile [start, start + n) against one k/v block: the tile's out and lse merged with
 // the block's partial softmax by their log-sum-exp.
 void forward_tile(const at::Tensor& q, const ring_tokens& mine, const std::vector<at::Tensor>& block, const ring_mask& mask,
@@ -138,20 +149,23 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& position, const at::Tensor& sequence, double scale,
                             std::int64_t window, std::int64_t chunk, double softcap, std::int64_t tile_given,
-                            const at::Tensor& sinks, const comm_group* cp) {  // sinks: (Hq) or empty
+                            std::int64_t parts, const at::Tensor& sinks, const comm_group* cp) {  // sinks: (Hq) or empty
     const ring_mask mask{window, chunk, softcap, tile_given};
     const std::int64_t hq = q.size(0), t = q.size(1), d = v.size(2), hkv = k.size(0), g = hq / hkv;
     const ring_tokens mine{position, sequence};
     at::Tensor out = at::zeros({hkv, g, t, d}, q.options().dtype(at::kFloat));                         // (Hkv, g, Tq, d)
     at::Tensor lse = at::full({hkv, g, t, 1}, minus_infinity, q.options().dtype(at::kFloat));          // (Hkv, g, Tq, 1)
-    const std::int64_t tile = tile_given > 0 ? tile_given : ring_tile_rows(hq, t, k.size(1));
+    const std::int64_t tile = tile_given > 0 ? tile_given : ring_tile_rows(hq, t, k.size(1) / parts);
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), position.contiguous(), sequence.contiguous()};
     for (int step = 0; step < cp->size(); ++step) {
       std::vector<at::Tensor> next;
       if (step + 1 < cp->size()) next = empty_like_all(block);
       // (The send and receive of the next block could overlap this block's arithmetic.)
-      for (std::int64_t start = 0; start < t; start += tile)
-        forward_tile(q, mine, block, mask, scale, start, std::min(tile, t - start), out, lse);
+      for (std::int64_t part = 0; part < parts; ++part) {
+        const std::vector<at::Tensor> keys = part_of(block, part, parts);
+        for (std::int64_t start = 0; start < t; start += tile)
+          forward_tile(q, mine, keys, mask, scale, start, std::min(tile, t - start), out, lse);
+      }
       if (step + 1 < cp->size()) {
         pass_on(block, next, *cp, 100);
         block = std::move(next);
@@ -172,6 +186,7 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["tile"] = tile;
+    ctx->saved_data["parts"] = parts;
     ctx->saved_data["cp"] = reinterpret_cast<std::int64_t>(cp);
     return out.view({hq, t, d}).to(q.scalar_type());
   }
@@ -193,20 +208,24 @@ struct ring_attention_fn : torch::autograd::Function<ring_attention_fn> {
     if (sinks.numel() > 0)
       dsinks = -(at::exp(sinks.to(at::kFloat).view({hkv, g, 1, 1}) - lse) * delta).sum({2, 3}).reshape(sinks.sizes()).to(sinks.scalar_type());
     at::Tensor dq = at::zeros({hkv, g, t, q.size(2)}, q.options().dtype(at::kFloat));
-    const std::int64_t tile = ctx->saved_data["tile"].toInt();
+    const std::int64_t tile = ctx->saved_data["tile"].toInt(), parts = ctx->saved_data["parts"].toInt();
     std::vector<at::Tensor> block{k.contiguous(), v.contiguous(), mine.position.contiguous(), mine.sequence.contiguous(),
                                   at::zeros(k.sizes(), k.options().dtype(at::kFloat)),
                                   at::zeros(v.sizes(), v.options().dtype(at::kFloat))};
     for (int step = 0; step < cp->size(); ++step) {
-      for (std::int64_t start = 0; start < t; start += tile)
-        backward_tile(q, mine, block, mask, scale, start, std::min(tile, t - start), dout, delta, lse, dq);
+      for (std::int64_t part = 0; part < parts; ++part) {
+        std::vector<at::Tensor> keys = part_of(block, part, parts);
+        for (std::int64_t start = 0; start < t; start += tile)
+          backward_tile(q, mine, keys, mask, scale, start, std::min(tile, t - start), dout, delta, lse, dq);
+      }
       // Every block moves on, the last pass bringing each dk/dv home.
       std::vector<at::Tensor> next = empty_like_all(block);
       pass_on(block, next, *cp, 200);
       block = std::move(next);
     }
     return {dq.view({hq, t, q.size(2)}).to(q.scalar_type()), block[4].to(k.scalar_type()), block[5].to(v.scalar_type()),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), dsinks, at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            dsinks, at::Tensor()};
   }
 };
 
@@ -228,8 +247,10 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   TORCH_CHECK(tokens.position.numel() == q.size(1) && tokens.sequence.numel() == q.size(1),
               "megadsl: ring_attention: ", q.size(1), " tokens, ", tokens.position.numel(), " positions and ",
               tokens.sequence.numel(), " sequence ids");
+  TORCH_CHECK(mask.parts >= 1 && k.size(1) % mask.parts == 0, "megadsl: ring_attention: a block of ", k.size(1),
+              " rows is not ", mask.parts, " equal parts");
   return ring_attention_fn::apply(q, k, v, tokens.position.to(at::kLong), tokens.sequence.to(at::kLong), scale, mask.window,
-                                  mask.chunk, mask.softcap, mask.tile,
+                                  mask.chunk, mask.softcap, mask.tile, mask.parts,
                                   mask.sinks.defined() ? mask.sinks : at::empty({0}, q.options().dtype(at::kFloat)), &cp);
 }
 

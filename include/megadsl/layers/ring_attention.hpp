@@ -36,6 +36,9 @@ struct ring_mask {
   std::int64_t window = 0, chunk = 0;
   double softcap = 0;
   std::int64_t tile = 0;  // query rows scored at once against a block; 0: about ring_tile_scores (formulas.hpp)
+  // Each block is this many equal stretches of rows (a2a+ring: the all-to-all group's shares, each
+  // load-balanced chunks of its own), a query tile scored against the keys each stretch lets it see.
+  std::int64_t parts = 1;
   at::Tensor sinks;
 };
 
