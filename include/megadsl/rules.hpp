@@ -32,7 +32,7 @@ struct rule_info {
 };
 
 // One row per rule, in checking order; the name is what every message starts with.
-inline constexpr std::array<rule_info, 28> rule_table{{
+inline constexpr std::array<rule_info, 29> rule_table{{
     {"positive_sizes", "every size and degree is positive"},
     {"head_dim_consistent", "hidden is divisible by heads when head_dim is not given"},
     {"heads_divisible_by_kv_heads", "query heads form whole groups over kv heads"},
@@ -60,6 +60,7 @@ inline constexpr std::array<rule_info, 28> rule_table{{
     {"global_batch_divisible", "global_batch % (micro_batch * dp) == 0"},
     {"interleaved_microbatches", "microbatches % pp == 0 with the interleaved schedule (vpp > 1)"},
     {"expert_grid_fits_world", "world % (etp * ep * pp) == 0: the expert grid's data-parallel size is whole"},
+    {"invariant_cp_a2a", "invariant arithmetic under context parallelism runs Ulysses (cp_comm a2a): the ring's tiles and block order depend on the layout"},
     {"invariant_chunks_fit", "invariant arithmetic: tp (and etp) divide its 8 chunks of a row-parallel input, those inputs "
                              "divide into 8, vocab_pad_multiple is a multiple of its 128-column blocks"},
 }};
@@ -95,6 +96,7 @@ enum class rule_id : std::int8_t {
   global_batch_divisible,
   interleaved_microbatches,
   expert_grid_fits_world,
+  invariant_cp_a2a,
   invariant_chunks_fit,
 };
 static_assert(static_cast<std::size_t>(rule_id::invariant_chunks_fit) == rule_table.size(),
@@ -412,28 +414,35 @@ constexpr bool cp_splits_heads(std::int64_t q_heads, std::int64_t groups, std::i
 }
 
 constexpr void check_context_parallel(const shape& s, const layout& l, violations& out) {
-  if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || !l.cp_comm.is_static() || !l.cp_a2a.is_static()) return;
-  const std::int64_t cp = l.cp.get(), a2a = l.cp_a2a.get();
+  if (!l.cp_comm.is_static()) return;
   const bool hierarchical = l.cp_comm.get() == cp_comm_kind::a2a_ring;
-  if (hierarchical && (cp > 1 || a2a != 1) && (cp < 4 || a2a <= 1 || a2a >= cp || cp % a2a != 0)) {
-    text& m = out.add("cp_a2a_fits", {cp, a2a});
-    m.add("cp_comm a2a+ring with cp = ", cp, " and cp_a2a = ", a2a,
-          ": cp_a2a (the all-to-all groups' size) must lie strictly between 1 and cp and divide it");
-    if (cp >= 4) {
-      m.add("; valid cp_a2a: ");
-      list_values(m, cp - 1, [&](std::int64_t a) { return a > 1 && cp % a == 0; });
+  // The all-to-all groups' size: a fact of the layout alone (parallel_groups::build checks it
+  // before it cuts the cp group into them).
+  if (l.cp.is_static() && l.cp_a2a.is_static()) {
+    const std::int64_t cp = l.cp.get(), a2a = l.cp_a2a.get();
+    const auto fits = [&](std::int64_t a) { return a > 1 && a < cp && cp % a == 0; };
+    if (hierarchical && (cp > 1 || a2a != 1) && !fits(a2a)) {
+      text& m = out.add("cp_a2a_fits", {cp, a2a});
+      m.add("cp_comm a2a+ring with cp = ", cp, " and cp_a2a = ", a2a,
+            ": cp_a2a (the all-to-all groups' size) must lie strictly between 1 and cp and divide it");
+      if (cp >= 4) {
+        m.add("; valid cp_a2a: ");
+        list_values(m, cp - 1, fits);
+      }
+      m.add("; or cp_comm a2a (all heads) or ring (no all-to-all)");
+      return;
     }
-    m.add("; or cp_comm a2a (all heads) or ring (no all-to-all)");
-    return;
+    if (!hierarchical && a2a != 1) {
+      out.add("cp_a2a_fits", {cp, a2a})
+          .add("cp_a2a = ", a2a, " with cp_comm ", name_of(l.cp_comm.get()),
+               ": the all-to-all groups' size is for cp_comm a2a+ring only; leave cp_a2a 1 or take cp_comm a2a+ring");
+      return;
+    }
+  } else if (hierarchical) {
+    return;  // its groups' size is not known yet
   }
-  if (!hierarchical && a2a != 1) {
-    out.add("cp_a2a_fits", {cp, a2a})
-        .add("cp_a2a = ", a2a, " with cp_comm ", name_of(l.cp_comm.get()),
-             ": the all-to-all groups' size is for cp_comm a2a+ring only; leave cp_a2a 1 or take cp_comm a2a+ring");
-    return;
-  }
-  if (cp == 1 || l.cp_comm.get() == cp_comm_kind::ring) return;  // the ring keeps every head
-  const std::int64_t tp = l.tp.get(), kv = s.kv_heads.get(), n = cp_a2a_size(l);
+  if (!positive(l.cp, l.tp, s.heads, s.kv_heads) || l.cp.get() == 1 || l.cp_comm.get() == cp_comm_kind::ring) return;
+  const std::int64_t cp = l.cp.get(), tp = l.tp.get(), kv = s.kv_heads.get(), n = cp_a2a_size(l);
   if (s.heads.get() % tp != 0 || (kv % tp != 0 && tp % kv != 0)) return;  // the tp rules say it
   const std::int64_t q_heads = s.heads.get() / tp, groups = kv >= tp ? kv / tp : 1;  // per tp rank
   if (cp_splits_heads(q_heads, groups, n)) return;
@@ -441,7 +450,10 @@ constexpr void check_context_parallel(const shape& s, const layout& l, violation
   text& m = out.add("cp_splits_heads", {q_heads, groups, n});
   m.add("a tp rank's ", q_heads, " query heads in ", groups, " kv group(s) (heads ", s.heads.get(), ", kv heads ", kv,
         ", tp ", tp, ") do not split into ", by, " = ", n, " equal shares of whole groups or of one group; valid ", by, ": ");
-  list_values(m, q_heads, [&](std::int64_t c) { return cp_splits_heads(q_heads, groups, c); });
+  // Under a2a+ring the sizes that also fit cp (cp_a2a_fits).
+  list_values(m, q_heads, [&](std::int64_t c) {
+    return cp_splits_heads(q_heads, groups, c) && (!hierarchical || (c > 1 && c < cp && cp % c == 0));
+  });
   m.add("; or cp_comm ring (k/v around a ring: any head count)");
 }
 
@@ -471,6 +483,11 @@ constexpr void check_expert_grid(const layout& l, const run_facts& f, violations
 inline constexpr std::int64_t invariant_chunks = 8;
 constexpr void check_invariant(const shape& s, const layout& l, violations& out) {
   if (!l.invariant.is_static() || !l.invariant.get()) return;
+  if (l.cp.is_static() && l.cp_comm.is_static() && cp_ring(l))
+    out.add("invariant_cp_a2a", {l.cp.get()})
+        .add("invariant arithmetic with cp_comm ", name_of(l.cp_comm.get()),
+             ": the ring's tiles and the order of its blocks depend on the layout, so a sequence's bits would too; "
+             "use cp_comm a2a (Ulysses) with invariant, or turn invariant off");
   constexpr std::int64_t chunks = invariant_chunks, block = 128;
   for (const auto& [name, degree] : {std::pair<std::string_view, dim>{"tp", l.tp}, {"etp", l.etp}})
     if (degree.is_static() && degree.get() > 0 && chunks % degree.get() != 0)

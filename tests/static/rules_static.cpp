@@ -109,7 +109,7 @@ static_assert(valid_layout<llama3_8b, layout{.tp = 8, .cp = 8, .cp_comm = a2a_ri
 static_assert(valid_layout<megadsl::qwen2_5_7b, layout{.tp = 2, .cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2}>);  // 14 heads, 2 groups
 static_assert(first_message<llama3_8b, layout{.tp = 8, .cp = 16, .cp_comm = a2a_ring, .cp_a2a = 8}>() ==
               "cp_splits_heads: a tp rank's 4 query heads in 1 kv group(s) (heads 32, kv heads 8, tp 8) do not split "
-              "into cp_a2a = 8 equal shares of whole groups or of one group; valid cp_a2a: 1, 2, 4; or cp_comm ring (k/v "
+              "into cp_a2a = 8 equal shares of whole groups or of one group; valid cp_a2a: 2, 4; or cp_comm ring (k/v "
               "around a ring: any head count)");
 static_assert(first_message<llama3_8b, layout{.cp = 8, .cp_comm = a2a_ring, .cp_a2a = 3}>() ==
               "cp_a2a_fits: cp_comm a2a+ring with cp = 8 and cp_a2a = 3: cp_a2a (the all-to-all groups' size) must lie "
@@ -117,6 +117,9 @@ static_assert(first_message<llama3_8b, layout{.cp = 8, .cp_comm = a2a_ring, .cp_
               "all-to-all)");
 static_assert(violates<llama3_8b, layout{.cp = 2, .cp_comm = a2a_ring, .cp_a2a = 2}>("cp_a2a_fits"));
 static_assert(violates<llama3_8b, layout{.cp = 4, .cp_comm = megadsl::cp_comm_kind::ring, .cp_a2a = 2}>("cp_a2a_fits"));
+// Invariant arithmetic runs Ulysses under cp: the ring's tiles depend on the layout.
+static_assert(violates<llama3_8b, layout{.cp = 2, .cp_comm = megadsl::cp_comm_kind::ring, .invariant = true}>("invariant_cp_a2a"));
+static_assert(violates<llama3_8b, layout{.cp = 4, .cp_comm = a2a_ring, .cp_a2a = 2, .invariant = true}>("invariant_cp_a2a"));
 static_assert(violates<llama3_8b, layout{.ep = 4}>("ep_needs_experts"));
 // Mixtures of experts: whole experts per ep rank, each expert split over etp (= tp).
 static_assert(valid_layout<megadsl::mixtral_8x7b, layout{.tp = 2, .pp = 4, .ep = 8}>);

@@ -88,8 +88,9 @@ class MegadslEngineConfig(EngineConfig):
             raise ValueError(f"megadsl.verl: head_chunk_tokens {self.head_chunk_tokens} is a chunk of tokens > 0, "
                              "0 (chunks where a micro-batch's logits would pass 1 GiB) or -1 (whole)")
         if self.cp_comm_type not in ("a2a", "p2p", "ring", "a2a+p2p", "a2a+ring"):
-            raise ValueError(f"megadsl.verl: cp_comm_type {self.cp_comm_type!r} is \"p2p\" (ring), \"a2a\" (Ulysses) "
-                             "or \"a2a+p2p\" (hierarchical, with hierarchical_context_parallel_sizes [a2a, p2p])")
+            raise ValueError(f"megadsl.verl: cp_comm_type {self.cp_comm_type!r} is \"p2p\" (or \"ring\"), \"a2a\" "
+                             "(Ulysses) or \"a2a+p2p\" (or \"a2a+ring\"; hierarchical, with "
+                             "hierarchical_context_parallel_sizes [a2a, p2p])")
         if self.recompute not in (None, "none", "selective", "full"):
             raise ValueError(f"megadsl.verl: recompute {self.recompute!r} is null, \"selective\" or \"full\"")
 
